@@ -1,0 +1,1 @@
+"""HyMo hymo_core."""
