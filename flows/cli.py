@@ -1,0 +1,155 @@
+"""The `hymo` command line: run the pipeline, and ask the audit log why."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from manifests.audit_query import decisions_for, funnel, sample_removed
+from manifests.run_dir import completed_stages
+
+console = Console()
+DEFAULT_RUN = "runs/sample"
+
+# Sub-command modules outside this file register here: (name, add_parser(subparsers)).
+EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+
+
+def _rules(counts: dict[str, int]) -> str:
+    return ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
+
+
+def print_funnel(run: Path) -> None:
+    table = Table(title=f"HyMo funnel — {run}")
+    for column in ("stage", "in", "kept", "removed", "removed by rule", "modified by rule", "seconds"):
+        table.add_column(column, justify="right" if column in ("in", "kept", "removed", "seconds") else "left", overflow="fold")
+    for row in funnel(run):
+        table.add_row(row["stage"], str(row["in"]), str(row["kept"]), str(sum(row["removed"].values())), _rules(row["removed"]),
+                      _rules({**row["modified"], **{f"{k} (routed)": v for k, v in row["routed"].items()}}), f"{row['wall_time_s']:.1f}")
+    console.print(table)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flows.config import load_config
+    from flows.pipeline import hymo_pipeline
+
+    config = load_config(args.config)
+    if args.workers:
+        config = config.model_copy(update={"workers": args.workers})
+    hymo_pipeline(config=config, out=args.out, until=args.until)
+    print_funnel(Path(args.out))
+    return 0
+
+
+def cmd_audit_summary(args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps(funnel(Path(args.run)), indent=2))
+    else:
+        print_funnel(Path(args.run))
+    return 0
+
+
+def cmd_audit_why(args: argparse.Namespace) -> int:
+    try:
+        answer = decisions_for(Path(args.run), args.doc_id)
+    except KeyError as exc:
+        console.print(f"[red]{exc.args[0]}[/red]")
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2, ensure_ascii=False))
+        return 0
+    console.print(f"[bold]{answer['id']}[/bold]: {answer['final']}")
+    for step in answer["stages"]:
+        console.print(f"  {step['stage']:<12} {step['decision']}")
+        for entry in step["entries"]:
+            measured = "" if entry["value"] is None else f" value={entry['value']:g}"
+            limit = "" if entry["threshold"] is None else f" threshold={entry['threshold']:g}"
+            console.print(f"    {entry['action']}: {entry['rule']}{measured}{limit} {json.dumps(entry['detail'], ensure_ascii=False)[:300]}", markup=False)
+    return 0
+
+
+def cmd_audit_sample(args: argparse.Namespace) -> int:
+    rows = sample_removed(Path(args.run), args.stage, args.rule, args.n)
+    if args.json:
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return 0
+    table = Table(title=f"{args.stage}: {args.rule or 'all rules'}")
+    for column in ("id", "action", "rule", "value", "threshold", "snippet"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row["id"], row["action"], row["rule"], "" if row["value"] is None else f"{row['value']:g}",
+                      "" if row["threshold"] is None else f"{row['threshold']:g}", row.get("snippet", "").replace("\n", " ")[:120])
+    console.print(table)
+    return 0
+
+
+def cmd_manifest_show(args: argparse.Namespace) -> int:
+    stages = completed_stages(Path(args.run), verify=args.verify)
+    if args.json:
+        print(json.dumps([m.to_json() for _, m in stages], indent=2, ensure_ascii=False))
+        return 0
+    table = Table(title=f"stage manifests — {args.run}")
+    for column in ("dir", "stage", "version", "cache key", "files", "rows", "in", "kept", "seconds"):
+        table.add_column(column)
+    for stage_dir, manifest in stages:
+        rows = sum(o.rows or 0 for o in manifest.files("data"))
+        table.add_row(stage_dir.path.name, manifest.stage, manifest.stage_version, manifest.cache_key[:12], str(len(manifest.outputs)),
+                      str(rows), str(manifest.counts.get("in", "")), str(manifest.counts.get("kept", "")), f"{manifest.wall_time_s:.1f}")
+    console.print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hymo", description="HyMo: raw web pages to a pretraining corpus and a trained checkpoint.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the whole pipeline (default: the bundled real sample)")
+    run.add_argument("--config", help="pipeline TOML (default: the bundled sample config)")
+    run.add_argument("--out", default=DEFAULT_RUN, help=f"run directory (default: {DEFAULT_RUN})")
+    run.add_argument("--until", help="stop after this stage")
+    run.add_argument("--workers", type=int, help="worker processes per stage (default: all cores)")
+    run.set_defaults(func=cmd_run)
+
+    audit = sub.add_parser("audit", help="per-document decisions of a run").add_subparsers(dest="audit_command", required=True)
+    summary = audit.add_parser("summary", help="funnel: per stage in / kept / removed and modified per rule")
+    summary.add_argument("run")
+    summary.add_argument("--json", action="store_true")
+    summary.set_defaults(func=cmd_audit_summary)
+    why = audit.add_parser("why", help="every stage's decision about one document")
+    why.add_argument("run")
+    why.add_argument("doc_id")
+    why.add_argument("--json", action="store_true")
+    why.set_defaults(func=cmd_audit_why)
+    sample = audit.add_parser("sample", help="audit rows of one stage, with snippets")
+    sample.add_argument("run")
+    sample.add_argument("--stage", required=True)
+    sample.add_argument("--rule")
+    sample.add_argument("-n", type=int, default=10)
+    sample.add_argument("--json", action="store_true")
+    sample.set_defaults(func=cmd_audit_sample)
+
+    manifest = sub.add_parser("manifest", help="stage manifests of a run").add_subparsers(dest="manifest_command", required=True)
+    show = manifest.add_parser("show", help="one line per published stage")
+    show.add_argument("run")
+    show.add_argument("--json", action="store_true")
+    show.add_argument("--verify", action="store_true", help="re-hash every output file")
+    show.set_defaults(func=cmd_manifest_show)
+
+    for add_command in EXTRA_COMMANDS:
+        add_command(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

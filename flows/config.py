@@ -1,0 +1,47 @@
+"""PipelineConfig: one object with every stage's config, loaded from TOML.
+
+A pydantic model so the Prefect UI renders it as a form; each stage's section
+is that stage's own frozen dataclass, defined beside the stage's code.
+"""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from manifests.sources import PACKAGE_DIR, SourceSpec, load_source
+from tasks.extract import ExtractConfig
+from tasks.ingest import IngestConfig
+
+SAMPLE_CONFIG = PACKAGE_DIR / "configs" / "sample.toml"
+
+
+class PipelineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sources: list[str] = Field(
+        default_factory=lambda: ["python-docs", "python-docs-warc", "prose-wikipedia", "multilingual", "generated"],
+        description="Bundled source names or paths to source-spec TOML files, in ingestion order.",
+    )
+    config_dir: str | None = Field(None, description="Directory that relative source-spec paths resolve against.")
+    workers: int | None = Field(None, ge=1, le=256, description="Worker processes per stage (default: all cores).")
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
+
+    def source_specs(self) -> list[SourceSpec]:
+        base = Path(self.config_dir) if self.config_dir else None
+        return [load_source(name, base) for name in self.sources]
+
+
+def load_config(path: str | Path | None = None) -> PipelineConfig:
+    """Read a pipeline TOML: a [run] table (sources, workers) and one table per stage."""
+    path = Path(path) if path else SAMPLE_CONFIG
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read pipeline config ({exc})") from exc
+    values = dict(raw.pop("run", {}))
+    values.update(raw)
+    values.setdefault("config_dir", str(path.parent.resolve()))
+    return PipelineConfig(**values)

@@ -1,0 +1,53 @@
+"""The ordered list of pipeline stages; each entry runs one stage of a run directory.
+
+The position in this list is the `NN_` prefix of the stage's directory. A new
+stage is one entry here plus its module in `tasks/`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from manifests.run_dir import stage_dir_name
+from manifests.stage_manifest import StageManifest
+from tasks.extract import extract_task
+from tasks.ingest import ingest_task
+
+from flows.config import PipelineConfig
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    name: str
+    # (config, run directory, previous stage's directory or None, own directory) -> manifest
+    run: Callable[[PipelineConfig, Path, Path | None, Path], StageManifest]
+
+
+def _ingest(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return ingest_task(config.source_specs(), config.ingest, out)
+
+
+def _extract(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return extract_task(config.extract, previous, out, config.workers)
+
+
+STAGES: list[StageEntry] = [
+    StageEntry("ingest", _ingest),
+    StageEntry("extract", _extract),
+]
+
+STAGE_NAMES = [entry.name for entry in STAGES]
+
+
+def stage_path(run: Path, name: str) -> Path:
+    index = STAGE_NAMES.index(name)
+    return Path(run) / stage_dir_name(index + 1, name)
+
+
+def stages_until(until: str | None) -> list[StageEntry]:
+    if until is None:
+        return list(STAGES)
+    if until not in STAGE_NAMES:
+        raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGE_NAMES)}")
+    return STAGES[: STAGE_NAMES.index(until) + 1]

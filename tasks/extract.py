@@ -1,0 +1,132 @@
+"""Extraction: HTML pages -> main text with trafilatura; mojibake repaired with ftfy.
+
+Each HTML page runs in a supervised child process with a time limit, so a
+pathological page costs `timeout_s`, not the stage. Every failure and every
+change is an audit row: extract_timeout / extract_error / extract_empty /
+extract_not_html / extract_too_large, and the modifications html_main_text and
+mojibake_repaired.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from prefect import task
+
+from manifests.schema import docs_table
+from manifests.stage_manifest import StageManifest
+from tasks.stage_runner import ShardOutcome, StageDef, run_stage
+from tasks.watchdog import ERROR, OK, TIMEOUT, map_with_deadline
+
+STAGE = "extract"
+VERSION = "1"
+HTML_SNIFF = re.compile(rb"<\s*(!doctype\s+html|html|head|body|div|p|article|main|section|table|span|a\s|title)\b", re.I)
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    timeout_s: float = 20.0  # per page; a hung page is killed, logged and skipped
+    max_html_bytes: int = 5 << 20  # larger pages are quarantined instead of parsed
+    favor: str = "balanced"  # balanced | precision | recall (trafilatura's trade-off)
+    include_tables: bool = True
+    include_comments: bool = False
+    min_chars: int = 1  # extracted text shorter than this counts as empty
+    repair_encoding: bool = True
+
+
+def looks_like_html(text: str) -> bool:
+    return HTML_SNIFF.search(text[:65536].encode("utf-8", "ignore")) is not None
+
+
+def extract_main_text(job: tuple[str, str, str, bool, bool]) -> str | None:
+    """Trafilatura on one page (runs in the supervised child)."""
+    import trafilatura
+
+    html, url, favor, include_tables, include_comments = job
+    return trafilatura.extract(
+        html,
+        url=url or None,
+        include_tables=include_tables,
+        include_comments=include_comments,
+        favor_precision=favor == "precision",
+        favor_recall=favor == "recall",
+        deduplicate=False,
+        with_metadata=False,
+    )
+
+
+def repair_mojibake(text: str) -> str:
+    """Only encoding repair: quotes, widths, ligatures and line breaks stay as the author wrote them."""
+    import ftfy
+
+    config = ftfy.TextFixerConfig(
+        unescape_html=False, remove_terminal_escapes=False, fix_encoding=True, restore_byte_a0=True,
+        replace_lossy_sequences=True, decode_inconsistent_utf8=True, fix_c1_controls=True,
+        fix_latin_ligatures=False, fix_character_width=False, uncurl_quotes=False,
+        fix_line_breaks=False, fix_surrogates=True, remove_control_chars=False, normalization=None,
+    )
+    return ftfy.fix_text(text, config=config)
+
+
+def first_difference(before: str, after: str, width: int = 40) -> dict[str, str]:
+    i = next((k for k, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+    return {"before": before[max(0, i - 10): i + width], "after": after[max(0, i - 10): i + width]}
+
+
+def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None) -> ShardOutcome:
+    rows = docs.to_pylist()
+    audit: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    jobs, job_rows = [], []
+    for row in rows:
+        meta = json.loads(row["meta"])
+        row["meta"] = meta
+        if meta.get("content_type") != "html":
+            kept.append(row)
+            continue
+        size = len(row["text"].encode("utf-8"))
+        if size > config.max_html_bytes:
+            audit.append({"id": row["id"], "action": "removed", "rule": "extract_too_large", "value": size, "threshold": config.max_html_bytes, "detail": {"url": row["url"]}})
+        elif not looks_like_html(row["text"]):
+            audit.append({"id": row["id"], "action": "removed", "rule": "extract_not_html", "detail": {"url": row["url"], "head": row["text"][:80]}})
+        else:
+            jobs.append((row["text"], row["url"], config.favor, config.include_tables, config.include_comments))
+            job_rows.append(row)
+    outcomes = map_with_deadline(extract_main_text, jobs, config.timeout_s) if jobs else []
+    for row, (status, result) in zip(job_rows, outcomes):
+        html_chars = len(row["text"])
+        if status == TIMEOUT:
+            audit.append({"id": row["id"], "action": "removed", "rule": "extract_timeout", "value": config.timeout_s, "threshold": config.timeout_s, "detail": {"url": row["url"], "html_chars": html_chars}})
+        elif status == ERROR:
+            audit.append({"id": row["id"], "action": "removed", "rule": "extract_error", "detail": {"url": row["url"], "error": result}})
+        elif status == OK and (result is None or len(result.strip()) < config.min_chars):
+            audit.append({"id": row["id"], "action": "removed", "rule": "extract_empty", "value": len((result or "").strip()), "threshold": config.min_chars, "detail": {"url": row["url"], "html_chars": html_chars}})
+        else:
+            row["text"] = result
+            audit.append({"id": row["id"], "action": "modified", "rule": "html_main_text", "value": len(result), "detail": {"html_chars": html_chars, "text_chars": len(result)}})
+            kept.append(row)
+    if config.repair_encoding:
+        for row in kept:
+            repaired = repair_mojibake(row["text"])
+            if repaired != row["text"]:
+                audit.append({"id": row["id"], "action": "modified", "rule": "mojibake_repaired", "value": sum(a != b for a, b in zip(row["text"], repaired)) + abs(len(repaired) - len(row["text"])), "detail": first_difference(row["text"], repaired)})
+                row["text"] = repaired
+    order = {row["id"]: i for i, row in enumerate(rows)}
+    kept.sort(key=lambda r: order[r["id"]])
+    return ShardOutcome(docs_table(kept), audit)
+
+
+EXTRACT = StageDef(STAGE, VERSION, extract_shard)
+
+
+def run_extract(config: ExtractConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    return run_stage(EXTRACT, config, input_dir, out_dir, workers)
+
+
+@task(name="extract", task_run_name="extract")
+def extract_task(config: ExtractConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    return run_extract(config, input_dir, out_dir, workers)

@@ -1,0 +1,304 @@
+"""Ingestion: source specs in, bounded Parquet shards of documents with stable ids out.
+
+Ids are derived from source + origin URI + ordinal inside that origin (the line of
+a JSONL file, the record of a WARC), so they survive re-runs, other machines and
+other shard sizes. A broken *record* is quarantined with a rule; a broken *file*
+(truncated gzip, unreadable Parquet) fails the stage before anything is published.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from prefect import task
+
+from manifests.digest import sha256_file
+from manifests.schema import docs_table
+from manifests.sources import SourceSpec
+from manifests.stage_manifest import StageManifest, is_complete, read_manifest
+from tasks.decoding import decode_payload
+from tasks.stage_runner import StageWriter, progress_bar, stage_cache_key
+
+STAGE = "ingest"
+VERSION = "1"
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    docs_per_shard: int = 256  # bounded shards: parallelism and memory per worker
+    bytes_per_shard: int = 64 << 20
+    parquet_batch_rows: int = 1024  # streaming batch for Parquet / HF sources
+
+
+class InputFileError(RuntimeError):
+    """An input file cannot be read as a whole; the stage fails and publishes nothing."""
+
+
+@dataclass
+class RawRecord:
+    uri: str
+    ordinal: int
+    payload: bytes | str | None  # None when the record itself is broken
+    content_type: str  # html | text
+    meta: dict[str, Any]
+    origin_file: str
+    problem: str | None = None  # a record-level defect found while reading
+    problem_detail: str = ""
+
+
+def make_doc_id(source: str, uri: str, ordinal: int) -> str:
+    digest = hashlib.blake2b(f"{uri}\x00{ordinal}".encode("utf-8"), digest_size=8).hexdigest()
+    return f"{source}-{digest}"
+
+
+def source_files(spec: SourceSpec) -> list[Path]:
+    root = spec.root
+    if not root.exists():
+        raise InputFileError(f"source {spec.name}: path {root} does not exist")
+    if root.is_file():
+        return [root]
+    if spec.kind == "hf_disk":
+        return [root]
+    pattern = spec.glob if spec.glob != "**/*" else {"jsonl": "**/*.jsonl*", "parquet": "**/*.parquet", "warc": "**/*.warc*"}.get(spec.kind, "**/*")
+    return sorted(p for p in root.glob(pattern) if p.is_file())
+
+
+def relative_uri(spec: SourceSpec, path: Path) -> str:
+    rel = relative_file(spec, path)
+    return f"{spec.url_prefix}{rel}" if spec.url_prefix else f"file://{spec.name}/{rel}"
+
+
+def relative_file(spec: SourceSpec, path: Path) -> str:
+    """The file's path inside its source: recorded instead of a machine-local absolute path."""
+    root = spec.root
+    return path.name if root.is_file() or root == path else path.relative_to(root).as_posix()
+
+
+def read_html_or_text(spec: SourceSpec, path: Path, content_type: str) -> Iterator[RawRecord]:
+    try:
+        payload = path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read ({exc})") from exc
+    yield RawRecord(relative_uri(spec, path), 0, payload, content_type, {}, relative_file(spec, path))
+
+
+def open_maybe_gzip(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def read_jsonl(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
+    base_uri = relative_uri(spec, path)
+    try:
+        with open_maybe_gzip(path) as handle:
+            for line_no, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    if not isinstance(record, dict):
+                        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+                    text = record.get(spec.text_field)
+                    if not isinstance(text, str):
+                        raise ValueError(f"field {spec.text_field!r} is missing or not a string")
+                except ValueError as exc:  # JSONDecodeError is a ValueError
+                    yield RawRecord(f"{base_uri}#L{line_no}", line_no, None, "text", {}, relative_file(spec, path), "malformed_record", f"line {line_no}: {exc}")
+                    continue
+                uri = record.get(spec.url_field) or f"{base_uri}#L{line_no}"
+                meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
+                content_type = meta.pop("content_type", None) or record.get("content_type") or "text"
+                yield RawRecord(str(uri), line_no, text, content_type, meta, relative_file(spec, path))
+    except (EOFError, OSError, zlib.error) as exc:
+        raise InputFileError(f"{path}: unreadable or truncated ({exc})") from exc
+
+
+def read_parquet(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
+    base_uri = relative_uri(spec, path)
+    try:
+        parquet = pq.ParquetFile(path)
+        if spec.text_field not in parquet.schema_arrow.names:
+            raise InputFileError(f"{path}: no column {spec.text_field!r} (columns: {parquet.schema_arrow.names})")
+        columns = [c for c in (spec.text_field, spec.url_field) if c in parquet.schema_arrow.names]
+        ordinal = 0
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
+            texts = batch.column(spec.text_field).to_pylist()
+            urls = batch.column(spec.url_field).to_pylist() if spec.url_field in columns else [None] * len(texts)
+            for text, url in zip(texts, urls):
+                uri = url or f"{base_uri}#row{ordinal}"
+                if not isinstance(text, str):
+                    yield RawRecord(uri, ordinal, None, "text", {}, relative_file(spec, path), "malformed_record", f"row {ordinal}: {spec.text_field} is null")
+                else:
+                    yield RawRecord(uri, ordinal, text, "text", {}, relative_file(spec, path))
+                ordinal += 1
+    except (pa.ArrowException, OSError) as exc:
+        raise InputFileError(f"{path}: unreadable Parquet ({exc})") from exc
+
+
+def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
+    from warcio.archiveiterator import ArchiveIterator
+    from warcio.exceptions import ArchiveLoadFailed
+
+    try:
+        with open(path, "rb") as handle:
+            for ordinal, record in enumerate(ArchiveIterator(handle)):
+                uri = record.rec_headers.get_header("WARC-Target-URI") or f"{relative_uri(spec, path)}#rec{ordinal}"
+                if record.rec_type == "response":
+                    mime = (record.http_headers.get_header("Content-Type") or "") if record.http_headers else ""
+                    if mime and "html" not in mime.lower():
+                        continue
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path))
+                elif record.rec_type == "conversion":  # WET plain text
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path))
+    except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
+        raise InputFileError(f"{path}: unreadable or truncated WARC ({exc})") from exc
+
+
+def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
+    import datasets
+
+    try:
+        if (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+            dataset = datasets.load_from_disk(str(path))  # memory-mapped Arrow: iterating streams it
+            if isinstance(dataset, datasets.DatasetDict):
+                dataset = dataset["train"] if "train" in dataset else dataset[sorted(dataset)[0]]
+            rows = dataset.iter(batch_size=batch_rows)
+        else:
+            rows = datasets.load_dataset(str(path), split="train", streaming=True).iter(batch_size=batch_rows)
+        ordinal = 0
+        for batch in rows:
+            texts = batch[spec.text_field]
+            urls = batch.get(spec.url_field) or [None] * len(texts)
+            for text, url in zip(texts, urls):
+                uri = url or f"hf://{spec.name}#row{ordinal}"
+                if isinstance(text, str):
+                    yield RawRecord(uri, ordinal, text, "text", {}, relative_file(spec, path))
+                else:
+                    yield RawRecord(uri, ordinal, None, "text", {}, relative_file(spec, path), "malformed_record", f"row {ordinal}: {spec.text_field} is not a string")
+                ordinal += 1
+    except (KeyError, FileNotFoundError, ValueError) as exc:
+        raise InputFileError(f"{path}: cannot read Hugging Face dataset ({exc})") from exc
+
+
+def iter_source(spec: SourceSpec, files: list[Path], config: IngestConfig) -> Iterator[RawRecord]:
+    for path in files:
+        if spec.kind == "html_dir":
+            yield from read_html_or_text(spec, path, "html")
+        elif spec.kind == "text_dir":
+            yield from read_html_or_text(spec, path, "text")
+        elif spec.kind == "jsonl":
+            yield from read_jsonl(spec, path)
+        elif spec.kind == "parquet":
+            yield from read_parquet(spec, path, config.parquet_batch_rows)
+        elif spec.kind == "warc":
+            yield from read_warc(spec, path)
+        elif spec.kind == "hf_disk":
+            yield from read_hf_disk(spec, path, config.parquet_batch_rows)
+
+
+def to_document(spec: SourceSpec, raw: RawRecord) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """One raw record -> (document or None, audit rows)."""
+    doc_id = make_doc_id(spec.name, raw.uri, raw.ordinal)
+    where = {"file": raw.origin_file, "uri": raw.uri, "ordinal": raw.ordinal}
+    if raw.problem:
+        return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{raw.problem}", "detail": {**where, "error": raw.problem_detail}}]
+    audit: list[dict[str, Any]] = []
+    meta = {**raw.meta, "content_type": raw.content_type, "origin_file": raw.origin_file, "ordinal": raw.ordinal, "profile": spec.profile}
+    if isinstance(raw.payload, bytes):
+        decoded = decode_payload(raw.payload)
+        if decoded.problem:
+            return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{decoded.problem}", "value": len(raw.payload), "detail": where}]
+        text = decoded.text
+        meta["encoding"] = decoded.encoding
+        if decoded.guessed:
+            audit.append({"id": doc_id, "action": "modified", "rule": "ingest_encoding_guessed", "detail": {**where, "encoding": decoded.encoding}})
+    else:
+        text = raw.payload or ""
+        if not text.strip():
+            return None, [{"id": doc_id, "action": "removed", "rule": "ingest_empty", "value": 0, "detail": where}]
+    if "\x00" in text:  # Arrow keeps NULs, but no downstream consumer wants them
+        text = text.replace("\x00", "")
+        audit.append({"id": doc_id, "action": "modified", "rule": "ingest_nul_removed", "detail": where})
+    doc = {"id": doc_id, "text": text, "source": spec.name, "url": raw.uri, "lang": None, "lang_score": None, "meta": meta}
+    return doc, audit
+
+
+def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[Path]]], list[str]]:
+    """Each input file once: a path named twice (same or different source) is read only the first time."""
+    seen: set[Path] = set()
+    skipped: list[str] = []
+    plan: list[tuple[SourceSpec, list[Path]]] = []
+    names: set[str] = set()
+    for spec in specs:
+        if spec.name in names:
+            skipped.append(f"source {spec.name} listed twice")
+            continue
+        names.add(spec.name)
+        files = []
+        for path in source_files(spec):
+            real = path.resolve()
+            if real in seen:
+                skipped.append(str(path))
+                continue
+            seen.add(real)
+            files.append(path)
+        plan.append((spec, files))
+    return plan, skipped
+
+
+def input_listing(plan: list[tuple[SourceSpec, list[Path]]]) -> list[dict[str, str]]:
+    return [
+        {"source": spec.name, "file": relative_uri(spec, path), "sha256": sha256_file(path) if path.is_file() else dir_digest(path)}
+        for spec, files in plan
+        for path in files
+    ]
+
+
+def dir_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(path).as_posix().encode() + b"\0" + sha256_file(file).encode())
+    return digest.hexdigest()
+
+
+def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> StageManifest:
+    """Read every source into shards; a no-op when the same files and config were already ingested."""
+    plan, skipped = unique_files(specs)
+    inputs = input_listing(plan)
+    settings = {"ingest": asdict(config), "sources": [s.public() for s, _ in plan]}
+    key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
+    if is_complete(Path(out_dir), key):
+        return read_manifest(Path(out_dir))
+    writer = StageWriter(STAGE, VERSION, settings, key, inputs, Path(out_dir))
+    try:
+        shard_index, buffer, audit, buffer_bytes = 0, [], [], 0
+        total = sum(len(files) for _, files in plan)
+        with progress_bar(STAGE, total) as advance:
+            for spec, files in plan:
+                for path in files:
+                    for raw in iter_source(spec, [path], config):
+                        doc, rows = to_document(spec, raw)
+                        audit.extend(rows)
+                        if doc is not None:
+                            buffer.append(doc)
+                            buffer_bytes += len(doc["text"])
+                        if len(buffer) >= config.docs_per_shard or buffer_bytes >= config.bytes_per_shard:
+                            writer.write_shard(shard_index, docs_table(buffer), audit)
+                            shard_index, buffer, audit, buffer_bytes = shard_index + 1, [], [], 0
+                    advance(1)
+        if buffer or audit or shard_index == 0:
+            writer.write_shard(shard_index, docs_table(buffer), audit)
+        return writer.publish({"skipped_duplicate_inputs": skipped, "sources": [s.public() for s, _ in plan]})
+    except BaseException:
+        writer.abandon()
+        raise
+
+
+@task(name="ingest", task_run_name="ingest")
+def ingest_task(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> StageManifest:
+    return run_ingest(specs, config, out_dir)

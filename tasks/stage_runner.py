@@ -1,0 +1,313 @@
+"""The plumbing every stage shares: read shards, apply the stage's logic, write, count, publish.
+
+Stages contain only their logic (`process_shard`, optionally a global
+`prepare` pass). Everything else lives here and is written once:
+
+* the cache key and the no-op re-run,
+* per-shard accounting (documents in = kept + removed, by id),
+* atomic writes into a hidden work directory, published by rename after the
+  manifest (with `complete: true`) is written,
+* process parallelism over shards and a progress bar.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, is_dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from manifests.atomic import atomic_write_parquet
+from manifests.digest import cache_key as make_cache_key
+from manifests.digest import config_hash, sha256_file
+from manifests.schema import AUDIT_SCHEMA, DOC_SCHEMA, audit_table
+from manifests.stage_manifest import OutputFile, StageManifest, is_complete, read_manifest, write_manifest
+from tasks.code_version import code_version
+
+
+class AccountingError(RuntimeError):
+    """A stage lost or invented documents: in != kept + removed for some shard."""
+
+
+@dataclass
+class ShardOutcome:
+    """What a stage decided for one shard: surviving documents and the audit rows."""
+
+    kept: pa.Table
+    audit: list[dict[str, Any]] | pa.Table = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """A document-to-document stage: its identity and its logic, nothing else."""
+
+    name: str
+    version: str
+    process_shard: Callable[[pa.Table, Any, Any], ShardOutcome]
+    prepare: Callable[[StageManifest, Any, Path], Any] | None = None
+
+
+@dataclass
+class ShardResult:
+    shard: str
+    outputs: list[OutputFile]
+    docs_in: int
+    kept: int
+    actions: dict[str, dict[str, int]]  # action -> rule -> count
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if is_dataclass(config):
+        return asdict(config)
+    if hasattr(config, "model_dump"):
+        return config.model_dump(mode="json")
+    return dict(config)
+
+
+def shard_name(index: int) -> str:
+    return f"part-{index:05d}"
+
+
+def read_shard(path: Path) -> pa.Table:
+    table = pq.read_table(path)
+    return table.cast(DOC_SCHEMA) if table.schema != DOC_SCHEMA else table
+
+
+def check_accounting(shard: str, ids_in: pa.Array | None, kept: pa.Table, audit: pa.Table) -> None:
+    """Enforce: every input id is kept or removed, exactly once; nothing appears from nowhere."""
+    kept_ids = kept.column("id")
+    removed_ids = pc.filter(audit.column("id"), pc.equal(audit.column("action"), "removed"))
+    if pc.count_distinct(kept_ids).as_py() != len(kept_ids):
+        raise AccountingError(f"{shard}: duplicate ids among kept documents")
+    if pc.count_distinct(removed_ids).as_py() != len(removed_ids):
+        raise AccountingError(f"{shard}: a document was removed twice")
+    if pc.any(pc.is_in(removed_ids, value_set=kept_ids)).as_py():
+        raise AccountingError(f"{shard}: a document is both kept and removed")
+    touched = pc.filter(audit.column("id"), pc.not_equal(audit.column("action"), "removed"))
+    if len(touched) and not pc.all(pc.is_in(touched, value_set=kept_ids)).as_py():
+        raise AccountingError(f"{shard}: a modified/routed document is not among the kept ones")
+    if ids_in is None:
+        return
+    out_ids = pa.concat_arrays([kept_ids.combine_chunks(), removed_ids.combine_chunks()])
+    if len(out_ids) != len(ids_in) or not pc.all(pc.is_in(out_ids, value_set=ids_in)).as_py():
+        lost = pc.filter(ids_in, pc.invert(pc.is_in(ids_in, value_set=out_ids)))
+        raise AccountingError(
+            f"{shard}: {len(ids_in)} documents in, {len(kept_ids)} kept + {len(removed_ids)} removed; "
+            f"lost e.g. {lost[:3].to_pylist()}"
+        )
+
+
+class StageWriter:
+    """Writes one stage's shards into a hidden work directory and publishes it atomically."""
+
+    def __init__(self, stage: str, version: str, config: dict[str, Any], key: str, inputs: list[dict[str, str]], out_dir: Path):
+        self.stage, self.version, self.config, self.key, self.inputs = stage, version, config, key, inputs
+        self.out_dir = Path(out_dir)
+        self.work_dir = self.out_dir.parent / f".{self.out_dir.name}.partial"
+        self.results: list[ShardResult] = []
+        self.artifacts: list[OutputFile] = []
+        self.started = time.perf_counter()
+        if self.work_dir.exists():
+            shutil.rmtree(self.work_dir)
+        (self.work_dir / "data").mkdir(parents=True)
+        (self.work_dir / "audit").mkdir(parents=True)
+
+    def write_shard(self, index: int, kept: pa.Table, audit: list[dict[str, Any]] | pa.Table, ids_in: pa.Array | None = None) -> ShardResult:
+        result = write_shard_files(self.work_dir, self.stage, shard_name(index), kept, audit, ids_in)
+        self.results.append(result)
+        return result
+
+    def add_result(self, result: ShardResult) -> None:
+        self.results.append(result)
+
+    def add_artifact(self, relpath: str, rows: int | None = None) -> None:
+        """Register an extra file the stage wrote under its work directory (e.g. a removal list)."""
+        path = self.work_dir / relpath
+        self.artifacts.append(OutputFile(relpath, sha256_file(path), rows, "artifact"))
+
+    def counts(self) -> dict[str, Any]:
+        actions: dict[str, Counter] = {"removed": Counter(), "modified": Counter(), "routed": Counter()}
+        for result in self.results:
+            for action, rules in result.actions.items():
+                actions[action].update(rules)
+        docs_in = sum(r.docs_in for r in self.results)
+        kept = sum(r.kept for r in self.results)
+        return {
+            "in": docs_in,
+            "kept": kept,
+            "removed": dict(sorted(actions["removed"].items())),
+            "modified": dict(sorted(actions["modified"].items())),
+            "routed": dict(sorted(actions["routed"].items())),
+        }
+
+    def publish(self, extra: dict[str, Any] | None = None) -> StageManifest:
+        results = sorted(self.results, key=lambda r: r.shard)
+        outputs = [o for r in results for o in r.outputs] + sorted(self.artifacts, key=lambda o: o.path)
+        counts = self.counts()
+        removed = sum(counts["removed"].values())
+        if counts["in"] and counts["in"] != counts["kept"] + removed:
+            raise AccountingError(f"{self.stage}: {counts['in']} in != {counts['kept']} kept + {removed} removed")
+        manifest = StageManifest(
+            stage=self.stage,
+            stage_version=self.version,
+            config=self.config,
+            config_hash=config_hash(self.config),
+            cache_key=self.key,
+            code_version=code_version(),
+            inputs=self.inputs,
+            outputs=outputs,
+            shards=[r.shard for r in results],
+            counts=counts,
+            wall_time_s=time.perf_counter() - self.started,
+            extra=extra or {},
+        )
+        write_manifest(self.work_dir, manifest)
+        swap_into_place(self.work_dir, self.out_dir)
+        manifest.directory = self.out_dir
+        return manifest
+
+    def abandon(self) -> None:
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def swap_into_place(work_dir: Path, out_dir: Path) -> None:
+    """Replace `out_dir` by `work_dir` with renames; a crash in between leaves no complete stage."""
+    old = out_dir.parent / f".{out_dir.name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    if out_dir.exists():
+        os.replace(out_dir, old)
+    os.replace(work_dir, out_dir)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def write_shard_files(work_dir: Path, stage: str, shard: str, kept: pa.Table, audit: list[dict[str, Any]] | pa.Table, ids_in: pa.Array | None) -> ShardResult:
+    kept = kept.cast(DOC_SCHEMA) if kept.schema != DOC_SCHEMA else kept
+    if not isinstance(audit, pa.Table):
+        audit = audit_table([{**row, "stage": stage} for row in audit])
+    elif audit.schema != AUDIT_SCHEMA:
+        audit = audit.cast(AUDIT_SCHEMA)
+    check_accounting(shard, ids_in, kept, audit)
+    data_path = work_dir / "data" / f"{shard}.parquet"
+    audit_path = work_dir / "audit" / f"{shard}.parquet"
+    atomic_write_parquet(data_path, kept)
+    atomic_write_parquet(audit_path, audit)
+    actions: dict[str, dict[str, int]] = {}
+    for action, rule in zip(audit.column("action").to_pylist(), audit.column("rule").to_pylist()):
+        bucket = actions.setdefault(action, {})
+        bucket[rule] = bucket.get(rule, 0) + 1
+    return ShardResult(
+        shard=shard,
+        outputs=[
+            OutputFile(f"data/{shard}.parquet", sha256_file(data_path), kept.num_rows, "data"),
+            OutputFile(f"audit/{shard}.parquet", sha256_file(audit_path), audit.num_rows, "audit"),
+        ],
+        docs_in=kept.num_rows + sum(actions.get("removed", {}).values()),
+        kept=kept.num_rows,
+        actions=actions,
+    )
+
+
+def _run_one_shard(stage: StageDef, config: Any, context: Any, in_path: str, shard: str, work_dir: str) -> ShardResult:
+    docs = read_shard(Path(in_path))
+    outcome = stage.process_shard(docs, config, context)
+    return write_shard_files(Path(work_dir), stage.name, shard, outcome.kept, outcome.audit, docs.column("id").combine_chunks())
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, label: str, sizes: list[int]) -> Iterable[ShardResult]:
+    """Run `fn(*job)` for every job, in worker processes when `workers > 1`; yield results as they finish."""
+    with progress_bar(label, sum(sizes)) as advance:
+        if workers <= 1 or len(jobs) <= 1:
+            for job, size in zip(jobs, sizes):
+                result = fn(*job)
+                advance(size)
+                yield result
+            return
+        # spawn, not fork: the parent may hold Prefect/event-loop threads.
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(fn, *job): size for job, size in zip(jobs, sizes)}
+            for future in as_completed(futures):
+                result = future.result()
+                advance(futures[future])
+                yield result
+
+
+class progress_bar:
+    """A per-stage progress bar on a terminal; silent elsewhere (CI logs, tests)."""
+
+    def __init__(self, label: str, total: int):
+        self.label, self.total = label, total
+        self.enabled = sys.stderr.isatty() or os.environ.get("HYMO_PROGRESS") == "1"
+        self.progress = None
+
+    def __enter__(self) -> Callable[[int], None]:
+        if not self.enabled:
+            return lambda n: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+        self.progress.start()
+        task_id = self.progress.add_task(self.label, total=self.total)
+        return lambda n: self.progress.advance(task_id, n)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def stage_cache_key(stage: str, version: str, config: Any, input_digests: list[str]) -> str:
+    return make_cache_key(stage, version, config_dict(config), input_digests)
+
+
+def run_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    """Run a document stage over every shard of `input_dir`'s output; a no-op when already published under this key."""
+    upstream = read_manifest(input_dir)
+    key = stage_cache_key(stage.name, stage.version, config, [upstream.digest])
+    out_dir = Path(out_dir)
+    if is_complete(out_dir, key):
+        return read_manifest(out_dir)
+    writer = StageWriter(stage.name, stage.version, config_dict(config), key, [{"stage_dir": str(input_dir.name), "digest": upstream.digest}], out_dir)
+    try:
+        context = stage.prepare(upstream, config, writer.work_dir) if stage.prepare else None
+        data_files = upstream.files("data")
+        jobs = [(stage, config, context, str(upstream.path_of(f)), Path(f.path).stem, str(writer.work_dir)) for f in data_files]
+        sizes = [f.rows or 0 for f in data_files]
+        for result in map_shards(_run_one_shard, jobs, workers or default_workers(), stage.name, sizes):
+            writer.add_result(result)
+        extra = {"context": context.summary()} if hasattr(context, "summary") else {}
+        return writer.publish(extra)
+    except BaseException:
+        writer.abandon()
+        raise
+
+
+def read_stage_docs(stage_dir: Path, columns: list[str] | None = None) -> pa.Table:
+    """All published documents of a stage, in shard order (for small runs, tests and tools)."""
+    manifest = read_manifest(stage_dir)
+    tables = [pq.read_table(manifest.path_of(f), columns=columns) for f in manifest.files("data")]
+    return pa.concat_tables(tables) if tables else DOC_SCHEMA.empty_table()
+
+
+def read_stage_audit(stage_dir: Path) -> pa.Table:
+    manifest = read_manifest(stage_dir, verify=False)
+    tables = [pq.read_table(manifest.path_of(f)) for f in manifest.files("audit")]
+    return pa.concat_tables(tables) if tables else AUDIT_SCHEMA.empty_table()
+
+
