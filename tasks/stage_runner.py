@@ -11,6 +11,7 @@ Stages contain only their logic (`process_shard`, optionally a global
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -276,6 +277,15 @@ def stage_cache_key(stage: str, version: str, config: Any, input_digests: list[s
     return make_cache_key(stage, version, config_dict(config), input_digests)
 
 
+def run_prepare(stage: StageDef, upstream: StageManifest, config: Any, work_dir: Path, workers: int) -> Any:
+    """The stage's global pass, if any; it is given the worker count when its signature asks for `workers`."""
+    if stage.prepare is None:
+        return None
+    if "workers" in inspect.signature(stage.prepare).parameters:
+        return stage.prepare(upstream, config, work_dir, workers=workers)
+    return stage.prepare(upstream, config, work_dir)
+
+
 def run_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
     """Run a document stage over every shard of `input_dir`'s output; a no-op when already published under this key."""
     upstream = read_manifest(input_dir)
@@ -285,12 +295,14 @@ def run_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, work
         return read_manifest(out_dir)
     writer = StageWriter(stage.name, stage.version, config_dict(config), key, [{"stage_dir": str(input_dir.name), "digest": upstream.digest}], out_dir)
     try:
-        context = stage.prepare(upstream, config, writer.work_dir) if stage.prepare else None
+        context = run_prepare(stage, upstream, config, writer.work_dir, workers or default_workers())
         data_files = upstream.files("data")
         jobs = [(stage, config, context, str(upstream.path_of(f)), Path(f.path).stem, str(writer.work_dir)) for f in data_files]
         sizes = [f.rows or 0 for f in data_files]
         for result in map_shards(_run_one_shard, jobs, workers or default_workers(), stage.name, sizes):
             writer.add_result(result)
+        for relpath, rows in context.artifacts() if hasattr(context, "artifacts") else []:
+            writer.add_artifact(relpath, rows)  # files the global pass wrote into the stage directory
         extra = {"context": context.summary()} if hasattr(context, "summary") else {}
         return writer.publish(extra)
     except BaseException:
