@@ -106,6 +106,10 @@ SKIPPED_SECTIONS = {"see also", "references", "external links", "further reading
 GENERATOR_POOL_SHARE = 0.5      # fraction of articles (by title hash) for the generator
 
 
+IMAGE_OPTIONS = re.compile(r"(^|\|)(thumb|thumbnail|frame|upright|left|right|center|"
+                           r"alt=[^|]*|\d+(x\d+)?px)\|")
+
+
 def _plain_wikitext(wikitext: str) -> str:
     import mwparserfromhell
 
@@ -116,11 +120,19 @@ def _plain_wikitext(wikitext: str) -> str:
                 code.remove(tag)
             except ValueError:
                 pass
+    for link in code.filter_wikilinks(recursive=True):
+        if str(link.title).strip().lower().startswith(("file:", "image:", "category:")):
+            try:
+                code.remove(link)
+            except ValueError:
+                pass
     text = code.strip_code(normalize=True, collapse=True)
     lines = []
     for line in text.splitlines():
         line = line.strip()
-        if not line or line.startswith(("{|", "|", "!", "thumb", "File:", "Image:")):
+        if not line or line.startswith(("{|", "|", "!", "File:", "Image:")):
+            continue
+        if IMAGE_OPTIONS.search(line):          # caption remnants of nested image links
             continue
         lines.append(re.sub(r"[ \t]+", " ", line))
     return "\n".join(lines)
