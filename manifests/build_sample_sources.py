@@ -303,8 +303,8 @@ def fortune_records() -> list[dict]:
 
 CLD2_MEMBER = "pycld2-0.42/cld2/internal/unittest_data.h"
 CLD2_LANG_ALIASES = {"iw": "he", "jw": "jv"}     # old codes -> fastText lid.176 codes
-CLD2_MIN_CHARS = 200
-CLD2_SKIPPED = re.compile(r"^(xx|zz.|sit)_|_(close|bad_UTF8)$|^fr_en_")
+CLD2_MIN_CHARS = 50
+CLD2_SKIPPED = re.compile(r"^version|^(xx|zz.|sit)_|_(close|bad_UTF8)$|^fr_en_")
 
 
 C_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
@@ -330,7 +330,7 @@ def cld2_records(pycld2_sdist: Path) -> list[dict]:
         text = " ".join(text.split())
         if len(text) < CLD2_MIN_CHARS:
             continue
-        code, script = name.split("_")[0], name.split("_")[-1]
+        code, script = name.split("_")[0], name.split("_")[-1].rstrip("0123456789")
         records.append({
             "text": text,
             "url": f"https://github.com/aboSamoor/pycld2/blob/v0.42/cld2/internal/"
