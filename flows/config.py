@@ -11,6 +11,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from manifests.sources import PACKAGE_DIR, SourceSpec, load_source
+from tasks.decontam import DecontamConfig
+from tasks.dedup_exact import DedupExactConfig
+from tasks.dedup_fuzzy import DedupFuzzyConfig
 from tasks.extract import ExtractConfig
 from tasks.ingest import IngestConfig
 
@@ -28,6 +31,9 @@ class PipelineConfig(BaseModel):
     workers: int | None = Field(None, ge=1, le=256, description="Worker processes per stage (default: all cores).")
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    dedup_exact: DedupExactConfig = Field(default_factory=DedupExactConfig)
+    dedup_fuzzy: DedupFuzzyConfig = Field(default_factory=DedupFuzzyConfig)
+    decontam: DecontamConfig = Field(default_factory=DecontamConfig)
 
     def source_specs(self) -> list[SourceSpec]:
         base = Path(self.config_dir) if self.config_dir else None

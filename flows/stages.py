@@ -11,6 +11,9 @@ from typing import Callable
 
 from manifests.run_dir import stage_dir_name
 from manifests.stage_manifest import StageManifest
+from tasks.decontam import decontam_task
+from tasks.dedup_exact import dedup_exact_task
+from tasks.dedup_fuzzy import dedup_fuzzy_task
 from tasks.extract import extract_task
 from tasks.ingest import ingest_task
 
@@ -32,9 +35,24 @@ def _extract(config: PipelineConfig, run: Path, previous: Path | None, out: Path
     return extract_task(config.extract, previous, out, config.workers)
 
 
+def _dedup_exact(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return dedup_exact_task(config.dedup_exact, previous, out, config.workers)
+
+
+def _dedup_fuzzy(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return dedup_fuzzy_task(config.dedup_fuzzy, previous, out, config.workers)
+
+
+def _decontam(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return decontam_task(config.decontam, previous, out, config.workers)
+
+
 STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
     StageEntry("extract", _extract),
+    StageEntry("dedup_exact", _dedup_exact),
+    StageEntry("dedup_fuzzy", _dedup_fuzzy),
+    StageEntry("decontam", _decontam),
 ]
 
 STAGE_NAMES = [entry.name for entry in STAGES]
