@@ -36,7 +36,7 @@ from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
 from tasks.minhash import read_checked_array, write_checked_array
 from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards
-from tasks.shingles import TokenHashCache, ngram_hashes, tokens
+from tasks.shingles import TokenHashCache, batch_ngram_hashes, tokens
 from tasks.stage_runner import StageDef, run_stage
 
 STAGE = "decontam"
@@ -102,72 +102,68 @@ def read_benchmark(path: Path) -> list[tuple[str, str]]:
     return items
 
 
-def item_ngrams(text: str, size: int, cache: TokenHashCache) -> np.ndarray:
-    item_tokens = tokens(text, fold_numbers=False)
-    return np.unique(ngram_hashes(np.array([cache[t] for t in item_tokens], dtype=np.uint64), size))
-
-
 @dataclass
 class BenchmarkIndex:
     """Sorted n-gram hashes of all benchmark items, with the first (benchmark, item) holding each."""
 
     hashes: np.ndarray  # uint64, sorted, unique
     benchmark_of: np.ndarray  # int32 index into names
-    item_of: list[str]
+    item_of: np.ndarray  # int64 index into item_ids
+    item_ids: list[str]
     names: list[str]
     per_benchmark: dict[str, dict[str, Any]]
 
 
 def build_index(config: DecontamConfig) -> BenchmarkIndex:
+    """All benchmark n-grams, minus those found in more than `max_benchmark_items_per_ngram` items."""
     cache = TokenHashCache()
-    all_hashes, all_benchmarks, all_items = [], [], []
+    all_hashes, all_items = [], []
     item_ids: list[str] = []
+    benchmark_of_item: list[int] = []
     per_benchmark: dict[str, dict[str, Any]] = {}
     for bench_index, name in enumerate(config.benchmarks):
         path = benchmark_path(name)
         items = read_benchmark(path)
-        ngram_count = 0
-        for item_id, text in items:
-            hashes = item_ngrams(text, config.ngram_size, cache)
-            all_hashes.append(hashes)
-            all_benchmarks.append(np.full(len(hashes), bench_index, dtype=np.int32))
-            all_items.append(np.full(len(hashes), len(item_ids), dtype=np.int64))
-            item_ids.append(item_id)
-            ngram_count += len(hashes)
-        per_benchmark[name] = {"path": str(path), "sha256": sha256_file(path), "items": len(items), "ngrams": ngram_count}
+        hashes, offsets = batch_ngram_hashes((tokens(text, fold_numbers=False) for _, text in items), config.ngram_size, cache)
+        all_hashes.append(hashes)
+        all_items.append(np.repeat(np.arange(len(items), dtype=np.int64) + len(item_ids), np.diff(offsets)))
+        item_ids.extend(item_id for item_id, _ in items)
+        benchmark_of_item.extend([bench_index] * len(items))
+        per_benchmark[name] = {"path": str(path), "sha256": sha256_file(path), "items": len(items), "ngrams": int(len(hashes))}
     hashes = np.concatenate(all_hashes) if all_hashes else np.zeros(0, np.uint64)
-    benchmarks = np.concatenate(all_benchmarks) if all_benchmarks else np.zeros(0, np.int32)
     items = np.concatenate(all_items) if all_items else np.zeros(0, np.int64)
     order = np.lexsort((items, hashes))
-    hashes, benchmarks, items = hashes[order], benchmarks[order], items[order]
-    first = np.concatenate(([True], hashes[1:] != hashes[:-1])) if len(hashes) else np.zeros(0, bool)
-    starts = np.flatnonzero(first)
+    hashes, items = hashes[order], items[order]
+    distinct_pair = np.concatenate(([True], (hashes[1:] != hashes[:-1]) | (items[1:] != items[:-1]))) if len(hashes) else np.zeros(0, bool)
+    hashes, items = hashes[distinct_pair], items[distinct_pair]  # an n-gram repeated inside one item counts once
+    starts = np.flatnonzero(np.concatenate(([True], hashes[1:] != hashes[:-1]))) if len(hashes) else np.zeros(0, np.int64)
     items_per_ngram = np.diff(np.append(starts, len(hashes)))
     keep = starts[items_per_ngram <= config.max_benchmark_items_per_ngram]
+    benchmark_of = np.asarray(benchmark_of_item, dtype=np.int32)
+    over_cap = benchmark_of[items[starts[items_per_ngram > config.max_benchmark_items_per_ngram]]]
     for bench_index, name in enumerate(config.benchmarks):
-        per_benchmark[name]["ngrams_over_item_cap"] = int(np.sum(benchmarks[starts[items_per_ngram > config.max_benchmark_items_per_ngram]] == bench_index))
-    return BenchmarkIndex(hashes[keep], benchmarks[keep], [item_ids[i] for i in items[keep]], list(config.benchmarks), per_benchmark)
+        per_benchmark[name]["ngrams_over_item_cap"] = int(np.sum(over_cap == bench_index))
+    return BenchmarkIndex(hashes[keep], benchmark_of[items[keep]], items[keep], item_ids, list(config.benchmarks), per_benchmark)
 
 
 def match_shard(shard_path: str, shard: str, config: DecontamConfig, index_file: str, index_sha256: str) -> dict[str, Any]:
     """Worker: for each document, the benchmark n-grams it contains (hash, first matching text), in order of appearance."""
     index = np.asarray(read_checked_array(Path(index_file), index_sha256, mmap=False))
     table = pq.read_table(shard_path, columns=["id", "text"])
-    cache = TokenHashCache()
-    matches: dict[str, list[tuple[int, str]]] = {}
-    for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist()):
-        doc_tokens = tokens(text, fold_numbers=False)
-        if len(doc_tokens) < config.ngram_size or not len(index):
-            continue
-        hashes = ngram_hashes(np.array([cache[t] for t in doc_tokens], dtype=np.uint64), config.ngram_size)
-        positions = np.searchsorted(index, hashes)
-        hit = (positions < len(index)) & (index[np.minimum(positions, len(index) - 1)] == hashes)
-        found: dict[int, str] = {}
-        for position in np.flatnonzero(hit).tolist():
-            found.setdefault(int(hashes[position]), " ".join(doc_tokens[position: position + config.ngram_size]))
-        if found:
-            matches[doc_id] = list(found.items())
-    return {"shard": shard, "matches": matches}
+    doc_ids = table.column("id").to_pylist()
+    doc_tokens = [tokens(text, fold_numbers=False) for text in table.column("text").to_pylist()]
+    hashes, offsets = batch_ngram_hashes(doc_tokens, config.ngram_size, TokenHashCache())
+    matches: dict[str, dict[int, str]] = {}  # doc id -> {n-gram hash: its text}, in order of appearance
+    if not len(index) or not len(hashes):
+        return {"shard": shard, "matches": {}}
+    positions = np.minimum(np.searchsorted(index, hashes), len(index) - 1)
+    for window in np.flatnonzero(index[positions] == hashes).tolist():
+        doc = int(np.searchsorted(offsets, window, side="right")) - 1
+        start = window - int(offsets[doc])
+        found = matches.setdefault(doc_ids[doc], {})
+        if int(hashes[window]) not in found:
+            found[int(hashes[window])] = " ".join(doc_tokens[doc][start: start + config.ngram_size])
+    return {"shard": shard, "matches": {doc_id: list(found.items()) for doc_id, found in matches.items()}}
 
 
 def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
@@ -194,7 +190,7 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
                 continue
             first_hash, first_text = evidence[0]
             where = int(np.searchsorted(index.hashes, np.uint64(first_hash)))
-            benchmark, item_id = index.names[int(index.benchmark_of[where])], index.item_of[where]
+            benchmark, item_id = index.names[int(index.benchmark_of[where])], index.item_ids[int(index.item_of[where])]
             detail = {"benchmark": benchmark, "item_id": item_id, "ngram": first_text, "matched_ngrams": len(evidence)}
             removals[doc_id] = Removal(RULE, float(len(evidence)), float(config.min_matching_ngrams), detail)
             for key, value in (("id", doc_id), ("benchmark", benchmark), ("item_id", item_id), ("ngram", first_text), ("matched_ngrams", len(evidence))):

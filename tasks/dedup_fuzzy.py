@@ -39,7 +39,7 @@ from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
 from tasks.minhash import HashFamily, UnionFind, band_keys, read_checked_array, signatures, write_checked_array
 from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards
-from tasks.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, tokens
+from tasks.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, sorted_set, tokens
 from tasks.stage_runner import StageDef, run_stage
 
 STAGE = "dedup_fuzzy"
@@ -123,20 +123,32 @@ class ShingleSets:
         self.arrays: dict[int, np.ndarray] = {}
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
 
-    def of(self, rank: int) -> np.ndarray:
-        if rank in self.cache:
-            self.cache.move_to_end(rank)
-            return self.cache[rank]
+    def raw(self, rank: int) -> np.ndarray:
+        """The document's shingle hashes in text order (repeats included), a view into the spill file."""
         shard_index, local = int(self.shard_of_rank[rank]), int(self.local_of_rank[rank])
         if shard_index not in self.arrays:
             shard = self.shards[shard_index]
-            self.arrays[shard_index] = read_checked_array(Path(shard["shingles_file"]), shard["shingles_sha256"])
+            # a plain ndarray view of the map: slicing a np.memmap costs ~10 µs of bookkeeping per call
+            self.arrays[shard_index] = np.asarray(read_checked_array(Path(shard["shingles_file"]), shard["shingles_sha256"]))
         offsets = self.shards[shard_index]["offsets"]
-        shingle_set = np.unique(self.arrays[shard_index][offsets[local]: offsets[local + 1]])
+        return self.arrays[shard_index][offsets[local]: offsets[local + 1]]
+
+    def of(self, rank: int) -> np.ndarray:
+        """The document's shingle set, sorted (recently used ones cached)."""
+        if rank in self.cache:
+            self.cache.move_to_end(rank)
+            return self.cache[rank]
+        shingle_set = sorted_set(self.raw(rank))
         self.cache[rank] = shingle_set
         if len(self.cache) > SHINGLE_SET_CACHE:
             self.cache.popitem(last=False)
         return shingle_set
+
+    def jaccard(self, a: int, b: int) -> float:
+        raw_a, raw_b = self.raw(a), self.raw(b)
+        if len(raw_a) == len(raw_b) and np.array_equal(raw_a, raw_b):
+            return 1.0  # same shingle sequence, same set: skip the sort
+        return jaccard_of_sets(self.of(a), self.of(b))
 
 
 def band_buckets(shards: list[dict[str, Any]], ranks_of_shard: list[np.ndarray], band: int, band_arrays: dict[int, np.ndarray]) -> Iterator[list[int]]:
@@ -177,12 +189,16 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
         clusters = UnionFind(len(all_ids))
         best_match: dict[int, tuple[float, int]] = {}  # rank -> (Jaccard, partner rank) of its best verified edge
         rejected: set[tuple[int, int]] = set()
-        counts = {"buckets": 0, "largest_bucket": 0, "candidate_pairs": 0, "skipped_already_clustered": 0,
+        counts = {"buckets": 0, "buckets_already_one_cluster": 0, "largest_bucket": 0, "candidate_pairs": 0, "skipped_already_clustered": 0,
                   "verified_pairs": 0, "accepted_pairs": 0, "rejected_pairs": 0}
         for band in range(config.bands):
             for members in band_buckets(shards, ranks_of_shard, band, band_arrays):
                 counts["buckets"] += 1
                 counts["largest_bucket"] = max(counts["largest_bucket"], len(members))
+                root = clusters.find(members[0])
+                if all(clusters.find(member) == root for member in members[1:]):
+                    counts["buckets_already_one_cluster"] += 1  # an earlier band verified all of it
+                    continue
                 for a, b in bucket_pairs(members, config.exhaustive_bucket_size):
                     counts["candidate_pairs"] += 1
                     if (a, b) in rejected:
@@ -191,7 +207,7 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
                         counts["skipped_already_clustered"] += 1
                         continue
                     counts["verified_pairs"] += 1
-                    similarity = jaccard_of_sets(shingle_sets.of(a), shingle_sets.of(b))
+                    similarity = shingle_sets.jaccard(a, b)
                     if similarity < config.jaccard_threshold:
                         counts["rejected_pairs"] += 1
                         rejected.add((a, b))
