@@ -21,6 +21,15 @@ DEFAULT_RUN = "runs/sample"
 EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 
 
+def _plan_commands(subparsers: Any) -> None:
+    from flows.cli_plan import add_commands
+
+    add_commands(subparsers)
+
+
+EXTRA_COMMANDS.append(_plan_commands)
+
+
 def _rules(counts: dict[str, int]) -> str:
     return ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
 
