@@ -35,7 +35,7 @@ from manifests.digest import sha256_file
 from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
 from tasks.minhash import read_checked_array, write_checked_array
-from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards
+from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards, write_removals
 from tasks.shingles import TokenHashCache, batch_ngram_hashes, tokens
 from tasks.stage_runner import StageDef, run_stage
 
@@ -205,7 +205,7 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
     atomic_write_text(Path(work_dir) / COUNT_TABLE, json.dumps(counts, indent=2, sort_keys=True) + "\n")
     stats = {"benchmarks": counts, "indexed_ngrams": int(len(index.hashes)), "ngrams_over_training_cap": len(common),
              "documents_with_any_match": sum(len(s["matches"]) for s in shards), "removed": len(removals)}
-    return RemovalContext(removals, stats, [(REMOVAL_LIST, removal_table.num_rows), (COUNT_TABLE, None)])
+    return write_removals(work_dir, removals, stats, [(REMOVAL_LIST, removal_table.num_rows), (COUNT_TABLE, None)])
 
 
 DECONTAM = StageDef(STAGE, VERSION, apply_removals, prepare=find_contaminated)

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
-from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards
+from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards, write_removals
 from tasks.shingles import normalise
 from tasks.stage_runner import StageDef, run_stage
 
@@ -91,7 +91,7 @@ def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, wor
     stats = {"documents": sum(len(r["ids"]) for r in shards), "duplicate_groups": len(groups),
              "digest_collisions_with_different_text": sum(len({key_texts[d] for d, _ in g}) > 1 for g in groups),
              "removed": len(removals)}
-    return RemovalContext(removals, stats)
+    return write_removals(work_dir, removals, stats)
 
 
 DEDUP_EXACT = StageDef(STAGE, VERSION, apply_removals, prepare=find_exact_duplicates)

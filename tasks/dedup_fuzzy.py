@@ -38,7 +38,7 @@ from manifests.atomic import atomic_write_parquet
 from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
 from tasks.minhash import HashFamily, UnionFind, band_keys, read_checked_array, signatures, write_checked_array
-from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards
+from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards, write_removals
 from tasks.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, sorted_set, tokens
 from tasks.stage_runner import StageDef, run_stage
 
@@ -241,7 +241,7 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
                  **counts, "clusters": len(set(cluster_rows["cluster_id"])), "clustered_documents": len(clustered),
                  "removed": len(removals), "signature_seconds": round(signed - started, 3),
                  "candidate_and_cluster_seconds": round(finished - signed, 3)}
-        return RemovalContext(removals, stats, [(CLUSTERS_FILE, clusters_table.num_rows)])
+        return write_removals(work_dir, removals, stats, [(CLUSTERS_FILE, clusters_table.num_rows)])
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
 
