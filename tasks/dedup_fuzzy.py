@@ -237,7 +237,7 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
         clusters_table = pa.table(cluster_rows).sort_by([("cluster_id", "ascending"), ("id", "ascending")])
         atomic_write_parquet(Path(work_dir) / CLUSTERS_FILE, clusters_table)
         finished = time.perf_counter()
-        stats = {"documents": len(all_ids), "documents_without_shingles": int(sum(len(s["ids"]) - len(s["with_shingles"]) for s in shards)),
+        stats = {"documents": len(all_ids), "shingles": int(sum(int(s["offsets"][-1]) for s in shards)), "documents_without_shingles": int(sum(len(s["ids"]) - len(s["with_shingles"]) for s in shards)),
                  **counts, "clusters": len(set(cluster_rows["cluster_id"])), "clustered_documents": len(clustered),
                  "removed": len(removals), "signature_seconds": round(signed - started, 3),
                  "candidate_and_cluster_seconds": round(finished - signed, 3)}

@@ -16,8 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests.atomic import atomic_write_parquet
+from manifests.digest import sha256_file
 from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
+from tasks.minhash import ChecksumMismatch
 from tasks.stage_runner import ShardOutcome, map_shards
 
 
@@ -45,6 +47,7 @@ class RemovalContext:
     """
 
     removals_path: str
+    removals_sha256: str  # also the cache key: long-lived workers may see the same path for a re-run
     stats: dict[str, Any] = field(default_factory=dict)
     artifact_files: list[tuple[str, int | None]] = field(default_factory=list)  # (path under the stage dir, rows)
 
@@ -64,12 +67,15 @@ def write_removals(work_dir: Path, removals: dict[str, Removal], stats: dict[str
                      schema=REMOVALS_SCHEMA)
     path = Path(work_dir) / REMOVALS_FILE
     atomic_write_parquet(path, table)
-    return RemovalContext(str(path), stats, [(REMOVALS_FILE, table.num_rows), *artifact_files])
+    return RemovalContext(str(path), sha256_file(path), stats, [(REMOVALS_FILE, table.num_rows), *artifact_files])
 
 
 @lru_cache(maxsize=2)
-def load_removals(path: str) -> dict[str, tuple[str, float | None, float | None, str]]:
-    """id -> (rule, value, threshold, detail JSON), read once per worker process."""
+def load_removals(path: str, expected_sha256: str) -> dict[str, tuple[str, float | None, float | None, str]]:
+    """id -> (rule, value, threshold, detail JSON), read once per worker process and checked against its digest."""
+    actual = sha256_file(Path(path))
+    if actual != expected_sha256:
+        raise ChecksumMismatch(f"{path}: sha256 {actual[:12]}… but the global pass wrote {expected_sha256[:12]}…")
     table = pq.read_table(path)
     columns = [table.column(name).to_pylist() for name in ("id", "rule", "value", "threshold", "detail")]
     return {doc_id: (rule, value, threshold, detail) for doc_id, rule, value, threshold, detail in zip(*columns)}
@@ -77,7 +83,7 @@ def load_removals(path: str) -> dict[str, tuple[str, float | None, float | None,
 
 def apply_removals(docs: pa.Table, config: Any, context: RemovalContext) -> ShardOutcome:
     """Keep the documents the global pass did not remove; one audit row per removed document."""
-    removals = load_removals(context.removals_path)
+    removals = load_removals(context.removals_path, context.removals_sha256)
     removed_ids = [doc_id for doc_id in docs.column("id").to_pylist() if doc_id in removals]
     if not removed_ids:
         return ShardOutcome(docs, [])

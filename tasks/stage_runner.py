@@ -11,6 +11,7 @@ Stages contain only their logic (`process_shard`, optionally a global
 """
 from __future__ import annotations
 
+import atexit
 import inspect
 import json
 import os
@@ -19,6 +20,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, is_dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -232,6 +234,31 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """One pool of spawned workers per process, reused by every map of every stage.
+
+    Spawn, not fork: the parent may hold Prefect/event-loop threads. Reuse:
+    a spawned worker pays ~1-3 s of imports (numpy, pyarrow, the stage
+    module); a run of many stages, some with a global pass and a shard pass,
+    would otherwise pay it at every map.
+    """
+    if workers not in _POOLS:
+        _POOLS[workers] = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+    return _POOLS[workers]
+
+
+def shutdown_worker_pools() -> None:
+    for pool in _POOLS.values():
+        pool.shutdown(cancel_futures=True)
+    _POOLS.clear()
+
+
+atexit.register(shutdown_worker_pools)
+
+
 def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, label: str, sizes: list[int]) -> Iterable[ShardResult]:
     """Run `fn(*job)` for every job, in worker processes when `workers > 1`; yield results as they finish."""
     with progress_bar(label, sum(sizes)) as advance:
@@ -241,13 +268,19 @@ def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, 
                 advance(size)
                 yield result
             return
-        # spawn, not fork: the parent may hold Prefect/event-loop threads.
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(fn, *job): size for job, size in zip(jobs, sizes)}
+        pool = worker_pool(workers)
+        futures = {pool.submit(fn, *job): size for job, size in zip(jobs, sizes)}
+        try:
             for future in as_completed(futures):
                 result = future.result()
                 advance(futures[future])
                 yield result
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            if isinstance(sys.exc_info()[1], BrokenProcessPool):
+                _POOLS.pop(workers, None)
+            raise
 
 
 class progress_bar:
