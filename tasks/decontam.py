@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from manifests.atomic import atomic_write_parquet, atomic_write_text
 from manifests.digest import sha256_file
+from manifests.sources import PACKAGE_DIR
 from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
 from tasks.minhash import read_checked_array, write_checked_array
@@ -42,7 +43,7 @@ from tasks.stage_runner import StageDef, run_stage
 STAGE = "decontam"
 VERSION = "1"
 RULE = "contaminated"
-BUNDLED_DIR = Path(__file__).resolve().parent.parent / "manifests" / "benchmarks"
+BUNDLED_DIR = PACKAGE_DIR / "benchmarks"
 REMOVAL_LIST = "removal_list.parquet"
 COUNT_TABLE = "benchmark_counts.json"
 SPILL_DIR = "_spill"

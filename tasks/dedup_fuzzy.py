@@ -231,7 +231,7 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
                 continue
             similarity, partner = best_match[rank]
             kept_id = str(ids_by_rank[root])
-            detail = {"cluster_id": kept_id, "kept_id": kept_id, "matched_id": str(ids_by_rank[partner]), "jaccard": round(similarity, 6)}
+            detail = {"cluster_id": kept_id, "kept_id": kept_id, "matched_id": str(ids_by_rank[partner]), "jaccard": similarity}
             removals[str(ids_by_rank[rank])] = Removal(RULE, similarity, config.jaccard_threshold, detail)
         # Roots were found for every member above, so ids of a cluster are adjacent after sorting by (cluster, id).
         clusters_table = pa.table(cluster_rows).sort_by([("cluster_id", "ascending"), ("id", "ascending")])
