@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from manifests.schema import docs_table
+from manifests.schema import DOC_SCHEMA
 from tasks.stage_runner import StageWriter
 
 
@@ -14,9 +15,12 @@ def publish_docs(out_dir: Path, texts_by_id: dict[str, str], shards: int = 1) ->
     ids = list(texts_by_id)
     writer = StageWriter("ingest", "test", {}, f"test-{out_dir.name}-{shards}", [], out_dir)
     for shard in range(shards):
-        rows = [{"id": doc_id, "text": texts_by_id[doc_id], "source": "test", "url": f"test://{doc_id}", "lang": None,
-                 "lang_score": None, "meta": {}} for doc_id in ids[shard::shards]]
-        writer.write_shard(shard, docs_table(rows), [])
+        shard_ids = ids[shard::shards]
+        n = len(shard_ids)
+        table = pa.table({"id": shard_ids, "text": [texts_by_id[i] for i in shard_ids], "source": ["test"] * n,
+                          "url": [f"test://{i}" for i in shard_ids], "lang": pa.nulls(n, pa.string()),
+                          "lang_score": pa.nulls(n, pa.float32()), "meta": ["{}"] * n}, schema=DOC_SCHEMA)
+        writer.write_shard(shard, table, [])
     writer.publish()
     return out_dir
 
