@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from manifests.sources import PACKAGE_DIR, SourceSpec, load_source
 from tasks.extract import ExtractConfig
 from tasks.ingest import IngestConfig
+from tasks.mixture import MixtureConfig
+from tasks.shards import ShardsConfig
+from tasks.split import SplitConfig
+from tasks.tokenizer import TokenizerConfig
 
 SAMPLE_CONFIG = PACKAGE_DIR / "configs" / "sample.toml"
 
@@ -28,6 +32,10 @@ class PipelineConfig(BaseModel):
     workers: int | None = Field(None, ge=1, le=256, description="Worker processes per stage (default: all cores).")
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    mixture: MixtureConfig = Field(default_factory=MixtureConfig)
+    shards: ShardsConfig = Field(default_factory=ShardsConfig)
 
     def source_specs(self) -> list[SourceSpec]:
         base = Path(self.config_dir) if self.config_dir else None

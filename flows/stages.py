@@ -13,6 +13,10 @@ from manifests.run_dir import stage_dir_name
 from manifests.stage_manifest import StageManifest
 from tasks.extract import extract_task
 from tasks.ingest import ingest_task
+from tasks.mixture import mixture_task
+from tasks.shards import shards_task
+from tasks.split import split_task
+from tasks.tokenizer import tokenizer_task
 
 from flows.config import PipelineConfig
 
@@ -32,9 +36,30 @@ def _extract(config: PipelineConfig, run: Path, previous: Path | None, out: Path
     return extract_task(config.extract, previous, out, config.workers)
 
 
+def _split(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return split_task(config.split, previous, out, config.workers)
+
+
+def _tokenizer(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return tokenizer_task(config.tokenizer, stage_path(run, "split"), out, dict(config.mixture.weights))
+
+
+def _mixture(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return mixture_task(config.mixture, stage_path(run, "split"), stage_path(run, "tokenizer"), out)
+
+
+def _shards(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return shards_task(config.shards, stage_path(run, "split"), stage_path(run, "tokenizer"), stage_path(run, "mixture"), out)
+
+
 STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
     StageEntry("extract", _extract),
+    # (langid, quality, pii, dedup_exact, dedup_fuzzy, decontam go here, before split)
+    StageEntry("split", _split),
+    StageEntry("tokenizer", _tokenizer),
+    StageEntry("mixture", _mixture),
+    StageEntry("shards", _shards),
 ]
 
 STAGE_NAMES = [entry.name for entry in STAGES]
