@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from rich.table import Table
 
 from manifests.audit_query import decisions_for
-from manifests.corpus import CorpusManifestError, read_corpus_manifest
+from manifests.corpus import CorpusManifestError, locate_corpus_manifest, read_corpus_manifest
 from manifests.run_dir import find_stage
 
 
@@ -68,18 +68,25 @@ def print_corpus_table(run: Path) -> None:
     from flows.cli import console
 
     try:
-        corpus = read_corpus_manifest(run)
+        path = locate_corpus_manifest(run)
+        corpus = read_corpus_manifest(path)
     except CorpusManifestError:
         return
-    table = Table(title=f"corpus — {corpus['_path']} (digest {corpus['digest'][:12]}, {corpus['dtype']}, vocab {corpus['tokenizer']['vocab_size']})")
-    for column in ("source", "license", "snapshot", "removed", "train docs", "unique tokens", "weight", "epochs", "tokens", "shortfall", "val docs", "chars/tok"):
-        table.add_column(column, overflow="fold")
+    console.print(f"[bold]corpus[/bold] {path}  digest {corpus['digest'][:12]}  {corpus['dtype']}  vocab {corpus['tokenizer']['vocab_size']}")
+    provenance = Table(title="sources")
+    for column in ("source", "license", "snapshot", "removed", "train docs", "val docs", "chars/tok"):
+        provenance.add_column(column, overflow="fold")
+    mixture = Table(title=f"mixture (max {corpus['mixture']['max_epochs']:g} epochs)")
+    for column in ("source", "unique tok", "weight", "epochs", "tokens", "shortfall"):
+        mixture.add_column(column, justify="left" if column == "source" else "right")
     for row in corpus["sources"]:
         removed = sum(c["removed"] for c in row["filters"].values())
-        table.add_row(row["source"], str(row.get("license")), str(row.get("snapshot")), str(removed), str(row["train_documents"]), str(row["train_unique_tokens"]),
-                      f"{row['weight']:.3f}", f"{row['epochs']:.2f}", str(row["tokens_contributed"]), str(row["shortfall_tokens"]),
-                      str(row["validation_documents"]), "" if row["chars_per_token"] is None else f"{row['chars_per_token']:.2f}")
-    console.print(table)
+        provenance.add_row(row["source"], str(row.get("license")), str(row.get("snapshot")), str(removed), str(row["train_documents"]),
+                           str(row["validation_documents"]), "" if row["chars_per_token"] is None else f"{row['chars_per_token']:.2f}")
+        mixture.add_row(row["source"], str(row["train_unique_tokens"]), f"{row['weight']:.3f}", f"{row['epochs']:.2f}",
+                        str(row["tokens_contributed"]), str(row["shortfall_tokens"]))
+    console.print(provenance)
+    console.print(mixture)
     shards = corpus["shards"]
     console.print(f"train: {len(shards['train'])} shards, {sum(s['tokens'] for s in shards['train'])} tokens; "
                   f"validation: {len(shards['validation'])} shards, {corpus['validation']['tokens']} tokens, {corpus['validation']['documents']} documents")

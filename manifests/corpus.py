@@ -69,7 +69,6 @@ def read_corpus_manifest(path: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise CorpusManifestError(f"{path}: unreadable corpus manifest ({exc})") from exc
     validate_corpus(payload, str(path))
-    payload["_path"] = str(path)
     return payload
 
 

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from prefect import task
 
 from manifests.atomic import atomic_write_bytes, atomic_write_parquet
-from manifests.corpus import CORPUS_FILE, filters_by_source, ingested_by_source, read_corpus_manifest, source_provenance, write_corpus_manifest
+from manifests.corpus import CORPUS_FILE, filters_by_source, ingested_by_source, locate_corpus_manifest, read_corpus_manifest, source_provenance, write_corpus_manifest
 from manifests.digest import sha256_file
 from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
@@ -225,11 +225,12 @@ def corpus_sources(split_dir: Path, plan: pa.Table, mixture_table: dict[str, Any
 
 def trace_token(corpus_path: Path, shard: int, offset: int, split: str = "train", window: int = 16) -> dict[str, Any]:
     """The document a token belongs to: id, position inside it, repeat, and the decoded window around it."""
-    corpus = read_corpus_manifest(Path(corpus_path))
-    root = Path(corpus["_path"]).parent
+    manifest_path = locate_corpus_manifest(Path(corpus_path))
+    corpus = read_corpus_manifest(manifest_path)
+    root = manifest_path.parent
     shards = corpus["shards"].get(split, [])
     if not 0 <= shard < len(shards):
-        raise IndexError(f"{corpus['_path']}: {split} has {len(shards)} shards; no shard {shard}")
+        raise IndexError(f"{manifest_path}: {split} has {len(shards)} shards; no shard {shard}")
     entry = shards[shard]
     if not 0 <= offset < entry["tokens"]:
         raise IndexError(f"{root / entry['path']}: {entry['tokens']} tokens; offset {offset} is outside")
