@@ -1,0 +1,122 @@
+"""Benchmark the shards stage's tokenisation and the token loader.
+
+  /work/venv/bin/python bench/shards.py --run RUN [--min-chars 8000000] [--write docs/benchmarks.md]
+
+RUN is a run directory that reached the shards stage (`hymo run`). Measured on
+its own training documents (repeated until `--min-chars`) with its tokenizer:
+
+* baseline: one process, `tokenizer.encode(text)` per document, ids to numpy;
+* ours: what the shards stage does, `encode_documents` (encode_batch over
+  ENCODE_BATCH_DOCS documents, Rust threads on every core, EOS appended);
+* the whole shards stage (read, tokenise, order, write, hash) rebuilt into a
+  temporary directory;
+* the loader: `TokenLoader.next_batch()` from memory-mapped shards.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from hymo_core.data import CorpusReader, EndOfEpoch, TokenLoader  # noqa: E402
+from manifests.run_dir import find_stage  # noqa: E402
+from tasks.mixture import ENCODE_BATCH_DOCS  # noqa: E402
+from tasks.shards import ShardsConfig, build_shards, encode_documents  # noqa: E402
+from tasks.split import iter_split_docs  # noqa: E402
+from tasks.tokenizer import EOS_TOKEN, load_tokenizer  # noqa: E402
+
+HEADING = "## Shards stage: tokenisation and token loader throughput"
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--min-chars", type=int, default=8_000_000)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--loader-batches", type=int, default=2000)
+    parser.add_argument("--write", help="append the table to this markdown file under our heading")
+    args = parser.parse_args()
+    run = Path(args.run)
+
+    split_dir = find_stage(run, "split")[0].path
+    tokenizer_dir = find_stage(run, "tokenizer")[0].path
+    mixture_dir = find_stage(run, "mixture")[0].path
+    tokenizer = load_tokenizer(tokenizer_dir / "tokenizer.json")
+    eos = tokenizer.token_to_id(EOS_TOKEN)
+    texts = [t for table in iter_split_docs(split_dir, "train", ["text"]) for t in table.column("text").to_pylist()]
+    unique_docs = len(texts)
+    while sum(map(len, texts)) < args.min_chars:
+        texts = texts + texts
+    chars = sum(map(len, texts))
+    dtype = np.dtype("<u2")
+
+    def baseline():
+        return [np.append(np.asarray(tokenizer.encode(t, add_special_tokens=False).ids, dtype=dtype), eos) for t in texts]
+
+    def ours():
+        out = []
+        for start in range(0, len(texts), ENCODE_BATCH_DOCS):
+            out.extend(encode_documents(tokenizer, texts[start:start + ENCODE_BATCH_DOCS], eos, dtype))
+        return out
+
+    base_ids, base_s = timed(baseline)
+    our_ids, our_s = timed(ours)
+    assert all(np.array_equal(a, b) for a, b in zip(base_ids, our_ids)), "encode_batch and encode disagree"
+    tokens = sum(len(a) for a in our_ids)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (_, extra), stage_s = timed(lambda: build_shards(split_dir, tokenizer_dir, mixture_dir, ShardsConfig(), work))
+    stage_tokens = extra["train_tokens"] + extra["validation_tokens"]
+
+    corpus = CorpusReader(run)
+    loader = TokenLoader(corpus, seq_len=args.seq_len, batch_size=args.batch_size, seed=0)
+    served = 0
+    start = time.perf_counter()
+    while served < args.loader_batches:
+        try:
+            loader.next_batch()
+        except EndOfEpoch:
+            loader.start_next_epoch()
+            continue
+        served += 1
+    loader_s = time.perf_counter() - start
+
+    rows = [
+        ("documents (unique, repeated to size)", f"{unique_docs} -> {len(texts)}"),
+        ("characters / tokens", f"{chars:,} / {tokens:,}"),
+        ("single-process encode loop", f"{tokens / base_s:,.0f} tokens/s ({base_s:.2f} s)"),
+        (f"encode_batch x{ENCODE_BATCH_DOCS} (shards stage path)", f"{tokens / our_s:,.0f} tokens/s ({our_s:.2f} s)"),
+        ("speed-up", f"{base_s / our_s:.2f}x on {len(os.sched_getaffinity(0))} cores (goal >= 1.8x on 2)"),
+        ("whole shards stage on the run", f"{stage_tokens / stage_s:,.0f} tokens/s ({stage_tokens:,} tokens incl. repeats, {stage_s:.2f} s)"),
+        (f"loader next_batch B={args.batch_size} T={args.seq_len}", f"{served / loader_s:,.0f} batches/s ({served * args.batch_size * args.seq_len / loader_s:,.0f} tokens/s)"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    table = "\n".join([f"| {'measure':<{width}} | result |", f"|{'-' * (width + 2)}|--------|"] + [f"| {a:<{width}} | {b} |" for a, b in rows])
+    print(table)
+    if args.write:
+        block = (f"\n{HEADING}\n\n2026-11-29, machine: 2-core x86_64 CPU (shared with other jobs), run `{run}`, "
+                 f"tokenizer vocab {corpus.vocab_size}. `python bench/shards.py --run RUN`.\n\n{table}\n")
+        path = Path(args.write)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(block)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
