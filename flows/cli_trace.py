@@ -74,7 +74,7 @@ def print_corpus_table(run: Path) -> None:
         return
     console.print(f"[bold]corpus[/bold] {path}  digest {corpus['digest'][:12]}  {corpus['dtype']}  vocab {corpus['tokenizer']['vocab_size']}")
     provenance = Table(title="sources")
-    for column in ("source", "license", "snapshot", "removed", "train docs", "val docs", "chars/tok"):
+    for column in ("source", "license", "snapshot", "removed", "train", "val", "chars/tok", "tok/word"):
         provenance.add_column(column, overflow="fold")
     mixture = Table(title=f"mixture (max {corpus['mixture']['max_epochs']:g} epochs)")
     for column in ("source", "unique tok", "weight", "epochs", "tokens", "shortfall"):
@@ -82,7 +82,8 @@ def print_corpus_table(run: Path) -> None:
     for row in corpus["sources"]:
         removed = sum(c["removed"] for c in row["filters"].values())
         provenance.add_row(row["source"], str(row.get("license")), str(row.get("snapshot")), str(removed), str(row["train_documents"]),
-                           str(row["validation_documents"]), "" if row["chars_per_token"] is None else f"{row['chars_per_token']:.2f}")
+                           str(row["validation_documents"]), "" if row["chars_per_token"] is None else f"{row['chars_per_token']:.2f}",
+                           "" if row["tokens_per_word"] is None else f"{row['tokens_per_word']:.2f}")
         mixture.add_row(row["source"], str(row["train_unique_tokens"]), f"{row['weight']:.3f}", f"{row['epochs']:.2f}",
                         str(row["tokens_contributed"]), str(row["shortfall_tokens"]))
     console.print(provenance)
