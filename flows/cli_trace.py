@@ -75,7 +75,7 @@ def print_corpus_table(run: Path) -> None:
     console.print(f"[bold]corpus[/bold] {path}  digest {corpus['digest'][:12]}  {corpus['dtype']}  vocab {corpus['tokenizer']['vocab_size']}")
     provenance = Table(title="sources")
     for column in ("source", "license", "snapshot", "removed", "train", "val", "chars/tok", "tok/word"):
-        provenance.add_column(column, overflow="fold")
+        provenance.add_column(column, overflow="ellipsis", no_wrap=True, max_width=16 if column == "snapshot" else None)
     mixture = Table(title=f"mixture (max {corpus['mixture']['max_epochs']:g} epochs)")
     for column in ("source", "unique tok", "weight", "epochs", "tokens", "shortfall"):
         mixture.add_column(column, justify="left" if column == "source" else "right")

@@ -98,3 +98,14 @@ def test_validation_loader_is_a_fixed_prefix(tiny_run):
     assert all(torch.equal(a[0], b[0]) for a, b in zip(first, second))
     stream = np.fromfile(corpus.root / corpus.manifest["shards"]["validation"][0]["path"], dtype="<u2")
     assert first[0][0][0].tolist() == stream[:16].tolist()
+
+
+def test_loader_module_does_not_pull_in_the_pipeline():
+    import subprocess
+    import sys
+
+    probe = ("import sys, hymo_core.data; "
+             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('prefect', 'tasks', 'flows', 'manifests', 'pyarrow', 'tokenizers')); "
+             "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
