@@ -73,19 +73,22 @@ def print_corpus_table(run: Path) -> None:
     except CorpusManifestError:
         return
     console.print(f"[bold]corpus[/bold] {path}  digest {corpus['digest'][:12]}  {corpus['dtype']}  vocab {corpus['tokenizer']['vocab_size']}")
-    provenance = Table(title="sources")
-    for column in ("source", "license", "snapshot", "removed", "train", "val", "chars/tok", "tok/word"):
-        provenance.add_column(column, overflow="ellipsis", no_wrap=True, max_width=16 if column == "snapshot" else None)
-    mixture = Table(title=f"mixture (max {corpus['mixture']['max_epochs']:g} epochs)")
-    for column in ("source", "unique tok", "weight", "epochs", "tokens", "shortfall"):
-        mixture.add_column(column, justify="left" if column == "source" else "right")
+    longest = max((len(r["source"]) for r in corpus["sources"]), default=6)
+    provenance = Table(title="sources (removed: documents removed by the filters before the split)")
+    for column in ("source", "license", "snapshot", "removed", "docs", "val"):
+        provenance.add_column(column, overflow="ellipsis", no_wrap=True, min_width=longest if column == "source" else None,
+                              max_width={"license": 16, "snapshot": 14}.get(column))
+    mixture = Table(title=f"mixture (max {corpus['mixture']['max_epochs']:g} epochs; chars/token and tokens/word on the tokenizer sample)")
+    for column in ("source", "unique", "weight", "epochs", "tokens", "short", "c/tok", "tok/w"):
+        mixture.add_column(column, justify="left" if column == "source" else "right", no_wrap=True, min_width=longest if column == "source" else None)
     for row in corpus["sources"]:
         removed = sum(c["removed"] for c in row["filters"].values())
         provenance.add_row(row["source"], str(row.get("license")), str(row.get("snapshot")), str(removed), str(row["train_documents"]),
-                           str(row["validation_documents"]), "" if row["chars_per_token"] is None else f"{row['chars_per_token']:.2f}",
-                           "" if row["tokens_per_word"] is None else f"{row['tokens_per_word']:.2f}")
+                           str(row["validation_documents"]))
         mixture.add_row(row["source"], str(row["train_unique_tokens"]), f"{row['weight']:.3f}", f"{row['epochs']:.2f}",
-                        str(row["tokens_contributed"]), str(row["shortfall_tokens"]))
+                        str(row["tokens_contributed"]), str(row["shortfall_tokens"]),
+                        "" if row["chars_per_token"] is None else f"{row['chars_per_token']:.2f}",
+                        "" if row["tokens_per_word"] is None else f"{row['tokens_per_word']:.2f}")
     console.print(provenance)
     console.print(mixture)
     shards = corpus["shards"]
