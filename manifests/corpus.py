@@ -90,11 +90,11 @@ def source_of_id(doc_id: str) -> str:
     return doc_id.rsplit("-", 1)[0]
 
 
-def filters_by_source(run: Path, before_order: int) -> dict[str, dict[str, dict[str, int]]]:
-    """source -> "stage.rule" -> {"removed": n, "modified": n} over the document stages before `before_order`."""
+def filters_by_source(run: Path, before_order: int | None = None) -> dict[str, dict[str, dict[str, int]]]:
+    """source -> "stage.rule" -> {"removed": n, "modified": n} over the document stages before `before_order` (all when None)."""
     counts: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"removed": 0, "modified": 0}))
     for stage_dir, manifest in completed_stages(run):
-        if stage_dir.order >= before_order:
+        if before_order is not None and stage_dir.order >= before_order:
             continue
         for audit_file in manifest.files("audit"):
             table = pq.read_table(manifest.path_of(audit_file), columns=["id", "action", "rule"])

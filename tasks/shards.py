@@ -195,8 +195,9 @@ def _by_source(tokens_by_id: dict[str, int]) -> dict[str, dict[str, int]]:
 def corpus_sources(split_dir: Path, plan: pa.Table, mixture_table: dict[str, Any], tokenizer_stats: dict[str, Any], validation: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
     """Per source: provenance, filters with counts, kept documents/tokens, weight, epochs, compression."""
     run = split_dir.parent
-    order = int(STAGE_DIR_RE.match(split_dir.name).group(1)) if STAGE_DIR_RE.match(split_dir.name) else 10 ** 6
-    provenance, filters, ingested = source_provenance(run), filters_by_source(run, order), ingested_by_source(run)
+    numbered = STAGE_DIR_RE.match(split_dir.name)
+    provenance, ingested = source_provenance(run), ingested_by_source(run)
+    filters = filters_by_source(run, int(numbered.group(1)) if numbered else None)
     kept_docs: dict[str, int] = {}
     for source in plan.column("source").to_pylist():
         kept_docs[source] = kept_docs.get(source, 0) + 1

@@ -149,6 +149,8 @@ def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: To
         "eos_id": tokenizer.token_to_id(EOS_TOKEN),
         "special_tokens": list(config.special_tokens),
         "byte_fallback_layout": config.byte_fallback_layout,
+        # not stored in tokenizer.json: load with tasks.tokenizer.load_tokenizer or set it yourself
+        "documents_encoded_with": {"encode_special_tokens": True, "add_special_tokens": False},
         "round_trip_documents": len(texts),
     }
     stats = {"tokenizer": identity, "sample_by_source": per_source, "overall": compression(tokenizer, texts)}

@@ -90,3 +90,37 @@ def test_trace_names_document_and_position_across_a_shard_boundary(tiny_run):
         trace_token(tiny_run, 0, 10 ** 9)
     with pytest.raises(IndexError, match="no shard 99"):
         trace_token(tiny_run, 99, 0)
+
+
+def small_cache(tmp_path, docs):
+    from tasks.shards import TokenCache
+
+    cache = TokenCache(tmp_path / "cache", np.dtype("<u2"))
+    for doc_id, n in docs:
+        cache.add(doc_id, np.arange(n, dtype="<u2"))
+    return cache, cache.freeze()
+
+
+def test_stream_splits_documents_at_the_shard_bound_and_indexes_each_piece(tmp_path):
+    from tasks.shards import write_stream
+
+    cache, tokens = small_cache(tmp_path, [("a", 5), ("b", 7), ("c", 4)])  # 16 tokens, shards of 6
+    (tmp_path / "out").mkdir()
+    shards = write_stream([("a", 0), ("b", 0), ("c", 0)], cache, tokens, 6, tmp_path / "out", "train")
+    assert [s["tokens"] for s in shards] == [6, 6, 4]
+    rows = [r for s in shards for r in pq.read_table(tmp_path / "out" / f"{s['name']}.idx.parquet").to_pylist()]
+    assert [(r["doc_id"], r["offset"], r["length"], r["doc_start"]) for r in rows] == [
+        ("a", 0, 5, 0), ("b", 5, 1, 0), ("b", 0, 6, 1), ("c", 0, 4, 0)]
+    stream = np.concatenate([np.fromfile(tmp_path / "out" / f"{s['name']}.bin", dtype="<u2") for s in shards])
+    assert stream.tolist() == list(range(5)) + list(range(7)) + list(range(4))
+
+
+def test_document_longer_than_a_shard_spans_several(tmp_path):
+    from tasks.shards import write_stream
+
+    cache, tokens = small_cache(tmp_path, [("long", 13)])
+    (tmp_path / "out").mkdir()
+    shards = write_stream([("long", 0), ("long", 1)], cache, tokens, 5, tmp_path / "out", "train")
+    assert [s["tokens"] for s in shards] == [5, 5, 5, 5, 5, 1]
+    last = pq.read_table(tmp_path / "out" / "train-00005.idx.parquet").to_pylist()
+    assert last == [{"doc_id": "long", "offset": 0, "length": 1, "doc_start": 12, "repeat": 1}]
