@@ -3,7 +3,7 @@
 API (the trainer's only door to the data):
 
     corpus = CorpusReader("RUN/NN_shards")          # or the corpus.json path, or the run dir
-    loader = TokenLoader(corpus, split="train", seq_len=T, batch_size=B, seed=0)
+    loader = TokenLoader(corpus, split="train", seq_len=T, batch_size=B, seed=0)   # rank=, world_size= for DDP
     x_BT, y_BT = loader.next_batch()                 # int64 tensors, y = x shifted by one token
     state = loader.state_dict()                      # {"manifest_digest", "epoch", "position", "shard", "offset", ...}
     loader.load_state_dict(state)                    # refuses another corpus, seq_len or seed
@@ -139,13 +139,20 @@ def _gather(shards: list[np.memmap], windows: np.ndarray, seq_len: int) -> tuple
 class TokenLoader:
     """Shuffled training windows with a cursor that round-trips through a checkpoint."""
 
-    def __init__(self, corpus: CorpusReader, split: str = "train", seq_len: int = 1024, batch_size: int = 8, seed: int = 0):
+    def __init__(self, corpus: CorpusReader, split: str = "train", seq_len: int = 1024, batch_size: int = 8, seed: int = 0,
+                 rank: int = 0, world_size: int = 1):
         if seq_len < 1 or batch_size < 1:
             raise ValueError(f"seq_len and batch_size must be >= 1, got {seq_len}, {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.corpus, self.split, self.seq_len, self.batch_size, self.seed = corpus, split, seq_len, batch_size, seed
+        # Data parallel: every rank draws the same permutation; each global step consumes
+        # batch_size * world_size windows and rank r takes the r-th slice of them.
+        self.rank, self.world_size = rank, world_size
+        self.step_windows = batch_size * world_size
         self.shards, self.windows = _window_table(corpus, split, seq_len)
-        if len(self.windows) < batch_size:
-            raise CorpusError(f"{corpus.path}: {split} has {len(self.windows)} windows of {seq_len + 1} tokens, fewer than one batch of {batch_size}")
+        if len(self.windows) < self.step_windows:
+            raise CorpusError(f"{corpus.path}: {split} has {len(self.windows)} windows of {seq_len + 1} tokens, fewer than one step of {self.step_windows}")
         self.epoch, self.position = 0, 0
         self._order = self._permutation(0)
 
@@ -155,13 +162,14 @@ class TokenLoader:
 
     @property
     def batches_per_epoch(self) -> int:
-        return len(self.windows) // self.batch_size
+        return len(self.windows) // self.step_windows
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.position + self.batch_size > len(self._order):
+        if self.position + self.step_windows > len(self._order):
             raise EndOfEpoch(f"epoch {self.epoch} of {self.split} done after {self.position} windows ({len(self._order) - self.position} left over)")
-        picked = self.windows[self._order[self.position:self.position + self.batch_size]]
-        self.position += self.batch_size
+        mine = self.position + self.rank * self.batch_size
+        picked = self.windows[self._order[mine:mine + self.batch_size]]
+        self.position += self.step_windows
         return _gather(self.shards, picked, self.seq_len)
 
     def start_next_epoch(self) -> None:
@@ -178,10 +186,10 @@ class TokenLoader:
     def state_dict(self) -> dict[str, Any]:
         shard, offset = self._next_window()
         return {"manifest_digest": self.corpus.digest, "split": self.split, "seq_len": self.seq_len, "batch_size": self.batch_size,
-                "seed": self.seed, "epoch": self.epoch, "position": self.position, "shard": shard, "offset": offset}
+                "world_size": self.world_size, "seed": self.seed, "epoch": self.epoch, "position": self.position, "shard": shard, "offset": offset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("manifest_digest", "split", "seq_len", "seed"):
+        for key in ("manifest_digest", "split", "seq_len", "seed", "world_size"):
             mine = self.corpus.digest if key == "manifest_digest" else getattr(self, key)
             if state.get(key) != mine:
                 raise CorpusError(f"loader state was saved with {key}={state.get(key)!r}, this loader has {mine!r}; refusing to resume")

@@ -109,3 +109,16 @@ def test_loader_module_does_not_pull_in_the_pipeline():
              "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_data_parallel_ranks_read_disjoint_windows_in_step(tiny_run):
+    corpus = CorpusReader(tiny_run)
+    single = TokenLoader(corpus, seq_len=16, batch_size=4, seed=2)
+    ranks = [TokenLoader(corpus, seq_len=16, batch_size=2, seed=2, rank=r, world_size=2) for r in range(2)]
+    for _ in range(3):
+        x_single = single.next_batch()[0]
+        x_ranks = torch.cat([loader.next_batch()[0] for loader in ranks])
+        assert torch.equal(x_single, x_ranks)  # the same global batch, split between the ranks
+    assert ranks[0].state_dict()["position"] == ranks[1].state_dict()["position"] == single.state_dict()["position"]
+    with pytest.raises(CorpusError, match="world_size"):
+        TokenLoader(corpus, seq_len=16, batch_size=2, seed=2, rank=0, world_size=4).load_state_dict(ranks[0].state_dict())
