@@ -25,12 +25,13 @@ import pyarrow.parquet as pq
 from prefect import task
 
 from manifests.atomic import atomic_write_bytes, atomic_write_parquet
-from manifests.corpus import CORPUS_FILE, filters_by_source, ingested_by_source, locate_corpus_manifest, read_corpus_manifest, source_provenance, write_corpus_manifest
+from manifests.corpus import (CORPUS_FILE, filters_by_source, ingested_by_source, locate_corpus_manifest, read_corpus_manifest, source_of_id,
+                              source_provenance, write_corpus_manifest)
 from manifests.digest import sha256_file
 from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.mixture import ENCODE_BATCH_DOCS, PLAN_FILE, TABLE_FILE
-from tasks.split import VALIDATION, iter_split_docs, seeded_rank
+from tasks.split import HELD_OUT_RULE, VALIDATION, iter_split_docs, seeded_rank
 from tasks.stage_runner import run_artifact_stage
 from tasks.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
 
@@ -129,6 +130,28 @@ def write_stream(occurrences: list[tuple[str, int]], cache: TokenCache, tokens: 
     return shards
 
 
+def pack_side(tables: Iterable[pa.Table], repeats: dict[str, int] | None, tokenizer, eos_id: int, dtype: np.dtype,
+              config: ShardsConfig, work_dir: Path, side: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Tokenise one side of the split once, lay out its occurrences, write its shards.
+
+    `repeats` = the mixture plan (train); None = every document once (validation).
+    Returns the shard listing for the corpus manifest and the tokens of each document.
+    """
+    cache = TokenCache(work_dir / f".{side}.cache", dtype)
+    fill_cache(tables, None if repeats is None else set(repeats), tokenizer, eos_id, cache)
+    tokens = cache.freeze()
+    order = occurrence_order(repeats if repeats is not None else {i: 1 for i in cache.spans}, config.seed)
+    written = write_stream(order, cache, tokens, config.tokens_per_shard, work_dir / "tokens", side)
+    del tokens
+    cache.path.unlink()
+    listing = []
+    for shard in written:
+        bin_rel, idx_rel = f"tokens/{shard['name']}.bin", f"tokens/{shard['name']}.idx.parquet"
+        listing.append({"path": bin_rel, "sha256": sha256_file(work_dir / bin_rel), "tokens": shard["tokens"], "documents": shard["documents"],
+                        "index_path": idx_rel, "index_sha256": sha256_file(work_dir / idx_rel)})
+    return listing, {doc_id: n for doc_id, (_, n) in cache.spans.items()}
+
+
 def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config: ShardsConfig, work_dir: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
     tokenizer_manifest, mixture_manifest = read_manifest(tokenizer_dir), read_manifest(mixture_dir)
     shutil.copyfile(tokenizer_manifest.directory / TOKENIZER_FILE, work_dir / TOKENIZER_FILE)  # the corpus dir is self-contained
@@ -139,28 +162,10 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
     plan = pq.read_table(mixture_manifest.directory / PLAN_FILE)
     repeats = {i: r for i, r in zip(plan.column("id").to_pylist(), plan.column("repeats").to_pylist()) if r > 0}
     (work_dir / "tokens").mkdir()
-    artifacts: list[tuple[str, int | None]] = [(TOKENIZER_FILE, vocab_size)]
 
-    listing: dict[str, list[dict[str, Any]]] = {}
-    for side, tables, wanted in (("train", iter_split_docs(split_dir, "train", ["id", "text"]), set(repeats)),
-                                 (VALIDATION, iter_split_docs(split_dir, VALIDATION, ["id", "text"]), None)):
-        cache = TokenCache(work_dir / f".{side}.cache", dtype)
-        fill_cache(tables, wanted, tokenizer, eos_id, cache)
-        tokens = cache.freeze()
-        order = occurrence_order(repeats if side == "train" else {i: 1 for i in cache.spans}, config.seed)
-        written = write_stream(order, cache, tokens, config.tokens_per_shard, work_dir / "tokens", side)
-        del tokens
-        (work_dir / f".{side}.cache").unlink()
-        listing[side] = []
-        for shard in written:
-            bin_rel, idx_rel = f"tokens/{shard['name']}.bin", f"tokens/{shard['name']}.idx.parquet"
-            artifacts += [(bin_rel, shard["tokens"]), (idx_rel, shard["documents"])]
-            listing[side].append({"path": bin_rel, "sha256": sha256_file(work_dir / bin_rel), "tokens": shard["tokens"], "documents": shard["documents"],
-                                  "index_path": idx_rel, "index_sha256": sha256_file(work_dir / idx_rel)})
-        if side == VALIDATION:
-            validation_docs = len(cache.spans)
-            validation_tokens = cache.size
-            validation_by_source = _by_source({i: n for i, (_, n) in cache.spans.items()})
+    train, _ = pack_side(iter_split_docs(split_dir, "train", ["id", "text"]), repeats, tokenizer, eos_id, dtype, config, work_dir, "train")
+    validation, validation_tokens = pack_side(iter_split_docs(split_dir, VALIDATION, ["id", "text"]), None, tokenizer, eos_id, dtype, config, work_dir, VALIDATION)
+    validation_by_source = _by_source(validation_tokens)
 
     mixture_table = json.loads((mixture_manifest.directory / TABLE_FILE).read_text(encoding="utf-8"))
     tokenizer_stats = tokenizer_manifest.extra
@@ -171,19 +176,21 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
         "tokenizer": {**tokenizer_stats.get("tokenizer", {}), "path": TOKENIZER_FILE, "sha256": sha256_file(work_dir / TOKENIZER_FILE), "vocab_size": vocab_size},
         "sources": corpus_sources(Path(split_dir), plan, mixture_table, tokenizer_stats, validation_by_source),
         "mixture": mixture_table,
-        "shards": listing,
-        "train_tokens": sum(s["tokens"] for s in listing["train"]),
-        "validation": {"rule": "held_out", "stage": Path(split_dir).name, "documents": validation_docs, "tokens": validation_tokens, "by_source": validation_by_source},
+        "shards": {"train": train, VALIDATION: validation},
+        "train_tokens": sum(s["tokens"] for s in train),
+        "validation": {"rule": HELD_OUT_RULE, "stage": Path(split_dir).name, "documents": len(validation_tokens),
+                       "tokens": sum(validation_tokens.values()), "by_source": validation_by_source},
         "seed": config.seed,
     }
     corpus = write_corpus_manifest(work_dir / CORPUS_FILE, payload)
-    artifacts.append((CORPUS_FILE, None))
-    return artifacts, {"corpus_digest": corpus["digest"], "dtype": dtype.name, "train_tokens": payload["train_tokens"], "validation_tokens": validation_tokens}
+    artifacts: list[tuple[str, int | None]] = [(TOKENIZER_FILE, vocab_size), (CORPUS_FILE, None)]
+    for shard in train + validation:
+        artifacts += [(shard["path"], shard["tokens"]), (shard["index_path"], shard["documents"])]
+    return artifacts, {"corpus_digest": corpus["digest"], "dtype": dtype.name, "train_tokens": payload["train_tokens"],
+                       "validation_tokens": payload["validation"]["tokens"]}
 
 
 def _by_source(tokens_by_id: dict[str, int]) -> dict[str, dict[str, int]]:
-    from manifests.corpus import source_of_id
-
     out: dict[str, dict[str, int]] = {}
     for doc_id, n in tokens_by_id.items():
         row = out.setdefault(source_of_id(doc_id), {"documents": 0, "tokens": 0})
