@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from rich.table import Table
 

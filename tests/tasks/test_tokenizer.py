@@ -1,6 +1,4 @@
-import json
 
-import pytest
 
 from tasks.tokenizer import BYTE_TOKENS, EOS_TOKEN, TokenizerConfig, build_tokenizer, load_tokenizer, round_trip_failures, vocab_size_of
 
