@@ -1,5 +1,3 @@
-
-
 from tasks.tokenizer import BYTE_TOKENS, EOS_TOKEN, TokenizerConfig, build_tokenizer, load_tokenizer, round_trip_failures, vocab_size_of
 
 TEXTS = [
