@@ -41,6 +41,28 @@ def timed(fn):
     return result, time.perf_counter() - start
 
 
+def thread_cpu_ticks() -> dict[str, int]:
+    """CPU ticks (user + system) of every thread of this process, from /proc (Linux)."""
+    ticks = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks[task.name] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def threads_that_worked(fn) -> tuple[int, float]:
+    """How many threads did >= 10% of the CPU work of `fn`, and the largest thread's share."""
+    before = thread_cpu_ticks()
+    fn()
+    after = thread_cpu_ticks()
+    spent = {t: after[t] - before.get(t, 0) for t in after}
+    total = sum(spent.values()) or 1
+    return sum(v >= 0.1 * total for v in spent.values()), max(spent.values()) / total
+
+
 def timed_cpu(fn):
     """Wall seconds and CPU seconds of this process (all threads): CPU/wall shows the cores actually obtained."""
     cpu, wall = time.process_time(), time.perf_counter()
@@ -91,6 +113,7 @@ def main() -> int:
         our_rounds.append(measured)
     base_s, base_cpu = min(base_rounds)
     our_s, our_cpu = min(our_rounds)
+    busy_threads, largest_share = threads_that_worked(ours)
     assert all(np.array_equal(a, b) for a, b in zip(base_ids, our_ids)), "encode_batch and encode disagree"
     tokens = sum(len(a) for a in our_ids)
 
@@ -119,6 +142,7 @@ def main() -> int:
         (f"encode_batch x{ENCODE_BATCH_DOCS}, shards path (best of {args.rounds})", f"{tokens / our_s:,.0f} tokens/s ({our_s:.2f} s wall, {our_cpu / our_s:.2f} cores busy)"),
         ("speed-up (wall)", f"{base_s / our_s:.2f}x on {len(os.sched_getaffinity(0))} cores (goal >= 1.8x on 2 idle cores)"),
         ("tokens per CPU-second, loop / batch", f"{tokens / base_cpu:,.0f} / {tokens / our_cpu:,.0f}"),
+        ("threads doing >= 10% of encode_batch's CPU", f"{busy_threads} (largest share {largest_share:.0%})"),
         ("load average at start (1 min)", f"{load_at_start:.2f}"),
         ("whole shards stage on the run", f"{stage_tokens / stage_s:,.0f} tokens/s ({stage_tokens:,} tokens incl. repeats, {stage_s:.2f} s)"),
         (f"loader next_batch B={args.batch_size} T={args.seq_len}", f"{served / loader_s:,.0f} batches/s ({served * args.batch_size * args.seq_len / loader_s:,.0f} tokens/s)"),
