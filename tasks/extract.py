@@ -25,6 +25,16 @@ from tasks.watchdog import ERROR, OK, TIMEOUT, map_with_deadline
 STAGE = "extract"
 VERSION = "1"
 HTML_SNIFF = re.compile(rb"<\s*(!doctype\s+html|html|head|body|div|p|article|main|section|table|span|a\s|title)\b", re.I)
+# Each fresh extraction child parses this once, untimed: trafilatura's first calls load lazily
+# (seconds on a busy machine), which must not be charged to a real page's time limit.
+WARMUP_PAGE = (
+    "<!DOCTYPE html><html><head><title>Warm-up</title></head><body>"
+    "<nav><ul><li><a href='/'>Home</a></li><li><a href='/docs'>Docs</a></li></ul></nav>"
+    "<main><article><h1>Warm-up page</h1><p>First paragraph of the warm-up page, long enough to count as text.</p>"
+    "<p>Second paragraph with a <b>bold</b> word and a <a href='/x'>link</a>.</p>"
+    "<table><tr><td>cell</td><td>value</td></tr></table></article></main>"
+    "<footer><p>Copyright 2026. Privacy policy.</p></footer></body></html>"
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,8 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None) ->
         else:
             jobs.append((row["text"], row["url"], config.favor, config.include_tables, config.include_comments))
             job_rows.append(row)
-    outcomes = map_with_deadline(extract_main_text, jobs, config.timeout_s) if jobs else []
+    warmup = (WARMUP_PAGE, "https://example.org/warm-up", config.favor, config.include_tables, config.include_comments)
+    outcomes = map_with_deadline(extract_main_text, jobs, config.timeout_s, warmup=warmup) if jobs else []
     for row, (status, result) in zip(job_rows, outcomes):
         html_chars = len(row["text"])
         if status == TIMEOUT:

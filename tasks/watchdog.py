@@ -16,7 +16,17 @@ ERROR = "error"
 OK = "ok"
 
 
-def _serve(fn: Callable[[Any], Any], conn) -> None:
+READY = "ready"
+STARTUP_TIMEOUT_S = 300.0  # imports in a fresh process on a loaded machine; not charged to any item
+
+
+def _serve(fn: Callable[[Any], Any], conn, warmup: Any) -> None:
+    if warmup is not None:  # first calls pay lazy imports; keep that off every item's clock
+        try:
+            fn(warmup)
+        except Exception:
+            pass
+    conn.send(READY)
     while True:
         try:
             item = conn.recv()
@@ -31,11 +41,14 @@ def _serve(fn: Callable[[Any], Any], conn) -> None:
 
 
 class _Child:
-    def __init__(self, fn: Callable[[Any], Any], context: mp.context.BaseContext):
+    def __init__(self, fn: Callable[[Any], Any], context: mp.context.BaseContext, warmup: Any = None):
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_serve, args=(fn, child_conn), daemon=True)
+        self.process = context.Process(target=_serve, args=(fn, child_conn, warmup), daemon=True)
         self.process.start()
         child_conn.close()
+        if not self.conn.poll(STARTUP_TIMEOUT_S) or self.conn.recv() != READY:
+            self.stop(kill=True)
+            raise RuntimeError(f"extraction worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
 
     def stop(self, kill: bool = False) -> None:
         if kill:
@@ -52,15 +65,18 @@ class _Child:
         self.conn.close()
 
 
-def map_with_deadline(fn: Callable[[Any], Any], items: Iterable[Any], timeout_s: float, start_method: str = "forkserver") -> list[tuple[str, Any]]:
-    """[(OK, result) | (ERROR, message) | (TIMEOUT, None)] in item order; never hangs longer than timeout_s per item."""
+def map_with_deadline(fn: Callable[[Any], Any], items: Iterable[Any], timeout_s: float, warmup: Any = None, start_method: str = "forkserver") -> list[tuple[str, Any]]:
+    """[(OK, result) | (ERROR, message) | (TIMEOUT, None)] in item order; never hangs longer than timeout_s per item.
+
+    `warmup` is an item each fresh child processes (untimed, result dropped) before the first real one.
+    """
     context = mp.get_context(start_method)
     results: list[tuple[str, Any]] = []
     child: _Child | None = None
     try:
         for item in items:
             if child is None:
-                child = _Child(fn, context)
+                child = _Child(fn, context, warmup)
             try:
                 child.conn.send(item)
                 if child.conn.poll(timeout_s):
