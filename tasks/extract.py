@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from prefect import task
 
 from manifests.schema import docs_table
 from manifests.stage_manifest import StageManifest
-from tasks.stage_runner import ShardOutcome, StageDef, run_stage
+from tasks.stage_runner import ShardOutcome, StageDef, default_workers, run_stage
 from tasks.watchdog import ERROR, OK, TIMEOUT, map_with_deadline
 
 STAGE = "extract"
@@ -87,7 +88,7 @@ def first_difference(before: str, after: str, width: int = 40) -> dict[str, str]
     return {"before": before[max(0, i - 10): i + width], "after": after[max(0, i - 10): i + width]}
 
 
-def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None) -> ShardOutcome:
+def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, workers: int = 1) -> ShardOutcome:
     rows = docs.to_pylist()
     audit: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
@@ -107,7 +108,7 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None) ->
             jobs.append((row["text"], row["url"], config.favor, config.include_tables, config.include_comments))
             job_rows.append(row)
     warmup = (WARMUP_PAGE, "https://example.org/warm-up", config.favor, config.include_tables, config.include_comments)
-    outcomes = map_with_deadline(extract_main_text, jobs, config.timeout_s, warmup=warmup) if jobs else []
+    outcomes = map_with_deadline(extract_main_text, jobs, config.timeout_s, warmup=warmup, workers=workers) if jobs else []
     for row, (status, result) in zip(job_rows, outcomes):
         html_chars = len(row["text"])
         if status == TIMEOUT:
@@ -131,11 +132,10 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None) ->
     return ShardOutcome(docs_table(kept), audit)
 
 
-EXTRACT = StageDef(STAGE, VERSION, extract_shard)
-
-
 def run_extract(config: ExtractConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
-    return run_stage(EXTRACT, config, input_dir, out_dir, workers)
+    # Pages, not shards, are spread over the cores: HTML is often concentrated in a few shards.
+    stage = StageDef(STAGE, VERSION, partial(extract_shard, workers=workers or default_workers()))
+    return run_stage(stage, config, input_dir, out_dir, workers=1)
 
 
 @task(name="extract", task_run_name="extract")

@@ -88,3 +88,9 @@ def test_watchdog_kills_a_hung_item_and_continues() -> None:
     assert results[1] == (TIMEOUT, None)
     assert results[3][0] == ERROR and "bad item" in results[3][1]
     assert time.monotonic() - started < 55  # the 60 s sleep was cut short, not waited out
+
+
+def test_parallel_children_keep_item_order_and_isolate_a_hang() -> None:
+    results = map_with_deadline(sleepy, [1, 2, 3, 4, 5, 6, 7], timeout_s=2.0, workers=2)
+    assert [r[0] for r in results] == [OK, TIMEOUT, OK, ERROR, OK, OK, OK]
+    assert [r[1] for r in results if r[0] == OK] == [10, 30, 50, 60, 70]
