@@ -15,6 +15,8 @@ from flows import cli_trace
 from manifests.audit_query import decisions_for, funnel, sample_removed
 from manifests.run_dir import completed_stages
 
+from flows.prefect_env import apply_prefect_defaults
+
 console = Console()
 DEFAULT_RUN = "runs/sample"
 
@@ -150,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_prefect_defaults()
     args = build_parser().parse_args(argv)
     return args.func(args)
 
