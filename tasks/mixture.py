@@ -56,7 +56,8 @@ def source_weights(unique_by_source: dict[str, int], weights: dict[str, float]) 
     unknown = sorted(set(weights) - set(unique_by_source))
     missing = sorted(set(unique_by_source) - set(weights))
     if unknown or missing:
-        raise ValueError(f"mixture weights: unknown sources {unknown}, sources without a weight {missing} (give 0 to exclude)")
+        raise ValueError(f"mixture weights: unknown sources (or none of their documents reached training) {unknown}, "
+                         f"sources without a weight {missing} (give 0 to exclude)")
     if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
         raise ValueError(f"mixture weights must be >= 0 with a positive sum, got {weights}")
     given = sum(weights.values())

@@ -43,7 +43,7 @@ def test_natural_weights_when_none_given():
 def test_weights_must_cover_every_source():
     with pytest.raises(ValueError, match=r"without a weight \['b'\]"):
         source_weights({"a": 1, "b": 1}, {"a": 1.0})
-    with pytest.raises(ValueError, match=r"unknown sources \['c'\]"):
+    with pytest.raises(ValueError, match=r"training\) \['c'\]"):
         source_weights({"a": 1}, {"a": 1.0, "c": 1.0})
 
 
