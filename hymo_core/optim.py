@@ -54,27 +54,36 @@ class PartitionRule:
     matches: Callable[[str, torch.Tensor], bool]
 
 
-def _name_ends(*suffixes: str) -> Callable[[str, torch.Tensor], bool]:
-    return lambda name, param: name.endswith(suffixes)
+def _owner_is(*module_names: str) -> Callable[[str, torch.Tensor], bool]:
+    """True when the parameter's own module (the name's second-to-last part) is one of these."""
+    def matches(name: str, param: torch.Tensor) -> bool:
+        parts = name.split(".")
+        return len(parts) >= 2 and parts[-2] in module_names
+
+    return matches
 
 
-# Seed 000's table, in the order it is checked. Names follow hymo_core.model
-# (tok_embeddings, output) plus the spellings other HyMo blocks use.
+def _inside(*module_names: str) -> Callable[[str, torch.Tensor], bool]:
+    """True when any enclosing module in the dotted name is one of these."""
+    return lambda name, param: any(part in module_names for part in name.split(".")[:-1])
+
+
+# Seed 000's table, in the order it is checked. Names are matched on whole
+# dotted components, so "experts.w1.weight" and "layers.0.moe.experts.w1.weight"
+# both match while "gate_proj.weight" (the dense SwiGLU gate) does not match "gate".
 PARTITION_RULES: tuple[PartitionRule, ...] = (
     # Norm gains, biases, scalars (GDN A_log / dt_bias / D): no matrix to orthogonalise.
     PartitionRule("scalar_or_vector", "adamw_no_decay", lambda name, param: param.ndim < 2),
     # Routed and shared MoE experts: kept on AdamW so Muon's per-matrix
     # normalisation does not fight the gate-bias load balancing.
-    PartitionRule(
-        "expert_weights", "adamw", lambda name, param: ".experts." in name or ".shared_expert" in name
-    ),
+    PartitionRule("expert_weights", "adamw", _inside("experts", "shared_expert", "shared_experts")),
     # Stacked (3-D+) weights: Muon is a matrix optimizer.
     PartitionRule("tensor_3d_or_more", "adamw", lambda name, param: param.ndim > 2),
     # One row per token: orthogonalising would mix the tokens' identities.
-    PartitionRule("embedding", "adamw", _name_ends("embed.weight", "embeddings.weight", "embedding.weight")),
-    PartitionRule("output_head", "adamw", _name_ends("head.weight", "output.weight")),
+    PartitionRule("embedding", "adamw", _owner_is("embed", "embedding", "embeddings", "tok_embeddings", "wte")),
+    PartitionRule("output_head", "adamw", _owner_is("head", "lm_head", "output")),
     # Router / MoE gate: a small routing signal, not a hidden transform.
-    PartitionRule("router_gate", "adamw", _name_ends(".gate.weight", ".gate.bias", ".router.weight")),
+    PartitionRule("router_gate", "adamw", _owner_is("gate", "router")),
     PartitionRule("hidden_matrix", "muon", lambda name, param: param.ndim == 2),
 )
 
