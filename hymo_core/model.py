@@ -113,19 +113,24 @@ class Attention(nn.Module):
 
     def forward(self, x_BTD: torch.Tensor, cos_TD2: torch.Tensor, sin_TD2: torch.Tensor) -> torch.Tensor:
         B, T, _ = x_BTD.shape
-        q_BTHD = self.q_proj(x_BTD).view(B, T, self.n_heads, self.head_dim)
-        k_BTKD = self.k_proj(x_BTD).view(B, T, self.n_kv_heads, self.head_dim)
-        v_BTKD = self.v_proj(x_BTD).view(B, T, self.n_kv_heads, self.head_dim)
+        H, K = self.n_heads, self.n_kv_heads
+        # q, k, v stay separate parameters (Muon orthogonalises each, QK-Clip rescales
+        # q and k per head) but run as one matmul: concatenating the small weight is
+        # cheaper than two extra activation-sized matmuls and gradient additions.
+        w_qkv = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
+        qkv_BTXD = F.linear(x_BTD, w_qkv).view(B, T, H + 2 * K, self.head_dim)
         if self.q_norm is not None:
-            q_BTHD, k_BTKD = self.q_norm(q_BTHD), self.k_norm(k_BTKD)
-        q_BTHD = kernels.apply_rope(q_BTHD, cos_TD2, sin_TD2, backend=self.kernel_backend)
-        k_BTKD = kernels.apply_rope(k_BTKD, cos_TD2, sin_TD2, backend=self.kernel_backend)
+            q_BTHD, k_BTKD, v_BTKD = qkv_BTXD.split((H, K, K), dim=2)
+            q_BTHD = kernels.apply_rope(self.q_norm(q_BTHD), cos_TD2, sin_TD2, backend=self.kernel_backend)
+            k_BTKD = kernels.apply_rope(self.k_norm(k_BTKD), cos_TD2, sin_TD2, backend=self.kernel_backend)
+        else:  # one rotation call for queries and keys together
+            qk_BTXD = kernels.apply_rope(qkv_BTXD[:, :, : H + K], cos_TD2, sin_TD2, backend=self.kernel_backend)
+            q_BTHD, k_BTKD = qk_BTXD.split((H, K), dim=2)
+            v_BTKD = qkv_BTXD[:, :, H + K :]
         q_BHTD, k_BKTD, v_BKTD = (t.transpose(1, 2) for t in (q_BTHD, k_BTKD, v_BTKD))
         if self.probe:
             self.max_logit_H = self._max_logits(q_BHTD, k_BKTD)
-        y_BHTD = F.scaled_dot_product_attention(
-            q_BHTD, k_BKTD, v_BKTD, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
-        )
+        y_BHTD = F.scaled_dot_product_attention(q_BHTD, k_BKTD, v_BKTD, is_causal=True, enable_gqa=K != H)
         return self.o_proj(y_BHTD.transpose(1, 2).reshape(B, T, -1))
 
     @torch.no_grad()
@@ -147,8 +152,10 @@ class FeedForward(nn.Module):
         self.down_proj = nn.Linear(config.ffn_dim, config.d_model, bias=False)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        h_BTF = kernels.swiglu(self.gate_proj(x_BTD), self.up_proj(x_BTD), backend=self.kernel_backend)
-        return self.down_proj(h_BTF)
+        # One matmul for both input projections, as in Attention.
+        w_gate_up = torch.cat((self.gate_proj.weight, self.up_proj.weight))
+        gate_BTF, up_BTF = F.linear(x_BTD, w_gate_up).chunk(2, dim=-1)
+        return self.down_proj(kernels.swiglu(gate_BTF, up_BTF, backend=self.kernel_backend))
 
 
 class Block(nn.Module):
