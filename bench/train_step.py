@@ -209,8 +209,8 @@ def time_optimizer(optimizer, model, repeats: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=4, help="timed eager steps per row")
-    parser.add_argument("--compile-steps", type=int, default=3, help="timed compiled steps per row")
+    parser.add_argument("--steps", type=int, default=3, help="timed eager steps per row")
+    parser.add_argument("--compile-steps", type=int, default=2, help="timed compiled steps per row")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
