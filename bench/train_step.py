@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import platform
 import statistics
 import sys
@@ -266,9 +267,10 @@ def render(rows, optimizer_rows, args) -> str:
     lines = [
         HEADING,
         "",
-        f"Date: {BENCH_DATE}. Machine: {torch.get_num_threads()}-thread CPU "
-        f"({platform.processor() or platform.machine()}), torch {torch.__version__}, "
-        f"Python {platform.python_version()}.",
+        f"Date: {BENCH_DATE}. Machine: {os.cpu_count()}-core CPU ({platform.machine()}), "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, Python {platform.python_version()}; "
+        f"load average {os.getloadavg()[0]:.1f} when the run ended (shared machine: compare rows, "
+        "not absolute numbers).",
         f"Lab 2 shape (V4096, d256, L6, H8, ff688, tied), B{BATCH} x T{SEQ_LEN} = {BATCH * SEQ_LEN} tokens/step; "
         f"full step = forward + loss + backward + optimizer; median of {args.steps} eager / "
         f"{args.compile_steps} compiled steps after {args.warmup} warm-up steps. Ratio = tokens/s over the "
