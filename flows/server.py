@@ -106,20 +106,30 @@ def drain_prefect_workers() -> None:
 
 
 @contextlib.contextmanager
-def prefect_api(api_url: str | None = None, home: Path = DEFAULT_HOME, port: int | None = None) -> Iterator[tuple[str, str]]:
+def global_settings_like_current() -> Iterator[None]:
+    """Threads Prefect starts itself (process-pool message forwarding, log and event workers) see the
+    process-global settings, not ours; without this they find no API URL and start a temporary server."""
+    import prefect.context
+
+    with prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+        yield
+
+
+@contextlib.contextmanager
+def prefect_api(api_url: str | None = None, home: Path = DEFAULT_HOME, port: int | None = None, reuse: bool = True) -> Iterator[tuple[str, str]]:
     """Use the server at `api_url` (or $PREFECT_API_URL, or a `hymo serve` on :4200) if it answers;
-    otherwise run a local one meanwhile. Yields (api_url, ui_url) with Prefect's settings and the
+    otherwise (or when not `reuse`) run a local one meanwhile. Yields (api_url, ui_url) with Prefect's settings and the
     environment (inherited by worker processes) pointed at that API.
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     wanted = api_url or os.environ.get("PREFECT_API_URL") or "http://127.0.0.1:4200/api"
-    server = None if api_healthy(wanted) else LocalServer(home=home, port=port or free_port()).start()
+    server = None if reuse and api_healthy(wanted) else LocalServer(home=home, port=port or free_port()).start()
     url = server.api_url if server else wanted
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url
     try:
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        with temporary_settings(updates={PREFECT_API_URL: url}), global_settings_like_current():
             try:
                 yield url, url.rstrip("/").removesuffix("/api")
             finally:
