@@ -33,6 +33,9 @@ def print_funnel(run: Path) -> None:
     for column in ("stage", "in", "kept", "removed", "removed by rule", "modified by rule", "seconds"):
         table.add_column(column, justify="right" if column in ("in", "kept", "removed", "seconds") else "left", overflow="fold")
     for row in funnel(run):
+        if not row["documents"]:  # tokenizer, mixture, shards, pretrain: artifacts, not documents
+            table.add_row(row["stage"], "", "", "", "", "(artifacts)", f"{row['wall_time_s']:.1f}")
+            continue
         table.add_row(row["stage"], str(row["in"]), str(row["kept"]), str(sum(row["removed"].values())), _rules(row["removed"]),
                       _rules({**row["modified"], **{f"{k} (routed)": v for k, v in row["routed"].items()}}), f"{row['wall_time_s']:.1f}")
     console.print(table)
