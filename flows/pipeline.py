@@ -22,7 +22,7 @@ from prefect.futures import as_completed
 from prefect.states import Completed
 
 from manifests.atomic import atomic_write_text
-from manifests.stage_manifest import StageManifest
+from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.stage_runner import StagePlan, default_workers, plan_stage, publish_plan, run_shard_jobs
 
 from flows.artifacts import artifact_key, publish_run_summary, publish_stage_artifacts
@@ -48,6 +48,13 @@ def manifest_stamp(out: Path) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_mtime_ns
 
 
+def log_stage(manifest: StageManifest, how: str) -> None:
+    counts = manifest.counts
+    get_run_logger().info(
+        "%s %s: in=%s kept=%s removed=%s modified=%s (%s)", manifest.stage, how, counts.get("in"), counts.get("kept"),
+        json.dumps(counts.get("removed", {})), json.dumps(counts.get("modified", {})), manifest.directory)
+
+
 def stage_summary(manifest: StageManifest) -> dict[str, Any]:
     return {"stage": manifest.stage, "dir": str(manifest.directory), "digest": manifest.digest, "cache_key": manifest.cache_key, "counts": manifest.counts}
 
@@ -62,7 +69,9 @@ def whole_stage(name: str, config: PipelineConfig, run: str, previous: str | Non
     before = manifest_stamp(Path(out))
     manifest = STAGE_BY_NAME[name].run(config, Path(run), Path(previous) if previous else None, Path(out))
     if before is not None and manifest_stamp(Path(out)) == before:
+        log_stage(manifest, "cached")
         return cached(manifest)
+    log_stage(manifest, "computed")
     return stage_summary(manifest)
 
 
@@ -71,7 +80,11 @@ def plan_doc_stage(name: str, config: PipelineConfig, previous: str, out: str) -
     """Check the cache and run the stage's global pass; hand back the shard jobs to map."""
     stage, stage_config = STAGE_BY_NAME[name].doc_stage(config)
     planned = plan_stage(stage, stage_config, Path(previous), Path(out), config.workers)
-    return cached(planned) if isinstance(planned, StageManifest) else planned
+    if isinstance(planned, StageManifest):
+        log_stage(planned, "cached")
+        return cached(planned)
+    get_run_logger().info("%s: %d shards to process", name, len(planned.jobs))
+    return planned
 
 
 @task(task_run_name="{name}-shards-{first}")
@@ -81,7 +94,9 @@ def shard_batch(name: str, first: str, jobs: list[tuple]) -> list:
 
 @task(task_run_name="{name}-publish")
 def publish_doc_stage(name: str, plan: StagePlan, results: list) -> dict[str, Any]:
-    return stage_summary(publish_plan(plan, results))
+    manifest = publish_plan(plan, results)
+    log_stage(manifest, "computed")
+    return stage_summary(manifest)
 
 
 def batches(jobs: list[tuple], sizes: list[int], count: int) -> list[list[tuple]]:
@@ -143,7 +158,6 @@ def export_api_url() -> None:
 
 
 def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str | None, runner: Runner, dask_address: str | None) -> dict[str, Any]:
-    logger = get_run_logger()
     workers = config.workers or default_workers()
     export_api_url()
     summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
@@ -160,12 +174,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 result = run_doc_stage(entry, config, previous, out, task_runner, workers)
             else:
                 result = whole_stage(entry.name, config, str(run), str(previous) if previous else None, str(out))
-            from manifests.stage_manifest import read_manifest
-
             manifest = read_manifest(out, verify=False)
             counts = manifest.counts
-            logger.info("%s: in=%s kept=%s removed=%s modified=%s", entry.name, counts.get("in"), counts.get("kept"),
-                        sum(counts.get("removed", {}).values()), sum(counts.get("modified", {}).values()))
             publish_stage_artifacts(run, entry.name, manifest)
             summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": counts})
     finally:
