@@ -16,6 +16,10 @@ from tasks.dedup_exact import DedupExactConfig
 from tasks.dedup_fuzzy import DedupFuzzyConfig
 from tasks.extract import ExtractConfig
 from tasks.ingest import IngestConfig
+from tasks.mixture import MixtureConfig
+from tasks.shards import ShardsConfig
+from tasks.split import SplitConfig
+from tasks.tokenizer import TokenizerConfig
 
 SAMPLE_CONFIG = PACKAGE_DIR / "configs" / "sample.toml"
 
@@ -34,6 +38,10 @@ class PipelineConfig(BaseModel):
     dedup_exact: DedupExactConfig = Field(default_factory=DedupExactConfig)
     dedup_fuzzy: DedupFuzzyConfig = Field(default_factory=DedupFuzzyConfig)
     decontam: DecontamConfig = Field(default_factory=DecontamConfig)
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    mixture: MixtureConfig = Field(default_factory=MixtureConfig)
+    shards: ShardsConfig = Field(default_factory=ShardsConfig)
 
     def source_specs(self) -> list[SourceSpec]:
         base = Path(self.config_dir) if self.config_dir else None

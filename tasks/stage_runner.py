@@ -319,28 +319,68 @@ def run_prepare(stage: StageDef, upstream: StageManifest, config: Any, work_dir:
     return stage.prepare(upstream, config, work_dir)
 
 
-def run_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
-    """Run a document stage over every shard of `input_dir`'s output; a no-op when already published under this key."""
+@dataclass
+class StagePlan:
+    """A stage that must run: its shard jobs, and the writer that will publish their results."""
+
+    stage: StageDef
+    jobs: list[tuple]  # arguments of `_run_one_shard`, one tuple per input shard
+    sizes: list[int]  # documents per job, for progress
+    writer: StageWriter
+    context: Any
+
+
+def plan_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest | StagePlan:
+    """The published manifest when the stage is already done under this key; otherwise a plan whose
+    global pass (`prepare`) has run and whose shard jobs are ready to map anywhere."""
     upstream = read_manifest(input_dir)
     key = stage_cache_key(stage.name, stage.version, config, [upstream.digest])
     out_dir = Path(out_dir)
     if is_complete(out_dir, key):
         return read_manifest(out_dir)
-    writer = StageWriter(stage.name, stage.version, config_dict(config), key, [{"stage_dir": str(input_dir.name), "digest": upstream.digest}], out_dir)
+    writer = StageWriter(stage.name, stage.version, config_dict(config), key, [{"stage_dir": str(Path(input_dir).name), "digest": upstream.digest}], out_dir)
     try:
         context = run_prepare(stage, upstream, config, writer.work_dir, workers or default_workers())
-        data_files = upstream.files("data")
-        jobs = [(stage, config, context, str(upstream.path_of(f)), Path(f.path).stem, str(writer.work_dir)) for f in data_files]
-        sizes = [f.rows or 0 for f in data_files]
-        for result in map_shards(_run_one_shard, jobs, workers or default_workers(), stage.name, sizes):
-            writer.add_result(result)
-        for relpath, rows in context.artifacts() if hasattr(context, "artifacts") else []:
-            writer.add_artifact(relpath, rows)  # files the global pass wrote into the stage directory
-        extra = {"context": context.summary()} if hasattr(context, "summary") else {}
-        return writer.publish(extra)
     except BaseException:
         writer.abandon()
         raise
+    data_files = upstream.files("data")
+    jobs = [(stage, config, context, str(upstream.path_of(f)), Path(f.path).stem, str(writer.work_dir)) for f in data_files]
+    return StagePlan(stage, jobs, [f.rows or 0 for f in data_files], writer, context)
+
+
+def run_shard_jobs(jobs: list[tuple]) -> list[ShardResult]:
+    """A batch of shard jobs, one after another, in this process (the unit a task runner maps)."""
+    return [_run_one_shard(*job) for job in jobs]
+
+
+def publish_plan(plan: StagePlan, results: Iterable[ShardResult]) -> StageManifest:
+    """Collect every shard's result and publish the stage atomically; nothing is published on error."""
+    try:
+        for result in results:
+            plan.writer.add_result(result)
+        if len(plan.writer.results) != len(plan.jobs):
+            raise AccountingError(f"{plan.stage.name}: {len(plan.writer.results)} shard results for {len(plan.jobs)} input shards")
+        for relpath, rows in plan.context.artifacts() if hasattr(plan.context, "artifacts") else []:
+            plan.writer.add_artifact(relpath, rows)  # files the global pass wrote into the stage directory
+        extra = {"context": plan.context.summary()} if hasattr(plan.context, "summary") else {}
+        return plan.writer.publish(extra)
+    except BaseException:
+        plan.writer.abandon()
+        raise
+
+
+def run_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    """Run a document stage over every shard of `input_dir`'s output; a no-op when already published under this key."""
+    plan = plan_stage(stage, config, input_dir, out_dir, workers)
+    if isinstance(plan, StageManifest):
+        return plan
+    try:
+        results = list(map_shards(_run_one_shard, plan.jobs, workers or default_workers(), stage.name, plan.sizes))
+    except BaseException:
+        plan.writer.abandon()
+        raise
+    return publish_plan(plan, results)
 
 
 def read_stage_docs(stage_dir: Path, columns: list[str] | None = None) -> pa.Table:
@@ -356,3 +396,35 @@ def read_stage_audit(stage_dir: Path) -> pa.Table:
     return pa.concat_tables(tables) if tables else AUDIT_SCHEMA.empty_table()
 
 
+
+
+def run_artifact_stage(
+    name: str,
+    version: str,
+    config: Any,
+    input_dirs: list[Path],
+    out_dir: Path,
+    build: Callable[[Path], tuple[list[tuple[str, int | None]], dict[str, Any]]],
+) -> StageManifest:
+    """Run a stage that publishes artifacts (a tokenizer, tables, token files) instead of document shards.
+
+    `build(work_dir)` writes its files under `work_dir` and returns
+    ([(relative path, rows or None)], manifest extra). Same contract as
+    `run_stage`: cache key over the inputs' digests, a no-op when published
+    under that key, atomic publish with every file's sha256.
+    """
+    upstreams = [read_manifest(Path(d)) for d in input_dirs]
+    key = stage_cache_key(name, version, config, [m.digest for m in upstreams])
+    out_dir = Path(out_dir)
+    if is_complete(out_dir, key):
+        return read_manifest(out_dir)
+    inputs = [{"stage_dir": Path(d).name, "digest": m.digest} for d, m in zip(input_dirs, upstreams)]
+    writer = StageWriter(name, version, config_dict(config), key, inputs, out_dir)
+    try:
+        artifacts, extra = build(writer.work_dir)
+        for relpath, rows in artifacts:
+            writer.add_artifact(relpath, rows)
+        return writer.publish(extra)
+    except BaseException:
+        writer.abandon()
+        raise
