@@ -209,7 +209,13 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
     return write_removals(work_dir, removals, stats, [(REMOVAL_LIST, removal_table.num_rows), (COUNT_TABLE, None)])
 
 
-DECONTAM = StageDef(STAGE, VERSION, apply_removals, prepare=find_contaminated)
+def benchmark_digests(config: DecontamConfig) -> list[tuple[str, str]]:
+    """The benchmark files' sha256 join the cache key: a changed benchmark recomputes the stage.
+    A configured benchmark that does not exist fails here, before anything is written."""
+    return [(name, sha256_file(benchmark_path(name))) for name in config.benchmarks]
+
+
+DECONTAM = StageDef(STAGE, VERSION, apply_removals, prepare=find_contaminated, external_inputs=benchmark_digests)
 
 
 def run_decontam(config: DecontamConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:

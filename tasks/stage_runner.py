@@ -58,6 +58,9 @@ class StageDef:
     version: str
     process_shard: Callable[[pa.Table, Any, Any], ShardOutcome]
     prepare: Callable[[StageManifest, Any, Path], Any] | None = None
+    # Inputs other than the upstream stage (e.g. benchmark files): (name, sha256) pairs in the cache key,
+    # so changing such a file recomputes the stage instead of serving the old result.
+    external_inputs: Callable[[Any], list[tuple[str, str]]] | None = None
 
 
 @dataclass
@@ -334,11 +337,13 @@ def plan_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, wor
     """The published manifest when the stage is already done under this key; otherwise a plan whose
     global pass (`prepare`) has run and whose shard jobs are ready to map anywhere."""
     upstream = read_manifest(input_dir)
-    key = stage_cache_key(stage.name, stage.version, config, [upstream.digest])
+    external = stage.external_inputs(config) if stage.external_inputs else []
+    key = stage_cache_key(stage.name, stage.version, config, [upstream.digest] + [digest for _, digest in external])
     out_dir = Path(out_dir)
     if is_complete(out_dir, key):
         return read_manifest(out_dir)
-    writer = StageWriter(stage.name, stage.version, config_dict(config), key, [{"stage_dir": str(Path(input_dir).name), "digest": upstream.digest}], out_dir)
+    inputs = [{"stage_dir": str(Path(input_dir).name), "digest": upstream.digest}] + [{"file": name, "digest": digest} for name, digest in external]
+    writer = StageWriter(stage.name, stage.version, config_dict(config), key, inputs, out_dir)
     try:
         context = run_prepare(stage, upstream, config, writer.work_dir, workers or default_workers())
     except BaseException:

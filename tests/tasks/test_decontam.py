@@ -81,3 +81,16 @@ def test_vendored_benchmark_files_match_their_recorded_digests():
     for name, entry in sources["benchmarks"].items():
         assert sha256_file(BUNDLED_DIR / entry["file"]) == entry["sha256"], name
         assert len(read_benchmark(BUNDLED_DIR / entry["file"])) == entry["items"]
+
+
+def test_a_changed_benchmark_file_recomputes_the_stage(tmp_path, upstream):
+    bench = write_benchmark(tmp_path / "bench.jsonl.gz", [("q1", QUESTION)])
+    weather = "a long page about the weather in the high mountains this week with snow rain and wind every day"
+    texts = {"leak": f"puzzle of the day: {QUESTION}", "other": weather}
+    source = upstream(texts)
+    first = run_decontam(DecontamConfig(benchmarks=(bench,)), source, tmp_path / "decontam", workers=1)
+    assert set(removed(tmp_path / "decontam")) == {"leak"}
+    write_benchmark(tmp_path / "bench.jsonl.gz", [("q2", weather)])
+    second = run_decontam(DecontamConfig(benchmarks=(bench,)), source, tmp_path / "decontam", workers=1)
+    assert second.cache_key != first.cache_key
+    assert set(removed(tmp_path / "decontam")) == {"other"}
