@@ -6,6 +6,10 @@ import json
 import os
 import random
 import textwrap
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -151,3 +155,69 @@ def tiny_run(tmp_path_factory) -> Path:
     run_mixture(MixtureConfig(weights=weights, total_tokens=30_000, max_epochs=4.0), run / "04_split", run / "05_tokenizer", run / "06_mixture")
     run_shards(ShardsConfig(tokens_per_shard=4096), run / "04_split", run / "05_tokenizer", run / "06_mixture", run / "07_shards")
     return run
+
+
+# --- orchestration: a tiny real pipeline config, and `hymo serve` against the session's server ---
+
+TINY_STAGES = """
+[ingest]
+docs_per_shard = 25
+
+[split]
+validation_fraction = 0.2
+
+[tokenizer]
+vocab_size = 320
+
+[mixture]
+total_tokens = 20000
+
+[shards]
+tokens_per_shard = 4096
+"""
+
+
+def write_pipeline_config(root: Path, extra: str = "") -> Path:
+    """A pipeline TOML over two small real-text sources, sized for seconds per stage."""
+    specs = write_sources(root / "sources")
+    path = root / "pipeline.toml"
+    sources = ", ".join(json.dumps(str(s)) for s in specs)
+    path.write_text(f"[run]\nsources = [{sources}]\nworkers = 2\n{TINY_STAGES}\n{extra}", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory) -> Path:
+    return write_pipeline_config(tmp_path_factory.mktemp("tiny-pipeline"))
+
+
+@pytest.fixture(scope="session")
+def served(prefect_harness, tiny_config, tmp_path_factory):
+    """`hymo serve` as a user starts it, against the session's Prefect server; stopped with Ctrl-C."""
+    from prefect.client.orchestration import get_client
+
+    run_root = tmp_path_factory.mktemp("served-runs")
+    log_path = run_root / "serve.log"
+    log = open(log_path, "wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flows", "serve", "--api-url", prefect_harness, "--config", str(tiny_config), "--run-root", str(run_root)],
+        cwd=REPO, env={**os.environ, "PREFECT_API_URL": prefect_harness}, stdout=log, stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 240
+    with get_client(sync_client=True) as client:
+        while True:
+            try:
+                client.read_deployment_by_name("hymo-pipeline/full")
+                break
+            except Exception:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"hymo serve did not come up:\n{log_path.read_text(errors='replace')[-3000:]}")
+                time.sleep(1)
+    yield {"api_url": prefect_harness, "ui_url": prefect_harness.removesuffix("/api"), "run_root": run_root, "process": process, "log": log_path}
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    log.close()
