@@ -54,7 +54,7 @@ def runtime_signature(model: nn.Module) -> dict[str, Any]:
     """What bitwise continuation depends on besides the payload (seed 002: version, device, dtype, threads, determinism)."""
     param = next(model.parameters())
     return {
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "device": param.device.type,
         "dtype": str(param.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
