@@ -11,7 +11,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from flows import cli_trace
+from flows import cli_trace, cli_train
 from manifests.audit_query import decisions_for, funnel, sample_removed
 from manifests.run_dir import completed_stages
 
@@ -23,6 +23,7 @@ DEFAULT_RUN = "runs/sample"
 # Sub-command modules outside this file register here: (name, add_parser(subparsers)).
 EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 EXTRA_COMMANDS.append(cli_trace.add_commands)
+EXTRA_COMMANDS.append(cli_train.add_commands)
 
 
 def _rules(counts: dict[str, int]) -> str:

@@ -14,6 +14,7 @@ from manifests.stage_manifest import StageManifest
 from tasks.extract import extract_task
 from tasks.ingest import ingest_task
 from tasks.mixture import mixture_task
+from tasks.pretrain import run_pretrain
 from tasks.shards import shards_task
 from tasks.split import split_task
 from tasks.tokenizer import tokenizer_task
@@ -52,6 +53,10 @@ def _shards(config: PipelineConfig, run: Path, previous: Path | None, out: Path)
     return shards_task(config.shards, stage_path(run, "split"), stage_path(run, "tokenizer"), stage_path(run, "mixture"), out)
 
 
+def _pretrain(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_pretrain(config.pretrain, stage_path(run, "shards"), out)
+
+
 STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
     StageEntry("extract", _extract),
@@ -60,6 +65,7 @@ STAGES: list[StageEntry] = [
     StageEntry("tokenizer", _tokenizer),
     StageEntry("mixture", _mixture),
     StageEntry("shards", _shards),
+    StageEntry("pretrain", _pretrain),
 ]
 
 STAGE_NAMES = [entry.name for entry in STAGES]
