@@ -66,3 +66,14 @@ def test_generate_continues_the_prompt(trained: Path, tiny_run: Path, capsys):
     assert first.startswith("The river") and len(first.strip()) > len("The river")
     main(["generate", checkpoint, "--corpus", str(tiny_run), "--prompt", "The river", "--max-new-tokens", "8"])
     assert capsys.readouterr().out == first  # seeded sampling
+
+
+def test_hymo_train_flow_returns_the_summary(tiny_run: Path, tmp_path: Path, prefect_harness):
+    from flows.train_flow import hymo_train
+
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE)
+    summary = hymo_train(corpus=str(tiny_run), config=str(recipe), out=str(tmp_path / "out"), max_steps=2)
+    assert summary["final_step"] == 2 and (tmp_path / "out" / "summary.json").is_file()
+    again = hymo_train(corpus=str(tiny_run), config=str(recipe), out=str(tmp_path / "out"), max_steps=2)  # resume=True: nothing left to do
+    assert again["weights_sha256"] == summary["weights_sha256"] and again["resumed_from"].endswith("step-00000002.pt")
