@@ -17,6 +17,7 @@ from tasks.dedup_fuzzy import DedupFuzzyConfig
 from tasks.extract import ExtractConfig
 from tasks.ingest import IngestConfig
 from tasks.mixture import MixtureConfig
+from tasks.pretrain import PretrainConfig
 from tasks.shards import ShardsConfig
 from tasks.split import SplitConfig
 from tasks.tokenizer import TokenizerConfig
@@ -42,6 +43,7 @@ class PipelineConfig(BaseModel):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
 
     def source_specs(self) -> list[SourceSpec]:
         base = Path(self.config_dir) if self.config_dir else None

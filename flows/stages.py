@@ -19,6 +19,7 @@ from tasks.dedup_fuzzy import DEDUP_FUZZY, run_dedup_fuzzy
 from tasks.extract import run_extract
 from tasks.ingest import run_ingest
 from tasks.mixture import run_mixture
+from tasks.pretrain import run_pretrain
 from tasks.shards import run_shards
 from tasks.split import SPLIT, run_split
 from tasks.stage_runner import StageDef
@@ -74,6 +75,10 @@ def _shards(config: PipelineConfig, run: Path, previous: Path | None, out: Path)
     return run_shards(config.shards, stage_path(run, "split"), stage_path(run, "tokenizer"), stage_path(run, "mixture"), out)
 
 
+def _pretrain(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_pretrain(config.pretrain, stage_path(run, "shards"), out)
+
+
 STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
     # Extraction spreads pages (not shards) over supervised children inside one task.
@@ -86,6 +91,7 @@ STAGES: list[StageEntry] = [
     StageEntry("tokenizer", _tokenizer),
     StageEntry("mixture", _mixture),
     StageEntry("shards", _shards),
+    StageEntry("pretrain", _pretrain),
 ]
 
 STAGE_NAMES = [entry.name for entry in STAGES]

@@ -1,0 +1,103 @@
+"""`hymo train`, `hymo eval` and `hymo generate`: the trainer's command line (no Prefect server needed)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from rich.console import Console
+
+console = Console()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from hymo_core.train import train_from_args
+
+    summary = train_from_args(args)
+    console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
+                  f"validation loss {summary['final_val_loss']}, weights sha256 {summary['weights_sha256'][:16]}…")
+    console.print(f"wrote {args.out}/summary.json, metrics.jsonl, loss.png, checkpoints/")
+    return 0
+
+
+def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None, cloze: str | None = None) -> dict[str, Any]:
+    """Validation loss / perplexity on the corpus's fixed validation prefix, and cloze accuracy."""
+    from hymo_core.checkpoint import load_model
+    from hymo_core.data import CorpusReader, ValidationLoader
+    from hymo_core.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
+    from hymo_core.train import default_device
+    from hymo_core.trainer import evaluate
+
+    device = default_device()
+    model, payload = load_model(checkpoint, device)
+    reader = CorpusReader(corpus)
+    if reader.vocab_size != model.config.vocab_size:
+        raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
+    train_config = payload["train_config"]
+    loader = ValidationLoader(reader, train_config["seq_len"], train_config["batch_size"], max_batches=batches or train_config["eval_batches"])
+    val_loss = evaluate(model, loader, device)
+    result: dict[str, Any] = {"checkpoint": checkpoint, "step": payload["state"]["step"], "val_loss": val_loss,
+                              "val_perplexity": math.exp(min(val_loss, 50)), "ln_vocab": math.log(reader.vocab_size),
+                              "validation_tokens": len(loader) * train_config["batch_size"] * train_config["seq_len"],
+                              "same_corpus": payload["manifest_digest"] == reader.digest}
+    scores = score_cloze(model, load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"]), load_cloze(cloze or SAMPLE_CLOZE), device)
+    result["cloze"] = {k: v for k, v in scores.items() if k != "per_item"}
+    return result
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    result = evaluate_checkpoint(args.checkpoint, args.corpus, args.batches, args.cloze)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    cloze = result["cloze"]
+    console.print(f"{result['checkpoint']} (step {result['step']})", markup=False)
+    console.print(f"  validation loss {result['val_loss']:.4f} nats/token (ln V = {result['ln_vocab']:.2f}), "
+                  f"perplexity {result['val_perplexity']:.1f}, over {result['validation_tokens']:,} tokens"
+                  + ("" if result["same_corpus"] else "  [not the corpus it was trained on]"))
+    console.print(f"  cloze accuracy {cloze['accuracy']:.3f} ± {cloze['accuracy_stderr']:.3f} (summed log-prob), "
+                  f"{cloze['accuracy_length_normalised']:.3f} ± {cloze['accuracy_length_normalised_stderr']:.3f} (length-normalised); "
+                  f"chance {cloze['chance']:.3f}, {cloze['items']} items")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from hymo_core.checkpoint import load_model
+    from hymo_core.data import CorpusReader
+    from hymo_core.evaluation import generate, load_tokenizer
+    from hymo_core.train import default_device
+
+    device = default_device()
+    model, _ = load_model(args.checkpoint, device)
+    reader = CorpusReader(args.corpus)
+    tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
+    text = generate(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed, device, reader.eos_id)
+    print(args.prompt + text)
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    from hymo_core.train import add_train_arguments
+
+    train = sub.add_parser("train", help="pretrain on a corpus: checkpoints, metrics.jsonl, loss.png, summary.json")
+    add_train_arguments(train)
+    train.set_defaults(func=cmd_train)
+
+    evaluate = sub.add_parser("eval", help="validation loss, perplexity and cloze accuracy of a checkpoint")
+    evaluate.add_argument("checkpoint")
+    evaluate.add_argument("--corpus", required=True, help="run directory, shards stage directory or corpus.json")
+    evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")
+    evaluate.add_argument("--cloze", help="cloze JSONL (default: the bundled sample set)")
+    evaluate.add_argument("--json", action="store_true")
+    evaluate.set_defaults(func=cmd_eval)
+
+    gen = sub.add_parser("generate", help="sample a continuation from a checkpoint")
+    gen.add_argument("checkpoint")
+    gen.add_argument("--corpus", required=True, help="the corpus whose tokenizer the model was trained with")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.8)
+    gen.add_argument("--top-k", type=int, default=50)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=cmd_generate)

@@ -1,0 +1,306 @@
+"""Checkpoints that hold a complete update boundary, and a loader that validates before it touches anything.
+
+Seed 002's contract. `save_checkpoint` refuses live gradients (a checkpoint
+is never half an accumulation), writes a temporary file, fsyncs it and
+renames it into place, so a crash leaves either the old or the new file.
+The payload is everything a bitwise continuation needs: weights, the one
+optimizer's state and per-parameter layout, the counters, both loader
+cursors with the corpus-manifest digest, every RNG, and a runtime signature.
+
+`load_checkpoint` reads with `weights_only=True` (no pickled code), checks
+*every* compatibility condition first, and only then restores weights,
+optimizer, cursors and, last of all, RNG: a refused checkpoint leaves the
+caller's objects exactly as they were.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from hymo_core.data import TokenLoader, ValidationLoader
+from hymo_core.model import ModelConfig, Transformer
+from hymo_core.trainer import TrainConfig, TrainState, _window_at, capture_rng, restore_rng
+
+FORMAT_VERSION = 1
+CHECKPOINT_RE = re.compile(r"^step-(\d{8})\.pt$")
+INDEX_FILE = "checkpoints.json"
+# TrainConfig fields a continuation may change: they steer this session, not the recipe.
+SESSION_FIELDS = frozenset({"max_steps", "log_interval", "eval_interval", "checkpoint_interval", "eval_batches", "keep_checkpoints"})
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: unreadable, or incompatible with this run (the message says which)."""
+
+
+def optimizer_type(optimizer: torch.optim.Optimizer) -> str:
+    return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+
+
+def optimizer_layout(optimizer: torch.optim.Optimizer) -> list[list[Any]]:
+    return [[group, name, list(shape)] for group, name, shape in optimizer.layout()]
+
+
+def runtime_signature(model: nn.Module) -> dict[str, Any]:
+    """What bitwise continuation depends on besides the payload (seed 002: version, device, dtype, threads, determinism)."""
+    param = next(model.parameters())
+    return {
+        "torch": str(torch.__version__),
+        "device": param.device.type,
+        "dtype": str(param.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+def _rng_payload() -> dict[str, Any]:
+    """RNG states in types weights_only loading accepts (numpy's key array becomes a tensor)."""
+    rng = capture_rng()
+    name, keys, pos, has_gauss, cached = rng["numpy"]
+    rng["numpy"] = [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+    rng["python"] = [rng["python"][0], list(rng["python"][1]), rng["python"][2]]
+    return rng
+
+
+def _rng_from_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = payload["numpy"]
+    version, internal, gauss = payload["python"]
+    return {**payload, "numpy": (name, keys.numpy().astype(np.uint32), pos, has_gauss, cached), "python": (version, tuple(internal), gauss)}
+
+
+def validation_cursor(loader: ValidationLoader | None, digest: str) -> dict[str, Any] | None:
+    # Validation always restarts at offset 0, so its cursor is its identity plus position 0.
+    if loader is None:
+        return None
+    return {"manifest_digest": digest, "seq_len": loader.seq_len, "batch_size": loader.batch_size,
+            "max_batches": loader.max_batches, "position": 0}
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: TrainState,
+    config: TrainConfig,
+    train_loader: TokenLoader,
+    val_loader: ValidationLoader | None = None,
+) -> Path:
+    """Write a checkpoint atomically (temp file, fsync, rename). Gradients must be cleared first."""
+    live = [name for name, p in model.named_parameters() if p.grad is not None]
+    if live:
+        raise ValueError(f"checkpoint must be saved after optimizer.zero_grad(set_to_none=True); live gradients on {live[:3]}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = train_loader.corpus.digest
+    payload = {
+        "format_version": FORMAT_VERSION,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "state": state.to_dict(),
+        "train_config": config.to_dict(),
+        "model_config": asdict(model.config),
+        "vocab_size": model.config.vocab_size,
+        "optimizer_type": optimizer_type(optimizer),
+        "optimizer_layout": optimizer_layout(optimizer),
+        "qk_clip": {"enabled": config.qk_clip, "threshold": config.qk_clip_threshold},
+        "manifest_digest": digest,
+        "loaders": {"train": train_loader.state_dict(), "validation": validation_cursor(val_loader, digest)},
+        "rng": _rng_payload(),
+        "runtime": runtime_signature(model),
+    }
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as handle:
+        torch.save(payload, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The payload, loaded with weights_only=True; an unreadable file raises CheckpointError naming a fallback."""
+    path = Path(path)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (EOFError, RuntimeError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as exc:
+        previous = previous_checkpoint(path)
+        offer = f"; the previous checkpoint is {previous}" if previous else "; no earlier checkpoint in that directory"
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({type(exc).__name__}: {str(exc)[:200]}){offer}") from exc
+    if not isinstance(payload, dict) or "format_version" not in payload:
+        raise CheckpointError(f"{path}: not a HyMo checkpoint (no format_version)")
+    if payload["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {payload['format_version']}, this code reads format {FORMAT_VERSION}")
+    return payload
+
+
+def check_compatible(
+    payload: dict[str, Any],
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: TrainConfig,
+    train_loader: TokenLoader,
+) -> TrainState:
+    """Every condition a resume needs, checked without mutating anything; returns the saved state."""
+    def refuse(reason: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {reason}; refusing to resume")
+
+    try:
+        state = TrainState.from_dict(payload["state"])
+        saved_config = TrainConfig.from_dict(payload["train_config"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise refuse(f"invalid counters or train config ({exc})") from exc
+    if payload["vocab_size"] != model.config.vocab_size:
+        raise refuse(f"vocab_size {payload['vocab_size']} != model's {model.config.vocab_size}")
+    if payload["model_config"] != asdict(model.config):
+        changed = sorted(k for k in set(payload["model_config"]) | set(asdict(model.config))
+                         if payload["model_config"].get(k) != asdict(model.config).get(k))
+        raise refuse(f"model config differs in {', '.join(changed)}")
+    if payload["optimizer_type"] != optimizer_type(optimizer):
+        raise refuse(f"optimizer {payload['optimizer_type']} != {optimizer_type(optimizer)}")
+    if payload["optimizer_layout"] != optimizer_layout(optimizer):
+        raise refuse("optimizer parameter layout (group, name, shape) differs")
+    if payload["qk_clip"] != {"enabled": config.qk_clip, "threshold": config.qk_clip_threshold}:
+        raise refuse(f"QK-Clip policy {payload['qk_clip']} != enabled={config.qk_clip} threshold={config.qk_clip_threshold}")
+    recipe_saved = {k: v for k, v in saved_config.to_dict().items() if k not in SESSION_FIELDS | {"horizon_steps"}}
+    recipe_now = {k: v for k, v in config.to_dict().items() if k not in SESSION_FIELDS | {"horizon_steps"}}
+    if recipe_saved != recipe_now:
+        changed = sorted(k for k in recipe_now if recipe_saved.get(k) != recipe_now[k])
+        raise refuse(f"training recipe differs in {', '.join(changed)}")
+    if saved_config.schedule_config() != config.schedule_config():
+        raise refuse(f"LR schedule differs ({saved_config.schedule_config()} vs {config.schedule_config()}); "
+                     "set horizon_steps explicitly to extend max_steps without moving the decay")
+    if config.max_steps < state.step:
+        raise refuse(f"max_steps {config.max_steps} is smaller than the checkpoint's step {state.step}")
+    digest = train_loader.corpus.digest
+    if payload["manifest_digest"] != digest:
+        raise refuse(f"corpus manifest digest {str(payload['manifest_digest'])[:12]}… != this corpus's {digest[:12]}…")
+    cursor = payload["loaders"]["train"]
+    ours = train_loader.state_dict()
+    for key in ("manifest_digest", "split", "seq_len", "seed", "world_size", "batch_size"):
+        if cursor.get(key) != ours[key]:
+            raise refuse(f"train loader {key} {cursor.get(key)!r} != {ours[key]!r}")
+    if {"shard": cursor["shard"], "offset": cursor["offset"]} != _window_at(train_loader, cursor["epoch"], cursor["position"]):
+        raise refuse("train loader cursor does not point at the window it recorded")
+    if payload["runtime"] != runtime_signature(model):
+        raise refuse(f"runtime {payload['runtime']} != {runtime_signature(model)} (version, device, dtype, threads or determinism)")
+    return state
+
+
+def load_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: TrainConfig,
+    train_loader: TokenLoader,
+) -> TrainState:
+    """Validate everything, then restore weights, optimizer, train cursor and finally RNG; returns the counters."""
+    path = Path(path)
+    payload = read_checkpoint(path)
+    state = check_compatible(payload, path, model, optimizer, config, train_loader)
+    model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    optimizer.zero_grad(set_to_none=True)
+    train_loader.load_state_dict(payload["loaders"]["train"])
+    restore_rng(_rng_from_payload(payload["rng"]))  # last: constructors above must not shift the resumed sequence
+    return state
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Transformer, dict[str, Any]]:
+    """A model for evaluation or sampling, with the payload's metadata (no optimizer, no runtime check)."""
+    payload = read_checkpoint(path)
+    model = Transformer(ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in payload["model_config"].items()}))
+    model.load_state_dict(payload["model"])
+    model.to(device).eval()
+    return model, payload
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """sha256 over the state dict's names and raw bytes, in order: equal iff the weights are bitwise equal."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- a directory of checkpoints
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return Path(directory) / f"step-{step:08d}.pt"
+
+
+def list_checkpoints(directory: str | Path) -> list[Path]:
+    """Published checkpoints (temporary files excluded), oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if CHECKPOINT_RE.match(p.name))
+
+
+def previous_checkpoint(path: Path) -> Path | None:
+    earlier = [p for p in list_checkpoints(path.parent) if p.name < path.name]
+    return earlier[-1] if earlier else None
+
+
+class CheckpointDirectory:
+    """Keeps the last `keep_last` checkpoints and the best one by validation loss; an index says which is which."""
+
+    def __init__(self, directory: str | Path, keep_last: int = 2):
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        index = self.directory / INDEX_FILE
+        self.index: dict[str, Any] = json.loads(index.read_text(encoding="utf-8")) if index.is_file() else {"best": None}
+
+    def latest(self) -> Path | None:
+        found = list_checkpoints(self.directory)
+        return found[-1] if found else None
+
+    def save(self, step: int, val_loss: float | None, **objects: Any) -> Path:
+        path = save_checkpoint(checkpoint_path(self.directory, step), **objects)
+        best = self.index.get("best")
+        if val_loss is not None and (best is None or val_loss < best["val_loss"] or not (self.directory / best["path"]).exists()):
+            self.index["best"] = {"path": path.name, "step": step, "val_loss": val_loss}
+        self._prune()
+        self._write_index()
+        return path
+
+    def _prune(self) -> None:
+        keep = {p.name for p in list_checkpoints(self.directory)[-self.keep_last:]}
+        if self.index.get("best"):
+            keep.add(self.index["best"]["path"])
+        for path in list_checkpoints(self.directory):
+            if path.name not in keep:
+                path.unlink()
+
+    def _write_index(self) -> None:
+        self.index["checkpoints"] = [p.name for p in list_checkpoints(self.directory)]
+        self.index["latest"] = self.index["checkpoints"][-1] if self.index["checkpoints"] else None
+        temporary = self.directory / (INDEX_FILE + ".tmp")
+        temporary.write_text(json.dumps(self.index, indent=2) + "\n", encoding="utf-8")
+        os.replace(temporary, self.directory / INDEX_FILE)
+

@@ -1,0 +1,79 @@
+"""`hymo train`, `hymo eval` and `hymo generate` on a tiny run, and `python -m hymo_core.train` without Prefect."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+
+RECIPE = """
+[train]
+batch_size = 4
+seq_len = 16
+max_steps = 3
+warmup_steps = 1
+log_interval = 1
+eval_interval = 3
+checkpoint_interval = 3
+eval_batches = 2
+
+[model]
+d_model = 32
+n_layers = 1
+n_heads = 2
+n_kv_heads = 2
+ffn_dim = 64
+max_seq_len = 16
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_run: Path, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    (root / "recipe.toml").write_text(RECIPE)
+    assert main(["train", "--corpus", str(tiny_run), "--config", str(root / "recipe.toml"), "--out", str(root / "out")]) == 0
+    return root / "out"
+
+
+def test_train_writes_summary_metrics_picture_checkpoint(trained: Path, tiny_run: Path):
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["final_step"] == 3 and summary["final_val_loss"] < summary["ln_vocab"] + 1
+    assert (trained / "loss.png").stat().st_size > 1000 and (trained / "checkpoints" / "step-00000003.pt").is_file()
+    record = json.loads((trained / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"loss", "grad_norm_pre_clip", "lr", "tokens_per_s", "utilisation", "skipped_updates", "max_attention_logit"} <= set(record)
+    # a second plain `train` into the same directory would silently discard the checkpoints: refused
+    with pytest.raises(FileExistsError, match="--resume"):
+        main(["train", "--corpus", str(tiny_run), "--out", str(trained)])
+
+
+def test_eval_prints_loss_perplexity_and_cloze(trained: Path, tiny_run: Path, capsys):
+    checkpoint = str(trained / "checkpoints" / "step-00000003.pt")
+    assert main(["eval", checkpoint, "--corpus", str(tiny_run), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["step"] == 3 and result["same_corpus"] and result["cloze"]["items"] == 40
+    assert result["val_perplexity"] == pytest.approx(2.718281828 ** result["val_loss"], rel=1e-6)
+    assert main(["eval", checkpoint, "--corpus", str(tiny_run)]) == 0
+    text = capsys.readouterr().out
+    assert "validation loss" in text and "perplexity" in text and "cloze accuracy" in text
+
+
+def test_generate_continues_the_prompt(trained: Path, tiny_run: Path, capsys):
+    checkpoint = str(trained / "checkpoints" / "step-00000003.pt")
+    assert main(["generate", checkpoint, "--corpus", str(tiny_run), "--prompt", "The river", "--max-new-tokens", "8"]) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("The river") and len(first.strip()) > len("The river")
+    main(["generate", checkpoint, "--corpus", str(tiny_run), "--prompt", "The river", "--max-new-tokens", "8"])
+    assert capsys.readouterr().out == first  # seeded sampling
+
+
+def test_hymo_train_flow_returns_the_summary(tiny_run: Path, tmp_path: Path, prefect_harness):
+    from flows.train_flow import hymo_train
+
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE)
+    summary = hymo_train(corpus=str(tiny_run), config=str(recipe), out=str(tmp_path / "out"), max_steps=2)
+    assert summary["final_step"] == 2 and (tmp_path / "out" / "summary.json").is_file()
+    again = hymo_train(corpus=str(tiny_run), config=str(recipe), out=str(tmp_path / "out"), max_steps=2)  # resume=True: nothing left to do
+    assert again["weights_sha256"] == summary["weights_sha256"] and again["resumed_from"].endswith("step-00000002.pt")
