@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from manifests.sources import PACKAGE_DIR, SourceSpec, load_source
 from tasks.extract import ExtractConfig
 from tasks.ingest import IngestConfig
+from tasks.langid import LangIdConfig
+from tasks.pii import PiiConfig
+from tasks.quality import QualityConfig
 
 SAMPLE_CONFIG = PACKAGE_DIR / "configs" / "sample.toml"
 
@@ -28,6 +31,9 @@ class PipelineConfig(BaseModel):
     workers: int | None = Field(None, ge=1, le=256, description="Worker processes per stage (default: all cores).")
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    langid: LangIdConfig = Field(default_factory=LangIdConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+    pii: PiiConfig = Field(default_factory=PiiConfig)
 
     def source_specs(self) -> list[SourceSpec]:
         base = Path(self.config_dir) if self.config_dir else None

@@ -13,6 +13,9 @@ from manifests.run_dir import stage_dir_name
 from manifests.stage_manifest import StageManifest
 from tasks.extract import extract_task
 from tasks.ingest import ingest_task
+from tasks.langid import langid_task
+from tasks.pii import pii_task
+from tasks.quality import quality_task
 
 from flows.config import PipelineConfig
 
@@ -32,9 +35,24 @@ def _extract(config: PipelineConfig, run: Path, previous: Path | None, out: Path
     return extract_task(config.extract, previous, out, config.workers)
 
 
+def _langid(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return langid_task(config.langid, previous, out, config.workers)
+
+
+def _quality(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return quality_task(config.quality, previous, out, config.workers)
+
+
+def _pii(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return pii_task(config.pii, previous, out, config.workers)
+
+
 STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
     StageEntry("extract", _extract),
+    StageEntry("langid", _langid),
+    StageEntry("quality", _quality),
+    StageEntry("pii", _pii),
 ]
 
 STAGE_NAMES = [entry.name for entry in STAGES]
