@@ -126,6 +126,7 @@ SPACELESS_SCRIPT = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\
 PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 WHITESPACE = re.compile(r"\s+")
 CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]")
+SCRIPT_SAMPLE_CHARS = 20_000  # enough text to tell scripts apart without scanning a 5 MB page
 C4_LINE_FILTER = "c4_line_filter"  # skip name of C4's line removal (the modification c4_lines_removed)
 SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s|$)")
 HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
@@ -495,8 +496,9 @@ def spaceless_rules(config: QualityConfig, lang: str | None) -> list[Rule]:
 def uses_spaceless_rules(view: TextView, lang: str | None, config: QualityConfig) -> bool:
     if lang is not None:
         return lang in config.spaceless_langs
-    letters = len(LETTER.findall(view.text))  # no language label: decide by script
-    return letters > 0 and len(SPACELESS_SCRIPT.findall(view.text)) / letters > 0.5
+    head = view.text[:SCRIPT_SAMPLE_CHARS]  # no language label: decide by the script of the opening
+    letters = len(LETTER.findall(head))
+    return letters > 0 and len(SPACELESS_SCRIPT.findall(head)) / letters > 0.5
 
 
 @dataclass
@@ -508,6 +510,27 @@ class QualityDecision:
     c4: C4Cleaning | None
 
 
+_PLANS: dict[int, tuple[QualityConfig, dict[tuple[bool, str | None], tuple[list[Rule], list[str]]]]] = {}
+
+
+def rule_plan(config: QualityConfig, lang: str | None, spaceless: bool) -> tuple[list[Rule], list[str]]:
+    """(rules to run, names skipped by the profile) for this config and language; built once, then reused."""
+    cached = _PLANS.get(id(config))
+    if cached is None or cached[0] is not config:
+        if len(_PLANS) > 64:
+            _PLANS.clear()
+        cached = _PLANS[id(config)] = (config, {})
+    key = (spaceless, lang)
+    if key not in cached[1]:
+        candidates = spaceless_rules(config, lang) if spaceless else whitespace_rules(config, lang)
+        active = [rule for rule in candidates if not rule_skipped(rule.__name__, config.skip_rules)]
+        skipped = [rule.__name__ for rule in candidates if rule_skipped(rule.__name__, config.skip_rules)]
+        if not spaceless and rule_skipped(C4_LINE_FILTER, config.skip_rules):
+            skipped.append(C4_LINE_FILTER)
+        cached[1][key] = (active, skipped)
+    return cached[1][key]
+
+
 def evaluate(text: str, lang: str | None, config: QualityConfig) -> QualityDecision:
     """Run the rule set for this language (first failure only, or all rules when config.all_rules)."""
     view = TextView(text)
@@ -515,20 +538,16 @@ def evaluate(text: str, lang: str | None, config: QualityConfig) -> QualityDecis
     if not empty.keep:
         return QualityDecision(False, [empty], "none", [], None)
     spaceless = uses_spaceless_rules(view, lang, config)
-    rules = spaceless_rules(config, lang) if spaceless else whitespace_rules(config, lang)
+    rules, skipped = rule_plan(config, lang, spaceless)
     failures: list[Verdict] = []
-    skipped: list[str] = []
     for rule in rules:
-        if rule_skipped(rule.__name__, config.skip_rules):
-            skipped.append(rule.__name__)
-            continue
         verdict = rule(view, config)
         if not verdict.keep:
             failures.append(verdict)
             if not config.all_rules:
                 break
     c4 = None
-    if not spaceless and not rule_skipped(C4_LINE_FILTER, config.skip_rules):
+    if not failures and not spaceless and C4_LINE_FILTER not in skipped:
         c4 = _c4(view, config)
     return QualityDecision(not failures, failures, "spaceless" if spaceless else "whitespace", skipped, c4)
 
