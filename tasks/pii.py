@@ -47,7 +47,7 @@ class PiiConfig:
 EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![\w-])")
 # A dotted quad not glued to other dotted numbers or ASCII identifier characters (1.2.3.4.5, v1.2.3.4);
 # Han characters may touch it (IP地址192.168.1.1).
-DOTTED_QUAD = re.compile(r"(?<![A-Za-z0-9_.\-=@/])(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?![A-Za-z0-9_\-]|\.\d)")
+DOTTED_QUAD = re.compile(r"(?<![A-Za-z0-9_.\-=/])(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?![A-Za-z0-9_\-]|\.\d)")
 PHONE = re.compile(
     r"(?<![A-Za-z0-9_+.\-/])"
     r"(?:"
