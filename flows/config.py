@@ -24,7 +24,7 @@ class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sources: list[str] = Field(
-        default_factory=lambda: ["python-docs", "python-docs-warc", "prose-wikipedia", "multilingual", "generated"],
+        default_factory=lambda: ["python-docs", "python-docs-warc", "prose-enwiki", "multilingual", "generated"],
         description="Bundled source names or paths to source-spec TOML files, in ingestion order.",
     )
     config_dir: str | None = Field(None, description="Directory that relative source-spec paths resolve against.")

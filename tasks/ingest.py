@@ -145,6 +145,8 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
     from warcio.exceptions import ArchiveLoadFailed
 
     try:
+        if path.suffix == ".gz":
+            check_gzip_complete(path)
         with open(path, "rb") as handle:
             for ordinal, record in enumerate(ArchiveIterator(handle)):
                 uri = record.rec_headers.get_header("WARC-Target-URI") or f"{relative_uri(spec, path)}#rec{ordinal}"
@@ -157,6 +159,13 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
                     yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path))
     except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated WARC ({exc})") from exc
+
+
+def check_gzip_complete(path: Path) -> None:
+    """warcio silently drops a truncated last record; a full gzip pass notices the cut."""
+    with gzip.open(path, "rb") as handle:
+        while handle.read(1 << 20):
+            pass
 
 
 def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
