@@ -135,6 +135,7 @@ SCRIPT_SAMPLE_CHARS = 20_000  # enough text to tell scripts apart without scanni
 C4_LINE_FILTER = "c4_line_filter"  # skip name of C4's line removal (the modification c4_lines_removed)
 SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s|$)")
 HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+MIX_MULTIPLIER = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constant
 
 
 def duplicate_counts(items: list[str]) -> tuple[int, int]:
@@ -153,35 +154,47 @@ class NgramRepetition:
     duplicate_fraction: float
 
 
-def ngram_repetition(token_ids: np.ndarray, token_lengths: np.ndarray, n: int) -> NgramRepetition:
-    """Vectorised: hash every n-token window, sort once, mark tokens covered by a repeat of an earlier window.
+def window_hashes(token_ids: np.ndarray, previous: np.ndarray | None, n: int) -> np.ndarray:
+    """Hashes of every n-token window, built from the (n-1)-token window hashes in one vector step."""
+    windows = len(token_ids) - n + 1
+    if n == 1 or previous is None:
+        hashes = token_ids[:windows].copy()
+        for offset in range(1, n):
+            hashes = hashes * HASH_MULTIPLIER + token_ids[offset: offset + windows]
+        return hashes
+    return previous[:windows] * HASH_MULTIPLIER + token_ids[n - 1:]
+
+
+def ngram_repetition(hashes: np.ndarray, token_lengths: np.ndarray, n: int) -> NgramRepetition:
+    """Vectorised: sort the window hashes once, mark tokens covered by a repeat of an earlier window.
 
     top: count x characters of the most frequent window (only when it occurs twice or more), over all
     token characters. duplicate: characters of tokens inside any window occurrence after its first,
     each token counted once, over all token characters.
     """
     total_chars = int(token_lengths.sum())
-    windows = len(token_ids) - n + 1
+    windows = len(hashes)
     if windows < 2 or total_chars == 0:
         return NgramRepetition(0.0, 0.0)
-    hashes = token_ids[:windows].copy()
-    for offset in range(1, n):
-        hashes = hashes * HASH_MULTIPLIER + token_ids[offset: offset + windows]
-    order = np.argsort(hashes, kind="stable")
-    sorted_hashes = hashes[order]
-    same_as_previous = sorted_hashes[1:] == sorted_hashes[:-1]
+    # One plain sort of (mixed hash high bits | position): equal windows end up adjacent, earliest first.
+    # The polynomial window hash is linear, so it is bit-mixed before its low bits make room for the position.
+    mixed = hashes ^ (hashes >> np.uint64(31))
+    mixed *= MIX_MULTIPLIER
+    mixed ^= mixed >> np.uint64(29)
+    position_bits = max(1, int(windows - 1).bit_length())
+    keys = np.sort((mixed >> np.uint64(position_bits)) << np.uint64(position_bits) | np.arange(windows, dtype=np.uint64))
+    window_of_key = keys >> np.uint64(position_bits)
+    same_as_previous = window_of_key[1:] == window_of_key[:-1]
     if not same_as_previous.any():
         return NgramRepetition(0.0, 0.0)
-    # Stable sort: inside a group of equal windows the first element is the earliest occurrence.
-    repeat_starts = order[1:][same_as_previous]
+    positions = (keys & np.uint64((1 << position_bits) - 1)).astype(np.int64)
+    repeat_starts = positions[1:][same_as_previous]
     group_starts = np.flatnonzero(np.concatenate(([True], ~same_as_previous)))
-    group_sizes = np.diff(np.append(group_starts, windows))
-    best = group_sizes.max()
-    candidates = group_starts[group_sizes == best]
-    first_position = order[candidates].min()  # ties: the window that appears first, like Counter.most_common
-    char_prefix = np.concatenate(([0], np.cumsum(token_lengths)))
-    top_chars = int(char_prefix[first_position + n] - char_prefix[first_position]) * int(best)
-    coverage_delta = np.zeros(len(token_ids) + 1, dtype=np.int32)
+    group_sizes = np.concatenate((group_starts[1:], [windows])) - group_starts
+    best = int(group_sizes.max())
+    first_position = int(positions[group_starts[group_sizes == best]].min())  # ties: earliest window, like Counter.most_common
+    top_chars = int(token_lengths[first_position: first_position + n].sum()) * best
+    coverage_delta = np.zeros(len(token_lengths) + 1, dtype=np.int32)
     coverage_delta[repeat_starts] += 1
     coverage_delta[repeat_starts + n] -= 1
     covered = np.cumsum(coverage_delta[:-1]) > 0
@@ -225,17 +238,28 @@ class TextView:
     def char_ids(self) -> np.ndarray:
         return np.frombuffer(self.dense_text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
 
-    def word_ngrams(self, n: int) -> NgramRepetition:
-        cache = self.__dict__.setdefault("_word_ngrams", {})
+    def _ngrams(self, kind: str, token_ids: np.ndarray, token_lengths: np.ndarray, n: int) -> NgramRepetition:
+        cache = self.__dict__.setdefault(kind, {})  # n -> result; "hashes" -> (n, window hashes)
         if n not in cache:
-            cache[n] = ngram_repetition(self.word_ids, self.word_lengths, n)
+            if len(token_ids) - n + 1 < 2:
+                cache[n] = NgramRepetition(0.0, 0.0)
+                return cache[n]
+            if cache.get("no_repeats_from", n + 1) <= n:  # no repeated k-gram means no repeated longer one
+                cache[n] = NgramRepetition(0.0, 0.0)
+                return cache[n]
+            last_n, last_hashes = cache.get("hashes", (0, None))
+            hashes = window_hashes(token_ids, last_hashes if last_n == n - 1 else None, n)
+            cache["hashes"] = (n, hashes)
+            cache[n] = ngram_repetition(hashes, token_lengths, n)
+            if cache[n].duplicate_fraction == 0.0:
+                cache["no_repeats_from"] = min(n, cache.get("no_repeats_from", n))
         return cache[n]
 
+    def word_ngrams(self, n: int) -> NgramRepetition:
+        return self._ngrams("_word_ngrams", self.word_ids, self.word_lengths, n)
+
     def char_ngrams(self, n: int) -> NgramRepetition:
-        cache = self.__dict__.setdefault("_char_ngrams", {})
-        if n not in cache:
-            cache[n] = ngram_repetition(self.char_ids, np.ones(len(self.char_ids), dtype=np.int64), n)
-        return cache[n]
+        return self._ngrams("_char_ngrams", self.char_ids, np.ones(len(self.char_ids), dtype=np.int64), n)
 
 
 # ---------------------------------------------------------------- rules: any language

@@ -370,3 +370,35 @@ def test_unknown_profile_names_the_document(tmp_path):
     upstream = publish_upstream(tmp_path, [doc("odd", good_prose(), profile="poetry")])
     with pytest.raises(ValueError, match="document odd .* profile 'poetry'"):
         q.run_quality(CONFIG, upstream, tmp_path / "04_quality", workers=1)
+
+
+def reference_repetition(tokens: list[str], n: int) -> tuple[float, float]:
+    """Plain-Python definition of the two n-gram measures, to check the vectorised one against."""
+    total = sum(map(len, tokens))
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    if len(grams) < 2 or total == 0:
+        return 0.0, 0.0
+    counts: dict[tuple, int] = {}
+    covered: set[int] = set()
+    for i, gram in enumerate(grams):
+        if gram in counts:
+            covered.update(range(i, i + n))
+        counts[gram] = counts.get(gram, 0) + 1
+    best = max(counts.values())
+    top_gram = next(g for g in grams if counts[g] == best)
+    top = best * sum(map(len, top_gram)) / total if best > 1 else 0.0
+    return top, sum(len(tokens[i]) for i in covered) / total
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vectorised_ngram_measures_match_the_plain_definition(seed):
+    import random
+
+    rng = random.Random(seed)
+    vocab = ["a", "bb", "ccc", "dddd", "the", "river", "x1"][: rng.randint(2, 7)]
+    tokens = [rng.choice(vocab) for _ in range(rng.randint(0, 300))]
+    view = TextView(" ".join(tokens))
+    for n in range(2, 11):
+        top, duplicate = reference_repetition(tokens, n)
+        measured = view.word_ngrams(n)
+        assert measured.top_fraction == pytest.approx(top) and measured.duplicate_fraction == pytest.approx(duplicate), n
