@@ -131,10 +131,16 @@ def main() -> int:
 
     docs_pages = [d for d in docs if d["meta"].get("profile") == "documentation"]
     if docs_pages:
-        alpha = sum(d["prose_first"] == "gopher_too_few_alphabetic_words" for d in docs_pages)
-        braces = sum(d["prose_first"] == "c4_curly_bracket" for d in docs_pages)
-        out += [f"Documentation pages under prose rules: {alpha} / {len(docs_pages)} fail first on gopher_too_few_alphabetic_words, "
-                f"{braces} on c4_curly_bracket.", ""]
+        every_rule = replace(prose_rules, all_rules=True)
+        failing = [{v.rule for v in evaluate(d["text"], d["lid"]["lang"], every_rule).failures} for d in docs_pages]
+        counts = Counter(rule for rules in failing for rule in rules)
+        n_pages = len(docs_pages)
+        listed = ", ".join(f"{rule} {100 * counts[rule] / n_pages:.1f} %" for rule, _ in counts.most_common(8))
+        out += [f"Documentation pages ({n_pages}) under prose rules, share failing each rule at all (`all_rules`): {listed}; "
+                f"gopher_too_few_alphabetic_words {100 * counts['gopher_too_few_alphabetic_words'] / n_pages:.1f} %, "
+                f"c4_curly_bracket {100 * counts['c4_curly_bracket'] / n_pages:.1f} %. "
+                "(Sphinx pages after trafilatura: code blocks are a small share of their words, so the alphabetic-words rule "
+                "matters less here than on the bench corpus's 10.6 %.)", ""]
 
     multilingual = [d for d in docs if d["source"] == "multilingual" and d["meta"].get("label_lang")]
     per_lang: dict[str, list[dict]] = defaultdict(list)
@@ -152,7 +158,7 @@ def main() -> int:
     if small:
         correct = sum(d["lid"]["lang"] == d["meta"]["label_lang"] for d in small)
         confident = sum(d["lid"]["lang"] == d["meta"]["label_lang"] and d["lid"]["score"] > config.langid.min_score for d in small)
-        lang_rows.append([f"{len({d['meta']['label_lang'] for d in small})} other languages (snippets)", len(small), f"{100 * correct / len(small):.1f} %",
+        lang_rows.append([f"{len({d['meta']['label_lang'] for d in small})} other languages (cld2 test snippets, some not among lid.176's labels)", len(small), f"{100 * correct / len(small):.1f} %",
                           f"{100 * confident / len(small):.1f} %", f"{sum(d['lid']['score'] for d in small) / len(small):.3f}"])
     total_correct = sum(d["lid"]["lang"] == d["meta"]["label_lang"] for d in multilingual)
     out += ["### Language ID (lid.176.ftz, whole document) on the multilingual source's labelled documents", "",
