@@ -42,6 +42,7 @@ class PiiConfig:
                                      "firmware", "kernel", "update", "upgrade", "patch", "python", "tag", "since", "changelog")
     version_cue_window: int = 3  # how many words before the number are searched for a cue
     blocked_domains: tuple[str, ...] = ()  # a page whose URL host is one of these (or a subdomain) is removed
+    blocked_url_prefixes: tuple[str, ...] = ()  # a page whose URL starts with one of these is removed
 
 
 EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![\w-])")
@@ -142,6 +143,10 @@ def pii_shard(docs: pa.Table, config: PiiConfig, context: Any = None) -> ShardOu
         domain = blocked_domain(row["url"], config.blocked_domains)
         if domain is not None:
             audit.append({"id": row["id"], "action": "removed", "rule": "pii_blocked_domain", "detail": {"url": row["url"], "domain": domain}})
+            continue
+        prefix = next((p for p in config.blocked_url_prefixes if row["url"].startswith(p)), None)
+        if prefix is not None:
+            audit.append({"id": row["id"], "action": "removed", "rule": "pii_blocked_url", "detail": {"url": row["url"], "prefix": prefix}})
             continue
         masked, counts = mask_pii(row["text"], config)
         for kind, n in counts.items():

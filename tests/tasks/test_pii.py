@@ -64,15 +64,23 @@ def test_stage_logs_counts_per_kind(tmp_path):
         {"id": "a", "text": "Mail a@b.io and c@d.io, server 10.0.0.7.", "source": "s", "url": "https://ok.org/a", "lang": "en", "lang_score": 0.9, "meta": {}},
         {"id": "b", "text": "Nothing here, version 10.2.0.1.", "source": "s", "url": "https://ok.org/b", "lang": "en", "lang_score": 0.9, "meta": {}},
         {"id": "c", "text": "Buy now", "source": "s", "url": "https://spam.example/c", "lang": "en", "lang_score": 0.9, "meta": {}},
+        {"id": "d", "text": "Old page", "source": "s", "url": "https://ok.org/archive/d", "lang": "en", "lang_score": 0.9, "meta": {}},
     ]
     upstream = tmp_path / "04_quality"
     writer = StageWriter("quality", "test", {}, "key", [], upstream)
     writer.write_shard(0, docs_table(rows), [])
     writer.publish()
-    manifest = run_pii(PiiConfig(blocked_domains=("spam.example",)), upstream, tmp_path / "05_pii", workers=1)
-    assert manifest.counts["removed"] == {"pii_blocked_domain": 1}
+    config = PiiConfig(blocked_domains=("spam.example",), blocked_url_prefixes=("https://ok.org/archive/",))
+    manifest = run_pii(config, upstream, tmp_path / "05_pii", workers=1)
+    assert manifest.counts["removed"] == {"pii_blocked_domain": 1, "pii_blocked_url": 1}
     assert manifest.counts["modified"] == {"pii_email_masked": 1, "pii_ip_address_masked": 1}
     audit = {(r["id"], r["rule"]): r for r in read_stage_audit(tmp_path / "05_pii").to_pylist()}
     assert audit[("a", "pii_email_masked")]["value"] == 2
     texts = {r["id"]: r["text"] for r in read_stage_docs(tmp_path / "05_pii").to_pylist()}
     assert texts == {"a": "Mail <EMAIL> and <EMAIL>, server <IP_ADDRESS>.", "b": "Nothing here, version 10.2.0.1."}
+
+
+@pytest.mark.parametrize("text", ["x" * 5_000_000, "\x00\x01 mail\x00me@ex.com\x1b[0m " * 1000, "", "😀" * 1000, "电话：+86 138 0013 8000；邮箱 wang@例子.cn"])
+def test_bad_input_is_masked_or_left_without_crash(text):
+    masked, counts = mask_pii(text, CONFIG)
+    assert set(counts) <= {"email", "phone", "ip_address"} and len(masked) <= len(text) + 20 * sum(counts.values())
