@@ -370,7 +370,7 @@ class C4Cleaning:
     citations_removed: int
 
 
-def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True) -> C4Cleaning:
+def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, check_lorem: bool = True) -> C4Cleaning:
     """Line by line, in the TFDS order: long word, citations, end mark, word count, lorem/javascript/brace/policy."""
     removed: Counter[str] = Counter()
     kept: list[str] = []
@@ -391,7 +391,7 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True) 
             removed["too_few_words"] += 1
             continue
         lower = line.lower()
-        if "lorem ipsum" in lower:
+        if check_lorem and "lorem ipsum" in lower:
             return C4Cleaning("c4_lorem_ipsum", kept, sentences, dict(removed), citations)
         if "javascript" in lower:
             removed["javascript"] += 1
@@ -410,7 +410,9 @@ def _c4(view: TextView, config: QualityConfig) -> C4Cleaning:
     """C4's line pass, run once per document and config (the three C4 rules and the modification share it)."""
     key = ("_c4", id(config))
     if key not in view.__dict__:
-        view.__dict__[key] = c4_clean_lines(view.text, config, check_braces=not rule_skipped("c4_curly_bracket", config.skip_rules))
+        # A skipped page rule must not stop the line pass early, or the kept text would be cut short.
+        view.__dict__[key] = c4_clean_lines(view.text, config, check_braces=not rule_skipped("c4_curly_bracket", config.skip_rules),
+                                            check_lorem=not rule_skipped("c4_lorem_ipsum", config.skip_rules))
     return view.__dict__[key]
 
 

@@ -184,6 +184,14 @@ def test_c4_lorem_ipsum_and_brace_apply_to_surviving_lines_only():
     check(q.c4_curly_bracket, "\n".join(body + ["for x in y: {"]), True)
 
 
+def test_skipped_page_rule_keeps_the_whole_line_pass():
+    text = "\n".join([sentence(0), "Lorem ipsum dolor sit amet consectetur.", sentence(1), sentence(2)])
+    cleaning = q.c4_clean_lines(text, CONFIG, check_lorem=False)
+    assert cleaning.page_rule is None and len(cleaning.kept_lines) == 4
+    decision = evaluate(text, "en", replace(CONFIG, skip_rules=("c4_lorem_ipsum",), min_words=5, min_stop_words=0))
+    assert decision.c4 is not None and len(decision.c4.kept_lines) == 4
+
+
 def test_c4_line_removals_are_counted_by_reason():
     text = "\n".join([
         sentence(0), sentence(1), sentence(2) + "[1]",
