@@ -40,11 +40,12 @@ def _default_profiles() -> dict[str, dict[str, Any]]:
     """Per-source rule sets: field overrides applied to the base config for documents of that profile."""
     return {
         "prose": {},
-        # Code samples make words without letters and braces normal (seed 001 warns both rules delete them);
-        # reference pages repeat lines ("Changed in version 3.2.") and phrases by design, so the FineWeb
-        # duplicate-line rule is off and duplicated n-gram limits are doubled (measured in docs/benchmarks.md).
+        # Code samples make words without letters and braces normal (seed 001 warns both rules delete them),
+        # and C4's line filter would cut every code line and heading (64 % of the characters of the sample's
+        # documentation pages); reference pages repeat lines ("Changed in version 3.2.") and phrases by design,
+        # so the FineWeb duplicate-line rule is off and duplicated n-gram limits are doubled (docs/benchmarks.md).
         "documentation": {
-            "skip_rules": ("gopher_too_few_alphabetic_words", "c4_curly_bracket", "fineweb_duplicate_line_chars"),
+            "skip_rules": ("gopher_too_few_alphabetic_words", "c4_curly_bracket", C4_LINE_FILTER, "fineweb_duplicate_line_chars"),
             "max_duplicate_ngram_char_fraction": ((5, 0.30), (6, 0.28), (7, 0.26), (8, 0.24), (9, 0.22), (10, 0.20)),
         },
         # Source code: prose-shape rules (stop words, terminal punctuation, C4 lines) do not apply at all.
