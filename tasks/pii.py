@@ -6,7 +6,8 @@ than deleting them, so the text stays readable. Over-matching hurts technical
 text: a version number such as 10.2.0.1 looks like an IP address, so dotted
 quads that read as versions (after "version"/"v", inside "pkg-1.2.3.4",
 "==1.2.3.4", longer dotted runs) are left alone. Every masking is a
-modification row per kind with its count; a blocked domain is a removal.
+modification row per kind with its count; a blocked domain or URL is a removal
+(value 1 = blocklist matches, threshold 0, like C4's page rules).
 """
 from __future__ import annotations
 
@@ -142,11 +143,11 @@ def pii_shard(docs: pa.Table, config: PiiConfig, context: Any = None) -> ShardOu
     for row in docs.to_pylist():
         domain = blocked_domain(row["url"], config.blocked_domains)
         if domain is not None:
-            audit.append({"id": row["id"], "action": "removed", "rule": "pii_blocked_domain", "detail": {"url": row["url"], "domain": domain}})
+            audit.append({"id": row["id"], "action": "removed", "rule": "pii_blocked_domain", "value": 1, "threshold": 0, "detail": {"url": row["url"], "domain": domain}})
             continue
         prefix = next((p for p in config.blocked_url_prefixes if row["url"].startswith(p)), None)
         if prefix is not None:
-            audit.append({"id": row["id"], "action": "removed", "rule": "pii_blocked_url", "detail": {"url": row["url"], "prefix": prefix}})
+            audit.append({"id": row["id"], "action": "removed", "rule": "pii_blocked_url", "value": 1, "threshold": 0, "detail": {"url": row["url"], "prefix": prefix}})
             continue
         masked, counts = mask_pii(row["text"], config)
         for kind, n in counts.items():
