@@ -11,14 +11,18 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
+from flows import cli_trace
 from manifests.audit_query import decisions_for, funnel, sample_removed
 from manifests.run_dir import completed_stages
+
+from flows.prefect_env import apply_prefect_defaults
 
 console = Console()
 DEFAULT_RUN = "runs/sample"
 
 # Sub-command modules outside this file register here: (name, add_parser(subparsers)).
 EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+EXTRA_COMMANDS.append(cli_trace.add_commands)
 
 
 def _rules(counts: dict[str, int]) -> str:
@@ -102,6 +106,7 @@ def cmd_manifest_show(args: argparse.Namespace) -> int:
         table.add_row(stage_dir.path.name, manifest.stage, manifest.stage_version, manifest.cache_key[:12], str(len(manifest.outputs)),
                       str(rows), str(manifest.counts.get("in", "")), str(manifest.counts.get("kept", "")), f"{manifest.wall_time_s:.1f}")
     console.print(table)
+    cli_trace.print_corpus_table(Path(args.run))
     return 0
 
 
@@ -147,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_prefect_defaults()
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -14,8 +14,12 @@ from manifests.sources import PACKAGE_DIR, SourceSpec, load_source
 from tasks.extract import ExtractConfig
 from tasks.ingest import IngestConfig
 from tasks.langid import LangIdConfig
+from tasks.mixture import MixtureConfig
 from tasks.pii import PiiConfig
 from tasks.quality import QualityConfig
+from tasks.shards import ShardsConfig
+from tasks.split import SplitConfig
+from tasks.tokenizer import TokenizerConfig
 
 SAMPLE_CONFIG = PACKAGE_DIR / "configs" / "sample.toml"
 
@@ -34,6 +38,10 @@ class PipelineConfig(BaseModel):
     langid: LangIdConfig = Field(default_factory=LangIdConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
     pii: PiiConfig = Field(default_factory=PiiConfig)
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    mixture: MixtureConfig = Field(default_factory=MixtureConfig)
+    shards: ShardsConfig = Field(default_factory=ShardsConfig)
 
     def source_specs(self) -> list[SourceSpec]:
         base = Path(self.config_dir) if self.config_dir else None

@@ -14,8 +14,12 @@ from manifests.stage_manifest import StageManifest
 from tasks.extract import extract_task
 from tasks.ingest import ingest_task
 from tasks.langid import langid_task
+from tasks.mixture import mixture_task
 from tasks.pii import pii_task
 from tasks.quality import quality_task
+from tasks.shards import shards_task
+from tasks.split import split_task
+from tasks.tokenizer import tokenizer_task
 
 from flows.config import PipelineConfig
 
@@ -47,12 +51,33 @@ def _pii(config: PipelineConfig, run: Path, previous: Path | None, out: Path) ->
     return pii_task(config.pii, previous, out, config.workers)
 
 
+def _split(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return split_task(config.split, previous, out, config.workers)
+
+
+def _tokenizer(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return tokenizer_task(config.tokenizer, stage_path(run, "split"), out, dict(config.mixture.weights))
+
+
+def _mixture(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return mixture_task(config.mixture, stage_path(run, "split"), stage_path(run, "tokenizer"), out)
+
+
+def _shards(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return shards_task(config.shards, stage_path(run, "split"), stage_path(run, "tokenizer"), stage_path(run, "mixture"), out)
+
+
 STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
     StageEntry("extract", _extract),
     StageEntry("langid", _langid),
     StageEntry("quality", _quality),
     StageEntry("pii", _pii),
+    # (dedup_exact, dedup_fuzzy, decontam go here, before split)
+    StageEntry("split", _split),
+    StageEntry("tokenizer", _tokenizer),
+    StageEntry("mixture", _mixture),
+    StageEntry("shards", _shards),
 ]
 
 STAGE_NAMES = [entry.name for entry in STAGES]

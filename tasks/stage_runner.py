@@ -311,3 +311,35 @@ def read_stage_audit(stage_dir: Path) -> pa.Table:
     return pa.concat_tables(tables) if tables else AUDIT_SCHEMA.empty_table()
 
 
+
+
+def run_artifact_stage(
+    name: str,
+    version: str,
+    config: Any,
+    input_dirs: list[Path],
+    out_dir: Path,
+    build: Callable[[Path], tuple[list[tuple[str, int | None]], dict[str, Any]]],
+) -> StageManifest:
+    """Run a stage that publishes artifacts (a tokenizer, tables, token files) instead of document shards.
+
+    `build(work_dir)` writes its files under `work_dir` and returns
+    ([(relative path, rows or None)], manifest extra). Same contract as
+    `run_stage`: cache key over the inputs' digests, a no-op when published
+    under that key, atomic publish with every file's sha256.
+    """
+    upstreams = [read_manifest(Path(d)) for d in input_dirs]
+    key = stage_cache_key(name, version, config, [m.digest for m in upstreams])
+    out_dir = Path(out_dir)
+    if is_complete(out_dir, key):
+        return read_manifest(out_dir)
+    inputs = [{"stage_dir": Path(d).name, "digest": m.digest} for d, m in zip(input_dirs, upstreams)]
+    writer = StageWriter(name, version, config_dict(config), key, inputs, out_dir)
+    try:
+        artifacts, extra = build(writer.work_dir)
+        for relpath, rows in artifacts:
+            writer.add_artifact(relpath, rows)
+        return writer.publish(extra)
+    except BaseException:
+        writer.abandon()
+        raise

@@ -1,22 +1,33 @@
-"""Run a function over items in a child process that is killed when one item overruns.
+"""Run a function over items in child processes that are killed when one item overruns.
 
 Python-level timeouts (signals) cannot interrupt a parser stuck inside C code;
-killing the process can. The parent hands items one at a time over a pipe and
-waits at most `timeout_s` for each answer; on a timeout it kills the child,
-records the item as timed out and starts a fresh child for the rest.
+killing the process can. The parent hands one item at a time to each child
+over a pipe and waits at most `timeout_s` for each answer; on a timeout it kills
+that child, records the item as timed out and starts a fresh child for the rest.
+Several children run at once, so one slow page does not idle the other cores.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
-import traceback
+import time
+from collections import deque
+from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
 TIMEOUT = "timeout"
 ERROR = "error"
 OK = "ok"
+READY = "ready"
+STARTUP_TIMEOUT_S = 300.0  # imports in a fresh process on a loaded machine; not charged to any item
 
 
-def _serve(fn: Callable[[Any], Any], conn) -> None:
+def _serve(fn: Callable[[Any], Any], conn, warmup: Any) -> None:
+    if warmup is not None:  # first calls pay lazy imports; keep that off every item's clock
+        try:
+            fn(warmup)
+        except Exception:
+            pass
+    conn.send(READY)
     while True:
         try:
             item = conn.recv()
@@ -27,15 +38,20 @@ def _serve(fn: Callable[[Any], Any], conn) -> None:
         try:
             conn.send((OK, fn(item)))
         except Exception as exc:  # reported to the parent as this item's failure
-            conn.send((ERROR, f"{type(exc).__name__}: {exc}"[:500] or traceback.format_exc(limit=1)))
+            conn.send((ERROR, f"{type(exc).__name__}: {exc}"[:500]))
 
 
 class _Child:
-    def __init__(self, fn: Callable[[Any], Any], context: mp.context.BaseContext):
+    """One worker process; `item` is the index it is working on, `since` when it got it."""
+
+    def __init__(self, fn: Callable[[Any], Any], context: mp.context.BaseContext, warmup: Any):
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_serve, args=(fn, child_conn), daemon=True)
+        self.process = context.Process(target=_serve, args=(fn, child_conn, warmup), daemon=True)
         self.process.start()
         child_conn.close()
+        self.ready = False
+        self.item: int | None = None
+        self.since = time.monotonic()
 
     def stop(self, kill: bool = False) -> None:
         if kill:
@@ -43,7 +59,7 @@ class _Child:
         else:
             try:
                 self.conn.send(None)
-            except (BrokenPipeError, OSError):
+            except OSError:
                 pass
         self.process.join(timeout=5)
         if self.process.is_alive():
@@ -52,28 +68,67 @@ class _Child:
         self.conn.close()
 
 
-def map_with_deadline(fn: Callable[[Any], Any], items: Iterable[Any], timeout_s: float, start_method: str = "forkserver") -> list[tuple[str, Any]]:
-    """[(OK, result) | (ERROR, message) | (TIMEOUT, None)] in item order; never hangs longer than timeout_s per item."""
+def map_with_deadline(
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    timeout_s: float,
+    warmup: Any = None,
+    workers: int = 1,
+    start_method: str = "forkserver",
+) -> list[tuple[str, Any]]:
+    """[(OK, result) | (ERROR, message) | (TIMEOUT, None)] in item order; no item runs longer than timeout_s.
+
+    `warmup` is an item each fresh child processes (untimed, result dropped) before its first real one.
+    """
+    items = list(items)
+    results: list[tuple[str, Any] | None] = [None] * len(items)
+    pending = deque(range(len(items)))
     context = mp.get_context(start_method)
-    results: list[tuple[str, Any]] = []
-    child: _Child | None = None
+    children = [_Child(fn, context, warmup) for _ in range(min(max(1, workers), len(items)))]
+
+    def replace(child: _Child) -> None:
+        child.stop(kill=True)
+        children.remove(child)
+        if pending:
+            children.append(_Child(fn, context, warmup))
+
     try:
-        for item in items:
-            if child is None:
-                child = _Child(fn, context)
-            try:
-                child.conn.send(item)
-                if child.conn.poll(timeout_s):
-                    results.append(child.conn.recv())
-                    continue
-                outcome: tuple[str, Any] = (TIMEOUT, None)
-            except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
-                # The child died (e.g. a C-level crash or out of memory) on this item.
-                outcome = (ERROR, f"worker process died: {type(exc).__name__}")
-            child.stop(kill=True)
-            child = None
-            results.append(outcome)
+        while pending or any(c.item is not None for c in children):
+            for child in children:
+                if child.ready and child.item is None and pending:
+                    index = pending.popleft()
+                    try:
+                        child.conn.send(items[index])
+                        child.item, child.since = index, time.monotonic()
+                    except OSError:
+                        results[index] = (ERROR, "worker process died before taking the item")
+            deadlines = [c.since + (timeout_s if c.ready else STARTUP_TIMEOUT_S) for c in children]
+            wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
+            answered = wait([c.conn for c in children], timeout=wait_s)
+            now = time.monotonic()
+            for child in list(children):
+                if child.conn in answered:
+                    try:
+                        message = child.conn.recv()
+                    except (EOFError, OSError):
+                        # The child died (a C-level crash, out of memory) on this item.
+                        if child.item is not None:
+                            results[child.item] = (ERROR, "worker process died")
+                        elif not child.ready:
+                            raise RuntimeError("extraction worker died while starting")
+                        replace(child)
+                        continue
+                    if message == READY:
+                        child.ready = True
+                    else:
+                        results[child.item] = message
+                        child.item = None
+                elif not child.ready and now - child.since > STARTUP_TIMEOUT_S:
+                    raise RuntimeError(f"worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+                elif child.item is not None and now - child.since > timeout_s:
+                    results[child.item] = (TIMEOUT, None)
+                    replace(child)
     finally:
-        if child is not None:
-            child.stop()
-    return results
+        for child in children:
+            child.stop(kill=child.item is not None)
+    return [r if r is not None else (ERROR, "not processed") for r in results]

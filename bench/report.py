@@ -1,0 +1,19 @@
+"""Write one benchmark's table into its own section of docs/benchmarks.md, replacing the old one."""
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+HEADER = "# Benchmarks\n\nMeasured with the scripts in `bench/`; each section names its script, date and machine.\n"
+
+
+def write_section(title: str, table: str, note: str = "") -> None:
+    text = DOC.read_text(encoding="utf-8") if DOC.exists() else HEADER
+    stamp = datetime.date.today().isoformat()
+    body = f"## {title}\n\nMeasured {stamp}. {note}\n\n{table}\n"
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: body + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(text, encoding="utf-8")

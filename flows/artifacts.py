@@ -1,0 +1,110 @@
+"""Prefect artifacts people look at instead of reading logs: per-stage tables, removal samples, the funnel.
+
+Every table is capped at a few hundred rows; the funnel is also written as a PNG in the run directory.
+"""
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from typing import Any
+
+from manifests.audit_query import funnel, sample_removed
+from manifests.stage_manifest import StageManifest
+
+SAMPLES_PER_RULE = 20
+MAX_ROWS = 300
+
+
+def artifact_key(*parts: str) -> str:
+    """Prefect keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")[:100]
+
+
+def stage_counts_rows(manifest: StageManifest) -> list[dict[str, Any]]:
+    counts = manifest.counts
+    rows = [{"measure": "in", "rule": "", "documents": counts.get("in", 0)}, {"measure": "kept", "rule": "", "documents": counts.get("kept", 0)}]
+    for action in ("removed", "modified", "routed"):
+        rows += [{"measure": action, "rule": rule, "documents": n} for rule, n in sorted(counts.get(action, {}).items())]
+    return rows[:MAX_ROWS]
+
+
+def removal_samples(run: Path, stage: str, manifest: StageManifest) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for rule in sorted(manifest.counts.get("removed", {})):
+        for row in sample_removed(run, stage, rule, SAMPLES_PER_RULE):
+            rows.append({"id": row["id"], "rule": row["rule"], "value": row["value"], "threshold": row["threshold"],
+                         "snippet": (row.get("snippet") or "").replace("\n", " ")[:160]})
+    return rows[:MAX_ROWS]
+
+
+def publish_stage_artifacts(run: Path, stage: str, manifest: StageManifest) -> None:
+    """Counts table, removal samples and a link to the audit files of one stage."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    create_table_artifact(stage_counts_rows(manifest), key=artifact_key("hymo", stage, "counts"), description=f"{stage}: in / kept / removed and modified per rule")
+    if manifest.files("audit"):
+        samples = removal_samples(run, stage, manifest)
+        if samples:
+            create_table_artifact(samples, key=artifact_key("hymo", stage, "removed-samples"), description=f"{stage}: up to {SAMPLES_PER_RULE} removed documents per rule")
+        audit_dir = (manifest.directory / "audit").resolve()
+        files = "\n".join(f"- `{audit_dir / Path(f.path).name}` ({f.rows} rows)" for f in manifest.files("audit")[:50])
+        create_markdown_artifact(f"### {stage} audit log\n\nParquet, one row per removed or modified document:\n\n{files}\n\n"
+                                 f"Ask about one document: `hymo audit why {run} DOC_ID`",
+                                 key=artifact_key("hymo", stage, "audit"), description=f"{stage}: where its audit log is")
+
+
+def funnel_png(run: Path, path: Path) -> Path | None:
+    """Documents entering each stage, removals stacked by rule."""
+    rows = [r for r in funnel(run) if r["in"]]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = [r["stage"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, len(stages) * 1.1), 4.5), dpi=100)
+    ax.bar(stages, [r["kept"] for r in rows], color="#4c72b0", label="kept")
+    bottoms = [r["kept"] for r in rows]
+    rules = sorted({rule for r in rows for rule in r["removed"]}, key=lambda rule: -sum(r["removed"].get(rule, 0) for r in rows))
+    top_rules, other = rules[:9], rules[9:]
+    palette = plt.get_cmap("tab10")
+    for i, rule in enumerate(top_rules + (["other rules"] if other else [])):
+        heights = [sum(r["removed"].get(x, 0) for x in other) if rule == "other rules" else r["removed"].get(rule, 0) for r in rows]
+        ax.bar(stages, heights, bottom=bottoms, color=palette(i % 10), label=rule)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_ylabel("documents")
+    ax.set_title("HyMo funnel: documents per stage, removals by rule")
+    ax.legend(fontsize=7, loc="upper right")
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def embedded_png(path: Path, alt: str) -> str:
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})"
+
+
+def publish_run_summary(run: Path, extra_images: list[Path] | None = None) -> Path | None:
+    """Markdown summary of the whole run: funnel table, funnel picture, and e.g. the loss curve."""
+    from prefect.artifacts import create_markdown_artifact
+
+    rows = funnel(run)
+    table = ["| stage | in | kept | removed | top removal rules |", "|---|---|---|---|---|"]
+    for r in rows:
+        top = ", ".join(f"{k} {v}" for k, v in sorted(r["removed"].items(), key=lambda kv: -kv[1])[:4]) or "-"
+        table.append(f"| {r['stage']} | {r['in']} | {r['kept']} | {sum(r['removed'].values())} | {top} |")
+    png = funnel_png(run, Path(run) / "funnel.png")
+    parts = [f"## HyMo run `{Path(run).resolve()}`", "\n".join(table)]
+    if png:
+        parts.append(embedded_png(png, "funnel") + f"\n\n`{png.resolve()}`")
+    for image in extra_images or []:
+        if image.exists():
+            parts.append(embedded_png(image, image.stem) + f"\n\n`{image.resolve()}`")
+    create_markdown_artifact("\n\n".join(parts), key="hymo-run-summary", description="funnel of the run")
+    return png

@@ -1,0 +1,105 @@
+"""A local Prefect server for `hymo serve` and the tests: start it if none answers, wait for health, stop it.
+
+SQLite under a project-local directory, bound to 127.0.0.1. The server runs in its own
+process group so stopping it also stops the services it spawned.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+DEFAULT_HOME = Path(".hymo") / "prefect"
+HEALTH_TIMEOUT_S = 240.0
+
+
+def api_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class LocalServer:
+    """`prefect server start` as a child process; `api_url` answers once `start()` returns."""
+
+    def __init__(self, home: Path = DEFAULT_HOME, host: str = "127.0.0.1", port: int = 4200):
+        self.home, self.host, self.port = Path(home).resolve(), host, port
+        self.api_url = f"http://{host}:{port}/api"
+        self.ui_url = f"http://{host}:{port}"
+        self.process: subprocess.Popen | None = None
+        self.log_path = self.home / "server.log"
+
+    def start(self) -> "LocalServer":
+        self.home.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(self.home),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.home / 'prefect.db'}",
+            "PREFECT_UI_API_URL": self.api_url,
+        }
+        env.pop("PREFECT_API_URL", None)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", self.host, "--port", str(self.port), "--analytics-off"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Prefect server exited with {self.process.returncode}; see {self.log_path}")
+            if api_healthy(self.api_url):
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"Prefect server not healthy after {HEALTH_TIMEOUT_S:.0f} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@contextlib.contextmanager
+def prefect_api(api_url: str | None = None, home: Path = DEFAULT_HOME, port: int = 4200) -> Iterator[tuple[str, str]]:
+    """Use the server at `api_url` (or $PREFECT_API_URL) if it answers; otherwise run a local one meanwhile.
+
+    Yields (api_url, ui_url) with Prefect's settings pointed at that API.
+    """
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    wanted = api_url or os.environ.get("PREFECT_API_URL")
+    if wanted and api_healthy(wanted):
+        with temporary_settings(updates={PREFECT_API_URL: wanted}):
+            yield wanted, wanted.rstrip("/").removesuffix("/api")
+        return
+    server = LocalServer(home=home, port=port).start()
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server.api_url, server.ui_url
+    finally:
+        server.stop()

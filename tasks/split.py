@@ -1,0 +1,215 @@
+"""Held-out split: choose validation documents before the tokenizer ever sees the corpus.
+
+Seed 001 (evaluation section): group near-duplicates *before* splitting, or a
+nominally held-out document is almost a training document. A duplicate family
+is the connected component of the exact (dedup_exact: removed -> kept_id) and
+fuzzy (dedup_fuzzy: clusters.parquet) relations, removed members included; a
+whole family falls on one side. When the dedup stages are absent from the run,
+every document is its own family.
+
+Nothing is removed here: a validation document keeps flowing, marked
+`meta.split = "validation"` with a `routed` audit row (rule `held_out`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from prefect import task
+
+from manifests.run_dir import find_stage
+from manifests.schema import DOC_SCHEMA, docs_table
+from manifests.stage_manifest import StageManifest
+from tasks.stage_runner import ShardOutcome, StageDef, run_stage
+
+STAGE = "split"
+VERSION = "1"
+VALIDATION = "validation"
+HELD_OUT_RULE = "held_out"
+CLUSTERS_ARTIFACT = "clusters.parquet"
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    # Seed 001 Lab 2 holds out ~5% (1,000 of 21,990 stories) before fitting BPE.
+    validation_fraction: float = 0.05  # of each source's documents
+    # Alternative budget per source, in estimated tokens (UTF-8 bytes / bytes_per_token_estimate):
+    # the tokenizer does not exist yet, so the budget can only be an estimate.
+    validation_tokens_per_source: int | None = None
+    bytes_per_token_estimate: float = 4.0
+    min_validation_docs_per_source: int = 1  # a source with >= 2 families always gets held-out loss
+    seed: int = 0
+
+
+class UnionFind:
+    """Families of document ids linked by duplicate relations."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, item: str) -> str:
+        self.parent.setdefault(item, item)
+        root = item
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[item] != root:
+            self.parent[item], item = root, self.parent[item]
+        return root
+
+    def union(self, a: str, b: str) -> None:
+        root_a, root_b = self.find(a), self.find(b)
+        if root_a != root_b:
+            # the smaller id becomes the root, so family ids do not depend on edge order
+            low, high = sorted((root_a, root_b))
+            self.parent[high] = low
+
+
+def duplicate_relations(run: Path) -> Iterable[tuple[str, str]]:
+    """(member, kept) pairs found by dedup_exact and dedup_fuzzy in this run; none when they are absent."""
+    try:
+        _, exact = find_stage(run, "dedup_exact")
+    except KeyError:
+        exact = None
+    if exact is not None:
+        for audit_file in exact.files("audit"):
+            table = pq.read_table(exact.path_of(audit_file), columns=["id", "action", "detail"])
+            for doc_id, action, detail in zip(*(table.column(c).to_pylist() for c in ("id", "action", "detail"))):
+                kept_id = json.loads(detail).get("kept_id") if action == "removed" else None
+                if kept_id:
+                    yield doc_id, kept_id
+    try:
+        _, fuzzy = find_stage(run, "dedup_fuzzy")
+    except KeyError:
+        return
+    for artifact in fuzzy.files("artifact"):
+        if Path(artifact.path).name == CLUSTERS_ARTIFACT:
+            table = pq.read_table(fuzzy.path_of(artifact), columns=["id", "kept_id"])
+            yield from zip(table.column("id").to_pylist(), table.column("kept_id").to_pylist())
+
+
+def families_of(doc_ids: list[str], relations: Iterable[tuple[str, str]]) -> tuple[dict[str, str], dict[str, int]]:
+    """Family id of each surviving document, and each family's size counting removed members."""
+    links = UnionFind()
+    for doc_id in doc_ids:
+        links.find(doc_id)
+    for member, kept in relations:
+        links.union(member, kept)
+    sizes: dict[str, int] = defaultdict(int)
+    for item in list(links.parent):
+        sizes[links.find(item)] += 1
+    family = {doc_id: links.find(doc_id) for doc_id in doc_ids}
+    return family, {root: sizes[root] for root in set(family.values())}
+
+
+def seeded_rank(seed: int, key: str) -> str:
+    """A stable pseudo-random order: independent of shard layout and input order."""
+    return hashlib.blake2b(f"{seed}\x00{key}".encode("utf-8"), digest_size=8).hexdigest()
+
+
+def choose_validation(docs: list[dict[str, Any]], family: dict[str, str], config: SplitConfig) -> set[str]:
+    """Per source, whole families in seeded order until the fraction (or token budget) is reached.
+
+    `docs` rows need id, source and n_bytes. A family is assigned to the source of
+    its smallest surviving id, so a family never splits across sources either.
+    """
+    members: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for doc in docs:
+        members[family[doc["id"]]].append(doc)
+    by_source: dict[str, list[str]] = defaultdict(list)
+    for root, rows in members.items():
+        by_source[min(rows, key=lambda r: r["id"])["source"]].append(root)
+    chosen: set[str] = set()
+    for source, roots in sorted(by_source.items()):
+        if len(roots) < 2:
+            continue  # one family cannot be on both sides; it trains
+        roots.sort(key=lambda root: seeded_rank(config.seed, root))
+        source_docs = sum(len(members[r]) for r in roots)
+        taken_docs, taken_tokens = 0, 0.0
+        for root in roots[:-1]:  # at least one family stays in training
+            if config.validation_tokens_per_source is not None:
+                done = taken_tokens >= config.validation_tokens_per_source
+            else:
+                done = taken_docs >= config.validation_fraction * source_docs
+            if done and taken_docs >= config.min_validation_docs_per_source:
+                break
+            for doc in members[root]:
+                chosen.add(doc["id"])
+                taken_docs += 1
+                taken_tokens += doc["n_bytes"] / config.bytes_per_token_estimate
+    return chosen
+
+
+@dataclass
+class SplitPlan:
+    """The prepare pass's decision, shipped to every shard worker."""
+
+    validation: dict[str, dict[str, Any]]  # id -> audit detail
+    families: int
+    documents: int
+
+    def summary(self) -> dict[str, Any]:
+        return {"validation_documents": len(self.validation), "documents": self.documents, "families": self.families}
+
+
+def plan_split(upstream: StageManifest, config: SplitConfig, work_dir: Path) -> SplitPlan:
+    docs = []
+    for data_file in upstream.files("data"):
+        table = pq.read_table(upstream.path_of(data_file), columns=["id", "source", "text"])
+        sizes = pc.binary_length(table.column("text").cast(pa.binary())).to_pylist()
+        docs.extend({"id": i, "source": s, "n_bytes": n} for i, s, n in zip(table.column("id").to_pylist(), table.column("source").to_pylist(), sizes))
+    run = Path(upstream.directory).parent
+    family, sizes = families_of([d["id"] for d in docs], duplicate_relations(run))
+    chosen = choose_validation(docs, family, config)
+    detail = {doc_id: {"family_id": family[doc_id], "family_size": sizes[family[doc_id]], "seed": config.seed} for doc_id in sorted(chosen)}
+    return SplitPlan(detail, len(sizes), len(docs))
+
+
+def split_shard(docs: pa.Table, config: SplitConfig, plan: SplitPlan) -> ShardOutcome:
+    rows = docs.to_pylist()
+    audit = []
+    for row in rows:
+        detail = plan.validation.get(row["id"])
+        if detail is None:
+            continue
+        meta = json.loads(row["meta"])
+        meta["split"] = VALIDATION
+        row["meta"] = meta
+        audit.append({"id": row["id"], "action": "routed", "rule": HELD_OUT_RULE, "value": detail["family_size"], "threshold": None, "detail": detail})
+    return ShardOutcome(docs_table(rows), audit)
+
+
+def is_validation(meta_json: str) -> bool:
+    return json.loads(meta_json).get("split") == VALIDATION
+
+
+SPLIT = StageDef(STAGE, VERSION, split_shard, prepare=plan_split)
+
+
+def run_split(config: SplitConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    return run_stage(SPLIT, config, input_dir, out_dir, workers)
+
+
+@task(name="split", task_run_name="split")
+def split_task(config: SplitConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    return run_split(config, input_dir, out_dir, workers)
+
+
+def iter_split_docs(split_dir: Path, which: str, columns: list[str] | None = None) -> Iterable[pa.Table]:
+    """Documents of one side of the split ("train" or "validation"), one table per shard, in shard order."""
+    from manifests.stage_manifest import read_manifest
+
+    if which not in ("train", VALIDATION):
+        raise ValueError(f"split side must be 'train' or '{VALIDATION}', got {which!r}")
+    manifest = read_manifest(Path(split_dir), verify=False)
+    wanted = list(dict.fromkeys([*(columns or DOC_SCHEMA.names), "meta"]))
+    for data_file in manifest.files("data"):
+        table = pq.read_table(manifest.path_of(data_file), columns=wanted)
+        mask = [is_validation(m) == (which == VALIDATION) for m in table.column("meta").to_pylist()]
+        yield table.filter(pa.array(mask, type=pa.bool_()))

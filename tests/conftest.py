@@ -1,0 +1,149 @@
+"""Shared fixtures: small real inputs on disk, one Prefect test server per session, and a tiny
+run from sources to shards (ingest, extract, a stand-in dedup_fuzzy, split, tokenizer, mixture, shards)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HYMO_PROGRESS", "0")
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "manifests" / "sample"
+
+
+def write_spec(directory: Path, name: str, kind: str, path: str, **extra: str) -> Path:
+    """A source-spec TOML in `directory` pointing at `path` (relative to the spec)."""
+    lines = [
+        f'name = "{name}"', f'kind = "{kind}"', f'path = "{path}"', 'origin = "test fixture"',
+        'snapshot = "2026-11-29"', 'license = "CC0-1.0"',
+    ]
+    lines += [f"{key} = {value!r}".replace("'", '"') for key, value in extra.items()]
+    spec = directory / f"{name}.toml"
+    spec.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return spec
+
+
+def page(title: str, body: str, nav: str = "Home | Docs | Blog | Contact | Login") -> str:
+    """A real-looking HTML page: navigation, a main article, a footer."""
+    return textwrap.dedent(f"""\
+        <!DOCTYPE html><html><head><title>{title}</title></head><body>
+        <nav><ul>{''.join(f'<li><a href="/{w.strip().lower()}">{w.strip()}</a></li>' for w in nav.split('|'))}</ul></nav>
+        <main><article><h1>{title}</h1>{''.join(f'<p>{p}</p>' for p in body.split(chr(10)) if p.strip())}</article></main>
+        <footer><p>Copyright 2026 Example Corp. All rights reserved. Privacy policy.</p></footer>
+        </body></html>""")
+
+
+PROSE = [
+    "The river ran quietly past the old mill, where the miller's daughter had spent every summer of her childhood watching the water wheel turn.",
+    "She remembered the smell of flour and the sound of the stones grinding grain into the soft white powder that the whole village depended on.",
+    "When the mill finally closed, the villagers gathered on the bridge to watch the last sacks of flour being loaded onto a cart bound for the city.",
+]
+
+
+@pytest.fixture
+def html_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "pages"
+    root.mkdir()
+    for i in range(6):
+        (root / f"page{i}.html").write_text(page(f"Story {i}", "\n".join(PROSE[j % 3] + f" Chapter {i}." for j in range(i, i + 3))), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One real (SQLite) Prefect server for every flow-level test of the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+# --- a tiny run from sources to shards (split, tokenizer, mixture, shards tests) ---
+
+WORDS = ("the river data model token shard corpus window bright quiet garden stone paper light reason "
+         "simple careful number little story open road music winter summer learn build test").split()
+CHINESE = "数据清洗之后语料由多个来源组成每个来源都有一定数量的唯一词元我们把它们打包成固定长度的序列"
+EMOJI = ["🙂", "🚀", "🌍", "👩‍💻", "🎉"]
+
+
+def english_doc(rng: random.Random, n_sentences: int) -> str:
+    return " ".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + "." for _ in range(n_sentences))
+
+
+def mixed_doc(rng: random.Random) -> str:
+    start = rng.randint(0, len(CHINESE) - 20)
+    return f"{CHINESE[start:start + rng.randint(10, 20)]}。{english_doc(rng, 2)} {rng.choice(EMOJI)} 数字 {rng.randint(0, 99999)}"
+
+
+def write_sources(root: Path) -> list[Path]:
+    rng = random.Random(7)
+    prose = [{"url": f"https://prose.example/{i}", "text": english_doc(rng, rng.randint(3, 8))} for i in range(60)]
+    # near copies of the first 6 documents: the stand-in dedup stage removes them as one family each
+    prose += [{"url": f"https://prose.example/copy-of-{i}", "text": prose[i]["text"] + " Copied."} for i in range(6)]
+    mixed = [{"url": f"https://mixed.example/{i}", "text": mixed_doc(rng)} for i in range(40)]
+    mixed.append({"url": "https://mixed.example/literal-eos", "text": "A document that mentions <|endoftext|> as plain text."})
+    specs = []
+    for name, rows, langs in (("prose", prose, ["en"]), ("mixed", mixed, ["zh", "en"])):
+        (root / name).mkdir(parents=True)
+        (root / name / "docs.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        spec = root / f"{name}.toml"
+        spec.write_text(f'name = "{name}"\nkind = "jsonl"\npath = "{root / name}"\norigin = "test://{name}"\n'
+                        f'snapshot = "2026-11-29"\nlicense = "CC0-1.0"\nlangs = {json.dumps(langs)}\n', encoding="utf-8")
+        specs.append(spec)
+    return specs
+
+
+def stand_in_dedup_fuzzy(previous: Path, out: Path) -> None:
+    """What dedup_fuzzy publishes (contract of the dedup issue): removed near copies + clusters.parquet."""
+    from manifests.schema import docs_table
+    from manifests.stage_manifest import read_manifest
+    from tasks.stage_runner import StageWriter, read_stage_docs
+
+    docs = read_stage_docs(previous).to_pylist()
+    by_url = {d["url"]: d["id"] for d in docs}
+    writer = StageWriter("dedup_fuzzy", "test", {}, "stand-in", [{"stage_dir": previous.name, "digest": read_manifest(previous).digest}], out)
+    kept, audit, clusters = [], [], []
+    for doc in docs:
+        if "/copy-of-" in doc["url"]:
+            original = by_url[doc["url"].replace("copy-of-", "")]
+            audit.append({"id": doc["id"], "action": "removed", "rule": "near_duplicate", "value": 0.9, "threshold": 0.8,
+                          "detail": {"cluster_id": original, "kept_id": original, "matched_id": original, "jaccard": 0.9}})
+            clusters += [{"id": doc["id"], "cluster_id": original, "kept_id": original}, {"id": original, "cluster_id": original, "kept_id": original}]
+        else:
+            kept.append(doc)
+    writer.write_shard(0, docs_table(kept), audit, pa.array([d["id"] for d in docs]))
+    pq.write_table(pa.Table.from_pylist(clusters), writer.work_dir / "clusters.parquet")
+    writer.add_artifact("clusters.parquet", len(clusters))
+    writer.publish()
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    from manifests.sources import load_spec_file
+    from tasks.extract import ExtractConfig, run_extract
+    from tasks.ingest import IngestConfig, run_ingest
+    from tasks.mixture import MixtureConfig, run_mixture
+    from tasks.shards import ShardsConfig, run_shards
+    from tasks.split import SplitConfig, run_split
+    from tasks.tokenizer import TokenizerConfig, run_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny")
+    specs = [load_spec_file(p) for p in write_sources(root / "sources")]
+    run = root / "run"
+    run_ingest(specs, IngestConfig(docs_per_shard=40), run / "01_ingest")
+    run_extract(ExtractConfig(), run / "01_ingest", run / "02_extract", workers=1)
+    stand_in_dedup_fuzzy(run / "02_extract", run / "03_dedup_fuzzy")
+    run_split(SplitConfig(validation_fraction=0.2), run / "03_dedup_fuzzy", run / "04_split", workers=1)
+    weights = {"prose": 0.5, "mixed": 0.5}
+    run_tokenizer(TokenizerConfig(vocab_size=400, pad_to_multiple=64), run / "04_split", run / "05_tokenizer", weights)
+    run_mixture(MixtureConfig(weights=weights, total_tokens=30_000, max_epochs=4.0), run / "04_split", run / "05_tokenizer", run / "06_mixture")
+    run_shards(ShardsConfig(tokens_per_shard=4096), run / "04_split", run / "05_tokenizer", run / "06_mixture", run / "07_shards")
+    return run
