@@ -84,3 +84,14 @@ def test_stage_logs_counts_per_kind(tmp_path):
 def test_bad_input_is_masked_or_left_without_crash(text):
     masked, counts = mask_pii(text, CONFIG)
     assert set(counts) <= {"email", "phone", "ip_address"} and len(masked) <= len(text) + 20 * sum(counts.values())
+
+
+def test_empty_upstream_shard_passes_through(tmp_path):
+    """quality may remove every document of a shard; the next stage gets an empty shard and must accept it."""
+    upstream = tmp_path / "04_quality"
+    writer = StageWriter("quality", "test", {}, "key", [], upstream)
+    writer.write_shard(0, docs_table([]), [])
+    writer.publish()
+    manifest = run_pii(CONFIG, upstream, tmp_path / "05_pii", workers=1)
+    assert manifest.counts["in"] == 0 and manifest.counts["kept"] == 0
+    assert read_stage_docs(tmp_path / "05_pii").num_rows == 0
