@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -164,6 +165,18 @@ def main() -> int:
                 failures = evaluate(texts[row["id"]], "en", family_cfg).failures
                 ours_says = f"{failures[0].rule}: {failures[0].value:.4g} vs {failures[0].threshold:g}" if failures else "keep"
                 examples.append(f"- {family} `{row['id']}`: HyMo {ours_says} | datatrove {'keep' if theirs else reason}")
+    unique_top = short_docs = 0
+    for row in rows:
+        theirs, reason = datatrove["decisions"][row["id"]]["gopher_repetition_ws"]
+        if ours[row["id"]]["gopher_repetition"] and not theirs and reason and reason.startswith("top_"):
+            size = int(reason.split("_")[1])
+            tokens = texts[row["id"]].split()
+            most = max(Counter(tuple(tokens[i:i + size]) for i in range(len(tokens) - size + 1)).values())
+            unique_top += most == 1
+            short_docs += len(tokens) < config.min_words
+    examples += ["", f"Of the documents only datatrove drops on a top-n-gram rule (aligned tokenisation), {unique_top} have a most frequent "
+                 f"n-gram that occurs once (HyMo requires a repeat) and {short_docs} have fewer than {config.min_words} words, so in the chain "
+                 "gopher_too_few_words removes them first."]
     out += examples + [""]
     text = "\n".join(out)
     print(text)

@@ -166,14 +166,13 @@ def window_hashes(token_ids: np.ndarray, previous: np.ndarray | None, n: int) ->
     return previous[:windows] * HASH_MULTIPLIER + token_ids[n - 1:]
 
 
-def ngram_repetition(hashes: np.ndarray, token_lengths: np.ndarray, n: int) -> NgramRepetition:
+def ngram_repetition(hashes: np.ndarray, token_lengths: np.ndarray, n: int, total_chars: int, separator_chars: int) -> NgramRepetition:
     """Vectorised: sort the window hashes once, mark tokens covered by a repeat of an earlier window.
 
-    top: count x characters of the most frequent window (only when it occurs twice or more), over all
-    token characters. duplicate: characters of tokens inside any window occurrence after its first,
-    each token counted once, over all token characters.
+    top: count x characters of the most frequent window as written (tokens plus n-1 separators), only
+    when it occurs twice or more. duplicate: characters of tokens inside any window occurrence after
+    its first, each token counted once. Both over the document's characters (Gopher's wording).
     """
-    total_chars = int(token_lengths.sum())
     windows = len(hashes)
     if windows < 2 or total_chars == 0:
         return NgramRepetition(0.0, 0.0)
@@ -194,7 +193,7 @@ def ngram_repetition(hashes: np.ndarray, token_lengths: np.ndarray, n: int) -> N
     group_sizes = np.concatenate((group_starts[1:], [windows])) - group_starts
     best = int(group_sizes.max())
     first_position = int(positions[group_starts[group_sizes == best]].min())  # ties: earliest window, like Counter.most_common
-    top_chars = int(token_lengths[first_position: first_position + n].sum()) * best
+    top_chars = (int(token_lengths[first_position: first_position + n].sum()) + separator_chars * (n - 1)) * best
     coverage_delta = np.zeros(len(token_lengths) + 1, dtype=np.int32)
     coverage_delta[repeat_starts] += 1
     coverage_delta[repeat_starts + n] -= 1
@@ -239,7 +238,7 @@ class TextView:
     def char_ids(self) -> np.ndarray:
         return np.frombuffer(self.dense_text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
 
-    def _ngrams(self, kind: str, token_ids: np.ndarray, token_lengths: np.ndarray, n: int) -> NgramRepetition:
+    def _ngrams(self, kind: str, token_ids: np.ndarray, token_lengths: np.ndarray, n: int, total_chars: int, separator_chars: int) -> NgramRepetition:
         cache = self.__dict__.setdefault(kind, {})  # n -> result; "hashes" -> (n, window hashes)
         if n not in cache:
             if len(token_ids) - n + 1 < 2:
@@ -251,16 +250,16 @@ class TextView:
             last_n, last_hashes = cache.get("hashes", (0, None))
             hashes = window_hashes(token_ids, last_hashes if last_n == n - 1 else None, n)
             cache["hashes"] = (n, hashes)
-            cache[n] = ngram_repetition(hashes, token_lengths, n)
+            cache[n] = ngram_repetition(hashes, token_lengths, n, total_chars, separator_chars)
             if cache[n].duplicate_fraction == 0.0:
                 cache["no_repeats_from"] = min(n, cache.get("no_repeats_from", n))
         return cache[n]
 
     def word_ngrams(self, n: int) -> NgramRepetition:
-        return self._ngrams("_word_ngrams", self.word_ids, self.word_lengths, n)
+        return self._ngrams("_word_ngrams", self.word_ids, self.word_lengths, n, len(self.text), 1)
 
     def char_ngrams(self, n: int) -> NgramRepetition:
-        return self._ngrams("_char_ngrams", self.char_ids, np.ones(len(self.char_ids), dtype=np.int64), n)
+        return self._ngrams("_char_ngrams", self.char_ids, np.ones(len(self.char_ids), dtype=np.int64), n, len(self.dense_text), 0)
 
 
 # ---------------------------------------------------------------- rules: any language

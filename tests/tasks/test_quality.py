@@ -112,25 +112,33 @@ def test_duplicate_line_and_paragraph_characters():
     check(q.gopher_duplicate_paragraph_chars, outside_p, False, 0.21)
 
 
+def boundary(make_doc, threshold: float) -> tuple[int, int]:
+    """Smallest filler size whose measured value is <= threshold (inside) and the one below it (outside)."""
+    filler = 1
+    while make_doc(filler)[1] > threshold:
+        filler += 1
+    return filler, filler - 1
+
+
 @pytest.mark.parametrize("n,threshold", CONFIG.max_top_ngram_char_fraction)
 def test_top_ngram_coverage(n, threshold):
     gram = words(n, start=5000)
     repeats = 3
-    gram_chars = 5 * n * repeats
 
     def doc(filler: int) -> tuple[str, float]:
         tokens: list[str] = []
         fill = words(filler)
         for r in range(repeats):  # gram, fillers, gram, fillers, gram, fillers
             tokens += gram + fill[r::repeats]
-        return " ".join(tokens), gram_chars / (gram_chars + 5 * filler)
+        text = " ".join(tokens)
+        return text, repeats * len(" ".join(gram)) / len(text)  # the n-gram as written, over the document's characters
 
-    filler_inside = math.ceil(gram_chars / threshold / 5) - n * repeats
+    inside, outside = boundary(doc, threshold)
     rule = q.gopher_top_ngram_rule(n, threshold)
-    text, value = doc(filler_inside)
-    assert value <= threshold
-    assert rule(TextView(text), CONFIG).keep and rule(TextView(text), CONFIG).value == pytest.approx(value)
-    text, value = doc(filler_inside - 1)
+    text, value = doc(inside)
+    verdict = rule(TextView(text), CONFIG)
+    assert verdict.keep and verdict.value == pytest.approx(value)
+    text, value = doc(outside)
     verdict = rule(TextView(text), CONFIG)
     assert value > threshold and not verdict.keep and verdict.value == pytest.approx(value)
     assert verdict.rule == f"gopher_top_{n}gram_coverage"
@@ -140,26 +148,27 @@ def test_top_ngram_coverage(n, threshold):
 def test_duplicate_ngram_coverage(n, threshold):
     passage = words(n, start=5000)
 
-    def doc(filler: int) -> str:
+    def doc(filler: int) -> tuple[str, float]:
         fill = words(filler)
         half = filler // 2
-        return " ".join(passage + fill[:half] + passage + fill[half:])
+        text = " ".join(passage + fill[:half] + passage + fill[half:])
+        return text, 5 * n / len(text)  # the second copy's letters, over the document's characters
 
-    filler_inside = math.ceil(n / threshold) - 2 * n
+    inside, outside = boundary(doc, threshold)
     rule = q.gopher_duplicate_ngram_rule(n, threshold)
-    inside = rule(TextView(doc(filler_inside)), CONFIG)
-    outside = rule(TextView(doc(filler_inside - 1)), CONFIG)
-    assert inside.keep and inside.value == pytest.approx(n / (2 * n + filler_inside))
-    assert not outside.keep and outside.value == pytest.approx(n / (2 * n + filler_inside - 1))
-    assert outside.rule == f"gopher_duplicate_{n}gram_coverage"
+    kept = rule(TextView(doc(inside)[0]), CONFIG)
+    dropped = rule(TextView(doc(outside)[0]), CONFIG)
+    assert kept.keep and kept.value == pytest.approx(doc(inside)[1])
+    assert not dropped.keep and dropped.value == pytest.approx(doc(outside)[1])
+    assert dropped.rule == f"gopher_duplicate_{n}gram_coverage"
 
 
 def test_ngram_repetition_counts_each_covered_word_once():
     # "a b c d e" three times back to back: the 2nd and 3rd copies are covered, the first is not.
     tokens = ("aa bb cc dd ee " * 3).split()
-    view = TextView(" ".join(tokens))
-    assert view.word_ngrams(5).duplicate_fraction == pytest.approx(10 / 15)
-    assert view.word_ngrams(2).top_fraction == pytest.approx(3 * 4 / 30)
+    view = TextView(" ".join(tokens))  # 44 characters
+    assert view.word_ngrams(5).duplicate_fraction == pytest.approx(20 / 44)
+    assert view.word_ngrams(2).top_fraction == pytest.approx(3 * len("aa bb") / 44)
 
 
 # ------------------------------------------------------------------ C4
@@ -383,7 +392,7 @@ def test_unknown_profile_names_the_document(tmp_path):
 
 def reference_repetition(tokens: list[str], n: int) -> tuple[float, float]:
     """Plain-Python definition of the two n-gram measures, to check the vectorised one against."""
-    total = sum(map(len, tokens))
+    total = len(" ".join(tokens))
     grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
     if len(grams) < 2 or total == 0:
         return 0.0, 0.0
@@ -395,7 +404,7 @@ def reference_repetition(tokens: list[str], n: int) -> tuple[float, float]:
         counts[gram] = counts.get(gram, 0) + 1
     best = max(counts.values())
     top_gram = next(g for g in grams if counts[g] == best)
-    top = best * sum(map(len, top_gram)) / total if best > 1 else 0.0
+    top = best * len(" ".join(top_gram)) / total if best > 1 else 0.0
     return top, sum(len(tokens[i]) for i in covered) / total
 
 
