@@ -276,26 +276,66 @@ def stage_cache_key(stage: str, version: str, config: Any, input_digests: list[s
     return make_cache_key(stage, version, config_dict(config), input_digests)
 
 
-def run_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
-    """Run a document stage over every shard of `input_dir`'s output; a no-op when already published under this key."""
+@dataclass
+class StagePlan:
+    """A stage that must run: its shard jobs, and the writer that will publish their results."""
+
+    stage: StageDef
+    jobs: list[tuple]  # arguments of `_run_one_shard`, one tuple per input shard
+    sizes: list[int]  # documents per job, for progress
+    writer: StageWriter
+    context: Any
+
+
+def plan_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest | StagePlan:
+    """The published manifest when the stage is already done under this key; otherwise a plan whose
+    global pass (`prepare`) has run and whose shard jobs are ready to map anywhere."""
     upstream = read_manifest(input_dir)
     key = stage_cache_key(stage.name, stage.version, config, [upstream.digest])
     out_dir = Path(out_dir)
     if is_complete(out_dir, key):
         return read_manifest(out_dir)
-    writer = StageWriter(stage.name, stage.version, config_dict(config), key, [{"stage_dir": str(input_dir.name), "digest": upstream.digest}], out_dir)
+    writer = StageWriter(stage.name, stage.version, config_dict(config), key, [{"stage_dir": str(Path(input_dir).name), "digest": upstream.digest}], out_dir)
     try:
         context = stage.prepare(upstream, config, writer.work_dir) if stage.prepare else None
-        data_files = upstream.files("data")
-        jobs = [(stage, config, context, str(upstream.path_of(f)), Path(f.path).stem, str(writer.work_dir)) for f in data_files]
-        sizes = [f.rows or 0 for f in data_files]
-        for result in map_shards(_run_one_shard, jobs, workers or default_workers(), stage.name, sizes):
-            writer.add_result(result)
-        extra = {"context": context.summary()} if hasattr(context, "summary") else {}
-        return writer.publish(extra)
     except BaseException:
         writer.abandon()
         raise
+    data_files = upstream.files("data")
+    jobs = [(stage, config, context, str(upstream.path_of(f)), Path(f.path).stem, str(writer.work_dir)) for f in data_files]
+    return StagePlan(stage, jobs, [f.rows or 0 for f in data_files], writer, context)
+
+
+def run_shard_jobs(jobs: list[tuple]) -> list[ShardResult]:
+    """A batch of shard jobs, one after another, in this process (the unit a task runner maps)."""
+    return [_run_one_shard(*job) for job in jobs]
+
+
+def publish_plan(plan: StagePlan, results: Iterable[ShardResult]) -> StageManifest:
+    """Collect every shard's result and publish the stage atomically; nothing is published on error."""
+    try:
+        for result in results:
+            plan.writer.add_result(result)
+        if len(plan.writer.results) != len(plan.jobs):
+            raise AccountingError(f"{plan.stage.name}: {len(plan.writer.results)} shard results for {len(plan.jobs)} input shards")
+        extra = {"context": plan.context.summary()} if hasattr(plan.context, "summary") else {}
+        return plan.writer.publish(extra)
+    except BaseException:
+        plan.writer.abandon()
+        raise
+
+
+def run_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    """Run a document stage over every shard of `input_dir`'s output; a no-op when already published under this key."""
+    plan = plan_stage(stage, config, input_dir, out_dir, workers)
+    if isinstance(plan, StageManifest):
+        return plan
+    try:
+        results = list(map_shards(_run_one_shard, plan.jobs, workers or default_workers(), stage.name, plan.sizes))
+    except BaseException:
+        plan.writer.abandon()
+        raise
+    return publish_plan(plan, results)
 
 
 def read_stage_docs(stage_dir: Path, columns: list[str] | None = None) -> pa.Table:

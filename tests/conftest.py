@@ -58,12 +58,16 @@ def html_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    """One real (SQLite) Prefect server for every flow-level test of the session."""
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_harness(tmp_path_factory):
+    """One real Prefect server (`prefect server start`, SQLite) for every flow-level test of the session.
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    Started by the same code as `hymo serve`; yields its API URL, which flows in this process,
+    their worker processes, and `hymo serve` subprocesses all report to.
+    """
+    from flows.server import prefect_api
+
+    with prefect_api(home=tmp_path_factory.mktemp("prefect"), reuse=False) as (api_url, _):
+        yield api_url
 
 
 # --- a tiny run from sources to shards (split, tokenizer, mixture, shards tests) ---

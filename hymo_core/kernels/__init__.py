@@ -1,0 +1,24 @@
+"""Hot elementwise, normalisation and loss kernels, each with a PyTorch reference.
+
+Every op takes `backend=None|"auto"|"triton"|"reference"`; see `backend.py`
+for the dispatch rule (CUDA -> Triton, CPU -> reference, `HYMO_KERNELS`
+overrides). Importing this package never requires Triton.
+"""
+
+from hymo_core.kernels.backend import BACKENDS, HAVE_TRITON, resolve_backend
+from hymo_core.kernels.cross_entropy import cross_entropy_loss, cross_entropy_rows
+from hymo_core.kernels.norm import rms_norm
+from hymo_core.kernels.rotary import apply_rope, rope_tables
+from hymo_core.kernels.activation import swiglu
+
+__all__ = [
+    "BACKENDS",
+    "HAVE_TRITON",
+    "apply_rope",
+    "cross_entropy_loss",
+    "cross_entropy_rows",
+    "resolve_backend",
+    "rms_norm",
+    "rope_tables",
+    "swiglu",
+]

@@ -1,0 +1,51 @@
+"""Which implementation of a kernel runs: Triton or the PyTorch reference.
+
+`auto` (the default) picks Triton for CUDA tensors when Triton is installed
+and the reference otherwise. `HYMO_KERNELS=triton|reference|auto` overrides
+the default for a whole process; a `backend=` argument overrides both for one
+call. Forcing Triton on CPU is how the tests run the kernels: under
+`TRITON_INTERPRET=1`, which Triton reads when a kernel is *decorated*, i.e.
+when the kernel module is imported (or reloaded).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+BACKENDS = ("auto", "triton", "reference")
+ENV_VAR = "HYMO_KERNELS"
+
+try:  # Triton is optional: CPU-only installs run the references.
+    import triton  # noqa: F401
+
+    HAVE_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    HAVE_TRITON = False
+
+
+def resolve_backend(tensor: torch.Tensor, backend: str | None = None) -> str:
+    """Return "triton" or "reference" for an op on `tensor`."""
+    choice = backend or os.environ.get(ENV_VAR, "auto")
+    if choice not in BACKENDS:
+        raise ValueError(f"kernel backend must be one of {BACKENDS}, got {choice!r}")
+    if choice == "auto":
+        return "triton" if tensor.is_cuda and HAVE_TRITON else "reference"
+    if choice == "triton":
+        if not HAVE_TRITON:
+            raise RuntimeError("kernel backend 'triton' requested but triton is not installed")
+        if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "Triton kernels on CPU need TRITON_INTERPRET=1, set before the kernel "
+                "modules are imported"
+            )
+    return choice
+
+
+def program_count(device: torch.device, rows: int) -> int:
+    """Programs for kernels that reduce over rows (one partial sum per program)."""
+    if device.type == "cuda":
+        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        return max(1, min(rows, 4 * sm_count))
+    return max(1, min(rows, 4))  # the interpreter runs programs one by one

@@ -1,0 +1,102 @@
+"""RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight, statistics in fp32.
+
+The Triton forward stores one fp32 reciprocal RMS per row so the backward
+never recomputes the reduction; the weight gradient is summed per program
+into an fp32 buffer and reduced once at the end (no atomics, deterministic).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hymo_core.kernels.backend import HAVE_TRITON, program_count, resolve_backend
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Plain PyTorch: normalise in fp32, scale by the fp32 gain, cast back."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _rms_norm_forward_kernel(
+        x_ptr, weight_ptr, y_ptr, rstd_ptr, row_stride, D, eps, BLOCK_D: tl.constexpr
+    ):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_D)
+        mask = cols < D
+        x_D = tl.load(x_ptr + row * row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        w_D = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x_D * x_D, axis=0) / D + eps)
+        tl.store(rstd_ptr + row, rstd)
+        y_D = x_D * rstd * w_D
+        tl.store(y_ptr + row * row_stride + cols, y_D.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rms_norm_backward_kernel(
+        dy_ptr, x_ptr, weight_ptr, rstd_ptr, dx_ptr, dweight_partial_ptr,
+        row_stride, N, D, rows_per_program, BLOCK_D: tl.constexpr,
+    ):
+        program = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_D)
+        mask = cols < D
+        w_D = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        dweight_D = tl.zeros([BLOCK_D], dtype=tl.float32)
+        first = program * rows_per_program
+        last = tl.minimum(first + rows_per_program, N)
+        for row in range(first, last):
+            x_D = tl.load(x_ptr + row * row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            dy_D = tl.load(dy_ptr + row * row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(rstd_ptr + row)
+            xhat_D = x_D * rstd
+            wdy_D = w_D * dy_D
+            # d/dx of x*rstd projects out the component along xhat.
+            c = tl.sum(xhat_D * wdy_D, axis=0) / D
+            dx_D = (wdy_D - xhat_D * c) * rstd
+            tl.store(dx_ptr + row * row_stride + cols, dx_D.to(dx_ptr.dtype.element_ty), mask=mask)
+            dweight_D += dy_D * xhat_D
+        tl.store(dweight_partial_ptr + program * D + cols, dweight_D, mask=mask)
+
+
+class RMSNormTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        shape = x.shape
+        x_ND = x.reshape(-1, shape[-1]).contiguous()
+        N, D = x_ND.shape
+        y_ND = torch.empty_like(x_ND)
+        rstd_N = torch.empty(N, device=x.device, dtype=torch.float32)
+        block_d = triton.next_power_of_2(D)
+        _rms_norm_forward_kernel[(N,)](x_ND, weight, y_ND, rstd_N, D, D, eps, BLOCK_D=block_d)
+        ctx.save_for_backward(x_ND, weight, rstd_N)
+        ctx.shape = shape
+        return y_ND.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x_ND, weight, rstd_N = ctx.saved_tensors
+        N, D = x_ND.shape
+        dy_ND = dy.reshape(N, D).contiguous()
+        dx_ND = torch.empty_like(x_ND)
+        programs = program_count(x_ND.device, N)
+        rows_per_program = triton.cdiv(N, programs)
+        dweight_partial_PD = torch.empty(programs, D, device=x_ND.device, dtype=torch.float32)
+        _rms_norm_backward_kernel[(programs,)](
+            dy_ND, x_ND, weight, rstd_N, dx_ND, dweight_partial_PD,
+            D, N, D, rows_per_program, BLOCK_D=triton.next_power_of_2(D),
+        )
+        dweight = dweight_partial_PD.sum(0).to(weight.dtype)
+        return dx_ND.view(ctx.shape), dweight, None
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, backend: str | None = None
+) -> torch.Tensor:
+    """RMSNorm over the last dimension of `x`, dispatched per `resolve_backend`."""
+    if resolve_backend(x, backend) == "triton":
+        return RMSNormTriton.apply(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)

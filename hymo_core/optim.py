@@ -1,0 +1,310 @@
+"""One optimizer object: Muon for hidden 2-D matrices, AdamW for everything else.
+
+Which parameter goes where is decided by an explicit, ordered rule table
+(seed 000, "Parameter partitioning"): first matching rule wins, and every
+parameter's rule name is recorded so a reviewer, or a checkpoint, can see
+why it landed in its group. A new kind of 2-D matrix falls through to Muon
+unless a rule says otherwise.
+
+Muon (Keller Jordan; Moonlight): Nesterov momentum, then the quintic
+Newton-Schulz iteration (3.4445, -4.7750, 2.0315) x 5 pushes the update's
+singular values towards 1. The update is rescaled by 0.2 sqrt(max(A, B)) so
+its RMS matches AdamW's (~0.2); the AdamW learning rate and weight decay
+therefore carry over to Muon groups unchanged, and one schedule drives all
+groups. Newton-Schulz runs in bf16 by default (its purpose is a direction,
+not precision); fp32/fp64 are available (seed 002: chosen independently of
+the parameters' dtype).
+
+Cautious weight decay (seed 000): decay a coordinate only where the update
+already moves it towards zero (sign(update) == sign(param)), so decay never
+fights the gradient. Off by default, which keeps the Muon groups identical to
+`torch.optim.Muon(adjust_lr_fn="match_rms_adamw")` and the AdamW groups to
+`torch.optim.AdamW`; the tests hold both to that.
+
+A single object means one `step`, one `zero_grad`, one `state_dict`, one LR
+assignment, and one GradScaler `unscale_` for the whole model (seed 002).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+try:  # FSDP2 shards parameters as DTensors; Newton-Schulz needs the whole matrix.
+    from torch.distributed.tensor import DTensor, distribute_tensor
+except ImportError:  # pragma: no cover - torch built without distributed
+    DTensor = None
+
+NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+MUON_LR_ADJUSTMENTS = ("match_rms_adamw", "original", "none")
+GROUPS = ("muon", "adamw", "adamw_no_decay")
+
+
+# ---------------------------------------------------------------- partitioning
+
+
+@dataclass(frozen=True)
+class PartitionRule:
+    name: str
+    group: str  # one of GROUPS
+    matches: Callable[[str, torch.Tensor], bool]
+
+
+def _owner_is(*module_names: str) -> Callable[[str, torch.Tensor], bool]:
+    """True when the parameter's own module (the name's second-to-last part) is one of these."""
+    def matches(name: str, param: torch.Tensor) -> bool:
+        parts = name.split(".")
+        return len(parts) >= 2 and parts[-2] in module_names
+
+    return matches
+
+
+def _inside(*module_names: str) -> Callable[[str, torch.Tensor], bool]:
+    """True when any enclosing module in the dotted name is one of these."""
+    return lambda name, param: any(part in module_names for part in name.split(".")[:-1])
+
+
+# Seed 000's table, in the order it is checked. Names are matched on whole
+# dotted components, so "experts.w1.weight" and "layers.0.moe.experts.w1.weight"
+# both match while "gate_proj.weight" (the dense SwiGLU gate) does not match "gate".
+PARTITION_RULES: tuple[PartitionRule, ...] = (
+    # Norm gains, biases, scalars (GDN A_log / dt_bias / D): no matrix to orthogonalise.
+    PartitionRule("scalar_or_vector", "adamw_no_decay", lambda name, param: param.ndim < 2),
+    # Routed and shared MoE experts: kept on AdamW so Muon's per-matrix
+    # normalisation does not fight the gate-bias load balancing.
+    PartitionRule("expert_weights", "adamw", _inside("experts", "shared_expert", "shared_experts")),
+    # Stacked (3-D+) weights: Muon is a matrix optimizer.
+    PartitionRule("tensor_3d_or_more", "adamw", lambda name, param: param.ndim > 2),
+    # One row per token: orthogonalising would mix the tokens' identities.
+    PartitionRule("embedding", "adamw", _owner_is("embed", "embedding", "embeddings", "tok_embeddings", "wte")),
+    PartitionRule("output_head", "adamw", _owner_is("head", "lm_head", "output")),
+    # Router / MoE gate: a small routing signal, not a hidden transform.
+    PartitionRule("router_gate", "adamw", _owner_is("gate", "router")),
+    PartitionRule("hidden_matrix", "muon", lambda name, param: param.ndim == 2),
+)
+
+
+@dataclass(frozen=True)
+class ParamAssignment:
+    name: str
+    shape: tuple[int, ...]
+    group: str
+    rule: str
+
+
+def partition_parameters(
+    named_parameters: Iterable[tuple[str, nn.Parameter]],
+    rules: tuple[PartitionRule, ...] = PARTITION_RULES,
+) -> list[tuple[ParamAssignment, nn.Parameter]]:
+    """Assign each trainable parameter to a group by the first matching rule."""
+    assigned = []
+    for name, param in named_parameters:
+        if not param.requires_grad:
+            continue
+        rule = next((r for r in rules if r.matches(name, param)), None)
+        if rule is None:
+            raise ValueError(f"no partition rule matches parameter {name} {tuple(param.shape)}")
+        assigned.append((ParamAssignment(name, tuple(param.shape), rule.group, rule.name), param))
+    return assigned
+
+
+# ---------------------------------------------------------------- Newton-Schulz
+
+
+def newton_schulz(
+    g_AB: torch.Tensor,
+    steps: int = 5,
+    coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
+    eps: float = 1e-7,
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """Approximate U V^T of g = U S V^T with the quintic X <- aX + (bA + cA^2)X, A = XX^T.
+
+    Works on the wide orientation (fewer rows than columns) so the Gram matrix
+    is the small one. Frobenius normalisation first bounds the spectral norm
+    by 1, inside the iteration's basin. Returns `dtype`.
+    """
+    a, b, c = coefficients
+    transposed = g_AB.size(0) > g_AB.size(1)
+    x = g_AB.to(dtype)
+    if transposed:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        polynomial = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, polynomial, x, beta=a)
+    return x.T if transposed else x
+
+
+def muon_lr_scale(shape: tuple[int, ...], adjustment: str) -> float:
+    A, B = shape[:2]
+    if adjustment == "match_rms_adamw":  # Moonlight: RMS of the update ~= AdamW's
+        return 0.2 * math.sqrt(max(A, B))
+    if adjustment == "original":  # Keller Jordan's sqrt(max(1, rows/cols))
+        return math.sqrt(max(1.0, A / B))
+    return 1.0
+
+
+def _orthogonalise(update: torch.Tensor, group: dict) -> torch.Tensor:
+    ns = lambda m: newton_schulz(  # noqa: E731
+        m, group["ns_steps"], tuple(group["ns_coefficients"]), group["ns_eps"], NS_DTYPES[group["ns_dtype"]]
+    )
+    if DTensor is not None and isinstance(update, DTensor):
+        # Gather the full matrix (as Moonlight/torchtitan do), orthogonalise, reshard.
+        full = ns(update.full_tensor()).to(update.dtype)
+        return distribute_tensor(full, update.device_mesh, update.placements)
+    return ns(update).to(update.dtype)
+
+
+# ---------------------------------------------------------------- the optimizer
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 3e-4  # AdamW-scale; Muon shares it through the RMS matching
+    weight_decay: float = 0.1  # on matrices only; norms/biases/scalars get 0
+    adamw_betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    ns_steps: int = 5
+    ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+    ns_eps: float = 1e-7
+    ns_dtype: str = "bfloat16"  # bfloat16 | float32 | float64
+    muon_lr_adjustment: str = "match_rms_adamw"
+    cautious_weight_decay: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ns_dtype not in NS_DTYPES:
+            raise ValueError(f"ns_dtype must be one of {tuple(NS_DTYPES)}, got {self.ns_dtype!r}")
+        if self.muon_lr_adjustment not in MUON_LR_ADJUSTMENTS:
+            raise ValueError(f"muon_lr_adjustment must be one of {MUON_LR_ADJUSTMENTS}")
+        if self.lr < 0 or self.weight_decay < 0:
+            raise ValueError("lr and weight_decay must be >= 0")
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Groups carry `algorithm` ("muon" | "adamw") and `param_names`."""
+
+    def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], config: OptimizerConfig = OptimizerConfig()):
+        self.config = config
+        assigned = partition_parameters(named_parameters)
+        self.assignments = [assignment for assignment, _ in assigned]
+        groups = []
+        for group_name in GROUPS:
+            members = [(a.name, p) for a, p in assigned if a.group == group_name]
+            if not members:
+                continue
+            group = {
+                "params": members,
+                "group": group_name,
+                "algorithm": "muon" if group_name == "muon" else "adamw",
+                "weight_decay": 0.0 if group_name == "adamw_no_decay" else config.weight_decay,
+            }
+            if group_name == "muon":
+                group.update(
+                    momentum=config.muon_momentum,
+                    nesterov=config.muon_nesterov,
+                    ns_steps=config.ns_steps,
+                    ns_coefficients=config.ns_coefficients,
+                    ns_eps=config.ns_eps,
+                    ns_dtype=config.ns_dtype,
+                    lr_adjustment=config.muon_lr_adjustment,
+                )
+            else:
+                group.update(betas=config.adamw_betas, eps=config.adamw_eps)
+            groups.append(group)
+        defaults = {"lr": config.lr, "cautious_weight_decay": config.cautious_weight_decay}
+        super().__init__(groups, defaults)
+
+    def layout(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(group, parameter name, shape) for every parameter, in state_dict order."""
+        return [
+            (group["group"], name, tuple(param.shape))
+            for group in self.param_groups
+            for name, param in zip(group["param_names"], group["params"])
+        ]
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.param_groups:
+            group["lr"] = lr
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Refuse optimizer state whose groups or parameter names differ from ours."""
+        saved = [(g.get("group"), g.get("param_names")) for g in state_dict["param_groups"]]
+        ours = [(g["group"], g["param_names"]) for g in self.param_groups]
+        if saved != ours:
+            raise ValueError("optimizer state does not match this model's parameter layout")
+        super().load_state_dict(state_dict)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], torch.Tensor] | None = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["algorithm"] == "muon":
+                self._muon_step(group)
+            else:
+                self._adamw_step(group)
+        return loss
+
+    def _decay(self, param: torch.Tensor, update: torch.Tensor, group: dict) -> None:
+        factor = group["lr"] * group["weight_decay"]
+        if factor == 0.0:
+            return
+        if group["cautious_weight_decay"]:
+            # param -= lr*wd*param only where the update (subtracted) shares param's sign.
+            param.mul_(1.0 - factor * (update * param > 0).to(param.dtype))
+        else:
+            param.mul_(1.0 - factor)
+
+    def _muon_step(self, group: dict) -> None:
+        momentum = group["momentum"]
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            grad = param.grad
+            state = self.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            buffer = state["momentum_buffer"]
+            buffer.lerp_(grad, 1.0 - momentum)
+            update = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
+            direction = _orthogonalise(update, group)
+            self._decay(param, direction, group)
+            scale = muon_lr_scale(tuple(param.shape), group["lr_adjustment"])
+            param.add_(direction, alpha=-group["lr"] * scale)
+
+    def _adamw_step(self, group: dict) -> None:
+        beta1, beta2 = group["betas"]
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            grad = param.grad
+            state = self.state[param]
+            if not state:
+                # Step count on the CPU, as torch.optim.AdamW keeps it: no device sync to read it.
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["step"] += 1
+            step = state["step"].item()
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            exp_avg.lerp_(grad, 1.0 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            # sign(update) == sign(exp_avg), which is all cautious decay needs.
+            self._decay(param, exp_avg, group)
+            step_size = group["lr"] / (1.0 - beta1**step)
+            denominator = (exp_avg_sq.sqrt() / (1.0 - beta2**step) ** 0.5).add_(group["eps"])
+            param.addcdiv_(exp_avg, denominator, value=-step_size)
+
+
+def build_optimizer(model: nn.Module, config: OptimizerConfig = OptimizerConfig()) -> MuonAdamW:
+    return MuonAdamW(model.named_parameters(), config)
