@@ -18,7 +18,10 @@ from tasks.dedup_exact import DEDUP_EXACT, run_dedup_exact
 from tasks.dedup_fuzzy import DEDUP_FUZZY, run_dedup_fuzzy
 from tasks.extract import run_extract
 from tasks.ingest import run_ingest
+from tasks.langid import LANGID, run_langid
 from tasks.mixture import run_mixture
+from tasks.pii import PII, run_pii
+from tasks.quality import QUALITY, run_quality
 from tasks.pretrain import run_pretrain
 from tasks.shards import run_shards
 from tasks.split import SPLIT, run_split
@@ -45,6 +48,18 @@ def _ingest(config: PipelineConfig, run: Path, previous: Path | None, out: Path)
 
 def _extract(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
     return run_extract(config.extract, previous, out, config.workers)
+
+
+def _langid(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_langid(config.langid, previous, out, config.workers)
+
+
+def _quality(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_quality(config.quality, previous, out, config.workers)
+
+
+def _pii(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_pii(config.pii, previous, out, config.workers)
 
 
 def _dedup_exact(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
@@ -83,6 +98,9 @@ STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
     # Extraction spreads pages (not shards) over supervised children inside one task.
     StageEntry("extract", _extract),
+    StageEntry("langid", _langid, lambda c: (LANGID, c.langid)),
+    StageEntry("quality", _quality, lambda c: (QUALITY, c.quality)),
+    StageEntry("pii", _pii, lambda c: (PII, c.pii)),
     # Global stages: the removal map is decided in `prepare` (inside planning), the shards only apply it.
     StageEntry("dedup_exact", _dedup_exact, lambda c: (DEDUP_EXACT, c.dedup_exact)),
     StageEntry("dedup_fuzzy", _dedup_fuzzy, lambda c: (DEDUP_FUZZY, c.dedup_fuzzy)),

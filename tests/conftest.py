@@ -174,6 +174,24 @@ total_tokens = 20000
 
 [shards]
 tokens_per_shard = 4096
+
+[pretrain.train]
+batch_size = 4
+seq_len = 16
+max_steps = 4
+warmup_steps = 1
+log_interval = 1
+eval_interval = 2
+checkpoint_interval = 2
+eval_batches = 2
+
+[pretrain.model]
+d_model = 32
+n_layers = 1
+n_heads = 2
+n_kv_heads = 2
+ffn_dim = 64
+max_seq_len = 16
 """
 
 
