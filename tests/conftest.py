@@ -163,6 +163,15 @@ TINY_STAGES = """
 [ingest]
 docs_per_shard = 25
 
+[langid]
+langs = ["*"]
+min_score = 0.3
+
+[quality]
+min_words = 20
+c4_min_sentences = 1
+min_stop_words = 1
+
 [split]
 validation_fraction = 0.2
 
