@@ -24,7 +24,7 @@ from flows.config import load_config  # noqa: E402
 from flows.server import LocalServer, free_port, prefect_api  # noqa: E402
 from flows.stages import STAGES, previous_stage_path, stage_path  # noqa: E402
 
-from bench.report import write_section  # noqa: E402
+from bench.report import markdown_table, write_section  # noqa: E402
 
 
 def plain_loop(config, run: Path) -> float:
@@ -60,7 +60,7 @@ def main() -> None:
         ("`hymo-pipeline` flow (server already up)", f"{flow_s:.1f}", f"{flow_s / plain_s:.2f}×", f"{100 * (flow_s - plain_s) / plain_s:+.1f} %"),
         ("starting a local Prefect server (once per `hymo serve`)", f"{server_s:.1f}", "–", "–"),
     ]
-    table = "\n".join(["| run | seconds | vs loop | overhead |", "|---|---|---|---|"] + ["| " + " | ".join(r) + " |" for r in rows])
+    table = markdown_table(["run", "seconds", "vs loop", "overhead"], rows)
     print(table)
     if not args.no_write:
         note = (f"Every stage of the bundled sample computed from scratch, {os.cpu_count()} cores. The flow adds task runs, "
