@@ -164,6 +164,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     entries = stages_between(start, until)
     needs_runner = any(e.doc_stage for e in entries)
     task_runner = make_task_runner(runner, workers, dask_address) if needs_runner else None
+    environ_before = dict(os.environ)  # a Dask LocalCluster sets OMP_NUM_THREADS=1 & co. for its workers
     if task_runner is not None:
         task_runner.__enter__()
     try:
@@ -181,6 +182,9 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     finally:
         if task_runner is not None:
             task_runner.__exit__(None, None, None)
+        if os.environ != environ_before:
+            os.environ.clear()
+            os.environ.update(environ_before)
     extra_images = [p for p in [stage_path(run, "pretrain") / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
     publish_run_summary(run, extra_images)
     return summary

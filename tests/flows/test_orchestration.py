@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import PROSE
 
-from flows.config import PipelineConfig, load_config
+from flows.config import load_config
 from flows.pipeline import Runner, hymo_pipeline
 from flows.stages import stage_path
 from manifests.run_dir import completed_stages
@@ -49,22 +49,30 @@ def create_from_deployment(parameters: dict | None = None):
         return client.create_flow_run_from_deployment(deployment.id, parameters=parameters or {})
 
 
+REFERENCE_FLOW_RUN: list = []
+
+
 @pytest.fixture(scope="module")
 def reference_run(served) -> Path:
     """The served deployment's default run, triggered through the API exactly as the UI does."""
     flow_run = create_from_deployment()
     finished = wait_for_flow_run(flow_run.id)
     assert finished.state.is_completed(), served["log"].read_text(errors="replace")[-3000:]
+    REFERENCE_FLOW_RUN[:] = [flow_run.id]
     return Path(served["run_root"]) / "sample"
 
 
 def test_deployment_run_completes_with_readable_artifacts(reference_run: Path) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    def artifacts(key: str):
+        only_this_run = ArtifactFilterFlowRunId(any_=REFERENCE_FLOW_RUN)
+        return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]), flow_run_id=only_this_run))
 
     with get_client(sync_client=True) as client:
-        summary = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hymo-run-summary"])))
-        counts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hymo-dedup-fuzzy-counts"])))
+        summary = artifacts("hymo-run-summary")
+        counts = artifacts("hymo-dedup-fuzzy-counts")
     assert summary and "| dedup_fuzzy |" in summary[0].data and "data:image/png;base64," in summary[0].data
     rows = json.loads(counts[0].data) if isinstance(counts[0].data, str) else counts[0].data
     assert any(r["measure"] == "removed" and r["rule"] == "near_duplicate" and r["documents"] >= 1 for r in rows)
@@ -97,10 +105,10 @@ def test_failed_stage_retried_like_the_ui_recomputes_only_from_there(reference_r
         assert states[stage][-1] == "Cached", (stage, states[stage])
     assert states["decontam"][-1] == "Completed" and states["split-publish"][-1] == "Completed"
 
-    # Same bytes as an uninterrupted run with the same configuration.
-    clean = tmp_path / "clean"
-    hymo_pipeline(config=PipelineConfig(**config), out=str(clean))
-    assert digests(tmp_path / "run") == digests(clean)
+    # Same bytes as an uninterrupted run of the same deployment with the same configuration.
+    clean = wait_for_flow_run(create_from_deployment({"config": config, "out": str(tmp_path / "clean")}).id)
+    assert clean.state.is_completed()
+    assert digests(tmp_path / "run") == digests(tmp_path / "clean")
 
 
 def test_deleted_output_is_recomputed_not_served_stale(reference_run: Path, tmp_path: Path, tiny_config: Path) -> None:

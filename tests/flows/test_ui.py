@@ -38,6 +38,19 @@ def runs_of_full_deployment() -> set:
     return {r.id for r in runs}
 
 
+def visible_button(label: str, browser, timeout_s: float = 60):
+    """The page renders in steps; wait for the button rather than take whatever is there yet."""
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        buttons = [b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == label]
+        if buttons:
+            return buttons[0]
+        assert time.monotonic() < deadline, f"no {label!r} button on {browser.current_url}"
+        time.sleep(0.5)
+
+
 def test_quick_run_from_the_ui_reaches_completed(served, browser) -> None:
     from selenium.webdriver.common.by import By
 
@@ -45,7 +58,7 @@ def test_quick_run_from_the_ui_reaches_completed(served, browser) -> None:
     browser.get(f"{served['ui_url']}/deployments")
     browser.find_element(By.LINK_TEXT, "full").click()
     assert "hymo-pipeline" in browser.find_element(By.TAG_NAME, "body").text
-    next(b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Run").click()
+    visible_button("Run", browser).click()
     browser.find_elements(By.XPATH, "//*[normalize-space(.)='Quick run']")[-1].click()
 
     deadline = time.monotonic() + 60

@@ -55,7 +55,8 @@ def test_split_run_in_a_new_process_equals_uninterrupted_run(tiny_corpus, tmp_pa
 
     half_config = TrainConfig.from_dict({**train_config.to_dict(), "max_steps": N // 2})  # same horizon: same schedule
     run_training(tiny_corpus, tmp_path / "split", half_config, model_config, resume=False, progress=False)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # The resumed process must run with this process's thread count (part of the runtime signature).
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}
     done = subprocess.run([sys.executable, "-m", "hymo_core.train", "--corpus", str(tiny_corpus), "--config", str(recipe),
                            "--out", str(tmp_path / "split"), "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
