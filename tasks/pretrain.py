@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hymo_core.model import ModelConfig
-from hymo_core.train import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SUMMARY_FILE, run_training
+from hymo_core.train import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE, run_training
 from hymo_core.trainer import TrainConfig
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.stage_runner import run_artifact_stage, stage_cache_key
@@ -28,19 +28,16 @@ STAGE = "pretrain"
 VERSION = "1"
 CHECKPOINT_ROOT = ".pretrain_ckpt"
 
-# The sample recipe: ~1.8 M parameters (1 M of them the tied 8,192 x 128 embedding), 16 x 64 tokens per update.
-SAMPLE_TRAIN = TrainConfig(batch_size=16, seq_len=64, peak_lr=3e-3, max_steps=300, warmup_steps=30, schedule="cosine",
-                           log_interval=10, eval_interval=50, checkpoint_interval=50, eval_batches=8)
-SAMPLE_PRETRAIN_MODEL = ModelConfig(**{**asdict(SAMPLE_MODEL), "d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4,
-                                       "ffn_dim": 344, "max_seq_len": 64})
 
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """Seed 002's TrainConfig and the model shape; the vocabulary size always comes from the corpus."""
+    """Seed 002's TrainConfig and the model shape (default: the sample recipe, hymo_core.train.SAMPLE_*);
+    the vocabulary size always comes from the corpus. `train.max_steps` is the knob for a shorter run.
+    A `[pretrain.model]` table is a whole ModelConfig: keys it omits take ModelConfig's (Lab 2) defaults."""
 
     train: TrainConfig = field(default_factory=lambda: SAMPLE_TRAIN)
-    model: ModelConfig = field(default_factory=lambda: SAMPLE_PRETRAIN_MODEL)
+    model: ModelConfig = field(default_factory=lambda: SAMPLE_MODEL)
     cloze: str = ""  # a cloze JSONL scored into summary.json; "" = the bundled sample set
 
 

@@ -196,3 +196,13 @@ def test_loss_falls_and_intervals_fire_on_final_step(tiny_corpus):
     assert state.best_val_loss == min(v for _, v in evals)
     record = logs[-1]
     assert set(record["lr"]) == {"muon", "adamw", "adamw_no_decay"} and record["tokens_per_s"] > 0 and record["max_attention_logit"] > 0
+
+
+def test_overfit_mode_rereads_one_batch_without_moving_the_cursor(tiny_corpus):
+    model, optimizer, loader, config = setup(tiny_corpus, overfit_one_batch=True, max_steps=12, peak_lr=1e-2, warmup_steps=2)
+    loader.next_batch()  # the fixed batch is the one at the cursor when training starts
+    expected = loader.state_dict()
+    losses = []
+    state = train(model, optimizer, loader, None, config, TrainState(), CPU, TrainHooks(on_update=lambda s, loss, lr: losses.append(loss)))
+    assert state.fixed_batch_offset == config.batch_size and loader.state_dict() == expected
+    assert losses[-1] < losses[0] - 1.0
