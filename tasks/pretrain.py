@@ -13,6 +13,7 @@ is removed once the stage has published.
 """
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,7 +55,7 @@ def checkpoint_home(out_dir: Path, shards_dir: Path, config: PretrainConfig) -> 
 
 def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
     summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config))
-    for name in (SUMMARY_FILE, METRICS_FILE, LOSS_PICTURE):
+    for name in (METRICS_FILE, LOSS_PICTURE):
         shutil.copy2(home / name, work_dir / name)
     (work_dir / CHECKPOINT_DIR).mkdir()
     published = {Path(summary["checkpoint"]).name}
@@ -62,12 +63,17 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
         published.add(summary["best_checkpoint"])
     for name in sorted(published):
         shutil.copy2(home / CHECKPOINT_DIR / name, work_dir / CHECKPOINT_DIR / name)
+    # Paths relative to the published stage: the persistent directory goes away after publishing.
+    summary["checkpoint"] = f"{CHECKPOINT_DIR}/{Path(summary['checkpoint']).name}"
+    if summary.get("best_checkpoint"):
+        summary["best_checkpoint"] = f"{CHECKPOINT_DIR}/{summary['best_checkpoint']}"
+    (work_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     metric_rows = sum(1 for _ in open(work_dir / METRICS_FILE, encoding="utf-8"))
     artifacts = [(SUMMARY_FILE, None), (METRICS_FILE, metric_rows), (LOSS_PICTURE, None)]
     artifacts += [(f"{CHECKPOINT_DIR}/{name}", None) for name in sorted(published)]
     extra = {k: summary.get(k) for k in ("final_step", "final_train_loss", "final_val_loss", "weights_sha256", "tokens_seen",
                                          "skipped_updates", "parameters", "resumed_from")}
-    extra["checkpoint"] = f"{CHECKPOINT_DIR}/{Path(summary['checkpoint']).name}"
+    extra["checkpoint"] = summary["checkpoint"]
     if "cloze" in summary:
         extra["cloze_accuracy"] = summary["cloze"]["accuracy"]
     return artifacts, extra
