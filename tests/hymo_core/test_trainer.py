@@ -206,3 +206,15 @@ def test_overfit_mode_rereads_one_batch_without_moving_the_cursor(tiny_corpus):
     state = train(model, optimizer, loader, None, config, TrainState(), CPU, TrainHooks(on_update=lambda s, loss, lr: losses.append(loss)))
     assert state.fixed_batch_offset == config.batch_size and loader.state_dict() == expected
     assert losses[-1] < losses[0] - 1.0
+
+
+def test_training_core_imports_no_pipeline_and_no_prefect():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, hymo_core.train, hymo_core.checkpoint, hymo_core.evaluation; "
+            "bad = sorted({m.split('.')[0] for m in sys.modules} & {'prefect', 'tasks', 'flows', 'manifests'}); "
+            "assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
