@@ -1,4 +1,7 @@
-"""Tiny corpora written directly with numpy (token shards + corpus.json), for trainer and checkpoint tests."""
+"""Tiny corpora written directly with numpy (token shards + corpus.json), for trainer and checkpoint tests.
+
+A helper module, not a conftest: a second conftest.py would shadow tests/conftest.py for `from conftest import ...`.
+"""
 from __future__ import annotations
 
 import hashlib
