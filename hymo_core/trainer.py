@@ -28,7 +28,7 @@ import contextlib
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
 import numpy as np
