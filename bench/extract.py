@@ -23,7 +23,7 @@ from tasks.extract import ExtractConfig, extract_main_text, run_extract  # noqa:
 from tasks.ingest import IngestConfig, run_ingest  # noqa: E402
 from tasks.stage_runner import default_workers  # noqa: E402
 
-from bench.report import write_section  # noqa: E402
+from bench.report import markdown_table, write_section  # noqa: E402
 
 
 def load_pages(corpus: Path, limit: int, scratch: Path) -> SourceSpec:
@@ -79,7 +79,7 @@ def main() -> None:
          f"{loop_s / stage_s:.2f}×", f"{counts['kept']} kept, removed {counts['removed'] or 0}, lost {counts['in'] - accounted}"),
     ]
     header = ["run", "pages", "seconds", "pages/s", "speed-up", "outcome"]
-    table = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
+    table = markdown_table(header, rows)
     print(table)
     if not args.no_write:
         note = (f"Pages: {spec.origin}. Machine: {os.cpu_count()}-core {platform.machine()}, Python {platform.python_version()}. "

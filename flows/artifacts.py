@@ -56,7 +56,7 @@ def publish_stage_artifacts(run: Path, stage: str, manifest: StageManifest) -> N
 
 def funnel_png(run: Path, path: Path) -> Path | None:
     """Documents entering each stage, removals stacked by rule."""
-    rows = [r for r in funnel(run) if r["in"]]
+    rows = [r for r in funnel(run) if r["documents"]]
     if not rows:
         return None
     import matplotlib
@@ -96,7 +96,7 @@ def publish_run_summary(run: Path, extra_images: list[Path] | None = None) -> Pa
 
     rows = funnel(run)
     table = ["| stage | in | kept | removed | top removal rules |", "|---|---|---|---|---|"]
-    for r in rows:
+    for r in (r for r in rows if r["documents"]):
         top = ", ".join(f"{k} {v}" for k, v in sorted(r["removed"].items(), key=lambda kv: -kv[1])[:4]) or "-"
         table.append(f"| {r['stage']} | {r['in']} | {r['kept']} | {sum(r['removed'].values())} | {top} |")
     png = funnel_png(run, Path(run) / "funnel.png")

@@ -11,19 +11,26 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from flows import cli_trace, cli_train
 from manifests.audit_query import decisions_for, funnel, sample_removed
 from manifests.run_dir import completed_stages
 
+from flows import cli_trace, cli_train, serve
 from flows.prefect_env import apply_prefect_defaults
 
 console = Console()
 DEFAULT_RUN = "runs/sample"
 
-# Sub-command modules outside this file register here: (name, add_parser(subparsers)).
-EXTRA_COMMANDS: list[Callable[[Any], None]] = []
-EXTRA_COMMANDS.append(cli_trace.add_commands)
-EXTRA_COMMANDS.append(cli_train.add_commands)
+# Sub-command modules outside this file register here: add_commands(subparsers).
+EXTRA_COMMANDS: list[Callable[[Any], None]] = [cli_trace.add_commands, cli_train.add_commands, serve.add_commands]
+
+
+def _plan_commands(subparsers: Any) -> None:
+    from flows.cli_plan import add_commands
+
+    add_commands(subparsers)
+
+
+EXTRA_COMMANDS.append(_plan_commands)
 
 
 def _rules(counts: dict[str, int]) -> str:
@@ -35,6 +42,9 @@ def print_funnel(run: Path) -> None:
     for column in ("stage", "in", "kept", "removed", "removed by rule", "modified by rule", "seconds"):
         table.add_column(column, justify="right" if column in ("in", "kept", "removed", "seconds") else "left", overflow="fold")
     for row in funnel(run):
+        if not row["documents"]:  # tokenizer, mixture, shards, pretrain: artifacts, not documents
+            table.add_row(row["stage"], "", "", "", "", "(artifacts)", f"{row['wall_time_s']:.1f}")
+            continue
         table.add_row(row["stage"], str(row["in"]), str(row["kept"]), str(sum(row["removed"].values())), _rules(row["removed"]),
                       _rules({**row["modified"], **{f"{k} (routed)": v for k, v in row["routed"].items()}}), f"{row['wall_time_s']:.1f}")
     console.print(table)
@@ -42,14 +52,33 @@ def print_funnel(run: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from flows.config import load_config
-    from flows.pipeline import hymo_pipeline
+    from flows.pipeline import Runner, hymo_pipeline
+    from flows.server import prefect_api
 
     config = load_config(args.config)
     if args.workers:
         config = config.model_copy(update={"workers": args.workers})
-    hymo_pipeline(config=config, out=args.out, until=args.until)
+    with prefect_api(args.api_url):
+        hymo_pipeline(config=config, out=args.out, until=args.until, runner=Runner(args.runner), dask_address=args.dask_address)
     print_funnel(Path(args.out))
     return 0
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    from flows.pipeline import Runner
+    from flows.server import prefect_api
+    from flows.stage_flow import hymo_stage
+
+    with prefect_api(args.api_url):
+        hymo_stage(run=args.run, stage=args.stage, force=args.force, until=args.until, runner=Runner(args.runner), dask_address=args.dask_address)
+    print_funnel(Path(args.run))
+    return 0
+
+
+def add_runner_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runner", choices=["process", "thread", "dask"], default="process", help="where shard batches run (default: worker processes)")
+    parser.add_argument("--dask-address", help="tcp://HOST:8786 of an existing Dask scheduler (with --runner dask; default: a local cluster)")
+    parser.add_argument("--api-url", help="Prefect API to report to (default: $PREFECT_API_URL, else a local server started for this run)")
 
 
 def cmd_audit_summary(args: argparse.Namespace) -> int:
@@ -120,7 +149,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=DEFAULT_RUN, help=f"run directory (default: {DEFAULT_RUN})")
     run.add_argument("--until", help="stop after this stage")
     run.add_argument("--workers", type=int, help="worker processes per stage (default: all cores)")
+    add_runner_options(run)
     run.set_defaults(func=cmd_run)
+
+    rerun = sub.add_parser("rerun", help="re-run one stage of a run (and what follows it if its output changed)")
+    rerun.add_argument("run")
+    rerun.add_argument("--stage", required=True)
+    rerun.add_argument("--force", action="store_true", help="recompute the stage even if its published output is intact")
+    rerun.add_argument("--until", help="stop after this stage")
+    add_runner_options(rerun)
+    rerun.set_defaults(func=cmd_rerun)
 
     audit = sub.add_parser("audit", help="per-document decisions of a run").add_subparsers(dest="audit_command", required=True)
     summary = audit.add_parser("summary", help="funnel: per stage in / kept / removed and modified per rule")

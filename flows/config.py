@@ -11,10 +11,16 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from manifests.sources import PACKAGE_DIR, SourceSpec, load_source
+from tasks.decontam import DecontamConfig
+from tasks.dedup_exact import DedupExactConfig
+from tasks.dedup_fuzzy import DedupFuzzyConfig
 from tasks.extract import ExtractConfig
 from tasks.ingest import IngestConfig
+from tasks.langid import LangIdConfig
 from tasks.mixture import MixtureConfig
+from tasks.pii import PiiConfig
 from tasks.pretrain import PretrainConfig
+from tasks.quality import QualityConfig
 from tasks.shards import ShardsConfig
 from tasks.split import SplitConfig
 from tasks.tokenizer import TokenizerConfig
@@ -33,6 +39,12 @@ class PipelineConfig(BaseModel):
     workers: int | None = Field(None, ge=1, le=256, description="Worker processes per stage (default: all cores).")
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    langid: LangIdConfig = Field(default_factory=LangIdConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+    pii: PiiConfig = Field(default_factory=PiiConfig)
+    dedup_exact: DedupExactConfig = Field(default_factory=DedupExactConfig)
+    dedup_fuzzy: DedupFuzzyConfig = Field(default_factory=DedupFuzzyConfig)
+    decontam: DecontamConfig = Field(default_factory=DecontamConfig)
     split: SplitConfig = Field(default_factory=SplitConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)

@@ -1,34 +1,208 @@
 """The `hymo-pipeline` flow: every stage in order over one run directory.
 
 Between stages travel paths to stage directories, never documents. Each stage
-is a no-op when its published manifest already carries the same cache key, so
-a second identical run reuses everything and a re-run after a failure
-recomputes only the failed stage and what follows.
+is a task named after it; a stage whose published manifest already carries the
+same stage-contract key (stage, version, config, input digests) and whose files
+match their sha256 finishes in the state "Cached" without work. A deleted or
+corrupted output fails that check, so it is recomputed, never served stale.
+Document stages map their shards in batches over the task runner: worker
+processes by default, or a Dask cluster (`runner="dask"`).
 """
 from __future__ import annotations
 
+import json
+import os
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.futures import as_completed
+from prefect.states import Completed
 
+from manifests.atomic import atomic_write_text
+from manifests.stage_manifest import StageManifest, read_manifest
+from tasks.stage_runner import StagePlan, default_workers, plan_stage, publish_plan, run_shard_jobs
+
+from flows.artifacts import artifact_key, publish_run_summary, publish_stage_artifacts
 from flows.config import PipelineConfig
-from flows.stages import stage_path, stages_until
+from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_path, stages_between
+
+RUN_CONFIG = "config.json"
+
+
+class Runner(str, Enum):
+    process = "process"
+    thread = "thread"
+    dask = "dask"
+
+
+def manifest_stamp(out: Path) -> tuple[int, int] | None:
+    """Identity of the published manifest file: unchanged stamp = the stage did no work."""
+    path = Path(out) / "manifest.json"
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def log_stage(manifest: StageManifest, how: str) -> None:
+    counts = manifest.counts
+    get_run_logger().info(
+        "%s %s: in=%s kept=%s removed=%s modified=%s (%s)", manifest.stage, how, counts.get("in"), counts.get("kept"),
+        json.dumps(counts.get("removed", {})), json.dumps(counts.get("modified", {})), manifest.directory)
+
+
+def stage_summary(manifest: StageManifest) -> dict[str, Any]:
+    return {"stage": manifest.stage, "dir": str(manifest.directory), "digest": manifest.digest, "cache_key": manifest.cache_key, "counts": manifest.counts}
+
+
+def cached(manifest: StageManifest) -> Completed:
+    return Completed(name="Cached", message=f"{manifest.stage}: published under the same stage-contract key", data=stage_summary(manifest))
+
+
+@task(task_run_name="{name}")
+def whole_stage(name: str, config: PipelineConfig, run: str, previous: str | None, out: str) -> Any:
+    """A stage run as one task (ingest, extraction, artifact stages)."""
+    before = manifest_stamp(Path(out))
+    manifest = STAGE_BY_NAME[name].run(config, Path(run), Path(previous) if previous else None, Path(out))
+    if before is not None and manifest_stamp(Path(out)) == before:
+        log_stage(manifest, "cached")
+        return cached(manifest)
+    log_stage(manifest, "computed")
+    return stage_summary(manifest)
+
+
+@task(task_run_name="{name}")
+def plan_doc_stage(name: str, config: PipelineConfig, previous: str, out: str) -> Any:
+    """Check the cache and run the stage's global pass; hand back the shard jobs to map."""
+    stage, stage_config = STAGE_BY_NAME[name].doc_stage(config)
+    planned = plan_stage(stage, stage_config, Path(previous), Path(out), config.workers)
+    if isinstance(planned, StageManifest):
+        log_stage(planned, "cached")
+        return cached(planned)
+    get_run_logger().info("%s: %d shards to process", name, len(planned.jobs))
+    return planned
+
+
+@task(task_run_name="{name}-shards-{first}")
+def shard_batch(name: str, first: str, jobs: list[tuple]) -> list:
+    return run_shard_jobs(jobs)
+
+
+@task(task_run_name="{name}-publish")
+def publish_doc_stage(name: str, plan: StagePlan, results: list) -> dict[str, Any]:
+    manifest = publish_plan(plan, results)
+    log_stage(manifest, "computed")
+    return stage_summary(manifest)
+
+
+def batches(jobs: list[tuple], sizes: list[int], count: int) -> list[list[tuple]]:
+    """About `count` batches of consecutive shards with similar document totals."""
+    total = max(1, sum(sizes))
+    out: list[list[tuple]] = [[]]
+    filled = 0
+    for job, size in zip(jobs, sizes):
+        if out[-1] and filled >= total * len(out) / count:
+            out.append([])
+        out[-1].append(job)
+        filled += size
+    return [b for b in out if b]
+
+
+def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
+    if runner == Runner.dask:
+        from prefect_dask import DaskTaskRunner
+
+        if dask_address:
+            return DaskTaskRunner(address=dask_address)
+        return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True})
+    if runner == Runner.thread:
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=workers)
+    from prefect.task_runners import ProcessPoolTaskRunner
+
+    return ProcessPoolTaskRunner(max_workers=workers)
+
+
+def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out: Path, task_runner, workers: int) -> dict[str, Any]:
+    state = plan_doc_stage(entry.name, config, str(previous), str(out), return_state=True)
+    planned = state.result()
+    if state.name == "Cached" or not isinstance(planned, StagePlan):
+        return planned
+    groups = batches(planned.jobs, planned.sizes, max(1, workers * 2))
+    progress = create_progress_artifact(0.0, key=artifact_key("hymo", entry.name, "progress"), description=f"{entry.name}: shard batches done")
+    try:
+        futures = [task_runner.submit(shard_batch, {"name": entry.name, "first": group[0][4], "jobs": group}) for group in groups]
+        results, done = [], 0
+        for future in as_completed(futures):
+            results.extend(future.result())
+            done += 1
+            update_progress_artifact(progress, 100.0 * done / len(groups))
+    except BaseException:
+        planned.writer.abandon()
+        raise
+    return publish_doc_stage(entry.name, planned, results)
+
+
+def export_api_url() -> None:
+    """Worker processes (process pool, Dask) must report to the same Prefect API as this flow."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if url:
+        os.environ["PREFECT_API_URL"] = str(url)
+
+
+def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str | None, runner: Runner, dask_address: str | None) -> dict[str, Any]:
+    workers = config.workers or default_workers()
+    export_api_url()
+    summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
+    entries = stages_between(start, until)
+    needs_runner = any(e.doc_stage for e in entries)
+    task_runner = make_task_runner(runner, workers, dask_address) if needs_runner else None
+    if task_runner is not None:
+        task_runner.__enter__()
+    try:
+        for entry in entries:
+            out = stage_path(run, entry.name)
+            previous = previous_stage_path(run, entry.name)
+            if entry.doc_stage is not None:
+                result = run_doc_stage(entry, config, previous, out, task_runner, workers)
+            else:
+                result = whole_stage(entry.name, config, str(run), str(previous) if previous else None, str(out))
+            manifest = read_manifest(out, verify=False)
+            counts = manifest.counts
+            publish_stage_artifacts(run, entry.name, manifest)
+            summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": counts})
+    finally:
+        if task_runner is not None:
+            task_runner.__exit__(None, None, None)
+    extra_images = [p for p in [stage_path(run, "pretrain") / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
+    publish_run_summary(run, extra_images)
+    return summary
 
 
 @flow(name="hymo-pipeline", log_prints=True)
-def hymo_pipeline(config: PipelineConfig | None = None, out: str = "runs/sample", until: str | None = None) -> dict[str, Any]:
-    config = config or PipelineConfig()
+def hymo_pipeline(
+    config: PipelineConfig = PipelineConfig(),
+    out: str = "runs/sample",
+    until: str | None = None,
+    runner: Runner = Runner.process,
+    dask_address: str | None = None,
+) -> dict[str, Any]:
+    """The whole DAG, from sources to a trained checkpoint; the defaults run the bundled real sample."""
     run = Path(out)
     run.mkdir(parents=True, exist_ok=True)
-    logger = get_run_logger()
-    previous: Path | None = None
-    summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
-    for entry in stages_until(until):
-        out_dir = stage_path(run, entry.name)
-        manifest = entry.run(config, run, previous, out_dir)
-        counts = manifest.counts
-        logger.info("%s: in=%s kept=%s removed=%s", entry.name, counts.get("in"), counts.get("kept"), sum(counts.get("removed", {}).values()))
-        summary["stages"].append({"stage": entry.name, "dir": str(out_dir), "digest": manifest.digest, "counts": counts})
-        previous = out_dir
-    return summary
+    atomic_write_text(run / RUN_CONFIG, json.dumps({"config": config.model_dump(mode="json"), "runner": runner.value}, indent=2) + "\n")
+    return run_stages(config, run, None, until, runner, dask_address)
+
+
+def load_run_config(run: Path) -> PipelineConfig:
+    path = Path(run) / RUN_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{run}: no {RUN_CONFIG}; was this directory written by `hymo run`?")
+    return PipelineConfig(**json.loads(path.read_text(encoding="utf-8"))["config"])

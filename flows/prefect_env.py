@@ -8,7 +8,6 @@ DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     # A temporary server on a busy 2-core machine can take longer than Prefect's 20 s default.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
 }
 
 

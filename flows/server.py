@@ -84,22 +84,60 @@ class LocalServer:
             self.process.wait()
 
 
-@contextlib.contextmanager
-def prefect_api(api_url: str | None = None, home: Path = DEFAULT_HOME, port: int = 4200) -> Iterator[tuple[str, str]]:
-    """Use the server at `api_url` (or $PREFECT_API_URL) if it answers; otherwise run a local one meanwhile.
+def drain_prefect_workers() -> None:
+    """Send buffered logs and events while the API still answers; after it stops they would
+    make Prefect start a temporary server of its own just to deliver them."""
+    import inspect
 
-    Yields (api_url, ui_url) with Prefect's settings pointed at that API.
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        with contextlib.suppress(RuntimeError):  # a worker that never started
+            result = APILogWorker.instance().drain()
+            if inspect.isawaitable(result):
+                await result
+        result = EventsWorker.drain_all()
+        if inspect.isawaitable(result):
+            await result
+
+    run_coro_as_sync(drain())
+
+
+@contextlib.contextmanager
+def global_settings_like_current() -> Iterator[None]:
+    """Threads Prefect starts itself (process-pool message forwarding, log and event workers) see the
+    process-global settings, not ours; without this they find no API URL and start a temporary server."""
+    import prefect.context
+
+    with prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+        yield
+
+
+@contextlib.contextmanager
+def prefect_api(api_url: str | None = None, home: Path = DEFAULT_HOME, port: int | None = None, reuse: bool = True) -> Iterator[tuple[str, str]]:
+    """Use the server at `api_url` (or $PREFECT_API_URL, or a `hymo serve` on :4200) if it answers;
+    otherwise (or when not `reuse`) run a local one meanwhile. Yields (api_url, ui_url) with Prefect's settings and the
+    environment (inherited by worker processes) pointed at that API.
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    wanted = api_url or os.environ.get("PREFECT_API_URL")
-    if wanted and api_healthy(wanted):
-        with temporary_settings(updates={PREFECT_API_URL: wanted}):
-            yield wanted, wanted.rstrip("/").removesuffix("/api")
-        return
-    server = LocalServer(home=home, port=port).start()
+    wanted = api_url or os.environ.get("PREFECT_API_URL") or "http://127.0.0.1:4200/api"
+    server = None if reuse and api_healthy(wanted) else LocalServer(home=home, port=port or free_port()).start()
+    url = server.api_url if server else wanted
+    previous = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
     try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-            yield server.api_url, server.ui_url
+        with temporary_settings(updates={PREFECT_API_URL: url}), global_settings_like_current():
+            try:
+                yield url, url.rstrip("/").removesuffix("/api")
+            finally:
+                drain_prefect_workers()
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous

@@ -1,56 +1,93 @@
 """The ordered list of pipeline stages; each entry runs one stage of a run directory.
 
 The position in this list is the `NN_` prefix of the stage's directory. A new
-stage is one entry here plus its module in `tasks/`.
+stage is one entry here plus its module in `tasks/`. A document stage whose
+shards are independent also names its `StageDef`, so the flow can map its
+shards over the task runner (processes, or Dask workers on other machines).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from manifests.run_dir import stage_dir_name
 from manifests.stage_manifest import StageManifest
-from tasks.extract import extract_task
-from tasks.ingest import ingest_task
-from tasks.mixture import mixture_task
+from tasks.decontam import DECONTAM, run_decontam
+from tasks.dedup_exact import DEDUP_EXACT, run_dedup_exact
+from tasks.dedup_fuzzy import DEDUP_FUZZY, run_dedup_fuzzy
+from tasks.extract import run_extract
+from tasks.ingest import run_ingest
+from tasks.langid import LANGID, run_langid
+from tasks.mixture import run_mixture
+from tasks.pii import PII, run_pii
+from tasks.quality import QUALITY, run_quality
 from tasks.pretrain import run_pretrain
-from tasks.shards import shards_task
-from tasks.split import split_task
-from tasks.tokenizer import tokenizer_task
+from tasks.shards import run_shards
+from tasks.split import SPLIT, run_split
+from tasks.stage_runner import StageDef
+from tasks.tokenizer import run_tokenizer
 
 from flows.config import PipelineConfig
+
+RunFn = Callable[[PipelineConfig, Path, Path | None, Path], StageManifest]
 
 
 @dataclass(frozen=True)
 class StageEntry:
     name: str
     # (config, run directory, previous stage's directory or None, own directory) -> manifest
-    run: Callable[[PipelineConfig, Path, Path | None, Path], StageManifest]
+    run: RunFn
+    # For document stages mapped shard by shard: (StageDef, its config) from the pipeline config.
+    doc_stage: Callable[[PipelineConfig], tuple[StageDef, Any]] | None = None
 
 
 def _ingest(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return ingest_task(config.source_specs(), config.ingest, out)
+    return run_ingest(config.source_specs(), config.ingest, out)
 
 
 def _extract(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return extract_task(config.extract, previous, out, config.workers)
+    return run_extract(config.extract, previous, out, config.workers)
+
+
+def _langid(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_langid(config.langid, previous, out, config.workers)
+
+
+def _quality(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_quality(config.quality, previous, out, config.workers)
+
+
+def _pii(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_pii(config.pii, previous, out, config.workers)
+
+
+def _dedup_exact(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_dedup_exact(config.dedup_exact, previous, out, config.workers)
+
+
+def _dedup_fuzzy(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_dedup_fuzzy(config.dedup_fuzzy, previous, out, config.workers)
+
+
+def _decontam(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_decontam(config.decontam, previous, out, config.workers)
 
 
 def _split(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return split_task(config.split, previous, out, config.workers)
+    return run_split(config.split, previous, out, config.workers)
 
 
 def _tokenizer(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return tokenizer_task(config.tokenizer, stage_path(run, "split"), out, dict(config.mixture.weights))
+    return run_tokenizer(config.tokenizer, stage_path(run, "split"), out, dict(config.mixture.weights))
 
 
 def _mixture(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return mixture_task(config.mixture, stage_path(run, "split"), stage_path(run, "tokenizer"), out)
+    return run_mixture(config.mixture, stage_path(run, "split"), stage_path(run, "tokenizer"), out)
 
 
 def _shards(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return shards_task(config.shards, stage_path(run, "split"), stage_path(run, "tokenizer"), stage_path(run, "mixture"), out)
+    return run_shards(config.shards, stage_path(run, "split"), stage_path(run, "tokenizer"), stage_path(run, "mixture"), out)
 
 
 def _pretrain(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
@@ -59,9 +96,16 @@ def _pretrain(config: PipelineConfig, run: Path, previous: Path | None, out: Pat
 
 STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
+    # Extraction spreads pages (not shards) over supervised children inside one task.
     StageEntry("extract", _extract),
-    # (langid, quality, pii, dedup_exact, dedup_fuzzy, decontam go here, before split)
-    StageEntry("split", _split),
+    StageEntry("langid", _langid, lambda c: (LANGID, c.langid)),
+    StageEntry("quality", _quality, lambda c: (QUALITY, c.quality)),
+    StageEntry("pii", _pii, lambda c: (PII, c.pii)),
+    # Global stages: the removal map is decided in `prepare` (inside planning), the shards only apply it.
+    StageEntry("dedup_exact", _dedup_exact, lambda c: (DEDUP_EXACT, c.dedup_exact)),
+    StageEntry("dedup_fuzzy", _dedup_fuzzy, lambda c: (DEDUP_FUZZY, c.dedup_fuzzy)),
+    StageEntry("decontam", _decontam, lambda c: (DECONTAM, c.decontam)),
+    StageEntry("split", _split, lambda c: (SPLIT, c.split)),
     StageEntry("tokenizer", _tokenizer),
     StageEntry("mixture", _mixture),
     StageEntry("shards", _shards),
@@ -69,6 +113,7 @@ STAGES: list[StageEntry] = [
 ]
 
 STAGE_NAMES = [entry.name for entry in STAGES]
+STAGE_BY_NAME = {entry.name: entry for entry in STAGES}
 
 
 def stage_path(run: Path, name: str) -> Path:
@@ -76,9 +121,19 @@ def stage_path(run: Path, name: str) -> Path:
     return Path(run) / stage_dir_name(index + 1, name)
 
 
+def previous_stage_path(run: Path, name: str) -> Path | None:
+    index = STAGE_NAMES.index(name)
+    return stage_path(run, STAGE_NAMES[index - 1]) if index else None
+
+
+def stages_between(start: str | None, until: str | None) -> list[StageEntry]:
+    for name in (start, until):
+        if name is not None and name not in STAGE_NAMES:
+            raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}")
+    first = STAGE_NAMES.index(start) if start else 0
+    last = STAGE_NAMES.index(until) + 1 if until else len(STAGES)
+    return STAGES[first:last]
+
+
 def stages_until(until: str | None) -> list[StageEntry]:
-    if until is None:
-        return list(STAGES)
-    if until not in STAGE_NAMES:
-        raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGE_NAMES)}")
-    return STAGES[: STAGE_NAMES.index(until) + 1]
+    return stages_between(None, until)

@@ -26,6 +26,7 @@ def funnel(run: Path) -> list[dict[str, Any]]:
             "modified": counts.get("modified", {}),
             "routed": counts.get("routed", {}),
             "wall_time_s": manifest.wall_time_s,
+            "documents": bool(manifest.files("data") or manifest.files("audit")),
         })
     return rows
 

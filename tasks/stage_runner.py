@@ -11,6 +11,8 @@ Stages contain only their logic (`process_shard`, optionally a global
 """
 from __future__ import annotations
 
+import atexit
+import inspect
 import json
 import os
 import shutil
@@ -18,6 +20,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, is_dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -55,6 +58,9 @@ class StageDef:
     version: str
     process_shard: Callable[[pa.Table, Any, Any], ShardOutcome]
     prepare: Callable[[StageManifest, Any, Path], Any] | None = None
+    # Inputs other than the upstream stage (e.g. benchmark files): (name, sha256) pairs in the cache key,
+    # so changing such a file recomputes the stage instead of serving the old result.
+    external_inputs: Callable[[Any], list[tuple[str, str]]] | None = None
 
 
 @dataclass
@@ -98,8 +104,8 @@ def check_accounting(shard: str, ids_in: pa.Array | None, kept: pa.Table, audit:
     touched = pc.filter(audit.column("id"), pc.not_equal(audit.column("action"), "removed"))
     if len(touched) and not pc.all(pc.is_in(touched, value_set=kept_ids)).as_py():
         raise AccountingError(f"{shard}: a modified/routed document is not among the kept ones")
-    if ids_in is None:
-        return
+    if ids_in is None or (len(ids_in) == 0 and len(kept_ids) == 0 and len(audit) == 0):
+        return  # an empty shard (every document removed upstream) is consistent; pc.all([]) is null, not true
     out_ids = pa.concat_arrays([kept_ids.combine_chunks(), removed_ids.combine_chunks()])
     if len(out_ids) != len(ids_in) or not pc.all(pc.is_in(out_ids, value_set=ids_in)).as_py():
         lost = pc.filter(ids_in, pc.invert(pc.is_in(ids_in, value_set=out_ids)))
@@ -231,6 +237,31 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """One pool of spawned workers per process, reused by every map of every stage.
+
+    Spawn, not fork: the parent may hold Prefect/event-loop threads. Reuse:
+    a spawned worker pays ~1-3 s of imports (numpy, pyarrow, the stage
+    module); a run of many stages, some with a global pass and a shard pass,
+    would otherwise pay it at every map.
+    """
+    if workers not in _POOLS:
+        _POOLS[workers] = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+    return _POOLS[workers]
+
+
+def shutdown_worker_pools() -> None:
+    for pool in _POOLS.values():
+        pool.shutdown(cancel_futures=True)
+    _POOLS.clear()
+
+
+atexit.register(shutdown_worker_pools)
+
+
 def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, label: str, sizes: list[int]) -> Iterable[ShardResult]:
     """Run `fn(*job)` for every job, in worker processes when `workers > 1`; yield results as they finish."""
     with progress_bar(label, sum(sizes)) as advance:
@@ -240,13 +271,19 @@ def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, 
                 advance(size)
                 yield result
             return
-        # spawn, not fork: the parent may hold Prefect/event-loop threads.
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(fn, *job): size for job, size in zip(jobs, sizes)}
+        pool = worker_pool(workers)
+        futures = {pool.submit(fn, *job): size for job, size in zip(jobs, sizes)}
+        try:
             for future in as_completed(futures):
                 result = future.result()
                 advance(futures[future])
                 yield result
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            if isinstance(sys.exc_info()[1], BrokenProcessPool):
+                _POOLS.pop(workers, None)
+            raise
 
 
 class progress_bar:
@@ -276,6 +313,15 @@ def stage_cache_key(stage: str, version: str, config: Any, input_digests: list[s
     return make_cache_key(stage, version, config_dict(config), input_digests)
 
 
+def run_prepare(stage: StageDef, upstream: StageManifest, config: Any, work_dir: Path, workers: int) -> Any:
+    """The stage's global pass, if any; it is given the worker count when its signature asks for `workers`."""
+    if stage.prepare is None:
+        return None
+    if "workers" in inspect.signature(stage.prepare).parameters:
+        return stage.prepare(upstream, config, work_dir, workers=workers)
+    return stage.prepare(upstream, config, work_dir)
+
+
 @dataclass
 class StagePlan:
     """A stage that must run: its shard jobs, and the writer that will publish their results."""
@@ -291,13 +337,15 @@ def plan_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, wor
     """The published manifest when the stage is already done under this key; otherwise a plan whose
     global pass (`prepare`) has run and whose shard jobs are ready to map anywhere."""
     upstream = read_manifest(input_dir)
-    key = stage_cache_key(stage.name, stage.version, config, [upstream.digest])
+    external = stage.external_inputs(config) if stage.external_inputs else []
+    key = stage_cache_key(stage.name, stage.version, config, [upstream.digest] + [digest for _, digest in external])
     out_dir = Path(out_dir)
     if is_complete(out_dir, key):
         return read_manifest(out_dir)
-    writer = StageWriter(stage.name, stage.version, config_dict(config), key, [{"stage_dir": str(Path(input_dir).name), "digest": upstream.digest}], out_dir)
+    inputs = [{"stage_dir": str(Path(input_dir).name), "digest": upstream.digest}] + [{"file": name, "digest": digest} for name, digest in external]
+    writer = StageWriter(stage.name, stage.version, config_dict(config), key, inputs, out_dir)
     try:
-        context = stage.prepare(upstream, config, writer.work_dir) if stage.prepare else None
+        context = run_prepare(stage, upstream, config, writer.work_dir, workers or default_workers())
     except BaseException:
         writer.abandon()
         raise
@@ -318,6 +366,8 @@ def publish_plan(plan: StagePlan, results: Iterable[ShardResult]) -> StageManife
             plan.writer.add_result(result)
         if len(plan.writer.results) != len(plan.jobs):
             raise AccountingError(f"{plan.stage.name}: {len(plan.writer.results)} shard results for {len(plan.jobs)} input shards")
+        for relpath, rows in plan.context.artifacts() if hasattr(plan.context, "artifacts") else []:
+            plan.writer.add_artifact(relpath, rows)  # files the global pass wrote into the stage directory
         extra = {"context": plan.context.summary()} if hasattr(plan.context, "summary") else {}
         return plan.writer.publish(extra)
     except BaseException:

@@ -2,15 +2,25 @@
 run from sources to shards (ingest, extract, a stand-in dedup_fuzzy, split, tokenizer, mixture, shards)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import textwrap
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from hymo_core.data import _canonical_digest
+from manifests.schema import DOC_SCHEMA
+from tasks.stage_runner import StageWriter
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HYMO_PROGRESS", "0")
@@ -58,12 +68,16 @@ def html_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    """One real (SQLite) Prefect server for every flow-level test of the session."""
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_harness(tmp_path_factory):
+    """One real Prefect server (`prefect server start`, SQLite) for every flow-level test of the session.
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    Started by the same code as `hymo serve`; yields its API URL, which flows in this process,
+    their worker processes, and `hymo serve` subprocesses all report to.
+    """
+    from flows.server import prefect_api
+
+    with prefect_api(home=tmp_path_factory.mktemp("prefect"), reuse=False) as (api_url, _):
+        yield api_url
 
 
 # --- a tiny run from sources to shards (split, tokenizer, mixture, shards tests) ---
@@ -147,3 +161,153 @@ def tiny_run(tmp_path_factory) -> Path:
     run_mixture(MixtureConfig(weights=weights, total_tokens=30_000, max_epochs=4.0), run / "04_split", run / "05_tokenizer", run / "06_mixture")
     run_shards(ShardsConfig(tokens_per_shard=4096), run / "04_split", run / "05_tokenizer", run / "06_mixture", run / "07_shards")
     return run
+
+
+# --- orchestration: a tiny real pipeline config, and `hymo serve` against the session's server ---
+
+TINY_STAGES = """
+[ingest]
+docs_per_shard = 25
+
+[langid]
+langs = ["*"]
+min_score = 0.3
+
+[quality]
+min_words = 20
+c4_min_sentences = 1
+min_stop_words = 1
+
+[split]
+validation_fraction = 0.2
+
+[tokenizer]
+vocab_size = 320
+
+[mixture]
+total_tokens = 20000
+
+[shards]
+tokens_per_shard = 4096
+
+[pretrain.train]
+batch_size = 4
+seq_len = 16
+max_steps = 4
+warmup_steps = 1
+log_interval = 1
+eval_interval = 2
+checkpoint_interval = 2
+eval_batches = 2
+
+[pretrain.model]
+d_model = 32
+n_layers = 1
+n_heads = 2
+n_kv_heads = 2
+ffn_dim = 64
+max_seq_len = 16
+"""
+
+
+def write_pipeline_config(root: Path, extra: str = "") -> Path:
+    """A pipeline TOML over two small real-text sources, sized for seconds per stage."""
+    specs = write_sources(root / "sources")
+    path = root / "pipeline.toml"
+    sources = ", ".join(json.dumps(str(s)) for s in specs)
+    path.write_text(f"[run]\nsources = [{sources}]\nworkers = 2\n{TINY_STAGES}\n{extra}", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory) -> Path:
+    return write_pipeline_config(tmp_path_factory.mktemp("tiny-pipeline"))
+
+
+@pytest.fixture(scope="session")
+def served(prefect_harness, tiny_config, tmp_path_factory):
+    """`hymo serve` as a user starts it, against the session's Prefect server; stopped with Ctrl-C."""
+    from prefect.client.orchestration import get_client
+
+    run_root = tmp_path_factory.mktemp("served-runs")
+    log_path = run_root / "serve.log"
+    log = open(log_path, "wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flows", "serve", "--api-url", prefect_harness, "--config", str(tiny_config), "--run-root", str(run_root)],
+        cwd=REPO, env={**os.environ, "PREFECT_API_URL": prefect_harness}, stdout=log, stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 240
+    with get_client(sync_client=True) as client:
+        while True:
+            try:
+                client.read_deployment_by_name("hymo-pipeline/full")
+                break
+            except Exception:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"hymo serve did not come up:\n{log_path.read_text(errors='replace')[-3000:]}")
+                time.sleep(1)
+    yield {"api_url": prefect_harness, "ui_url": prefect_harness.removesuffix("/api"), "run_root": run_root, "process": process, "log": log_path}
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    log.close()
+
+
+# --- stage tests: publish documents as an upstream stage directory ---
+
+def publish_docs(out_dir: Path, texts_by_id: dict[str, str], shards: int = 1) -> Path:
+    """An `ingest`-like stage holding these documents, split round-robin over `shards` shards."""
+    ids = list(texts_by_id)
+    writer = StageWriter("ingest", "test", {}, f"test-{out_dir.name}-{shards}", [], out_dir)
+    for shard in range(shards):
+        shard_ids = ids[shard::shards]
+        n = len(shard_ids)
+        table = pa.table({"id": shard_ids, "text": [texts_by_id[i] for i in shard_ids], "source": ["test"] * n,
+                          "url": [f"test://{i}" for i in shard_ids], "lang": pa.nulls(n, pa.string()),
+                          "lang_score": pa.nulls(n, pa.float32()), "meta": ["{}"] * n}, schema=DOC_SCHEMA)
+        writer.write_shard(shard, table, [])
+    writer.publish()
+    return out_dir
+
+
+@pytest.fixture
+def upstream(tmp_path: Path):
+    def make(texts_by_id: dict[str, str], shards: int = 1, name: str = "ingest") -> Path:
+        return publish_docs(tmp_path / name, texts_by_id, shards)
+    return make
+
+
+# --- trainer and checkpoint tests: tiny corpora written directly with numpy ---
+
+TINY_VOCAB = 64
+
+
+def write_corpus(root: Path, seed: int = 0, train_tokens: int = 6000, validation_tokens: int = 1200) -> Path:
+    """A corpus of short repeated 'sentences' (so loss can fall) in one train and one validation shard."""
+    rng = np.random.default_rng(seed)
+    phrases = [rng.integers(1, TINY_VOCAB, size=rng.integers(4, 9)) for _ in range(12)]
+
+    def stream(n: int) -> np.ndarray:
+        out: list[int] = []
+        while len(out) < n:
+            out += [*phrases[int(rng.integers(len(phrases)))].tolist(), 0]
+        return np.asarray(out[:n], dtype="<u2")
+
+    (root / "tokens").mkdir(parents=True, exist_ok=True)
+    shards = {}
+    for split, n in (("train", train_tokens), ("validation", validation_tokens)):
+        path = root / "tokens" / f"{split}-00000.bin"
+        stream(n).tofile(path)
+        shards[split] = [{"path": f"tokens/{split}-00000.bin", "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tokens": n}]
+    manifest = {"dtype": "uint16", "byte_order": "little", "eos_id": 0, "tokenizer": {"vocab_size": TINY_VOCAB}, "shards": shards}
+    manifest["digest"] = _canonical_digest(manifest)
+    (root / "corpus.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> Path:
+    return write_corpus(tmp_path / "corpus")

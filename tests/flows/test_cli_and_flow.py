@@ -14,6 +14,8 @@ from flows.pipeline import hymo_pipeline
 # The pipeline ends with pretraining; a few updates of a tiny model keep this test about the flow.
 TINY_PRETRAIN = {"train": {"batch_size": 2, "seq_len": 8, "max_steps": 2, "warmup_steps": 1, "eval_batches": 1},
                  "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 32, "max_seq_len": 8}}
+# Two-sentence pages: relax the quality stage's length rules so documents reach the stages after it.
+TINY_QUALITY = {"min_words": 20, "c4_min_sentences": 1}
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> Path:
     (tmp_path / "pages" / "empty.html").write_text("", encoding="utf-8")
     (tmp_path / "pages" / "plain.html").write_text("no markup in this file at all, only words", encoding="utf-8")
     spec = write_spec(tmp_path, "pages", "html_dir", "pages", glob="*.html", url_prefix="https://example.org/")
-    config = PipelineConfig(sources=[str(spec)], workers=1, pretrain=TINY_PRETRAIN)
+    config = PipelineConfig(sources=[str(spec)], workers=1, quality=TINY_QUALITY, pretrain=TINY_PRETRAIN)
     summary = hymo_pipeline(config=config, out=str(tmp_path / "run"))
     assert [s["stage"] for s in summary["stages"]][:2] == ["ingest", "extract"]
     assert summary["stages"][-1]["stage"] == "pretrain"
@@ -59,7 +61,7 @@ def test_flow_run_then_audit_why_for_removed_and_kept(tiny_run: Path, capsys: py
 def test_second_identical_run_reuses_every_stage(tiny_run: Path) -> None:
     before = {p: p.stat().st_mtime_ns for p in tiny_run.rglob("manifest.json")}
     spec = tiny_run.parent / "pages.toml"
-    hymo_pipeline(config=PipelineConfig(sources=[str(spec)], workers=1, pretrain=TINY_PRETRAIN), out=str(tiny_run))
+    hymo_pipeline(config=PipelineConfig(sources=[str(spec)], workers=1, quality=TINY_QUALITY, pretrain=TINY_PRETRAIN), out=str(tiny_run))
     assert {p: p.stat().st_mtime_ns for p in tiny_run.rglob("manifest.json")} == before
 
 

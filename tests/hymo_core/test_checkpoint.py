@@ -15,7 +15,7 @@ from hymo_core.model import ModelConfig, Transformer
 from hymo_core.optim import build_optimizer
 from hymo_core.trainer import TrainConfig, TrainState, train
 
-from tiny_corpus import write_corpus
+from conftest import write_corpus
 
 CPU = torch.device("cpu")
 TINY = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, max_seq_len=16)

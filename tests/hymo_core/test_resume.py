@@ -16,7 +16,6 @@ from hymo_core.optim import build_optimizer
 from hymo_core.train import load_run_config, run_training
 from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, restore_rng, train
 
-from tiny_corpus import tiny_corpus  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 N = 8

