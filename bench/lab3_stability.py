@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -111,12 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ffn", type=int, default=352)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", help="comma-separated condition names to run (default: all)")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     corpus = CorpusReader(args.corpus)
     rows = []
-    for condition in conditions(args.high_lr, args.reference_lr, min(args.warmup, args.steps - 1)):
+    chosen = conditions(args.high_lr, args.reference_lr, min(args.warmup, args.steps - 1))
+    if args.only:
+        wanted = [name.strip() for name in args.only.split(",")]
+        unknown = sorted(set(wanted) - {c.name for c in chosen})
+        if unknown:
+            parser.error(f"unknown conditions {unknown}; have {[c.name for c in chosen]}")
+        chosen = [c for c in chosen if c.name in wanted]
+    for condition in chosen:
         rows.append(run(condition, args, corpus))
         r = rows[-1]
         print(f"{r['name']:12} final {r['final']:.3f} worst {r['worst']:.3f} |logit| {r['logit']:.1f} peak {r['peak_logit']:.1f} "

@@ -32,6 +32,8 @@ from hymo_core.model import ModelConfig, Transformer
 from hymo_core.trainer import TrainConfig, TrainState, _window_at, capture_rng, restore_rng
 
 FORMAT_VERSION = 1
+PAYLOAD_KEYS = ("model", "optimizer", "state", "train_config", "model_config", "vocab_size", "optimizer_type", "optimizer_layout",
+                "qk_clip", "manifest_digest", "loaders", "rng", "runtime")
 CHECKPOINT_RE = re.compile(r"^step-(\d{8})\.pt$")
 INDEX_FILE = "checkpoints.json"
 # TrainConfig fields a continuation may change: they steer this session, not the recipe.
@@ -151,6 +153,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not a HyMo checkpoint (no format_version)")
     if payload["format_version"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {payload['format_version']}, this code reads format {FORMAT_VERSION}")
+    missing = [key for key in PAYLOAD_KEYS if key not in payload]
+    if missing:
+        raise CheckpointError(f"{path}: checkpoint lacks {', '.join(missing)}")
     return payload
 
 

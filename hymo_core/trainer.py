@@ -28,7 +28,7 @@ import contextlib
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
 import numpy as np
@@ -48,20 +48,20 @@ MAX_CONSECUTIVE_SKIPS = 32  # seed 002: an fp16 run that cannot make progress mu
 class TrainConfig:
     """One training recipe (seed 002, TrainConfig). Defaults: the sample's small CPU run."""
 
-    batch_size: int = 16
-    seq_len: int = 128
-    peak_lr: float = 3e-3
+    batch_size: int = 8
+    seq_len: int = 64
+    peak_lr: float = 4e-3
     weight_decay: float = 0.1
-    max_steps: int = 300  # successful updates this session may reach (absolute)
-    warmup_steps: int = 30
+    max_steps: int = 200  # successful updates this session may reach (absolute)
+    warmup_steps: int = 20
     schedule: str = "cosine"  # constant | cosine | wsd
     horizon_steps: int = 0  # where decay ends; 0 = max_steps. Set it when a session stops early on purpose
     decay_steps: int = 0  # wsd only
     min_lr_ratio: float = 0.1
     log_interval: int = 10
-    eval_interval: int = 100
+    eval_interval: int = 50
     checkpoint_interval: int = 100
-    eval_batches: int = 8  # fixed validation prefix, in batches
+    eval_batches: int = 16  # fixed validation prefix, in batches
     keep_checkpoints: int = 2  # the last K, plus the best by validation loss
     gradient_accumulation_steps: int = 1
     precision: str = "fp32"  # fp32 | bf16 | fp16

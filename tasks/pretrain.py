@@ -13,13 +13,14 @@ is removed once the stage has published.
 """
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hymo_core.model import ModelConfig
-from hymo_core.train import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SUMMARY_FILE, run_training
+from hymo_core.train import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE, run_training
 from hymo_core.trainer import TrainConfig
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.stage_runner import run_artifact_stage, stage_cache_key
@@ -28,19 +29,16 @@ STAGE = "pretrain"
 VERSION = "1"
 CHECKPOINT_ROOT = ".pretrain_ckpt"
 
-# The sample recipe: ~1.8 M parameters (1 M of them the tied 8,192 x 128 embedding), 16 x 64 tokens per update.
-SAMPLE_TRAIN = TrainConfig(batch_size=16, seq_len=64, peak_lr=3e-3, max_steps=300, warmup_steps=30, schedule="cosine",
-                           log_interval=10, eval_interval=50, checkpoint_interval=50, eval_batches=8)
-SAMPLE_PRETRAIN_MODEL = ModelConfig(**{**asdict(SAMPLE_MODEL), "d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4,
-                                       "ffn_dim": 344, "max_seq_len": 64})
 
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """Seed 002's TrainConfig and the model shape; the vocabulary size always comes from the corpus."""
+    """Seed 002's TrainConfig and the model shape (default: the sample recipe, hymo_core.train.SAMPLE_*);
+    the vocabulary size always comes from the corpus. `train.max_steps` is the knob for a shorter run.
+    A `[pretrain.model]` table is a whole ModelConfig: keys it omits take ModelConfig's (Lab 2) defaults."""
 
     train: TrainConfig = field(default_factory=lambda: SAMPLE_TRAIN)
-    model: ModelConfig = field(default_factory=lambda: SAMPLE_PRETRAIN_MODEL)
+    model: ModelConfig = field(default_factory=lambda: SAMPLE_MODEL)
     cloze: str = ""  # a cloze JSONL scored into summary.json; "" = the bundled sample set
 
 
@@ -57,7 +55,7 @@ def checkpoint_home(out_dir: Path, shards_dir: Path, config: PretrainConfig) -> 
 
 def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
     summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config))
-    for name in (SUMMARY_FILE, METRICS_FILE, LOSS_PICTURE):
+    for name in (METRICS_FILE, LOSS_PICTURE):
         shutil.copy2(home / name, work_dir / name)
     (work_dir / CHECKPOINT_DIR).mkdir()
     published = {Path(summary["checkpoint"]).name}
@@ -65,12 +63,17 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
         published.add(summary["best_checkpoint"])
     for name in sorted(published):
         shutil.copy2(home / CHECKPOINT_DIR / name, work_dir / CHECKPOINT_DIR / name)
+    # Paths relative to the published stage: the persistent directory goes away after publishing.
+    summary["checkpoint"] = f"{CHECKPOINT_DIR}/{Path(summary['checkpoint']).name}"
+    if summary.get("best_checkpoint"):
+        summary["best_checkpoint"] = f"{CHECKPOINT_DIR}/{summary['best_checkpoint']}"
+    (work_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     metric_rows = sum(1 for _ in open(work_dir / METRICS_FILE, encoding="utf-8"))
     artifacts = [(SUMMARY_FILE, None), (METRICS_FILE, metric_rows), (LOSS_PICTURE, None)]
     artifacts += [(f"{CHECKPOINT_DIR}/{name}", None) for name in sorted(published)]
     extra = {k: summary.get(k) for k in ("final_step", "final_train_loss", "final_val_loss", "weights_sha256", "tokens_seen",
                                          "skipped_updates", "parameters", "resumed_from")}
-    extra["checkpoint"] = f"{CHECKPOINT_DIR}/{Path(summary['checkpoint']).name}"
+    extra["checkpoint"] = summary["checkpoint"]
     if "cloze" in summary:
         extra["cloze_accuracy"] = summary["cloze"]["accuracy"]
     return artifacts, extra

@@ -16,6 +16,7 @@ from hymo_core.optim import build_optimizer
 from hymo_core.train import load_run_config, run_training
 from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, restore_rng, train
 
+
 REPO = Path(__file__).resolve().parents[2]
 N = 8
 RECIPE = f"""
@@ -83,3 +84,17 @@ def test_split_run_in_a_new_process_equals_uninterrupted_run(tiny_corpus, tmp_pa
     assert control_losses[N // 2 + 1] == whole_losses[N // 2 + 1]  # same weights and data: the first loss agrees
     assert any(control_losses[s] != whole_losses[s] for s in range(N // 2 + 2, N + 1))
     assert weights_sha256(model) != whole["weights_sha256"]
+
+
+def test_corrupt_newest_checkpoint_is_reported_and_the_previous_one_resumed(tiny_corpus, tmp_path):
+    config = TrainConfig(batch_size=4, seq_len=16, max_steps=4, warmup_steps=1, log_interval=1, eval_interval=2,
+                         checkpoint_interval=2, eval_batches=1)
+    model = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
+    first = run_training(tiny_corpus, tmp_path / "out", config, model, resume=False, progress=False)
+    newest = tmp_path / "out" / "checkpoints" / "step-00000004.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    messages = []
+    again = run_training(tiny_corpus, tmp_path / "out", config, model, resume=True, progress=False, log=messages.append)
+    assert any("truncated or corrupt" in m and "step-00000002.pt" in m for m in messages)
+    assert again["resumed_from"].endswith("step-00000002.pt")
+    assert again["weights_sha256"] == first["weights_sha256"]  # steps 3-4 replayed bit for bit

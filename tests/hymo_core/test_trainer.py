@@ -14,6 +14,7 @@ from hymo_core.optim import build_optimizer
 from hymo_core.schedule import learning_rate_at_step
 from hymo_core.trainer import MAX_CONSECUTIVE_SKIPS, QKClip, TrainConfig, TrainHooks, TrainState, evaluate, train
 
+
 CPU = torch.device("cpu")
 
 
@@ -196,3 +197,25 @@ def test_loss_falls_and_intervals_fire_on_final_step(tiny_corpus):
     assert state.best_val_loss == min(v for _, v in evals)
     record = logs[-1]
     assert set(record["lr"]) == {"muon", "adamw", "adamw_no_decay"} and record["tokens_per_s"] > 0 and record["max_attention_logit"] > 0
+
+
+def test_overfit_mode_rereads_one_batch_without_moving_the_cursor(tiny_corpus):
+    model, optimizer, loader, config = setup(tiny_corpus, overfit_one_batch=True, max_steps=12, peak_lr=1e-2, warmup_steps=2)
+    loader.next_batch()  # the fixed batch is the one at the cursor when training starts
+    expected = loader.state_dict()
+    losses = []
+    state = train(model, optimizer, loader, None, config, TrainState(), CPU, TrainHooks(on_update=lambda s, loss, lr: losses.append(loss)))
+    assert state.fixed_batch_offset == config.batch_size and loader.state_dict() == expected
+    assert losses[-1] < losses[0] - 1.0
+
+
+def test_training_core_imports_no_pipeline_and_no_prefect():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, hymo_core.train, hymo_core.checkpoint, hymo_core.evaluation; "
+            "bad = sorted({m.split('.')[0] for m in sys.modules} & {'prefect', 'tasks', 'flows', 'manifests'}); "
+            "assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

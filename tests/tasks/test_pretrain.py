@@ -46,6 +46,7 @@ def test_killed_pretrain_resumes_from_its_checkpoint_then_publishes(tiny_run: Pa
     manifest = run_pretrain(TINY, shards, out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-00000002.pt") and summary["final_step"] == 4
+    assert summary["checkpoint"] == "checkpoints/step-00000004.pt" and (out / summary["checkpoint"]).is_file()
     assert summary["final_val_loss"] is not None and len(summary["weights_sha256"]) == 64
     assert 0 <= summary["cloze"]["accuracy"] <= 1 and summary["cloze"]["items"] == 40
     paths = {o.path for o in manifest.files("artifact")}
