@@ -33,8 +33,11 @@ def _plan_commands(subparsers: Any) -> None:
 EXTRA_COMMANDS.append(_plan_commands)
 
 
-def _rules(counts: dict[str, int]) -> str:
-    return ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
+def _rules(counts: dict[str, int], top: int = 3) -> str:
+    """The largest rules of a stage; `hymo audit summary --json` has all of them."""
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    shown = ", ".join(f"{rule} {n}" for rule, n in ranked[:top])
+    return (shown + (f", +{len(ranked) - top} more rules" if len(ranked) > top else "")) or "-"
 
 
 def print_funnel(run: Path) -> None:
