@@ -172,9 +172,9 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
             out = stage_path(run, entry.name)
             previous = previous_stage_path(run, entry.name)
             if entry.doc_stage is not None:
-                result = run_doc_stage(entry, config, previous, out, task_runner, workers)
+                run_doc_stage(entry, config, previous, out, task_runner, workers)
             else:
-                result = whole_stage(entry.name, config, str(run), str(previous) if previous else None, str(out))
+                whole_stage(entry.name, config, str(run), str(previous) if previous else None, str(out))
             manifest = read_manifest(out, verify=False)
             counts = manifest.counts
             publish_stage_artifacts(run, entry.name, manifest)
