@@ -70,6 +70,12 @@ def extract_main_text(job: tuple[str, str, str, bool, bool]) -> str | None:
     )
 
 
+def extract_page(job: tuple[str, str, str, bool, bool, bool]) -> tuple[str | None, str | None]:
+    """Main text and, when asked, its encoding-repaired form: both in the child, so repair runs in parallel too."""
+    text = extract_main_text(job[:5])
+    return text, (repair_mojibake(text) if job[5] and text else None)
+
+
 def repair_mojibake(text: str) -> str:
     """Only encoding repair: quotes, widths, ligatures and line breaks stay as the author wrote them."""
     import ftfy
@@ -105,11 +111,13 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, wo
         elif not looks_like_html(row["text"]):
             audit.append({"id": row["id"], "action": "removed", "rule": "extract_not_html", "detail": {"url": row["url"], "head": row["text"][:80]}})
         else:
-            jobs.append((row["text"], row["url"], config.favor, config.include_tables, config.include_comments))
+            jobs.append((row["text"], row["url"], config.favor, config.include_tables, config.include_comments, config.repair_encoding))
             job_rows.append(row)
-    warmup = (WARMUP_PAGE, "https://example.org/warm-up", config.favor, config.include_tables, config.include_comments)
-    outcomes = map_with_deadline(extract_main_text, jobs, config.timeout_s, warmup=warmup, workers=workers) if jobs else []
-    for row, (status, result) in zip(job_rows, outcomes):
+    warmup = (WARMUP_PAGE, "https://example.org/warm-up", config.favor, config.include_tables, config.include_comments, config.repair_encoding)
+    outcomes = map_with_deadline(extract_page, jobs, config.timeout_s, warmup=warmup, workers=workers) if jobs else []
+    repaired_in_child: dict[str, str] = {}
+    for row, (status, answer) in zip(job_rows, outcomes):
+        result, repaired = answer if status == OK else (answer, None)
         html_chars = len(row["text"])
         if status == TIMEOUT:
             audit.append({"id": row["id"], "action": "removed", "rule": "extract_timeout", "value": config.timeout_s, "threshold": config.timeout_s, "detail": {"url": row["url"], "html_chars": html_chars}})
@@ -121,9 +129,11 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, wo
             row["text"] = result
             audit.append({"id": row["id"], "action": "modified", "rule": "html_main_text", "value": len(result), "detail": {"html_chars": html_chars, "text_chars": len(result)}})
             kept.append(row)
+            if repaired is not None:
+                repaired_in_child[row["id"]] = repaired
     if config.repair_encoding:
         for row in kept:
-            repaired = repair_mojibake(row["text"])
+            repaired = repaired_in_child.get(row["id"]) or repair_mojibake(row["text"])
             if repaired != row["text"]:
                 audit.append({"id": row["id"], "action": "modified", "rule": "mojibake_repaired", "value": sum(a != b for a, b in zip(row["text"], repaired)) + abs(len(repaired) - len(row["text"])), "detail": first_difference(row["text"], repaired)})
                 row["text"] = repaired
