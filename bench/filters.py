@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.report import markdown_table  # noqa: E402
 
 from manifests.schema import docs_table  # noqa: E402
 from tasks.quality import QualityConfig, evaluate, run_quality, whitespace_rules  # noqa: E402
@@ -64,9 +65,6 @@ def write_shards(rows: list[dict], shards: int, jsonl_dir: Path, stage_dir: Path
     writer.publish()
 
 
-def markdown_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
 def main() -> int:

@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.report import markdown_table  # noqa: E402
 
 from flows.config import load_config  # noqa: E402
 from manifests.stage_manifest import is_complete, read_manifest  # noqa: E402
@@ -45,10 +46,6 @@ def extracted_docs(work: Path, workers: int) -> list[dict]:
     return rows
 
 
-def markdown_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def crosstab(labels: list[str], reasons: list[str]) -> str:
