@@ -27,6 +27,7 @@ from prefect import task
 
 from manifests.atomic import atomic_write_parquet, atomic_write_text
 from manifests.stage_manifest import StageManifest, read_manifest
+from tasks.encoding import encoded_batches
 from tasks.split import iter_split_docs, seeded_rank
 from tasks.stage_runner import run_artifact_stage
 from tasks.tokenizer import TOKENIZER_FILE, load_tokenizer
@@ -36,7 +37,6 @@ VERSION = "1"
 PLAN_FILE = "plan.parquet"
 TABLE_FILE = "mixture.json"
 UNKNOWN_LANG = "und"
-ENCODE_BATCH_DOCS = 512  # documents per encode_batch call: Rayon threads stay busy, memory stays small
 
 
 @dataclass(frozen=True)
@@ -105,12 +105,9 @@ def repeats_for_group(docs: list[tuple[str, int]], target: float, max_epochs: fl
 def count_tokens(split_dir: Path, tokenizer) -> list[dict[str, Any]]:
     """Tokens per training document, EOS included (what it occupies in the stream)."""
     rows = []
-    for table in iter_split_docs(split_dir, "train", ["id", "source", "lang", "text"]):
-        for start in range(0, table.num_rows, ENCODE_BATCH_DOCS):
-            batch = table.slice(start, ENCODE_BATCH_DOCS)
-            encodings = tokenizer.encode_batch(batch.column("text").to_pylist(), add_special_tokens=False)
-            for doc_id, source, lang, enc in zip(batch.column("id").to_pylist(), batch.column("source").to_pylist(), batch.column("lang").to_pylist(), encodings):
-                rows.append({"id": doc_id, "source": source, "lang": lang or UNKNOWN_LANG, "tokens": len(enc.ids) + 1})
+    for batch, ids in encoded_batches(tokenizer, iter_split_docs(split_dir, "train", ["id", "source", "lang", "text"])):
+        for doc_id, source, lang, doc_ids in zip(batch.column("id").to_pylist(), batch.column("source").to_pylist(), batch.column("lang").to_pylist(), ids):
+            rows.append({"id": doc_id, "source": source, "lang": lang or UNKNOWN_LANG, "tokens": len(doc_ids) + 1})
     return rows
 
 

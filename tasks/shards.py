@@ -4,7 +4,7 @@ Seed 001 (packing; shards and loaders): documents joined with EOS into one
 stream (windows may later cross an EOS, as in Lab 2), stored as flat arrays of
 token ids, uint16 when every id fits in 65,536, else uint32 (little-endian
 here, whatever the machine). Each unique document is tokenised once
-(`encode_batch`, Rust threads); its mixture repeats are copies, placed in
+(tasks.encoding: batches on every core); its mixture repeats are copies, placed in
 epoch-major seeded order so a repeat never sits beside its original. A shard
 holds at most `tokens_per_shard` tokens; a document crossing a boundary gets
 one index row in each shard. Index rows (doc_id, offset, length, doc_start,
@@ -30,7 +30,8 @@ from manifests.corpus import (CORPUS_FILE, filters_by_source, ingested_by_source
 from manifests.digest import sha256_file
 from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.mixture import ENCODE_BATCH_DOCS, PLAN_FILE, TABLE_FILE
+from tasks.encoding import encoded_batches, ids_with_eos
+from tasks.mixture import PLAN_FILE, TABLE_FILE
 from tasks.split import HELD_OUT_RULE, VALIDATION, iter_split_docs, seeded_rank
 from tasks.stage_runner import run_artifact_stage
 from tasks.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
@@ -58,12 +59,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= UINT16_LIMIT else np.dtype("<u4")
 
 
-def encode_documents(tokenizer, texts: list[str], eos_id: int, dtype: np.dtype) -> list[np.ndarray]:
-    """Each text's ids followed by EOS: one `encode_batch` call runs on all cores."""
-    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-    return [np.append(np.asarray(e.ids, dtype=dtype), np.array([eos_id], dtype=dtype)) for e in encodings]
-
-
 class TokenCache:
     """Every needed document's tokens, once, in a flat file: repeats and shuffles read from it by memmap."""
 
@@ -73,10 +68,12 @@ class TokenCache:
         self.size = 0
         self.handle = open(path, "wb")
 
-    def add(self, doc_id: str, tokens: np.ndarray) -> None:
-        self.handle.write(tokens.tobytes())
-        self.spans[doc_id] = (self.size, len(tokens))
-        self.size += len(tokens)
+    def add_batch(self, doc_ids: list[str], flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Documents laid end to end in `flat`, `lengths` tokens each."""
+        self.handle.write(flat.tobytes())
+        starts = (self.size + np.cumsum(lengths) - lengths).tolist()
+        self.spans.update(zip(doc_ids, zip(starts, lengths.tolist())))
+        self.size += len(flat)
 
     def freeze(self) -> np.ndarray:
         self.handle.close()
@@ -84,13 +81,11 @@ class TokenCache:
 
 
 def fill_cache(tables: Iterable[pa.Table], wanted: set[str] | None, tokenizer, eos_id: int, cache: TokenCache) -> None:
-    for table in tables:
-        if wanted is not None:
-            table = table.filter(pc.is_in(table.column("id"), value_set=pa.array(sorted(wanted), type=pa.string())))
-        for start in range(0, table.num_rows, ENCODE_BATCH_DOCS):
-            batch = table.slice(start, ENCODE_BATCH_DOCS)
-            for doc_id, tokens in zip(batch.column("id").to_pylist(), encode_documents(tokenizer, batch.column("text").to_pylist(), eos_id, cache.dtype)):
-                cache.add(doc_id, tokens)
+    if wanted is not None:
+        wanted_ids = pa.array(sorted(wanted), type=pa.string())
+        tables = (table.filter(pc.is_in(table.column("id"), value_set=wanted_ids)) for table in tables)
+    for batch, ids in encoded_batches(tokenizer, tables):
+        cache.add_batch(batch.column("id").to_pylist(), *ids_with_eos(ids, eos_id, cache.dtype))
 
 
 def occurrence_order(repeats: dict[str, int], seed: int) -> list[tuple[str, int]]:

@@ -23,6 +23,7 @@ from prefect import task
 
 from manifests.atomic import atomic_write_text
 from manifests.digest import sha256_file
+from tasks.encoding import encode_texts
 from manifests.stage_manifest import StageManifest
 from tasks.split import iter_split_docs, seeded_rank
 from tasks.stage_runner import run_artifact_stage
@@ -86,14 +87,13 @@ def vocab_size_of(tokenizer) -> int:
 
 
 def round_trip_failures(tokenizer, ids: list[str], texts: list[str]) -> list[str]:
-    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-    decoded = tokenizer.decode_batch([e.ids for e in encodings], skip_special_tokens=False)
+    decoded = tokenizer.decode_batch(encode_texts(tokenizer, texts), skip_special_tokens=False)
     return [doc_id for doc_id, text, back in zip(ids, texts, decoded) if text != back]
 
 
 def compression(tokenizer, texts: list[str]) -> dict[str, float]:
     """Lab 2's diagnostics: characters per token and tokens per whitespace word."""
-    tokens = sum(len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False))
+    tokens = sum(map(len, encode_texts(tokenizer, texts)))
     chars = sum(len(t) for t in texts)
     words = sum(len(t.split()) for t in texts)
     return {"documents": len(texts), "chars": chars, "tokens": tokens,

@@ -97,7 +97,7 @@ def small_cache(tmp_path, docs):
 
     cache = TokenCache(tmp_path / "cache", np.dtype("<u2"))
     for doc_id, n in docs:
-        cache.add(doc_id, np.arange(n, dtype="<u2"))
+        cache.add_batch([doc_id], np.arange(n, dtype="<u2"), np.array([n]))
     return cache, cache.freeze()
 
 
