@@ -21,7 +21,7 @@ from prefect import task
 from manifests.schema import docs_table
 from manifests.stage_manifest import StageManifest
 from tasks.stage_runner import ShardOutcome, StageDef, default_workers, run_stage
-from tasks.watchdog import ERROR, OK, TIMEOUT, map_with_deadline
+from tasks.watchdog import ERROR, OK, TIMEOUT, SupervisedPool
 
 STAGE = "extract"
 VERSION = "1"
@@ -94,7 +94,16 @@ def first_difference(before: str, after: str, width: int = 40) -> dict[str, str]
     return {"before": before[max(0, i - 10): i + width], "after": after[max(0, i - 10): i + width]}
 
 
-def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, workers: int = 1) -> ShardOutcome:
+def page_job(html: str, url: str, config: ExtractConfig) -> tuple[str, str, str, bool, bool, bool]:
+    return (html, url, config.favor, config.include_tables, config.include_comments, config.repair_encoding)
+
+
+def extraction_pool(config: ExtractConfig, workers: int) -> SupervisedPool:
+    return SupervisedPool(extract_page, config.timeout_s, warmup=page_job(WARMUP_PAGE, "https://example.org/warm-up", config), workers=workers)
+
+
+def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, pool: SupervisedPool | None = None) -> ShardOutcome:
+    """One shard; its pages go to `pool` (the stage's children), or to children started for this shard alone."""
     rows = docs.to_pylist()
     audit: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
@@ -111,10 +120,15 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, wo
         elif not looks_like_html(row["text"]):
             audit.append({"id": row["id"], "action": "removed", "rule": "extract_not_html", "detail": {"url": row["url"], "head": row["text"][:80]}})
         else:
-            jobs.append((row["text"], row["url"], config.favor, config.include_tables, config.include_comments, config.repair_encoding))
+            jobs.append(page_job(row["text"], row["url"], config))
             job_rows.append(row)
-    warmup = (WARMUP_PAGE, "https://example.org/warm-up", config.favor, config.include_tables, config.include_comments, config.repair_encoding)
-    outcomes = map_with_deadline(extract_page, jobs, config.timeout_s, warmup=warmup, workers=workers) if jobs else []
+    if not jobs:
+        outcomes = []
+    elif pool is not None:
+        outcomes = pool.map(jobs)
+    else:
+        with extraction_pool(config, default_workers()) as own:
+            outcomes = own.map(jobs)
     repaired_in_child: dict[str, str] = {}
     for row, (status, answer) in zip(job_rows, outcomes):
         result, repaired = answer if status == OK else (answer, None)
@@ -143,9 +157,10 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, wo
 
 
 def run_extract(config: ExtractConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
-    # Pages, not shards, are spread over the cores: HTML is often concentrated in a few shards.
-    stage = StageDef(STAGE, VERSION, partial(extract_shard, workers=workers or default_workers()))
-    return run_stage(stage, config, input_dir, out_dir, workers=1)
+    # Pages, not shards, are spread over the cores (HTML is often concentrated in a few shards),
+    # by one set of children that serves every shard of the stage.
+    with extraction_pool(config, workers or default_workers()) as pool:
+        return run_stage(StageDef(STAGE, VERSION, partial(extract_shard, pool=pool)), config, input_dir, out_dir, workers=1)
 
 
 @task(name="extract", task_run_name="extract")

@@ -68,6 +68,91 @@ class _Child:
         self.conn.close()
 
 
+class SupervisedPool:
+    """Children that outlive one `map`: a stage pays their start and warm-up once, not once per shard.
+
+    `warmup` is an item each fresh child processes (untimed, result dropped)
+    before its first real one. Children start on the first `map` that needs
+    them, so a stage that turns out to be cached starts none.
+    """
+
+    def __init__(self, fn: Callable[[Any], Any], timeout_s: float, warmup: Any = None, workers: int = 1, start_method: str = "forkserver"):
+        self.fn, self.timeout_s, self.warmup = fn, timeout_s, warmup
+        self.workers = max(1, workers)
+        self.context = mp.get_context(start_method)
+        self.children: list[_Child] = []
+
+    def __enter__(self) -> "SupervisedPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for child in self.children:
+            child.stop(kill=child.item is not None)
+        self.children = []
+
+    def _spawn(self) -> None:
+        self.children.append(_Child(self.fn, self.context, self.warmup))
+
+    def map(self, items: Iterable[Any]) -> list[tuple[str, Any]]:
+        """[(OK, result) | (ERROR, message) | (TIMEOUT, None)] in item order; no item runs longer than timeout_s."""
+        items = list(items)
+        results: list[tuple[str, Any] | None] = [None] * len(items)
+        pending = deque(range(len(items)))
+        while len(self.children) < min(self.workers, len(items)):
+            self._spawn()
+        children = self.children
+
+        def replace(child: _Child) -> None:
+            child.stop(kill=True)
+            children.remove(child)
+            if pending:
+                self._spawn()
+
+        try:
+            while pending or any(c.item is not None for c in children):
+                for child in children:
+                    if child.ready and child.item is None and pending:
+                        index = pending.popleft()
+                        try:
+                            child.conn.send(items[index])
+                            child.item, child.since = index, time.monotonic()
+                        except OSError:
+                            results[index] = (ERROR, "worker process died before taking the item")
+                deadlines = [c.since + (self.timeout_s if c.ready else STARTUP_TIMEOUT_S) for c in children]
+                wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
+                answered = wait([c.conn for c in children], timeout=wait_s)
+                now = time.monotonic()
+                for child in list(children):
+                    if child.conn in answered:
+                        try:
+                            message = child.conn.recv()
+                        except (EOFError, OSError):
+                            # The child died (a C-level crash, out of memory) on this item.
+                            if child.item is not None:
+                                results[child.item] = (ERROR, "worker process died")
+                            elif not child.ready:
+                                raise RuntimeError("extraction worker died while starting")
+                            replace(child)
+                            continue
+                        if message == READY:
+                            child.ready = True
+                        else:
+                            results[child.item] = message
+                            child.item = None
+                    elif not child.ready and now - child.since > STARTUP_TIMEOUT_S:
+                        raise RuntimeError(f"worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+                    elif child.item is not None and now - child.since > self.timeout_s:
+                        results[child.item] = (TIMEOUT, None)
+                        replace(child)
+        except BaseException:
+            self.close()
+            raise
+        return [r if r is not None else (ERROR, "not processed") for r in results]
+
+
 def map_with_deadline(
     fn: Callable[[Any], Any],
     items: Iterable[Any],
@@ -76,59 +161,6 @@ def map_with_deadline(
     workers: int = 1,
     start_method: str = "forkserver",
 ) -> list[tuple[str, Any]]:
-    """[(OK, result) | (ERROR, message) | (TIMEOUT, None)] in item order; no item runs longer than timeout_s.
-
-    `warmup` is an item each fresh child processes (untimed, result dropped) before its first real one.
-    """
-    items = list(items)
-    results: list[tuple[str, Any] | None] = [None] * len(items)
-    pending = deque(range(len(items)))
-    context = mp.get_context(start_method)
-    children = [_Child(fn, context, warmup) for _ in range(min(max(1, workers), len(items)))]
-
-    def replace(child: _Child) -> None:
-        child.stop(kill=True)
-        children.remove(child)
-        if pending:
-            children.append(_Child(fn, context, warmup))
-
-    try:
-        while pending or any(c.item is not None for c in children):
-            for child in children:
-                if child.ready and child.item is None and pending:
-                    index = pending.popleft()
-                    try:
-                        child.conn.send(items[index])
-                        child.item, child.since = index, time.monotonic()
-                    except OSError:
-                        results[index] = (ERROR, "worker process died before taking the item")
-            deadlines = [c.since + (timeout_s if c.ready else STARTUP_TIMEOUT_S) for c in children]
-            wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
-            answered = wait([c.conn for c in children], timeout=wait_s)
-            now = time.monotonic()
-            for child in list(children):
-                if child.conn in answered:
-                    try:
-                        message = child.conn.recv()
-                    except (EOFError, OSError):
-                        # The child died (a C-level crash, out of memory) on this item.
-                        if child.item is not None:
-                            results[child.item] = (ERROR, "worker process died")
-                        elif not child.ready:
-                            raise RuntimeError("extraction worker died while starting")
-                        replace(child)
-                        continue
-                    if message == READY:
-                        child.ready = True
-                    else:
-                        results[child.item] = message
-                        child.item = None
-                elif not child.ready and now - child.since > STARTUP_TIMEOUT_S:
-                    raise RuntimeError(f"worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
-                elif child.item is not None and now - child.since > timeout_s:
-                    results[child.item] = (TIMEOUT, None)
-                    replace(child)
-    finally:
-        for child in children:
-            child.stop(kill=child.item is not None)
-    return [r if r is not None else (ERROR, "not processed") for r in results]
+    """One `SupervisedPool.map` with children that stop afterwards."""
+    with SupervisedPool(fn, timeout_s, warmup, workers, start_method) as pool:
+        return pool.map(items)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from manifests.sources import load_spec_file
 from tasks.extract import ExtractConfig, extract_shard, repair_mojibake, run_extract
 from tasks.ingest import IngestConfig, run_ingest
 from tasks.stage_runner import read_stage_audit, read_stage_docs
-from tasks.watchdog import ERROR, OK, TIMEOUT, map_with_deadline
+from tasks.watchdog import ERROR, OK, TIMEOUT, SupervisedPool, map_with_deadline
 
 
 def html_doc(doc_id: str, html: str) -> dict:
@@ -94,3 +95,23 @@ def test_parallel_children_keep_item_order_and_isolate_a_hang() -> None:
     results = map_with_deadline(sleepy, [1, 2, 3, 4, 5, 6, 7], timeout_s=2.0, workers=2)
     assert [r[0] for r in results] == [OK, TIMEOUT, OK, ERROR, OK, OK, OK]
     assert [r[1] for r in results if r[0] == OK] == [10, 30, 50, 60, 70]
+
+
+def pid_of(item: int) -> int:
+    if item == 2:
+        time.sleep(60)
+    return os.getpid()
+
+
+def test_pool_children_serve_every_map_and_a_hung_one_is_replaced() -> None:
+    with SupervisedPool(pid_of, timeout_s=2.0, workers=2) as pool:
+        assert all(status == OK for status, _ in pool.map([1, 1, 1, 1]))
+        children = {c.process.pid for c in pool.children}
+        answered = {pid for _, pid in pool.map([1, 1, 1, 1])}
+        assert len(children) == 2 and answered <= children  # no restart between maps (one per shard in a stage)
+        assert {c.process.pid for c in pool.children} == children
+        assert pool.map([2, 1, 1])[0] == (TIMEOUT, None)
+        assert all(status == OK for status, _ in pool.map([1, 1]))  # tops the pool up again
+        survivors = {c.process.pid for c in pool.children}
+        assert len(survivors) == 2 and len(survivors & children) == 1  # the hung child was killed and replaced
+    assert pool.children == []
