@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from manifests.sources import SourceSpec  # noqa: E402
-from tasks.extract import ExtractConfig, extract_main_text, run_extract  # noqa: E402
+from tasks.extract import ExtractConfig, run_extract  # noqa: E402
+from tasks.extract_page import extract_main_text  # noqa: E402
 from tasks.ingest import IngestConfig, run_ingest  # noqa: E402
 from tasks.stage_runner import default_workers  # noqa: E402
 

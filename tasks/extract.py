@@ -20,6 +20,7 @@ from prefect import task
 
 from manifests.schema import docs_table
 from manifests.stage_manifest import StageManifest
+from tasks.extract_page import extract_page, repair_mojibake
 from tasks.stage_runner import ShardOutcome, StageDef, default_workers, run_stage
 from tasks.watchdog import ERROR, OK, TIMEOUT, SupervisedPool
 
@@ -53,42 +54,6 @@ def looks_like_html(text: str) -> bool:
     return HTML_SNIFF.search(text[:65536].encode("utf-8", "ignore")) is not None
 
 
-def extract_main_text(job: tuple[str, str, str, bool, bool]) -> str | None:
-    """Trafilatura on one page (runs in the supervised child)."""
-    import trafilatura
-
-    html, url, favor, include_tables, include_comments = job
-    return trafilatura.extract(
-        html,
-        url=url or None,
-        include_tables=include_tables,
-        include_comments=include_comments,
-        favor_precision=favor == "precision",
-        favor_recall=favor == "recall",
-        deduplicate=False,
-        with_metadata=False,
-    )
-
-
-def extract_page(job: tuple[str, str, str, bool, bool, bool]) -> tuple[str | None, str | None]:
-    """Main text and, when asked, its encoding-repaired form: both in the child, so repair runs in parallel too."""
-    text = extract_main_text(job[:5])
-    return text, (repair_mojibake(text) if job[5] and text else None)
-
-
-def repair_mojibake(text: str) -> str:
-    """Only encoding repair: quotes, widths, ligatures and line breaks stay as the author wrote them."""
-    import ftfy
-
-    config = ftfy.TextFixerConfig(
-        unescape_html=False, remove_terminal_escapes=False, fix_encoding=True, restore_byte_a0=True,
-        replace_lossy_sequences=True, decode_inconsistent_utf8=True, fix_c1_controls=True,
-        fix_latin_ligatures=False, fix_character_width=False, uncurl_quotes=False,
-        fix_line_breaks=False, fix_surrogates=True, remove_control_chars=False, normalization=None,
-    )
-    return ftfy.fix_text(text, config=config)
-
-
 def first_difference(before: str, after: str, width: int = 40) -> dict[str, str]:
     i = next((k for k, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
     return {"before": before[max(0, i - 10): i + width], "after": after[max(0, i - 10): i + width]}
@@ -107,7 +72,7 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
     rows = docs.to_pylist()
     audit: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
-    jobs, job_rows = [], []
+    jobs, job_rows, sizes = [], [], []
     for row in rows:
         meta = json.loads(row["meta"])
         row["meta"] = meta
@@ -122,13 +87,14 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
         else:
             jobs.append(page_job(row["text"], row["url"], config))
             job_rows.append(row)
+            sizes.append(size)
     if not jobs:
         outcomes = []
     elif pool is not None:
-        outcomes = pool.map(jobs)
+        outcomes = pool.map(jobs, costs=sizes)
     else:
         with extraction_pool(config, default_workers()) as own:
-            outcomes = own.map(jobs)
+            outcomes = own.map(jobs, costs=sizes)
     repaired_in_child: dict[str, str] = {}
     for row, (status, answer) in zip(job_rows, outcomes):
         result, repaired = answer if status == OK else (answer, None)

@@ -2,16 +2,26 @@
 
 Python-level timeouts (signals) cannot interrupt a parser stuck inside C code;
 killing the process can. The parent hands one item at a time to each child
-over a pipe and waits at most `timeout_s` for each answer; on a timeout it kills
-that child, records the item as timed out and starts a fresh child for the rest.
-Several children run at once, so one slow page does not idle the other cores.
+over a socket and waits at most `timeout_s` for each answer; on a timeout it
+kills that child, records the item as timed out and starts a fresh child for
+the rest. Several children run at once, so one slow page does not idle the
+other cores.
+
+Children are fresh interpreters (`python -c`), not multiprocessing
+spawn/forkserver processes: those re-import the parent's `__main__` (for
+`hymo run` the whole CLI, Prefect included: seconds per start), while a fresh
+interpreter imports only this module and the one that defines the function.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
+import pickle
+import socket
+import subprocess
+import sys
 import time
 from collections import deque
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable
 
 TIMEOUT = "timeout"
@@ -19,9 +29,13 @@ ERROR = "error"
 OK = "ok"
 READY = "ready"
 STARTUP_TIMEOUT_S = 300.0  # imports in a fresh process on a loaded machine; not charged to any item
+CHILD_BOOT = "import sys; from tasks.watchdog import child_main; child_main(int(sys.argv[1]))"
 
 
-def _serve(fn: Callable[[Any], Any], conn, warmup: Any) -> None:
+def child_main(fd: int) -> None:
+    """Entry point of a child: receive the function and warm-up item, then serve items until told to stop."""
+    conn = Connection(fd)
+    fn, warmup = conn.recv()
     if warmup is not None:  # first calls pay lazy imports; keep that off every item's clock
         try:
             fn(warmup)
@@ -41,14 +55,21 @@ def _serve(fn: Callable[[Any], Any], conn, warmup: Any) -> None:
             conn.send((ERROR, f"{type(exc).__name__}: {exc}"[:500]))
 
 
+def child_environment() -> dict[str, str]:
+    """The parent's import path, so the child finds `fn` wherever the parent found it."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
 class _Child:
     """One worker process; `item` is the index it is working on, `since` when it got it."""
 
-    def __init__(self, fn: Callable[[Any], Any], context: mp.context.BaseContext, warmup: Any):
-        self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_serve, args=(fn, child_conn, warmup), daemon=True)
-        self.process.start()
-        child_conn.close()
+    def __init__(self, fn: Callable[[Any], Any], warmup: Any):
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen([sys.executable, "-c", CHILD_BOOT, str(theirs.fileno())],
+                                        pass_fds=(theirs.fileno(),), env=child_environment(), stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.conn.send((fn, warmup))
         self.ready = False
         self.item: int | None = None
         self.since = time.monotonic()
@@ -61,10 +82,11 @@ class _Child:
                 self.conn.send(None)
             except OSError:
                 pass
-        self.process.join(timeout=5)
-        if self.process.is_alive():
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.join()
+            self.process.wait()
         self.conn.close()
 
 
@@ -76,10 +98,10 @@ class SupervisedPool:
     them, so a stage that turns out to be cached starts none.
     """
 
-    def __init__(self, fn: Callable[[Any], Any], timeout_s: float, warmup: Any = None, workers: int = 1, start_method: str = "forkserver"):
+    def __init__(self, fn: Callable[[Any], Any], timeout_s: float, warmup: Any = None, workers: int = 1):
+        pickle.dumps(fn)  # a function children cannot import fails here, in the parent, with a clear error
         self.fn, self.timeout_s, self.warmup = fn, timeout_s, warmup
         self.workers = max(1, workers)
-        self.context = mp.get_context(start_method)
         self.children: list[_Child] = []
 
     def __enter__(self) -> "SupervisedPool":
@@ -94,13 +116,18 @@ class SupervisedPool:
         self.children = []
 
     def _spawn(self) -> None:
-        self.children.append(_Child(self.fn, self.context, self.warmup))
+        self.children.append(_Child(self.fn, self.warmup))
 
-    def map(self, items: Iterable[Any]) -> list[tuple[str, Any]]:
-        """[(OK, result) | (ERROR, message) | (TIMEOUT, None)] in item order; no item runs longer than timeout_s."""
+    def map(self, items: Iterable[Any], costs: list[float] | None = None) -> list[tuple[str, Any]]:
+        """[(OK, result) | (ERROR, message) | (TIMEOUT, None)] in item order; no item runs longer than timeout_s.
+
+        With `costs` (e.g. page sizes) the costliest items are handed out first, so the
+        map does not end with one child finishing a big item while the others idle.
+        """
         items = list(items)
         results: list[tuple[str, Any] | None] = [None] * len(items)
-        pending = deque(range(len(items)))
+        order = range(len(items)) if costs is None else sorted(range(len(items)), key=lambda i: -costs[i])
+        pending = deque(order)
         while len(self.children) < min(self.workers, len(items)):
             self._spawn()
         children = self.children
@@ -159,8 +186,7 @@ def map_with_deadline(
     timeout_s: float,
     warmup: Any = None,
     workers: int = 1,
-    start_method: str = "forkserver",
 ) -> list[tuple[str, Any]]:
     """One `SupervisedPool.map` with children that stop afterwards."""
-    with SupervisedPool(fn, timeout_s, warmup, workers, start_method) as pool:
+    with SupervisedPool(fn, timeout_s, warmup, workers) as pool:
         return pool.map(items)

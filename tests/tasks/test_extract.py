@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from tasks.extract import ExtractConfig, extract_shard, repair_mojibake, run_ext
 from tasks.ingest import IngestConfig, run_ingest
 from tasks.stage_runner import read_stage_audit, read_stage_docs
 from tasks.watchdog import ERROR, OK, TIMEOUT, SupervisedPool, map_with_deadline
+from watchdog_items import pid_of, sleepy
 
 
 def html_doc(doc_id: str, html: str) -> dict:
@@ -74,14 +74,6 @@ def test_mojibake_is_repaired_and_logged_without_touching_quotes() -> None:
     assert outcome.audit[0]["detail"]["after"].startswith("eeting —") or "—" in outcome.audit[0]["detail"]["after"]
 
 
-def sleepy(item: int) -> int:
-    if item == 2:
-        time.sleep(60)
-    if item == 4:
-        raise ValueError("bad item")
-    return item * 10
-
-
 def test_watchdog_kills_a_hung_item_and_continues() -> None:
     started = time.monotonic()
     results = map_with_deadline(sleepy, [1, 2, 3, 4, 5], timeout_s=1.0)
@@ -95,12 +87,6 @@ def test_parallel_children_keep_item_order_and_isolate_a_hang() -> None:
     results = map_with_deadline(sleepy, [1, 2, 3, 4, 5, 6, 7], timeout_s=2.0, workers=2)
     assert [r[0] for r in results] == [OK, TIMEOUT, OK, ERROR, OK, OK, OK]
     assert [r[1] for r in results if r[0] == OK] == [10, 30, 50, 60, 70]
-
-
-def pid_of(item: int) -> int:
-    if item == 2:
-        time.sleep(60)
-    return os.getpid()
 
 
 def test_pool_children_serve_every_map_and_a_hung_one_is_replaced() -> None:
