@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from manifests.audit_query import funnel, sample_removed
+from manifests.audit_query import funnel, sample_by_rule
 from manifests.stage_manifest import StageManifest
 
 SAMPLES_PER_RULE = 20
@@ -30,12 +30,12 @@ def stage_counts_rows(manifest: StageManifest) -> list[dict[str, Any]]:
 
 
 def removal_samples(run: Path, stage: str, manifest: StageManifest) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for rule in sorted(manifest.counts.get("removed", {})):
-        for row in sample_removed(run, stage, rule, SAMPLES_PER_RULE):
-            rows.append({"id": row["id"], "rule": row["rule"], "value": row["value"], "threshold": row["threshold"],
-                         "snippet": (row.get("snippet") or "").replace("\n", " ")[:160]})
-    return rows[:MAX_ROWS]
+    rules = sorted(manifest.counts.get("removed", {}))
+    if not rules:
+        return []
+    return [{"id": row["id"], "rule": row["rule"], "value": row["value"], "threshold": row["threshold"],
+             "snippet": (row.get("snippet") or "").replace("\n", " ")[:160]}
+            for row in sample_by_rule(run, stage, rules, SAMPLES_PER_RULE)][:MAX_ROWS]
 
 
 def publish_stage_artifacts(run: Path, stage: str, manifest: StageManifest) -> None:

@@ -23,13 +23,16 @@ from prefect.states import Completed
 
 from manifests.atomic import atomic_write_text
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.stage_runner import StagePlan, default_workers, plan_stage, publish_plan, run_shard_jobs
+from tasks.stage_runner import StagePlan, default_workers, plan_stage, publish_plan
 
 from flows.artifacts import artifact_key, publish_run_summary, publish_stage_artifacts
 from flows.config import PipelineConfig
+from flows.shard_batch import shard_batch
 from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_path, stages_between
 
 RUN_CONFIG = "config.json"
+DOCS_PER_BATCH = 20_000  # a task run costs ~0.1-0.2 s of API round trips; a batch should be worth far more
+MAX_BATCHES_PER_WORKER = 4
 
 
 class Runner(str, Enum):
@@ -87,16 +90,17 @@ def plan_doc_stage(name: str, config: PipelineConfig, previous: str, out: str) -
     return planned
 
 
-@task(task_run_name="{name}-shards-{first}")
-def shard_batch(name: str, first: str, jobs: list[tuple]) -> list:
-    return run_shard_jobs(jobs)
-
-
 @task(task_run_name="{name}-publish")
 def publish_doc_stage(name: str, plan: StagePlan, results: list) -> dict[str, Any]:
     manifest = publish_plan(plan, results)
     log_stage(manifest, "computed")
     return stage_summary(manifest)
+
+
+def batch_count(documents: int, workers: int) -> int:
+    """One batch per worker for a small stage (each task run costs API round trips), up to four per
+    worker as the stage grows (balance when shards differ in cost, finer progress)."""
+    return max(1, min(workers * MAX_BATCHES_PER_WORKER, max(workers, documents // DOCS_PER_BATCH)))
 
 
 def batches(jobs: list[tuple], sizes: list[int], count: int) -> list[list[tuple]]:
@@ -133,7 +137,7 @@ def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out
     planned = state.result()
     if state.name == "Cached" or not isinstance(planned, StagePlan):
         return planned
-    groups = batches(planned.jobs, planned.sizes, max(1, workers * 2))
+    groups = batches(planned.jobs, planned.sizes, batch_count(sum(planned.sizes), workers))
     progress = create_progress_artifact(0.0, key=artifact_key("hymo", entry.name, "progress"), description=f"{entry.name}: shard batches done")
     try:
         futures = [task_runner.submit(shard_batch, {"name": entry.name, "first": group[0][4], "jobs": group}) for group in groups]

@@ -1,0 +1,17 @@
+"""The task a document stage maps over the task runner: one batch of shard jobs.
+
+A module of its own, importing only Prefect and the stage plumbing: a process
+or Dask worker unpickles this task by reference, so whatever this module
+imports every worker imports too. Importing it from flows.pipeline would pull
+in every stage and the training core (torch), seconds of start-up per worker.
+"""
+from __future__ import annotations
+
+from prefect import task
+
+from tasks.stage_runner import run_shard_jobs
+
+
+@task(task_run_name="{name}-shards-{first}")
+def shard_batch(name: str, first: str, jobs: list[tuple]) -> list:
+    return run_shard_jobs(jobs)
