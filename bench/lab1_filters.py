@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.report import markdown_table  # noqa: E402
 
 from flows.config import load_config  # noqa: E402
-from manifests.stage_manifest import is_complete, read_manifest  # noqa: E402
+from manifests.stage_manifest import is_complete  # noqa: E402
 from tasks.extract import run_extract  # noqa: E402
 from tasks.ingest import run_ingest  # noqa: E402
 from tasks.langid import langid_decision, load_model  # noqa: E402

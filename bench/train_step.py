@@ -23,7 +23,6 @@ failure is recorded in the table rather than hidden.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import platform

@@ -17,56 +17,12 @@ shard.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from hymo_core import kernels, planner
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Defaults are Lab 2's CPU model (5,795,072 parameters)."""
-
-    vocab_size: int = 4096
-    d_model: int = 256
-    n_layers: int = 6
-    n_heads: int = 8
-    n_kv_heads: int = 8
-    ffn_dim: int = 688  # ~8/3 d, SwiGLU's usual width for the same FLOPs as a 4d MLP
-    max_seq_len: int = 256
-    rope_base: float = 10000.0
-    tie_embeddings: bool = True
-    qk_norm: bool = False
-    init_std: float = 0.02
-    norm_eps: float = 1e-5
-    z_loss: float = 0.0  # coefficient of mean(logsumexp^2); Lab 3 tries 1e-4
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError("d_model must be divisible by n_heads")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError("n_heads must be divisible by n_kv_heads")
-        if (self.d_model // self.n_heads) % 2:
-            raise ValueError("head_dim must be even for RoPE")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    def shape(self) -> planner.ModelShape:
-        return planner.ModelShape(
-            n_layers=self.n_layers,
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            ffn_dim=self.ffn_dim,
-            vocab_size=self.vocab_size,
-            tie_embeddings=self.tie_embeddings,
-            qk_norm=self.qk_norm,
-        )
+from hymo_core.configs import ModelConfig  # defined torch-free there; part of this module's API
 
 
 def count_parameters(config: ModelConfig) -> int:

@@ -34,12 +34,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from hymo_core.configs import NS_DTYPE_NAMES
+
 try:  # FSDP2 shards parameters as DTensors; Newton-Schulz needs the whole matrix.
     from torch.distributed.tensor import DTensor, distribute_tensor
 except ImportError:  # pragma: no cover - torch built without distributed
     DTensor = None
 
-NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+NS_DTYPES = {name: getattr(torch, name) for name in NS_DTYPE_NAMES}
 MUON_LR_ADJUSTMENTS = ("match_rms_adamw", "original", "none")
 GROUPS = ("muon", "adamw", "adamw_no_decay")
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hymo_core.configs import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE  # noqa: F401
 from hymo_core.checkpoint import CheckpointDirectory, CheckpointError, list_checkpoints, load_checkpoint, weights_sha256
 from hymo_core.data import CorpusReader, TokenLoader, ValidationLoader
 from hymo_core.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
@@ -38,12 +39,7 @@ from hymo_core.model import ModelConfig, Transformer
 from hymo_core.optim import build_optimizer
 from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, train
 
-METRICS_FILE, LOSS_PICTURE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "loss.png", "summary.json", "checkpoints"
 
-# The sample recipe (docs/benchmarks.md): ~1.8 M parameters with the sample's 8,192-token vocabulary
-# (1 M of them the tied embedding), 200 updates of 8 x 64 tokens.
-SAMPLE_MODEL = ModelConfig(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn_dim=344, max_seq_len=64)
-SAMPLE_TRAIN = TrainConfig()  # its defaults are the sample recipe
 
 
 def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:

@@ -19,9 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hymo_core.model import ModelConfig
-from hymo_core.train import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE, run_training
-from hymo_core.trainer import TrainConfig
+from hymo_core.configs import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE, ModelConfig, TrainConfig
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.stage_runner import run_artifact_stage, stage_cache_key
 
@@ -54,6 +52,8 @@ def checkpoint_home(out_dir: Path, shards_dir: Path, config: PretrainConfig) -> 
 
 
 def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    from hymo_core.train import run_training  # torch: imported when training runs, not with the pipeline
+
     summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config))
     for name in (METRICS_FILE, LOSS_PICTURE):
         shutil.copy2(home / name, work_dir / name)

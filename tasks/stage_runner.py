@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import json
 import os
 import shutil
 import sys
