@@ -4,7 +4,12 @@ Seed 001, "精确重复": lower-case, collapse whitespace, hash; the key also ho
 the normalised string, so a digest collision can never merge two different
 texts. Workers compute SHA-1 digests per shard; the global pass sorts them,
 and only documents whose digests collide are read again to compare their
-normalised strings. Memory is ~40 bytes per document, not the corpus text.
+normalised strings.
+
+Memory of the global pass: 36 bytes per document (digest, key length, shard,
+row; numpy arrays, no Python object per document) plus the key texts of one
+batch of colliding documents (at most `COLLIDING_TEXT_BATCH_CHARS`) and the
+Arrow removal map (~100 bytes per removed document).
 Rule `exact_duplicate`, detail {"kept_id": ...}.
 """
 from __future__ import annotations
@@ -13,21 +18,25 @@ import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
-from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards, write_removals
+from tasks.removal_map import RemovalContext, apply_removals, map_upstream_shards, removal_table, write_removal_table
 from tasks.shingles import normalise
 from tasks.stage_runner import StageDef, run_stage
 
 STAGE = "dedup_exact"
 VERSION = "1"
 RULE = "exact_duplicate"
+DIGEST_DTYPE = np.dtype(f"S{hashlib.sha1().digest_size}")  # compared as raw bytes: every digest has all 20
+COLLIDING_TEXT_BATCH_CHARS = 64 << 20  # key text held at once for string comparison; more means fewer shard re-reads
+READ_BATCH_ROWS = 1024  # rows decoded at a time: worker and read-back memory follow this, not the shard size
 
 
 @dataclass(frozen=True)
@@ -56,42 +65,92 @@ def keepers_by_text(members: list[tuple[str, str]]) -> dict[str, str]:
 
 
 def digest_shard(shard_path: str, shard: str, config: DedupExactConfig) -> dict[str, Any]:
-    """Worker: (id, SHA-1 of the key text) for every document of one shard."""
-    table = pq.read_table(shard_path, columns=["id", "text"])
-    digests = [text_digest(exact_key_text(text, config)) for text in table.column("text").to_pylist()]
-    return {"shard": shard, "path": shard_path, "ids": table.column("id").to_pylist(), "digests": digests}
+    """Worker: SHA-1 and length of every document's key text of one shard, in row order, as numpy arrays."""
+    digests, key_chars = bytearray(), []
+    for batch in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["text"], use_threads=False):
+        for text in batch.column("text").to_pylist():
+            key_text = exact_key_text(text, config)
+            digests += text_digest(key_text)
+            key_chars.append(len(key_text))
+    return {"shard": shard, "path": shard_path, "digests": np.frombuffer(bytes(digests), dtype=DIGEST_DTYPE),
+            "key_chars": np.array(key_chars, dtype=np.int64)}
 
 
-def colliding_texts(shard_path: str, ids: list[str], config: DedupExactConfig) -> dict[str, str]:
-    table = pq.read_table(shard_path, columns=["id", "text"])
-    table = table.filter(pc.is_in(table.column("id"), value_set=pa.array(ids, pa.string())))
-    return {doc_id: exact_key_text(text, config) for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist())}
+def colliding_groups(digests: np.ndarray) -> list[np.ndarray]:
+    """Positions of the documents of every digest shared by two or more, in digest order."""
+    order = np.argsort(digests, kind="stable")
+    ordered = digests[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    sizes = np.diff(np.append(starts, len(ordered)))
+    return [order[start: start + size] for start, size in zip(starts[sizes > 1].tolist(), sizes[sizes > 1].tolist())]
+
+
+def group_batches(groups: list[np.ndarray], key_chars: np.ndarray, budget_chars: int) -> Iterator[list[np.ndarray]]:
+    """Consecutive groups whose key texts together stay within the budget (a larger group forms a batch alone)."""
+    batch: list[np.ndarray] = []
+    held = 0
+    for group in groups:
+        chars = int(key_chars[group].sum())
+        if batch and held + chars > budget_chars:
+            yield batch
+            batch, held = [], 0
+        batch.append(group)
+        held += chars
+    if batch:
+        yield batch
+
+
+def read_members(paths: list[str], shard_of: np.ndarray, row_of: np.ndarray, positions: np.ndarray,
+                 config: DedupExactConfig) -> dict[int, tuple[str, str]]:
+    """position -> (id, key text) of the given documents, streaming each shard they live in once.
+
+    Record batches of READ_BATCH_ROWS rows, not whole shards: reading a shard at
+    once costs several times its text in decode buffers, which the allocator keeps.
+    """
+    members: dict[int, tuple[str, str]] = {}
+    for shard in np.unique(shard_of[positions]).tolist():
+        wanted = positions[shard_of[positions] == shard]
+        wanted = wanted[np.argsort(row_of[wanted], kind="stable")]
+        wanted_rows = row_of[wanted]
+        batch_start = 0
+        for batch in pq.ParquetFile(paths[shard], pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["id", "text"], use_threads=False):
+            first, last = np.searchsorted(wanted_rows, [batch_start, batch_start + batch.num_rows])
+            picked = batch.take(wanted_rows[first:last] - batch_start)
+            for position, doc_id, text in zip(wanted[first:last].tolist(), picked.column("id").to_pylist(), picked.column("text").to_pylist()):
+                members[position] = (doc_id, exact_key_text(text, config))
+            batch_start += batch.num_rows
+        pa.default_memory_pool().release_unused()  # hand the decode buffers back before the next shard
+    return members
 
 
 def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
-    """Global pass: digests per shard in parallel, then string comparison inside each digest group."""
+    """Global pass: digests per shard in parallel, then string comparison inside each digest group, batch by batch."""
     shards = map_upstream_shards(digest_shard, upstream, (config,), workers, "exact digests")
-    members: dict[bytes, list[tuple[str, str]]] = defaultdict(list)  # digest -> [(id, shard path)]
-    for result in shards:
-        for doc_id, digest in zip(result["ids"], result["digests"]):
-            members[digest].append((doc_id, result["path"]))
-    groups = [group for group in members.values() if len(group) > 1]
-    wanted: dict[str, list[str]] = defaultdict(list)
-    for group in groups:
-        for doc_id, path in group:
-            wanted[path].append(doc_id)
-    key_texts: dict[str, str] = {}
-    for path, ids in sorted(wanted.items()):
-        key_texts.update(colliding_texts(path, ids, config))
-    removals: dict[str, Removal] = {}
-    for group in groups:
-        kept_of = keepers_by_text([(doc_id, key_texts[doc_id]) for doc_id, _ in group])
-        for doc_id, kept_id in kept_of.items():
-            removals[doc_id] = Removal(RULE, None, None, {"kept_id": kept_id})
-    stats = {"documents": sum(len(r["ids"]) for r in shards), "duplicate_groups": len(groups),
-             "digest_collisions_with_different_text": sum(len({key_texts[d] for d, _ in g}) > 1 for g in groups),
-             "removed": len(removals)}
-    return write_removals(work_dir, removals, stats)
+    sizes = [len(result["digests"]) for result in shards]
+    digests = np.concatenate([result["digests"] for result in shards] or [np.empty(0, DIGEST_DTYPE)])
+    key_chars = np.concatenate([result["key_chars"] for result in shards] or [np.empty(0, np.int64)])
+    paths = [result["path"] for result in shards]
+    del shards
+    shard_of = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    row_of = np.concatenate([np.arange(size, dtype=np.int32) for size in sizes] or [np.empty(0, np.int32)])
+    groups = colliding_groups(digests)
+    removed_ids: list[str] = []
+    kept_ids: list[str] = []
+    different_texts = 0
+    for batch in group_batches(groups, key_chars, COLLIDING_TEXT_BATCH_CHARS):
+        members = read_members(paths, shard_of, row_of, np.concatenate(batch), config)
+        for group in batch:
+            group_members = [members[position] for position in group.tolist()]
+            different_texts += len({key_text for _, key_text in group_members}) > 1
+            for doc_id, kept_id in keepers_by_text(group_members).items():
+                removed_ids.append(doc_id)
+                kept_ids.append(kept_id)
+    count = len(removed_ids)
+    table = removal_table(removed_ids, [RULE] * count, [None] * count, [None] * count,
+                          [dumps_json({"kept_id": kept_id}) for kept_id in kept_ids])
+    stats = {"documents": int(sum(sizes)), "duplicate_groups": len(groups), "digest_collisions_with_different_text": different_texts,
+             "removed": count}
+    return write_removal_table(work_dir, table, stats)
 
 
 DEDUP_EXACT = StageDef(STAGE, VERSION, apply_removals, prepare=find_exact_duplicates)
