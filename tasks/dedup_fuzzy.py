@@ -139,9 +139,9 @@ def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill
 class Ranks:
     """Id order of the whole corpus: rank r is the r-th smallest id; positions count documents shard after shard."""
 
-    def __init__(self, shards: list[dict[str, Any]]):
-        self.ids = pa.concat_arrays([shard["ids"] for shard in shards]) if shards else pa.array([], pa.string())
-        self.bounds = [0, *np.cumsum([len(shard["ids"]) for shard in shards]).tolist()]
+    def __init__(self, ids_by_shard: list[pa.Array]):
+        self.ids = pa.concat_arrays(ids_by_shard) if ids_by_shard else pa.array([], pa.string())
+        self.bounds = [0, *np.cumsum([len(ids) for ids in ids_by_shard]).tolist()]
         count = len(self.ids)
         self.dtype = np.int32 if count < 2**31 else np.int64
         # Arrow's sort is stable and orders UTF-8 by bytes, which is code-point order, the order of Python's min().
@@ -294,7 +294,7 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
         signed = time.perf_counter()
         for shard in shards:
             spill.verify(shard["bands_file"], shard["bands_sha256"])
-        ranks = Ranks(shards)
+        ranks = Ranks([shard.pop("ids") for shard in shards])  # popped: the ids are held once, concatenated
         band_ranks = [shard_ranks[np.diff(shard["offsets"]) > 0] for shard_ranks, shard in zip(ranks.by_shard(), shards)]
         buckets_by_band = (band_buckets(shards, band_ranks, band, spill) for band in range(config.bands))
         links = link_near_duplicates(config, buckets_by_band, ShingleSets(shards, ranks, spill), len(ranks), ranks.dtype)
@@ -302,7 +302,7 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
         atomic_write_parquet(Path(work_dir) / CLUSTERS_FILE, clusters_table)
         finished = time.perf_counter()
         stats = {"documents": len(ranks), "shingles": int(sum(int(s["offsets"][-1]) for s in shards)),
-                 "documents_without_shingles": int(sum(len(s["ids"]) - len(r) for s, r in zip(shards, band_ranks))),
+                 "documents_without_shingles": len(ranks) - sum(len(r) for r in band_ranks),
                  **links.counts, "clusters": cluster_count, "clustered_documents": clusters_table.num_rows,
                  "removed": removals.num_rows, "signature_seconds": round(signed - started, 3),
                  "candidate_and_cluster_seconds": round(finished - signed, 3)}

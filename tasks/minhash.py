@@ -127,12 +127,12 @@ def feasible_band_layouts(max_hashes: int, catch: float, min_catch_probability: 
 class UnionFind:
     """Disjoint sets over 0..n-1 whose root is always the smallest member (the keeper).
 
-    Parents live in an `array` of machine integers (8 bytes a member) rather than
-    a list of Python ints (~36 bytes), at list-like indexing speed.
+    Parents live in an `array` of machine integers (4 bytes a member below 2^31
+    members) rather than a list of Python ints (~36 bytes), at list-like speed.
     """
 
     def __init__(self, size: int):
-        self.parent = array("q", range(size))
+        self.parent = array("i" if size < 2**31 else "q", range(size))
 
     def find(self, item: int) -> int:
         parent = self.parent
