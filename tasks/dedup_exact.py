@@ -18,7 +18,7 @@ import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +35,7 @@ STAGE = "dedup_exact"
 VERSION = "1"
 RULE = "exact_duplicate"
 DIGEST_DTYPE = np.dtype(f"S{hashlib.sha1().digest_size}")  # compared as raw bytes: every digest has all 20
-COLLIDING_TEXT_BATCH_CHARS = 64 << 20  # key text held at once for string comparison; more means fewer shard re-reads
+COLLIDING_TEXT_BATCH_CHARS = 16 << 20  # key text held at once for string comparison; more means fewer shard re-reads
 READ_BATCH_ROWS = 1024  # rows decoded at a time: worker and read-back memory follow this, not the shard size
 
 
@@ -52,11 +52,16 @@ def text_digest(text: str) -> bytes:
     return hashlib.sha1(text.encode("utf-8")).digest()
 
 
-def keepers_by_text(members: list[tuple[str, str]]) -> dict[str, str]:
+def keepers_by_text(members: Iterable[tuple[str, str]]) -> dict[str, str]:
     """For (id, key text) pairs sharing a digest: removed id -> kept id, the smallest id per distinct text."""
     by_text: dict[str, list[str]] = defaultdict(list)
     for doc_id, key_text in members:
         by_text[key_text].append(doc_id)
+    return keepers_of_texts(by_text)
+
+
+def keepers_of_texts(by_text: dict[str, list[str]]) -> dict[str, str]:
+    """removed id -> kept id, given the ids of every distinct key text of one digest group."""
     removed = {}
     for ids in by_text.values():
         kept_id = min(ids)
@@ -86,11 +91,14 @@ def colliding_groups(digests: np.ndarray) -> list[np.ndarray]:
 
 
 def group_batches(groups: list[np.ndarray], key_chars: np.ndarray, budget_chars: int) -> Iterator[list[np.ndarray]]:
-    """Consecutive groups whose key texts together stay within the budget (a larger group forms a batch alone)."""
+    """Consecutive groups whose held key texts stay within the budget together (a larger group forms a batch alone).
+
+    A group holds one copy of each distinct key text, so it is counted at its longest member.
+    """
     batch: list[np.ndarray] = []
     held = 0
     for group in groups:
-        chars = int(key_chars[group].sum())
+        chars = int(key_chars[group].max())
         if batch and held + chars > budget_chars:
             yield batch
             batch, held = [], 0
@@ -100,27 +108,31 @@ def group_batches(groups: list[np.ndarray], key_chars: np.ndarray, budget_chars:
         yield batch
 
 
-def read_members(paths: list[str], shard_of: np.ndarray, row_of: np.ndarray, positions: np.ndarray,
-                 config: DedupExactConfig) -> dict[int, tuple[str, str]]:
-    """position -> (id, key text) of the given documents, streaming each shard they live in once.
+def read_group_texts(paths: list[str], shard_of: np.ndarray, row_of: np.ndarray, batch: list[np.ndarray],
+                     config: DedupExactConfig) -> list[dict[str, list[str]]]:
+    """For each digest group of the batch, {key text: ids}, streaming each shard its members live in once.
 
-    Record batches of READ_BATCH_ROWS rows, not whole shards: reading a shard at
-    once costs several times its text in decode buffers, which the allocator keeps.
+    Equal texts are kept once (a later copy is compared, then dropped). Shards
+    are read in record batches of READ_BATCH_ROWS rows, not whole: reading a
+    shard at once costs several times its text in decode buffers.
     """
-    members: dict[int, tuple[str, str]] = {}
+    positions = np.concatenate(batch)
+    group_of = np.repeat(np.arange(len(batch)), [len(group) for group in batch])
+    by_text: list[dict[str, list[str]]] = [{} for _ in batch]
     for shard in np.unique(shard_of[positions]).tolist():
-        wanted = positions[shard_of[positions] == shard]
-        wanted = wanted[np.argsort(row_of[wanted], kind="stable")]
-        wanted_rows = row_of[wanted]
+        in_shard = np.flatnonzero(shard_of[positions] == shard)
+        in_shard = in_shard[np.argsort(row_of[positions[in_shard]], kind="stable")]
+        rows = row_of[positions[in_shard]]
         batch_start = 0
-        for batch in pq.ParquetFile(paths[shard], pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["id", "text"], use_threads=False):
-            first, last = np.searchsorted(wanted_rows, [batch_start, batch_start + batch.num_rows])
-            picked = batch.take(wanted_rows[first:last] - batch_start)
-            for position, doc_id, text in zip(wanted[first:last].tolist(), picked.column("id").to_pylist(), picked.column("text").to_pylist()):
-                members[position] = (doc_id, exact_key_text(text, config))
-            batch_start += batch.num_rows
+        for records in pq.ParquetFile(paths[shard], pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["id", "text"], use_threads=False):
+            first, last = np.searchsorted(rows, [batch_start, batch_start + records.num_rows])
+            picked = records.take(rows[first:last] - batch_start)
+            for group, doc_id, text in zip(group_of[in_shard[first:last]].tolist(), picked.column("id").to_pylist(),
+                                           picked.column("text").to_pylist()):
+                by_text[group].setdefault(exact_key_text(text, config), []).append(doc_id)
+            batch_start += records.num_rows
         pa.default_memory_pool().release_unused()  # hand the decode buffers back before the next shard
-    return members
+    return by_text
 
 
 def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
@@ -138,11 +150,9 @@ def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, wor
     kept_ids: list[str] = []
     different_texts = 0
     for batch in group_batches(groups, key_chars, COLLIDING_TEXT_BATCH_CHARS):
-        members = read_members(paths, shard_of, row_of, np.concatenate(batch), config)
-        for group in batch:
-            group_members = [members[position] for position in group.tolist()]
-            different_texts += len({key_text for _, key_text in group_members}) > 1
-            for doc_id, kept_id in keepers_by_text(group_members).items():
+        for by_text in read_group_texts(paths, shard_of, row_of, batch, config):
+            different_texts += len(by_text) > 1
+            for doc_id, kept_id in keepers_of_texts(by_text).items():
                 removed_ids.append(doc_id)
                 kept_ids.append(kept_id)
     count = len(removed_ids)

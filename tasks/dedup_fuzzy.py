@@ -59,7 +59,7 @@ RULE = "near_duplicate"
 CLUSTERS_FILE = "clusters.parquet"
 SPILL_DIR = "_spill"
 SIGNATURE_BATCH_ROWS = 2048  # documents hashed at once in a worker: bounds its scratch memory whatever the shard size
-SHINGLE_SET_CACHE_BYTES = 32 << 20  # sorted shingle sets of recently verified documents kept in memory
+SHINGLE_SET_CACHE_BYTES = 16 << 20  # sorted shingle sets of recently verified documents kept in memory
 NO_MATCH = -1.0  # best_similarity of a document without a verified edge (accepted Jaccards are > 0)
 
 
