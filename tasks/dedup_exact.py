@@ -6,10 +6,12 @@ texts. Workers compute SHA-1 digests per shard; the global pass sorts them,
 and only documents whose digests collide are read again to compare their
 normalised strings.
 
-Memory of the global pass: 36 bytes per document (digest, key length, shard,
-row; numpy arrays, no Python object per document) plus the key texts of one
-batch of colliding documents (at most `COLLIDING_TEXT_BATCH_CHARS`) and the
-Arrow removal map (~100 bytes per removed document).
+Memory of the global pass: 36 bytes per document (digest 20, key length 8,
+shard 4, row 4; numpy arrays, no Python object per document) and 28 more
+while the digests are sorted, plus one copy of each distinct key text of one
+batch of digest groups (at most COLLIDING_TEXT_BATCH_CHARS characters; more
+duplicates mean more batches, not more memory) and the Arrow removal map
+(~100 bytes per removed document).
 Rule `exact_duplicate`, detail {"kept_id": ...}.
 """
 from __future__ import annotations

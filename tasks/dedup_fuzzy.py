@@ -17,11 +17,12 @@ How it runs:
    the two documents' shingle hashes from the spill files on demand;
 3. each shard drops the removed ids.
 
-Memory of the global pass: the records of one band (~45 bytes a document
-while sorted), a bounded cache of shingle sets, and ~45 bytes a document
-held throughout as numpy/Arrow arrays (rank ↔ position maps, shingle
-offsets, union-find parents, best verified match, the ids themselves);
-no Python object per document, and no spill file stays memory-mapped.
+Memory of the global pass, per document: 36 bytes plus the id's length held
+throughout as numpy/Arrow arrays (the ids, rank -> position, shingle offsets,
+band ranks, union-find parents, best verified match), and ~42 bytes more for
+the one band being sorted; besides that, a shingle-set cache of at most
+SHINGLE_SET_CACHE_BYTES, the rejected pairs, and the output tables (per
+clustered document). No Python object per document, no spill file mapped.
 Rule `near_duplicate`, value = exact Jaccard with the matched document,
 detail {"cluster_id", "kept_id", "matched_id", "jaccard"}; the cluster is
 named after its keeper. Artifact `clusters.parquet`: id, cluster_id, kept_id

@@ -68,7 +68,7 @@ def write_removals(work_dir: Path, removals: dict[str, Removal], stats: dict[str
 
 
 def removal_table(ids: Any, rules: Any, values: Any, thresholds: Any, details_json: Any) -> pa.Table:
-    """The removal map as Arrow columns (~100 bytes a removed document, no Python object per row), sorted by id."""
+    """The removal map as Arrow columns (~100-150 bytes a removed document, no Python object per row), sorted by id."""
     table = pa.table({"id": ids, "rule": rules, "value": values, "threshold": thresholds, "detail": details_json}, schema=REMOVALS_SCHEMA)
     return table.sort_by("id").combine_chunks()
 
