@@ -99,24 +99,75 @@ def synthetic_corpus(count: int, seed: int = 1234) -> tuple[list[str], list[str]
     return [f"syn-{i:07d}" for i in range(count)], texts
 
 
+def rss_split_mb(pid: int | str) -> tuple[float, float]:
+    """(anonymous, file-backed) resident MB of one process: file-backed pages (mapped files) are reclaimable."""
+    values = {"RssAnon": 0, "RssFile": 0}
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                name = line.split(":")[0]
+                if name in values:
+                    values[name] = int(line.split()[1]) / 1024
+    except OSError:  # the process ended between listing and reading
+        pass
+    return values["RssAnon"], values["RssFile"]
+
+
+class RssSplitSampler:
+    """Peak anonymous / file-backed RSS of this process (the global passes) and of its pool workers, every 50 ms."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peaks = {"parent_anon_mb": 0.0, "parent_file_mb": 0.0, "worker_anon_mb": 0.0, "worker_file_mb": 0.0, "tree_anon_mb": 0.0}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self.stop.wait(0.05):
+            anon, file = rss_split_mb("self")
+            workers = [rss_split_mb(child.pid) for child in me.children(recursive=True)]
+            for key, value in (("parent_anon_mb", anon), ("parent_file_mb", file), ("tree_anon_mb", anon + sum(w[0] for w in workers)),
+                               ("worker_anon_mb", max((w[0] for w in workers), default=0.0)),
+                               ("worker_file_mb", max((w[1] for w in workers), default=0.0))):
+                self.peaks[key] = max(self.peaks[key], value)
+
+    def __enter__(self) -> "RssSplitSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 def hymo_worker(upstream: Path, workdir: Path, workers: int, result: Path) -> None:
-    """Child: time dedup_exact then dedup_fuzzy on a published stage; write removed ids and stage stats."""
-    from tasks.dedup_exact import DedupExactConfig, run_dedup_exact
-    from tasks.dedup_fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
+    """Child: time dedup_exact then dedup_fuzzy on a published stage; write removed ids, stage stats, anon/file RSS peaks."""
     from tasks.stage_runner import read_stage_audit
 
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
+    with RssSplitSampler() as sampler:
+        timings = run_both_stages(upstream, workdir, workers)
+    removed = read_stage_audit(workdir / "exact").column("id").to_pylist() + read_stage_audit(workdir / "fuzzy").column("id").to_pylist()
+    result.write_text(json.dumps({**timings, "rss_split": sampler.peaks, "removed_ids": removed}))
+
+
+def run_both_stages(upstream: Path, workdir: Path, workers: int) -> dict:
+    from tasks.dedup_exact import DedupExactConfig, run_dedup_exact
+    from tasks.dedup_fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
+
     started = time.perf_counter()
     exact = run_dedup_exact(DedupExactConfig(), upstream, workdir / "exact", workers)
     exact_done = time.perf_counter()
     fuzzy = run_dedup_fuzzy(DedupFuzzyConfig(), workdir / "exact", workdir / "fuzzy", workers)
     finished = time.perf_counter()
-    removed = read_stage_audit(workdir / "exact").column("id").to_pylist() + read_stage_audit(workdir / "fuzzy").column("id").to_pylist()
-    result.write_text(json.dumps({"seconds": finished - started, "exact_seconds": exact_done - started,
-                                  "fuzzy_seconds": finished - exact_done, "exact": exact.extra.get("context", {}),
-                                  "fuzzy": fuzzy.extra.get("context", {}), "removed_ids": removed}))
+    return {"seconds": finished - started, "exact_seconds": exact_done - started, "fuzzy_seconds": finished - exact_done,
+            "exact": exact.extra.get("context", {}), "fuzzy": fuzzy.extra.get("context", {})}
 
 
 # ------------------------------------------------------------------ runners
@@ -189,14 +240,17 @@ def scaling(args: argparse.Namespace) -> int:
     cases = [("5k", str(common.corpus_path("small")), 8), ("50k", str(common.corpus_path("large")), 8),
              (f"synthetic {args.synthetic // 1000}k", f"synthetic:{args.synthetic}", 32)]
     print(f"\n### Scaling (HyMo dedup_exact + dedup_fuzzy, {args.workers} workers, {time.strftime('%Y-%m-%d')}, 2-core x86_64 CPU)\n")
-    print("| corpus | documents | shingles | seconds | µs / document | peak MB (process tree) | largest process MB |\n|---|---|---|---|---|---|---|")
+    print("| corpus | documents | shingles | seconds | µs / shingle | peak MB (process tree) | largest process MB | "
+          "parent anon / file MB | largest worker anon MB |\n|---|---|---|---|---|---|---|---|---|")
     for label, source, shards in cases:
         measured = run_hymo(common, source, label.replace(" ", "-"), args.workers, shards)
         worker = measured["worker"]
         docs = worker["fuzzy"]["documents"] + worker["exact"]["removed"]
         shingles = worker["fuzzy"]["shingles"]
-        print(f"| {label} | {docs} | {shingles} | {worker['seconds']:.1f} | {worker['seconds'] / docs * 1e6:.0f} | "
-              f"{measured['tree_peak_rss_mb']:.0f} | {measured['max_single_proc_rss_mb']:.0f} |", flush=True)
+        split = worker["rss_split"]
+        print(f"| {label} | {docs} | {shingles:,} | {worker['seconds']:.1f} | {worker['seconds'] / shingles * 1e6:.2f} | "
+              f"{measured['tree_peak_rss_mb']:.0f} | {measured['max_single_proc_rss_mb']:.0f} | "
+              f"{split['parent_anon_mb']:.0f} / {split['parent_file_mb']:.0f} | {split['worker_anon_mb']:.0f} |", flush=True)
     return 0
 
 

@@ -12,9 +12,17 @@ How it runs:
    and shingle hashes are spilled to .npy files whose sha256 the worker records;
 2. the global pass ranks all ids (rank order = id order, so "smallest rank"
    is "smallest id" whatever the shard layout), then for one band at a time
-   sorts (key, rank) records from every shard's spill file, walks the runs of
-   equal keys, and verifies candidate pairs — memory is one band's records;
+   reads that band's (key, rank) records from every shard's spill file, sorts
+   them, walks the runs of equal keys, and verifies candidate pairs, reading
+   the two documents' shingle hashes from the spill files on demand;
 3. each shard drops the removed ids.
+
+Memory of the global pass, per document: 36 bytes plus the id's length held
+throughout as numpy/Arrow arrays (the ids, rank -> position, shingle offsets,
+band ranks, union-find parents, best verified match), and ~42 bytes more for
+the one band being sorted; besides that, a shingle-set cache of at most
+SHINGLE_SET_CACHE_BYTES, the rejected pairs, and the output tables (per
+clustered document). No Python object per document, no spill file mapped.
 Rule `near_duplicate`, value = exact Jaccard with the matched document,
 detail {"cluster_id", "kept_id", "matched_id", "jaccard"}; the cluster is
 named after its keeper. Artifact `clusters.parquet`: id, cluster_id, kept_id
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import combinations
@@ -32,14 +41,17 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests.atomic import atomic_write_parquet
+from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
-from tasks.minhash import HashFamily, UnionFind, band_keys, read_checked_array, signatures, write_checked_array
-from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards, write_removals
+from tasks.minhash import HashFamily, UnionFind, band_keys, signatures, write_checked_array
+from tasks.removal_map import RemovalContext, apply_removals, map_upstream_shards, removal_table, write_removal_table
 from tasks.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, sorted_set, tokens
+from tasks.spill_reader import SpillFiles
 from tasks.stage_runner import StageDef, run_stage
 
 STAGE = "dedup_fuzzy"
@@ -47,7 +59,9 @@ VERSION = "1"
 RULE = "near_duplicate"
 CLUSTERS_FILE = "clusters.parquet"
 SPILL_DIR = "_spill"
-SHINGLE_SET_CACHE = 4096  # verified documents whose sorted shingle sets stay in memory
+SIGNATURE_BATCH_ROWS = 2048  # documents hashed at once in a worker: bounds its scratch memory whatever the shard size
+SHINGLE_SET_CACHE_BYTES = 16 << 20  # sorted shingle sets of recently verified documents kept in memory
+NO_MATCH = -1.0  # best_similarity of a document without a verified edge (accepted Jaccards are > 0)
 
 
 @dataclass(frozen=True)
@@ -92,56 +106,92 @@ def bucket_pairs(members: list[int], exhaustive_bucket_size: int) -> Iterator[tu
 
 
 def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill_dir: str) -> dict[str, Any]:
-    """Worker: shingle hashes, MinHash signatures and band keys of one shard, spilled with checksums."""
-    table = pq.read_table(shard_path, columns=["id", "text"])
-    texts = table.column("text").to_pylist()
+    """Worker: shingle hashes, MinHash signatures and band keys of one shard, spilled with checksums.
+
+    Texts are hashed SIGNATURE_BATCH_ROWS documents at a time (a document's
+    hashes do not depend on its neighbours), so the worker's scratch memory
+    follows the batch, not the shard; only the shingle hashes and band keys
+    of the whole shard are held, to be spilled.
+    """
+    parquet = pq.ParquetFile(shard_path, pre_buffer=False)
     cache = TokenHashCache()
-    shingle_hashes, offsets = batch_ngram_hashes((tokens(text, config.fold_numbers) for text in texts), config.shingle_size, cache)
     family = HashFamily.from_seed(config.num_hashes, config.seed)
-    signature_rows = signatures(shingle_hashes, offsets, family)
-    with_shingles = np.flatnonzero(np.diff(offsets) > 0).astype(np.int64)  # empty sets never enter buckets
-    keys = band_keys(signature_rows[with_shingles], config.bands, config.rows)
+    hash_parts, offset_parts, key_parts = [np.zeros(0, np.uint64)], [np.zeros(1, np.int64)], [np.zeros((config.bands, 0), np.uint64)]
+    for batch in parquet.iter_batches(SIGNATURE_BATCH_ROWS, columns=["text"], use_threads=False):
+        texts = batch.column("text").to_pylist()
+        hashes, offsets = batch_ngram_hashes((tokens(text, config.fold_numbers) for text in texts), config.shingle_size, cache)
+        signature_rows = signatures(hashes, offsets, family)
+        key_parts.append(band_keys(signature_rows[np.diff(offsets) > 0], config.bands, config.rows))  # empty sets never enter buckets
+        offset_parts.append(offsets[1:] + offset_parts[-1][-1])
+        hash_parts.append(hashes)
     spill = Path(spill_dir)
     bands_file, shingles_file = spill / f"{shard}.bands.npy", spill / f"{shard}.shingles.npy"
     return {
         "shard": shard,
-        "ids": table.column("id").to_pylist(),
-        "with_shingles": with_shingles,
-        "offsets": offsets,
+        "ids": parquet.read(columns=["id"]).column("id").combine_chunks(),  # Arrow, not a list of str: ~15 bytes an id
+        "offsets": np.concatenate(offset_parts),
         "bands_file": str(bands_file),
-        "bands_sha256": write_checked_array(bands_file, keys),
+        "bands_sha256": write_checked_array(bands_file, np.concatenate(key_parts, axis=1)),
         "shingles_file": str(shingles_file),
-        "shingles_sha256": write_checked_array(shingles_file, shingle_hashes),
+        "shingles_sha256": write_checked_array(shingles_file, np.concatenate(hash_parts)),
     }
 
 
-class ShingleSets:
-    """Sorted unique shingle hashes of a document by rank, read from the verified spill files."""
+class Ranks:
+    """Id order of the whole corpus: rank r is the r-th smallest id; positions count documents shard after shard."""
 
-    def __init__(self, shards: list[dict[str, Any]], shard_of_rank: np.ndarray, local_of_rank: np.ndarray):
-        self.shards, self.shard_of_rank, self.local_of_rank = shards, shard_of_rank, local_of_rank
-        self.arrays: dict[int, np.ndarray] = {}
+    def __init__(self, ids_by_shard: list[pa.Array]):
+        self.ids = pa.concat_arrays(ids_by_shard) if ids_by_shard else pa.array([], pa.string())
+        self.bounds = [0, *np.cumsum([len(ids) for ids in ids_by_shard]).tolist()]
+        count = len(self.ids)
+        self.dtype = np.int32 if count < 2**31 else np.int64
+        # Arrow's sort is stable and orders UTF-8 by bytes, which is code-point order, the order of Python's min().
+        self.position_of_rank = np.asarray(pc.sort_indices(self.ids)).astype(self.dtype)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def by_shard(self) -> list[np.ndarray]:
+        """The rank of every document, one array per shard in row order (built on demand: the pass keeps only parts)."""
+        rank_of_position = np.empty(len(self), dtype=self.dtype)
+        rank_of_position[self.position_of_rank] = np.arange(len(self), dtype=self.dtype)
+        return [rank_of_position[start:stop] for start, stop in zip(self.bounds, self.bounds[1:])]
+
+    def shard_and_row(self, rank: int) -> tuple[int, int]:
+        position = int(self.position_of_rank[rank])
+        shard_index = bisect_right(self.bounds, position) - 1
+        return shard_index, position - self.bounds[shard_index]
+
+    def ids_of(self, ranks: np.ndarray) -> pa.Array:
+        return self.ids.take(self.position_of_rank[ranks])
+
+
+class ShingleSets:
+    """Sorted unique shingle hashes of a document by rank, read from the verified spill files on demand."""
+
+    def __init__(self, shards: list[dict[str, Any]], ranks: Ranks, spill: SpillFiles):
+        self.shards, self.ranks, self.spill = shards, ranks, spill
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.cached_bytes = 0
 
     def raw(self, rank: int) -> np.ndarray:
-        """The document's shingle hashes in text order (repeats included), a view into the spill file."""
-        shard_index, local = int(self.shard_of_rank[rank]), int(self.local_of_rank[rank])
-        if shard_index not in self.arrays:
-            shard = self.shards[shard_index]
-            # a plain ndarray view of the map: slicing a np.memmap costs ~10 µs of bookkeeping per call
-            self.arrays[shard_index] = np.asarray(read_checked_array(Path(shard["shingles_file"]), shard["shingles_sha256"]))
-        offsets = self.shards[shard_index]["offsets"]
-        return self.arrays[shard_index][offsets[local]: offsets[local + 1]]
+        """The document's shingle hashes in text order (repeats included)."""
+        shard_index, row = self.ranks.shard_and_row(rank)
+        shard = self.shards[shard_index]
+        self.spill.verify(shard["shingles_file"], shard["shingles_sha256"])
+        offsets = shard["offsets"]
+        return self.spill.read(shard["shingles_file"], int(offsets[row]), int(offsets[row + 1]))
 
     def of(self, rank: int) -> np.ndarray:
-        """The document's shingle set, sorted (recently used ones cached)."""
+        """The document's shingle set, sorted (recently used ones cached, up to SHINGLE_SET_CACHE_BYTES)."""
         if rank in self.cache:
             self.cache.move_to_end(rank)
             return self.cache[rank]
         shingle_set = sorted_set(self.raw(rank))
         self.cache[rank] = shingle_set
-        if len(self.cache) > SHINGLE_SET_CACHE:
-            self.cache.popitem(last=False)
+        self.cached_bytes += shingle_set.nbytes
+        while self.cached_bytes > SHINGLE_SET_CACHE_BYTES and len(self.cache) > 1:
+            self.cached_bytes -= self.cache.popitem(last=False)[1].nbytes
         return shingle_set
 
     def jaccard(self, a: int, b: int) -> float:
@@ -151,18 +201,87 @@ class ShingleSets:
         return jaccard_of_sets(self.of(a), self.of(b))
 
 
-def band_buckets(shards: list[dict[str, Any]], ranks_of_shard: list[np.ndarray], band: int, band_arrays: dict[int, np.ndarray]) -> Iterator[list[int]]:
-    """Buckets (ranks in ascending order, ≥ 2 members) of one band, by sorting its (key, rank) records."""
-    keys = np.concatenate([band_arrays[i][band] for i in range(len(shards))])
-    ranks = np.concatenate([ranks_of_shard[i][shards[i]["with_shingles"]] for i in range(len(shards))])
+def band_buckets(shards: list[dict[str, Any]], band_ranks: list[np.ndarray], band: int, spill: SpillFiles) -> Iterator[list[int]]:
+    """Buckets (ranks in ascending order, ≥ 2 members) of one band, by sorting its (key, rank) records read from disk."""
+    keys = np.concatenate([spill.row(shard["bands_file"], band) for shard in shards] or [np.empty(0, np.uint64)])
+    ranks = np.concatenate(band_ranks or [np.empty(0, np.int64)])
     if len(keys) < 2:
         return
     order = np.lexsort((ranks, keys))
     keys, ranks = keys[order], ranks[order]
+    del order
     starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
     sizes = np.diff(np.append(starts, len(keys)))
     for start, size in zip(starts[sizes > 1].tolist(), sizes[sizes > 1].tolist()):
         yield ranks[start: start + size].tolist()
+
+
+@dataclass
+class Links:
+    """What verification found: clusters, and for every document its best verified edge (Jaccard, partner rank)."""
+
+    clusters: UnionFind
+    best_similarity: np.ndarray  # float64, NO_MATCH where the document has no verified edge
+    best_partner: np.ndarray
+    counts: dict[str, int]
+
+
+def link_near_duplicates(config: DedupFuzzyConfig, buckets_by_band: Iterator[Iterator[list[int]]], shingle_sets: ShingleSets,
+                         documents: int, rank_dtype: np.dtype) -> Links:
+    """Verify every candidate pair of every band's buckets and join the accepted ones."""
+    clusters = UnionFind(documents)
+    best_similarity = np.full(documents, NO_MATCH, dtype=np.float64)
+    best_partner = np.zeros(documents, dtype=rank_dtype)
+    rejected: set[tuple[int, int]] = set()
+    counts = {"buckets": 0, "buckets_already_one_cluster": 0, "largest_bucket": 0, "candidate_pairs": 0, "skipped_already_clustered": 0,
+              "verified_pairs": 0, "accepted_pairs": 0, "rejected_pairs": 0}
+    for buckets in buckets_by_band:
+        for members in buckets:
+            counts["buckets"] += 1
+            counts["largest_bucket"] = max(counts["largest_bucket"], len(members))
+            root = clusters.find(members[0])
+            if all(clusters.find(member) == root for member in members[1:]):
+                counts["buckets_already_one_cluster"] += 1  # an earlier band verified all of it
+                continue
+            for a, b in bucket_pairs(members, config.exhaustive_bucket_size):
+                counts["candidate_pairs"] += 1
+                if (a, b) in rejected:
+                    continue
+                if clusters.find(a) == clusters.find(b):
+                    counts["skipped_already_clustered"] += 1
+                    continue
+                counts["verified_pairs"] += 1
+                similarity = shingle_sets.jaccard(a, b)
+                if similarity < config.jaccard_threshold:
+                    counts["rejected_pairs"] += 1
+                    rejected.add((a, b))
+                    continue
+                counts["accepted_pairs"] += 1
+                clusters.union(a, b)
+                for node, partner in ((a, b), (b, a)):
+                    if similarity > best_similarity[node]:
+                        best_similarity[node], best_partner[node] = similarity, partner
+    return Links(clusters, best_similarity, best_partner, counts)
+
+
+def cluster_outputs(links: Links, ranks: Ranks, threshold: float) -> tuple[pa.Table, pa.Table, int]:
+    """(clusters table, removal table, number of clusters) from the verified links, as Arrow columns."""
+    clustered = np.flatnonzero(links.best_similarity != NO_MATCH)  # ascending ranks: id order
+    roots = np.fromiter((links.clusters.find(rank) for rank in clustered.tolist()), dtype=np.int64, count=len(clustered))
+    member_ids, kept_ids = ranks.ids_of(clustered), ranks.ids_of(roots)
+    # Roots were found for every member above, so ids of a cluster are adjacent after sorting by (cluster, id).
+    clusters_table = pa.table({"id": member_ids, "cluster_id": kept_ids, "kept_id": kept_ids}).sort_by(
+        [("cluster_id", "ascending"), ("id", "ascending")])
+    is_removed = roots != clustered
+    removed = clustered[is_removed]
+    similarity = links.best_similarity[removed]
+    kept = kept_ids.filter(pa.array(is_removed)).to_pylist()
+    matched = ranks.ids_of(links.best_partner[removed]).to_pylist()
+    details = [dumps_json({"cluster_id": kept_id, "kept_id": kept_id, "matched_id": matched_id, "jaccard": jaccard})
+               for kept_id, matched_id, jaccard in zip(kept, matched, similarity.tolist())]
+    removals = removal_table(member_ids.filter(pa.array(is_removed)), [RULE] * len(removed), similarity,
+                             [threshold] * len(removed), details)
+    return clusters_table, removals, len(np.unique(roots))
 
 
 def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
@@ -170,79 +289,27 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
     check_config(config)
     started = time.perf_counter()
     spill_dir = Path(work_dir) / SPILL_DIR
+    spill = SpillFiles()
     try:
         shards = map_upstream_shards(signature_shard, upstream, (config, str(spill_dir)), workers, "minhash")
         signed = time.perf_counter()
-        all_ids = np.array([doc_id for shard in shards for doc_id in shard["ids"]], dtype=object)
-        by_id = np.argsort(all_ids.astype(str), kind="stable")
-        rank_of_position = np.empty(len(all_ids), dtype=np.int64)
-        rank_of_position[by_id] = np.arange(len(all_ids))
-        sizes = [len(shard["ids"]) for shard in shards]
-        bounds = np.concatenate(([0], np.cumsum(sizes)))
-        ranks_of_shard = [rank_of_position[bounds[i]: bounds[i + 1]] for i in range(len(shards))]
-        shard_of_rank = np.repeat(np.arange(len(shards)), sizes)[by_id]
-        local_of_rank = (np.arange(len(all_ids)) - np.repeat(bounds[:-1], sizes))[by_id]
-        ids_by_rank = all_ids[by_id]
-
-        band_arrays = {i: read_checked_array(Path(shard["bands_file"]), shard["bands_sha256"]) for i, shard in enumerate(shards)}
-        shingle_sets = ShingleSets(shards, shard_of_rank, local_of_rank)
-        clusters = UnionFind(len(all_ids))
-        best_match: dict[int, tuple[float, int]] = {}  # rank -> (Jaccard, partner rank) of its best verified edge
-        rejected: set[tuple[int, int]] = set()
-        counts = {"buckets": 0, "buckets_already_one_cluster": 0, "largest_bucket": 0, "candidate_pairs": 0, "skipped_already_clustered": 0,
-                  "verified_pairs": 0, "accepted_pairs": 0, "rejected_pairs": 0}
-        for band in range(config.bands):
-            for members in band_buckets(shards, ranks_of_shard, band, band_arrays):
-                counts["buckets"] += 1
-                counts["largest_bucket"] = max(counts["largest_bucket"], len(members))
-                root = clusters.find(members[0])
-                if all(clusters.find(member) == root for member in members[1:]):
-                    counts["buckets_already_one_cluster"] += 1  # an earlier band verified all of it
-                    continue
-                for a, b in bucket_pairs(members, config.exhaustive_bucket_size):
-                    counts["candidate_pairs"] += 1
-                    if (a, b) in rejected:
-                        continue
-                    if clusters.find(a) == clusters.find(b):
-                        counts["skipped_already_clustered"] += 1
-                        continue
-                    counts["verified_pairs"] += 1
-                    similarity = shingle_sets.jaccard(a, b)
-                    if similarity < config.jaccard_threshold:
-                        counts["rejected_pairs"] += 1
-                        rejected.add((a, b))
-                        continue
-                    counts["accepted_pairs"] += 1
-                    clusters.union(a, b)
-                    for node, partner in ((a, b), (b, a)):
-                        if node not in best_match or similarity > best_match[node][0]:
-                            best_match[node] = (similarity, partner)
-        clustered = sorted(best_match)
-        removals: dict[str, Removal] = {}
-        cluster_rows: dict[str, list[str]] = {"id": [], "cluster_id": [], "kept_id": []}
-        for rank in clustered:
-            kept_id = str(ids_by_rank[clusters.find(rank)])
-            cluster_rows["id"].append(str(ids_by_rank[rank]))
-            cluster_rows["cluster_id"].append(kept_id)
-            cluster_rows["kept_id"].append(kept_id)
-        for rank in clustered:
-            root = clusters.find(rank)
-            if root == rank:
-                continue
-            similarity, partner = best_match[rank]
-            kept_id = str(ids_by_rank[root])
-            detail = {"cluster_id": kept_id, "kept_id": kept_id, "matched_id": str(ids_by_rank[partner]), "jaccard": similarity}
-            removals[str(ids_by_rank[rank])] = Removal(RULE, similarity, config.jaccard_threshold, detail)
-        # Roots were found for every member above, so ids of a cluster are adjacent after sorting by (cluster, id).
-        clusters_table = pa.table(cluster_rows).sort_by([("cluster_id", "ascending"), ("id", "ascending")])
+        for shard in shards:
+            spill.verify(shard["bands_file"], shard["bands_sha256"])
+        ranks = Ranks([shard.pop("ids") for shard in shards])  # popped: the ids are held once, concatenated
+        band_ranks = [shard_ranks[np.diff(shard["offsets"]) > 0] for shard_ranks, shard in zip(ranks.by_shard(), shards)]
+        buckets_by_band = (band_buckets(shards, band_ranks, band, spill) for band in range(config.bands))
+        links = link_near_duplicates(config, buckets_by_band, ShingleSets(shards, ranks, spill), len(ranks), ranks.dtype)
+        clusters_table, removals, cluster_count = cluster_outputs(links, ranks, config.jaccard_threshold)
         atomic_write_parquet(Path(work_dir) / CLUSTERS_FILE, clusters_table)
         finished = time.perf_counter()
-        stats = {"documents": len(all_ids), "shingles": int(sum(int(s["offsets"][-1]) for s in shards)), "documents_without_shingles": int(sum(len(s["ids"]) - len(s["with_shingles"]) for s in shards)),
-                 **counts, "clusters": len(set(cluster_rows["cluster_id"])), "clustered_documents": len(clustered),
-                 "removed": len(removals), "signature_seconds": round(signed - started, 3),
+        stats = {"documents": len(ranks), "shingles": int(sum(int(s["offsets"][-1]) for s in shards)),
+                 "documents_without_shingles": len(ranks) - sum(len(r) for r in band_ranks),
+                 **links.counts, "clusters": cluster_count, "clustered_documents": clusters_table.num_rows,
+                 "removed": removals.num_rows, "signature_seconds": round(signed - started, 3),
                  "candidate_and_cluster_seconds": round(finished - signed, 3)}
-        return write_removals(work_dir, removals, stats, [(CLUSTERS_FILE, clusters_table.num_rows)])
+        return write_removal_table(work_dir, removals, stats, [(CLUSTERS_FILE, clusters_table.num_rows)])
     finally:
+        spill.close()
         shutil.rmtree(spill_dir, ignore_errors=True)
 
 

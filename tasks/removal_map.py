@@ -61,37 +61,45 @@ class RemovalContext:
 def write_removals(work_dir: Path, removals: dict[str, Removal], stats: dict[str, Any],
                    artifact_files: list[tuple[str, int | None]] = ()) -> RemovalContext:
     """Publish the decision as `removals.parquet` in the stage directory (sorted by id) and build the context."""
-    ids = sorted(removals)
-    table = pa.table({"id": ids, "rule": [removals[i].rule for i in ids], "value": [removals[i].value for i in ids],
-                      "threshold": [removals[i].threshold for i in ids], "detail": [dumps_json(removals[i].detail) for i in ids]},
-                     schema=REMOVALS_SCHEMA)
+    ids = list(removals)
+    table = removal_table(ids, [removals[i].rule for i in ids], [removals[i].value for i in ids],
+                          [removals[i].threshold for i in ids], [dumps_json(removals[i].detail) for i in ids])
+    return write_removal_table(work_dir, table, stats, artifact_files)
+
+
+def removal_table(ids: Any, rules: Any, values: Any, thresholds: Any, details_json: Any) -> pa.Table:
+    """The removal map as Arrow columns (~100-150 bytes a removed document, no Python object per row), sorted by id."""
+    table = pa.table({"id": ids, "rule": rules, "value": values, "threshold": thresholds, "detail": details_json}, schema=REMOVALS_SCHEMA)
+    return table.sort_by("id").combine_chunks()
+
+
+def write_removal_table(work_dir: Path, table: pa.Table, stats: dict[str, Any],
+                        artifact_files: list[tuple[str, int | None]] = ()) -> RemovalContext:
     path = Path(work_dir) / REMOVALS_FILE
     atomic_write_parquet(path, table)
     return RemovalContext(str(path), sha256_file(path), stats, [(REMOVALS_FILE, table.num_rows), *artifact_files])
 
 
 @lru_cache(maxsize=2)
-def load_removals(path: str, expected_sha256: str) -> dict[str, tuple[str, float | None, float | None, str]]:
-    """id -> (rule, value, threshold, detail JSON), read once per worker process and checked against its digest."""
+def load_removals(path: str, expected_sha256: str) -> pa.Table:
+    """The removal table, read once per worker process and checked against its digest; kept as Arrow columns."""
     actual = sha256_file(Path(path))
     if actual != expected_sha256:
         raise ChecksumMismatch(f"{path}: sha256 {actual[:12]}… but the global pass wrote {expected_sha256[:12]}…")
-    table = pq.read_table(path)
-    columns = [table.column(name).to_pylist() for name in ("id", "rule", "value", "threshold", "detail")]
-    return {doc_id: (rule, value, threshold, detail) for doc_id, rule, value, threshold, detail in zip(*columns)}
+    return pq.read_table(path).combine_chunks()
 
 
 def apply_removals(docs: pa.Table, config: Any, context: RemovalContext) -> ShardOutcome:
-    """Keep the documents the global pass did not remove; one audit row per removed document."""
+    """Keep the documents the global pass did not remove; one audit row per removed document, in shard order."""
     removals = load_removals(context.removals_path, context.removals_sha256)
-    removed_ids = [doc_id for doc_id in docs.column("id").to_pylist() if doc_id in removals]
-    if not removed_ids:
+    row_of_doc = pc.index_in(docs.column("id"), value_set=removals.column("id"))
+    is_removed = pc.is_valid(row_of_doc)
+    if not pc.any(is_removed).as_py():
         return ShardOutcome(docs, [])
-    kept = docs.filter(pc.invert(pc.is_in(docs.column("id"), value_set=pa.array(removed_ids, pa.string()))))
-    audit = []
-    for doc_id in removed_ids:
-        rule, value, threshold, detail = removals[doc_id]
-        audit.append({"id": doc_id, "action": "removed", "rule": rule, "value": value, "threshold": threshold, "detail": detail})
+    kept = docs.filter(pc.invert(is_removed))
+    rows = removals.take(pc.filter(row_of_doc, is_removed)).to_pylist()
+    audit = [{"id": row["id"], "action": "removed", "rule": row["rule"], "value": row["value"], "threshold": row["threshold"],
+              "detail": row["detail"]} for row in rows]
     return ShardOutcome(kept, audit)
 
 

@@ -138,3 +138,14 @@ def test_corrupt_band_file_fails_clearly_and_publishes_nothing(tmp_path, upstrea
 def test_bad_config_is_refused(tmp_path, upstream, corpus):
     with pytest.raises(ValueError, match="jaccard_threshold"):
         run_dedup_fuzzy(DedupFuzzyConfig(jaccard_threshold=1.5), upstream(corpus), tmp_path / "fuzzy", workers=1)
+
+
+def test_memory_bounds_do_not_change_the_result(tmp_path, upstream, corpus, monkeypatch):
+    """Tiny hashing batches and a shingle-set cache of one entry give the same removals as the defaults."""
+    default = run_dedup_fuzzy(DedupFuzzyConfig(), upstream(corpus, 3, "default"), tmp_path / "default", workers=1)
+    monkeypatch.setattr(dedup_fuzzy, "SIGNATURE_BATCH_ROWS", 3)
+    monkeypatch.setattr(dedup_fuzzy, "SHINGLE_SET_CACHE_BYTES", 1)
+    bounded = run_dedup_fuzzy(DedupFuzzyConfig(), upstream(corpus, 3, "bounded"), tmp_path / "bounded", workers=1)
+    assert removed_rows(tmp_path / "bounded") == removed_rows(tmp_path / "default") and default.counts["removed"]
+    assert bounded.extra["context"]["verified_pairs"] == default.extra["context"]["verified_pairs"]
+    assert pq.read_table(tmp_path / "bounded" / "clusters.parquet").equals(pq.read_table(tmp_path / "default" / "clusters.parquet"))
