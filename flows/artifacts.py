@@ -5,10 +5,14 @@ Every table is capped at a few hundred rows; the funnel is also written as a PNG
 from __future__ import annotations
 
 import base64
+import contextvars
+import io
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from manifests.atomic import atomic_write_bytes
 from manifests.audit_query import funnel, sample_by_rule
 from manifests.stage_manifest import StageManifest
 
@@ -54,23 +58,54 @@ def publish_stage_artifacts(run: Path, stage: str, manifest: StageManifest) -> N
                                  key=artifact_key("hymo", stage, "audit"), description=f"{stage}: where its audit log is")
 
 
+class BackgroundPublisher:
+    """Publishes artifacts on one thread, in order, while the flow goes on with the next stage.
+
+    A stage's artifacts cost API round trips and a read of its audit log and
+    upstream text; none of that needs to hold up the next stage. The thread
+    runs in a copy of the caller's context, so artifacts still belong to the
+    flow run. `drain()` waits for everything and raises the first failure.
+    """
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hymo-artifacts")
+        self.pending: list[Future] = []
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.pending.append(self.pool.submit(contextvars.copy_context().run, fn, *args))
+
+    def drain(self) -> None:
+        pending, self.pending = self.pending, []
+        for future in pending:
+            future.result()
+
+    def __enter__(self) -> "BackgroundPublisher":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if exc[0] is None:
+                self.drain()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+
+
 def funnel_png(run: Path, path: Path) -> Path | None:
     """Documents entering each stage, removals stacked by rule."""
     rows = [r for r in funnel(run) if r["documents"]]
     if not rows:
         return None
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: its global state is not safe beside a training plot in another thread
 
     stages = [r["stage"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, len(stages) * 1.1), 4.5), dpi=100)
+    fig = Figure(figsize=(max(6, len(stages) * 1.1), 4.5), dpi=100)
+    ax = fig.subplots()
     ax.bar(stages, [r["kept"] for r in rows], color="#4c72b0", label="kept")
     bottoms = [r["kept"] for r in rows]
     rules = sorted({rule for r in rows for rule in r["removed"]}, key=lambda rule: -sum(r["removed"].get(rule, 0) for r in rows))
     top_rules, other = rules[:9], rules[9:]
-    palette = plt.get_cmap("tab10")
+    palette = matplotlib.colormaps["tab10"]
     for i, rule in enumerate(top_rules + (["other rules"] if other else [])):
         heights = [sum(r["removed"].get(x, 0) for x in other) if rule == "other rules" else r["removed"].get(rule, 0) for r in rows]
         ax.bar(stages, heights, bottom=bottoms, color=palette(i % 10), label=rule)
@@ -78,11 +113,14 @@ def funnel_png(run: Path, path: Path) -> Path | None:
     ax.set_ylabel("documents")
     ax.set_title("HyMo funnel: documents per stage, removals by rule")
     ax.legend(fontsize=7, loc="upper right")
-    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    for label in ax.get_xticklabels():
+        label.set_rotation(30)
+        label.set_horizontalalignment("right")
     fig.tight_layout()
+    picture = io.BytesIO()
+    fig.savefig(picture, format="png")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    atomic_write_bytes(path, picture.getvalue())
     return path
 
 
@@ -90,8 +128,18 @@ def embedded_png(path: Path, alt: str) -> str:
     return f"![{alt}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})"
 
 
-def publish_run_summary(run: Path, extra_images: list[Path] | None = None) -> Path | None:
-    """Markdown summary of the whole run: funnel table, funnel picture, and e.g. the loss curve."""
+FUNNEL_PICTURE = "funnel.png"
+
+
+def draw_funnel(run: Path) -> Path | None:
+    return funnel_png(run, Path(run) / FUNNEL_PICTURE)
+
+
+def publish_run_summary(run: Path, extra_images: list[Path] | None = None, drawn: bool = False) -> Path | None:
+    """Markdown summary of the whole run: funnel table, funnel picture, and e.g. the loss curve.
+
+    `drawn`: the funnel picture was already drawn (`draw_funnel`) once the last document stage ended.
+    """
     from prefect.artifacts import create_markdown_artifact
 
     rows = funnel(run)
@@ -99,7 +147,8 @@ def publish_run_summary(run: Path, extra_images: list[Path] | None = None) -> Pa
     for r in (r for r in rows if r["documents"]):
         top = ", ".join(f"{k} {v}" for k, v in sorted(r["removed"].items(), key=lambda kv: -kv[1])[:4]) or "-"
         table.append(f"| {r['stage']} | {r['in']} | {r['kept']} | {sum(r['removed'].values())} | {top} |")
-    png = funnel_png(run, Path(run) / "funnel.png")
+    png = Path(run) / FUNNEL_PICTURE if drawn else draw_funnel(run)
+    png = png if png is not None and png.exists() else None
     parts = [f"## HyMo run `{Path(run).resolve()}`", "\n".join(table)]
     if png:
         parts.append(embedded_png(png, "funnel") + f"\n\n`{png.resolve()}`")

@@ -7,6 +7,10 @@ match their sha256 finishes in the state "Cached" without work. A deleted or
 corrupted output fails that check, so it is recomputed, never served stale.
 Document stages map their shards in batches over the task runner: worker
 processes by default, or a Dask cluster (`runner="dask"`).
+
+That stage-contract check is the cache, so the tasks use Prefect's NO_CACHE
+policy: the default policy would hash every input (stage plans, shard job
+lists) on every task run for a cache nobody reads.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import as_completed
 from prefect.states import Completed
@@ -25,7 +30,7 @@ from manifests.atomic import atomic_write_text
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.stage_runner import StagePlan, default_workers, plan_stage, publish_plan
 
-from flows.artifacts import artifact_key, publish_run_summary, publish_stage_artifacts
+from flows.artifacts import BackgroundPublisher, artifact_key, draw_funnel, publish_run_summary, publish_stage_artifacts
 from flows.config import PipelineConfig
 from flows.shard_batch import shard_batch
 from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_path, stages_between
@@ -33,6 +38,7 @@ from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_p
 RUN_CONFIG = "config.json"
 DOCS_PER_BATCH = 20_000  # a task run costs ~0.1-0.2 s of API round trips; a batch should be worth far more
 MAX_BATCHES_PER_WORKER = 4
+TRAINING_STAGE = "pretrain"  # no document decisions after it starts
 
 
 class Runner(str, Enum):
@@ -66,7 +72,7 @@ def cached(manifest: StageManifest) -> Completed:
     return Completed(name="Cached", message=f"{manifest.stage}: published under the same stage-contract key", data=stage_summary(manifest))
 
 
-@task(task_run_name="{name}")
+@task(task_run_name="{name}", cache_policy=NO_CACHE)
 def whole_stage(name: str, config: PipelineConfig, run: str, previous: str | None, out: str) -> Any:
     """A stage run as one task (ingest, extraction, artifact stages)."""
     before = manifest_stamp(Path(out))
@@ -78,7 +84,7 @@ def whole_stage(name: str, config: PipelineConfig, run: str, previous: str | Non
     return stage_summary(manifest)
 
 
-@task(task_run_name="{name}")
+@task(task_run_name="{name}", cache_policy=NO_CACHE)
 def plan_doc_stage(name: str, config: PipelineConfig, previous: str, out: str) -> Any:
     """Check the cache and run the stage's global pass; hand back the shard jobs to map."""
     stage, stage_config = STAGE_BY_NAME[name].doc_stage(config)
@@ -90,7 +96,7 @@ def plan_doc_stage(name: str, config: PipelineConfig, previous: str, out: str) -
     return planned
 
 
-@task(task_run_name="{name}-publish")
+@task(task_run_name="{name}-publish", cache_policy=NO_CACHE)
 def publish_doc_stage(name: str, plan: StagePlan, results: list) -> dict[str, Any]:
     manifest = publish_plan(plan, results)
     log_stage(manifest, "computed")
@@ -138,14 +144,18 @@ def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out
     if state.name == "Cached" or not isinstance(planned, StagePlan):
         return planned
     groups = batches(planned.jobs, planned.sizes, batch_count(sum(planned.sizes), workers))
-    progress = create_progress_artifact(0.0, key=artifact_key("hymo", entry.name, "progress"), description=f"{entry.name}: shard batches done")
+    # Progress only means something when batches queue behind busy workers; one wave goes from 0 to done.
+    progress = None
+    if len(groups) > workers:
+        progress = create_progress_artifact(0.0, key=artifact_key("hymo", entry.name, "progress"), description=f"{entry.name}: shard batches done")
     try:
         futures = [task_runner.submit(shard_batch, {"name": entry.name, "first": group[0][4], "jobs": group}) for group in groups]
         results, done = [], 0
         for future in as_completed(futures):
             results.extend(future.result())
             done += 1
-            update_progress_artifact(progress, 100.0 * done / len(groups))
+            if progress is not None:
+                update_progress_artifact(progress, 100.0 * done / len(groups))
     except BaseException:
         planned.writer.abandon()
         raise
@@ -165,6 +175,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     workers = config.workers or default_workers()
     export_api_url()
     summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
+    funnel_drawn = False
     entries = stages_between(start, until)
     needs_runner = any(e.doc_stage for e in entries)
     task_runner = make_task_runner(runner, workers, dask_address) if needs_runner else None
@@ -172,17 +183,20 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     if task_runner is not None:
         task_runner.__enter__()
     try:
-        for entry in entries:
-            out = stage_path(run, entry.name)
-            previous = previous_stage_path(run, entry.name)
-            if entry.doc_stage is not None:
-                run_doc_stage(entry, config, previous, out, task_runner, workers)
-            else:
-                whole_stage(entry.name, config, str(run), str(previous) if previous else None, str(out))
-            manifest = read_manifest(out, verify=False)
-            counts = manifest.counts
-            publish_stage_artifacts(run, entry.name, manifest)
-            summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": counts})
+        with BackgroundPublisher() as artifacts:
+            for entry in entries:
+                if entry.name == TRAINING_STAGE:  # the funnel is final: draw it while the model trains
+                    artifacts.submit(draw_funnel, run)
+                    funnel_drawn = True
+                out = stage_path(run, entry.name)
+                previous = previous_stage_path(run, entry.name)
+                if entry.doc_stage is not None:
+                    run_doc_stage(entry, config, previous, out, task_runner, workers)
+                else:
+                    whole_stage(entry.name, config, str(run), str(previous) if previous else None, str(out))
+                manifest = read_manifest(out, verify=False)
+                artifacts.submit(publish_stage_artifacts, run, entry.name, manifest)
+                summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": manifest.counts})
     finally:
         if task_runner is not None:
             task_runner.__exit__(None, None, None)
@@ -190,7 +204,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
             os.environ.clear()
             os.environ.update(environ_before)
     extra_images = [p for p in [stage_path(run, "pretrain") / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
-    publish_run_summary(run, extra_images)
+    publish_run_summary(run, extra_images, drawn=funnel_drawn)
     return summary
 
 

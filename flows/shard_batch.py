@@ -8,10 +8,11 @@ in every stage and the training core (torch), seconds of start-up per worker.
 from __future__ import annotations
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from tasks.stage_runner import run_shard_jobs
 
 
-@task(task_run_name="{name}-shards-{first}")
+@task(task_run_name="{name}-shards-{first}", cache_policy=NO_CACHE)
 def shard_batch(name: str, first: str, jobs: list[tuple]) -> list:
     return run_shard_jobs(jobs)
