@@ -42,40 +42,16 @@ class StageEntry:
     doc_stage: Callable[[PipelineConfig], tuple[StageDef, Any]] | None = None
 
 
+def _on_previous(run_stage_fn: Callable[..., StageManifest], section: str) -> RunFn:
+    """The common shape: this stage's config section, the previous stage's output, the worker count."""
+    def run_on_previous(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+        return run_stage_fn(getattr(config, section), previous, out, config.workers)
+
+    return run_on_previous
+
+
 def _ingest(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
     return run_ingest(config.source_specs(), config.ingest, out)
-
-
-def _extract(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_extract(config.extract, previous, out, config.workers)
-
-
-def _langid(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_langid(config.langid, previous, out, config.workers)
-
-
-def _quality(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_quality(config.quality, previous, out, config.workers)
-
-
-def _pii(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_pii(config.pii, previous, out, config.workers)
-
-
-def _dedup_exact(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_dedup_exact(config.dedup_exact, previous, out, config.workers)
-
-
-def _dedup_fuzzy(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_dedup_fuzzy(config.dedup_fuzzy, previous, out, config.workers)
-
-
-def _decontam(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_decontam(config.decontam, previous, out, config.workers)
-
-
-def _split(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_split(config.split, previous, out, config.workers)
 
 
 def _tokenizer(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
@@ -97,15 +73,15 @@ def _pretrain(config: PipelineConfig, run: Path, previous: Path | None, out: Pat
 STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
     # Extraction spreads pages (not shards) over supervised children inside one task.
-    StageEntry("extract", _extract),
-    StageEntry("langid", _langid, lambda c: (LANGID, c.langid)),
-    StageEntry("quality", _quality, lambda c: (QUALITY, c.quality)),
-    StageEntry("pii", _pii, lambda c: (PII, c.pii)),
+    StageEntry("extract", _on_previous(run_extract, "extract")),
+    StageEntry("langid", _on_previous(run_langid, "langid"), lambda c: (LANGID, c.langid)),
+    StageEntry("quality", _on_previous(run_quality, "quality"), lambda c: (QUALITY, c.quality)),
+    StageEntry("pii", _on_previous(run_pii, "pii"), lambda c: (PII, c.pii)),
     # Global stages: the removal map is decided in `prepare` (inside planning), the shards only apply it.
-    StageEntry("dedup_exact", _dedup_exact, lambda c: (DEDUP_EXACT, c.dedup_exact)),
-    StageEntry("dedup_fuzzy", _dedup_fuzzy, lambda c: (DEDUP_FUZZY, c.dedup_fuzzy)),
-    StageEntry("decontam", _decontam, lambda c: (DECONTAM, c.decontam)),
-    StageEntry("split", _split, lambda c: (SPLIT, c.split)),
+    StageEntry("dedup_exact", _on_previous(run_dedup_exact, "dedup_exact"), lambda c: (DEDUP_EXACT, c.dedup_exact)),
+    StageEntry("dedup_fuzzy", _on_previous(run_dedup_fuzzy, "dedup_fuzzy"), lambda c: (DEDUP_FUZZY, c.dedup_fuzzy)),
+    StageEntry("decontam", _on_previous(run_decontam, "decontam"), lambda c: (DECONTAM, c.decontam)),
+    StageEntry("split", _on_previous(run_split, "split"), lambda c: (SPLIT, c.split)),
     StageEntry("tokenizer", _tokenizer),
     StageEntry("mixture", _mixture),
     StageEntry("shards", _shards),
