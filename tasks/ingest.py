@@ -20,9 +20,10 @@ import pyarrow.parquet as pq
 from prefect import task
 
 from manifests.digest import sha256_file
+from manifests.file_stats import path_stat, read_stats
 from manifests.schema import docs_table
 from manifests.sources import SourceSpec
-from manifests.stage_manifest import StageManifest, is_complete, read_manifest
+from manifests.stage_manifest import StageManifest, StageNotComplete, is_complete, read_manifest
 from tasks.decoding import decode_payload
 from tasks.stage_runner import StageWriter, progress_bar, stage_cache_key
 
@@ -260,12 +261,30 @@ def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[P
     return plan, skipped
 
 
-def input_listing(plan: list[tuple[SourceSpec, list[Path]]]) -> list[dict[str, str]]:
-    return [
-        {"source": spec.name, "file": relative_uri(spec, path), "sha256": sha256_file(path) if path.is_file() else dir_digest(path)}
-        for spec, files in plan
-        for path in files
-    ]
+def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | None = None) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """(sha256 of every source file, their stats). A file whose stat equals the one recorded when
+    `published` (the previous ingest output) was written keeps its recorded sha256 unread."""
+    known = recorded_inputs(published) if published is not None else {}
+    listing, stats = [], {}
+    for spec, files in plan:
+        for path in files:
+            entry = {"source": spec.name, "file": relative_uri(spec, path)}
+            name = f"{entry['source']}:{entry['file']}"
+            stats[name] = path_stat(path)
+            recorded_stat, recorded_sha = known.get(name, (None, None))
+            entry["sha256"] = recorded_sha if recorded_stat == stats[name] else (sha256_file(path) if path.is_file() else dir_digest(path))
+            listing.append(entry)
+    return listing, stats
+
+
+def recorded_inputs(stage_dir: Path) -> dict[str, tuple[Any, str]]:
+    """source:file -> (stat at publish, sha256) of a published ingest stage; empty when there is none."""
+    try:
+        manifest = read_manifest(stage_dir, verify=False)
+    except StageNotComplete:
+        return {}
+    stats = read_stats(stage_dir).get("inputs", {})
+    return {f"{i['source']}:{i['file']}": (stats.get(f"{i['source']}:{i['file']}"), i["sha256"]) for i in manifest.inputs if "file" in i}
 
 
 def dir_digest(path: Path) -> str:
@@ -278,7 +297,7 @@ def dir_digest(path: Path) -> str:
 def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> StageManifest:
     """Read every source into shards; a no-op when the same files and config were already ingested."""
     plan, skipped = unique_files(specs)
-    inputs = input_listing(plan)
+    inputs, input_stats = input_listing(plan, Path(out_dir))
     settings = {"ingest": asdict(config), "sources": [s.public() for s, _ in plan]}
     key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
     if is_complete(Path(out_dir), key):
@@ -302,7 +321,7 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> 
                     advance(1)
         if buffer or audit or shard_index == 0:
             writer.write_shard(shard_index, docs_table(buffer), audit)
-        return writer.publish({"skipped_duplicate_inputs": skipped, "sources": [s.public() for s, _ in plan]})
+        return writer.publish({"skipped_duplicate_inputs": skipped, "sources": [s.public() for s, _ in plan]}, input_stats)
     except BaseException:
         writer.abandon()
         raise

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from manifests.atomic import atomic_write_parquet
 from manifests.digest import cache_key as make_cache_key
 from manifests.digest import config_hash, sha256_file
+from manifests.file_stats import write_stats
 from manifests.schema import AUDIT_SCHEMA, DOC_SCHEMA, audit_table
 from manifests.stage_manifest import OutputFile, StageManifest, is_complete, read_manifest, write_manifest
 from tasks.code_version import code_version
@@ -157,7 +158,10 @@ class StageWriter:
             "routed": dict(sorted(actions["routed"].items())),
         }
 
-    def publish(self, extra: dict[str, Any] | None = None) -> StageManifest:
+    def publish(self, extra: dict[str, Any] | None = None, input_stats: dict[str, Any] | None = None) -> StageManifest:
+        """Manifest (and the outputs' stats, for cheap cache checks) into the work directory, then swap it in.
+
+        `input_stats`: stat fingerprints of source files, so the next run can trust their recorded sha256."""
         results = sorted(self.results, key=lambda r: r.shard)
         outputs = [o for r in results for o in r.outputs] + sorted(self.artifacts, key=lambda o: o.path)
         counts = self.counts()
@@ -178,6 +182,7 @@ class StageWriter:
             wall_time_s=time.perf_counter() - self.started,
             extra=extra or {},
         )
+        write_stats(self.work_dir, [o.path for o in outputs], input_stats)  # renames keep inode and mtime
         write_manifest(self.work_dir, manifest)
         swap_into_place(self.work_dir, self.out_dir)
         manifest.directory = self.out_dir
