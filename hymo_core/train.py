@@ -26,7 +26,7 @@ import time
 import tomllib
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -172,8 +172,12 @@ def run_training(
     device: torch.device | None = None,
     progress: bool | None = None,
     log: Any = print,
+    report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Train (or continue) to `train_config.max_steps` and write checkpoints, metrics, loss.png and summary.json."""
+    """Train (or continue) to `train_config.max_steps` and write checkpoints, metrics, loss.png and summary.json.
+
+    `report(record)`: called with every metrics record (train rows at log_interval, evaluations, events) as it
+    is written; how an orchestrator shows training live without this package knowing about it."""
     config = train_config or SAMPLE_TRAIN
     reader = CorpusReader(corpus)
     model_config = replace(model_config or SAMPLE_MODEL, vocab_size=reader.vocab_size)
@@ -201,22 +205,28 @@ def run_training(
             log(f"resumed from {resumed_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
 
     metrics = MetricsLog(out / METRICS_FILE, state.step)
+
+    def record(row: dict[str, Any]) -> None:
+        metrics.write(row)
+        if report is not None:
+            report(row)
+
     last_val: list[float | None] = [None]
     bar = ProgressLine(config.max_steps, state.step, progress)
 
     def on_eval(step: int, val_loss: float) -> None:
         last_val[0] = val_loss
-        metrics.write({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
+        record({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
 
     def on_checkpoint(current: TrainState) -> None:
         checkpoints.save(current.step, last_val[0], model=model, optimizer=optimizer, state=current, config=config,
                          train_loader=train_loader, val_loader=val_loader)
 
     hooks = TrainHooks(
-        on_log=lambda record: metrics.write({"kind": "train", **record}),
+        on_log=lambda row: record({"kind": "train", **row}),
         on_eval=on_eval,
         on_checkpoint=on_checkpoint,
-        on_event=lambda event: metrics.write({"kind": "event", **event}),
+        on_event=lambda event: record({"kind": "event", **event}),
         on_update=lambda current, loss, lr: bar.update(current, loss, lr, config.tokens_per_update),
     )
     started = time.perf_counter()

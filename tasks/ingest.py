@@ -23,9 +23,9 @@ from manifests.digest import sha256_file
 from manifests.file_stats import path_stat, read_stats
 from manifests.schema import docs_table
 from manifests.sources import SourceSpec
-from manifests.stage_manifest import StageManifest, StageNotComplete, is_complete, read_manifest
+from manifests.stage_manifest import StageManifest, StageNotComplete, read_manifest
 from tasks.decoding import decode_payload
-from tasks.stage_runner import StageWriter, progress_bar, stage_cache_key
+from tasks.stage_runner import StageWriter, progress_bar, published_under, stage_cache_key
 
 STAGE = "ingest"
 VERSION = "1"
@@ -300,8 +300,8 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> 
     inputs, input_stats = input_listing(plan, Path(out_dir))
     settings = {"ingest": asdict(config), "sources": [s.public() for s, _ in plan]}
     key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
-    if is_complete(Path(out_dir), key):
-        return read_manifest(Path(out_dir))
+    if (published := published_under(Path(out_dir), key)) is not None:
+        return published
     writer = StageWriter(STAGE, VERSION, settings, key, inputs, Path(out_dir))
     try:
         shard_index, buffer, audit, buffer_bytes = 0, [], [], 0

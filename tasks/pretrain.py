@@ -17,7 +17,7 @@ import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hymo_core.configs import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE, ModelConfig, TrainConfig
 from manifests.stage_manifest import StageManifest, read_manifest
@@ -51,10 +51,11 @@ def checkpoint_home(out_dir: Path, shards_dir: Path, config: PretrainConfig) -> 
     return Path(out_dir).parent / CHECKPOINT_ROOT / key[:16]
 
 
-def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path,
+                   report: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
     from hymo_core.train import run_training  # torch: imported when training runs, not with the pipeline
 
-    summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config))
+    summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config), report=report)
     for name in (METRICS_FILE, LOSS_PICTURE):
         shutil.copy2(home / name, work_dir / name)
     (work_dir / CHECKPOINT_DIR).mkdir()
@@ -79,12 +80,14 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
     return artifacts, extra
 
 
-def run_pretrain(config: PretrainConfig, shards_dir: Path, out_dir: Path) -> StageManifest:
-    """Train on `shards_dir`'s corpus and publish `out_dir`; a no-op when already published under this key."""
+def run_pretrain(config: PretrainConfig, shards_dir: Path, out_dir: Path,
+                 report: Callable[[dict[str, Any]], None] | None = None) -> StageManifest:
+    """Train on `shards_dir`'s corpus and publish `out_dir`; a no-op when already published under this key.
+    `report` receives every metrics record while training (hymo_core.train.run_training)."""
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
     home = checkpoint_home(out_dir, shards_dir, config)
     manifest = run_artifact_stage(STAGE, VERSION, asdict(config), [shards_dir], out_dir,
-                                  lambda work_dir: build_pretrain(config, shards_dir, work_dir, home))
+                                  lambda work_dir: build_pretrain(config, shards_dir, work_dir, home, report))
     shutil.rmtree(home, ignore_errors=True)
     if home.parent.is_dir() and not any(home.parent.iterdir()):
         home.parent.rmdir()
