@@ -19,7 +19,7 @@ from prefect.context import FlowRunContext, TaskRunContext
 
 from flows.artifacts import artifact_key
 
-SHOW_AFTER_S = float(os.environ.get("HYMO_PROGRESS_AFTER_S", "3"))  # a stage that ends sooner gets no progress artifact
+SHOW_AFTER_S = 3.0  # a stage that ends sooner gets no progress artifact ($HYMO_PROGRESS_AFTER_S overrides)
 UPDATE_EVERY_S = 1.0
 TRAINING_ROWS = 20  # latest logged steps in the training artifact
 
@@ -36,7 +36,8 @@ class StageProgress:
         self.label, self.fraction, self.sent_at = "running", 0.0, 0.0
         self.artifact_id = None
         self.lock = threading.Lock()
-        self.timer = threading.Timer(SHOW_AFTER_S, contextvars.copy_context().run, args=(self.show,))
+        after_s = float(os.environ.get("HYMO_PROGRESS_AFTER_S", SHOW_AFTER_S))
+        self.timer = threading.Timer(after_s, contextvars.copy_context().run, args=(self.show,))
         self.timer.daemon = True
 
     def __enter__(self) -> "StageProgress":

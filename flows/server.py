@@ -48,9 +48,11 @@ class LocalServer:
         self.api_url = f"http://{host}:{port}/api"
         self.ui_url = f"http://{host}:{port}"
         self.process: subprocess.Popen | None = None
+        self.startup_s: float | None = None
         self.log_path = self.home / "server.log"
 
     def start(self) -> "LocalServer":
+        started = time.monotonic()
         self.home.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
@@ -71,6 +73,7 @@ class LocalServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"Prefect server exited with {self.process.returncode}; see {self.log_path}")
             if api_healthy(self.api_url):
+                self.startup_s = time.monotonic() - started  # benchmarks report it
                 return self
             time.sleep(0.5)
         self.stop()
