@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from hymo_core.optim import OptimizerConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-MIXER_KINDS = "A"  # layer_pattern letters a model can be built from (hymo_core/layers/block.py)
+MIXER_KINDS = "AG"  # layer_pattern letters a model can be built from (hymo_core/layers/block.py)
 NS_DTYPE_NAMES = ("bfloat16", "float32", "float64")  # Newton-Schulz dtypes Muon accepts (hymo_core.optim.NS_DTYPES)
 # What a training run writes into its directory.
 METRICS_FILE, LOSS_PICTURE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "loss.png", "summary.json", "checkpoints"
@@ -79,6 +79,18 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def gdn_heads(self) -> int:
+        return self.gdn_n_heads or self.n_heads
+
+    @property
+    def gdn_key_head_dim(self) -> int:
+        return self.gdn_head_dim or self.head_dim
+
+    @property
+    def gdn_value_head_dim(self) -> int:
+        return self.gdn_expand_v * self.gdn_key_head_dim
 
     @property
     def rope_dim(self) -> int:
