@@ -1,7 +1,7 @@
 """dedup_fuzzy on a templated site: precision and recall against exact all-pairs truth, before and after code changes.
 
     python bench/dedup_templated.py                       # 5,000 pages + planted copies/variants, this checkout
-    python bench/dedup_templated.py --code /tmp/old-tree  # also time another checkout of the project on the same input
+    python bench/dedup_templated.py --code before=/tmp/old-tree  # also run another checkout on the same input
 
 The site (bench/templated_site.py) gives every page a shared boilerplate block
 of 60–85 % of its words, so whole bands agree and thousands of pages share an
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", type=int, default=400)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--code", type=Path, action="append", default=[], help="another checkout to time on the same input")
+    parser.add_argument("--code", action="append", default=[], help="LABEL=PATH of another checkout to run on the same input")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     parser.add_argument("--child", type=Path)
     parser.add_argument("--upstream", type=Path)
@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     upstream = WORK / f"input-{args.pages}"
     write_input(site.ids, site.texts, upstream, args.shards)
     rows = []
-    for label, code in [("this checkout", ROOT), *((str(path), path) for path in args.code)]:
+    others = [(item.split("=", 1)[0], Path(item.split("=", 1)[1])) for item in args.code]
+    for label, code in [("this checkout", ROOT), *others]:
         outcome = run_tree(label.replace("/", "_").replace(" ", "-"), code, upstream, args.workers)
         precision, recall = score(set(outcome["removed"]), truth)
         stats = outcome["stats"]
@@ -112,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(site.ids)} documents: {args.pages} pages whose boilerplate is 60–85 % of their words, "
             f"{len(site.planted_copy)} planted copies (J 0.80–0.95) and {len(site.planted_variant)} variants (J 0.60–0.78) that must stay. "
             f"Exact all-pairs truth ({truth_seconds:.1f} s): {len(truth_pairs)} pairs with J ≥ 0.8, {len(truth)} removals; "
-            f"{near_pairs:,} pairs with J ≥ 0.6.")
+            f"{near_pairs:,} pairs with J ≥ 0.6. Candidate pairs are all pairs of every bucket not already one cluster; "
+            "buckets of ≥ 64 members are counted exactly in bulk (tasks/pair_jaccard.py), smaller ones through the "
+            "signature filter, and 'verified pairs' are the pair-by-pair exact checks. Recall short of 1 is a pair that shares "
+            "no band at all (14 × 8 catches J = 0.8 with P = 0.92); 'before' linked buckets over 64 members "
+            "first/neighbour only and lost pairs that did share a bucket. Seconds are wall time on a shared machine.")
     print(f"\n{note}\n\n{table}")
     if not args.no_write:
         write_section(TITLE, table, note)
