@@ -73,6 +73,11 @@ def load_config(path: str | Path | None = None) -> PipelineConfig:
     values = dict(raw.pop("run", {}))
     values.update(raw)
     values.setdefault("config_dir", str(path.parent.resolve()))
+    pretrain = values.get("pretrain")
+    if isinstance(pretrain, dict) and isinstance(pretrain.get("model"), dict):  # `preset = "hymo-tiny"`
+        from hymo_core.presets import expand_preset
+
+        values["pretrain"] = {**pretrain, "model": expand_preset(pretrain["model"], f"{path} [pretrain.model]")}
     return PipelineConfig(**values)
 
 
