@@ -69,7 +69,7 @@ def cpu_section(lengths: list[int], repeats: int) -> None:
         print(f"T={T:5d}  recurrent {rec * 1e3:9.1f} ms  chunked {chk * 1e3:8.1f} ms  {rec / chk:5.1f}x  "
               f"chunked {chk / T * 1e6:.2f} us/token", flush=True)
     table = markdown_table(["T", "recurrent ms", "chunked ms", "speed-up", "chunked us/token"], rows)
-    machine = (f"{platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
+    machine = (f"{' '.join(filter(None, (platform.machine(), platform.processor())))}, {os.cpu_count()} cores, "
                f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
                f"{os.getloadavg()[0]:.1f} at the end")
     note = (f"Forward, no grad, fp32, B=1, H=4, K=V=64; median of {repeats} (recurrent: {max(1, repeats // 2)}). "
@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1: on a shared machine a second spinning thread costs more than it gives)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     cpu_section(args.lengths, args.repeats)
     gpu_section(args.repeats)
     return 0
