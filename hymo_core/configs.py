@@ -136,6 +136,17 @@ class ModelConfig:
             vocab_size=self.vocab_size,
             tie_embeddings=self.tie_embeddings,
             qk_norm=self.qk_norm,
+            layer_pattern=self.layer_pattern,
+            moe_on=self.moe_on,
+            gdn_heads=self.gdn_heads,
+            gdn_key_head_dim=self.gdn_key_head_dim,
+            gdn_value_head_dim=self.gdn_value_head_dim,
+            gdn_conv_size=self.gdn_conv_size,
+            mla_q_rank=self.mla_q_rank,
+            mla_kv_rank=self.mla_kv_rank,
+            mla_nope_dim=self.mla_nope_dim,
+            mla_rope_dim=self.mla_rope_dim,
+            mla_v_dim=self.mla_v_dim,
         )
 
 

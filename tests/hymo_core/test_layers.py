@@ -90,3 +90,12 @@ def test_cached_generation_equals_full_recomputation_also_when_the_window_slides
         window = (prompt + expected)[-12:]
         expected.append(int(model(torch.tensor([window]))[0][0, -1].argmax()))
     assert sample_tokens(model, prompt, 15, 0.0, 0, torch.Generator()) == expected
+
+
+@pytest.mark.parametrize("overrides", [dict(layer_pattern="GGGM"), dict(layer_pattern="GM", qk_norm=True, tie_embeddings=False),
+                                       dict(layer_pattern="AM", mla_qk_rope_head_dim=8, n_layers=3)])
+def test_planner_counts_the_built_hybrid(overrides):
+    from hymo_core.model import count_parameters
+
+    model = build(**overrides)
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(model.config)
