@@ -28,13 +28,12 @@ from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.stage_runner import PROGRESS_SINK, default_workers, plan_stage, publish_plan
 
 from flows.artifacts import BackgroundPublisher, draw_funnel, publish_run_summary, publish_stage_artifacts
-from flows.config import PipelineConfig
+from flows.config import RUN_CONFIG, PipelineConfig, load_run_config  # noqa: F401 (load_run_config: re-exported)
 from flows.run_report import StageProgress
 from flows.shard_batch import shard_batch
 from flows.stage_cache import STAGE_CONTRACT, record_dir
-from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_path, stages_between
+from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_entry, stage_path, stages_between
 
-RUN_CONFIG = "config.json"
 DOCS_PER_BATCH = 20_000  # a task run costs ~0.1-0.2 s of API round trips; a batch should be worth far more
 MAX_BATCHES_PER_WORKER = 4
 TRAINING_STAGE = "pretrain"  # no document decisions after it starts
@@ -69,9 +68,9 @@ def stage_summary(manifest: StageManifest, run: Path) -> dict[str, Any]:
             "digest": manifest.digest, "cache_key": manifest.cache_key, "counts": manifest.counts}
 
 
-def forget_stage(run: Path, stage: str) -> None:
+def forget_stage(run: Path, stage: str, config: PipelineConfig | None = None) -> None:
     """Drop the stage's manifest so the contract check fails and the stage recomputes."""
-    (stage_path(run, stage) / "manifest.json").unlink(missing_ok=True)
+    (stage_path(run, stage, config) / "manifest.json").unlink(missing_ok=True)
 
 
 # (task runner, workers) the document stages map their shard batches over; set by the flow for its stages.
@@ -87,12 +86,12 @@ def stage_task(name: str, config: PipelineConfig, run: str) -> dict[str, Any]:
 
 
 def run_stage_in_task(name: str, config: PipelineConfig, run_dir: Path) -> dict[str, Any]:
-    out, previous = stage_path(run_dir, name), previous_stage_path(run_dir, name)
+    out, previous = stage_path(run_dir, name, config), previous_stage_path(run_dir, name, config)
     context = TaskRunContext.get()
     if context is not None and context.task.refresh_cache:
-        forget_stage(run_dir, name)
+        forget_stage(run_dir, name, config)
     before = manifest_stamp(out)
-    entry, shard_runner = STAGE_BY_NAME[name], SHARD_RUNNER.get()
+    entry, shard_runner = stage_entry(config, name), SHARD_RUNNER.get()
     with StageProgress(name) as progress:
         token = PROGRESS_SINK.set(progress)
         try:
@@ -178,7 +177,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     export_api_url()
     summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
     funnel_drawn = False
-    entries = stages_between(start, until)
+    entries = stages_between(start, until, config)
     needs_runner = any(e.doc_stage for e in entries)
     task_runner = make_task_runner(runner, workers, dask_address) if needs_runner else None
     environ_before = dict(os.environ)  # a Dask LocalCluster sets OMP_NUM_THREADS=1 & co. for its workers
@@ -192,8 +191,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 if entry.name == TRAINING_STAGE:  # the funnel is final: draw it while the model trains
                     artifacts.submit(draw_funnel, run)
                     funnel_drawn = True
-                out = stage_path(run, entry.name)
-                options: dict[str, Any] = {"result_storage": record_dir(run, entry.name)}
+                out = stage_path(run, entry.name, config)
+                options: dict[str, Any] = {"result_storage": record_dir(run, entry.name, config)}
                 if entry.name == refresh:
                     options["refresh_cache"] = True
                 state = stage_task.with_options(**options)(
@@ -210,7 +209,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
         if os.environ != environ_before:
             os.environ.clear()
             os.environ.update(environ_before)
-    extra_images = [p for p in [stage_path(run, "pretrain") / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
+    extra_images = [p for p in [stage_path(run, "pretrain", config) / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
     publish_run_summary(run, extra_images, drawn=funnel_drawn)
     return summary
 
@@ -228,10 +227,3 @@ def hymo_pipeline(
     run.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run / RUN_CONFIG, json.dumps({"config": config.model_dump(mode="json"), "runner": runner.value}, indent=2) + "\n")
     return run_stages(config, run, None, until, runner, dask_address)
-
-
-def load_run_config(run: Path) -> PipelineConfig:
-    path = Path(run) / RUN_CONFIG
-    if not path.is_file():
-        raise FileNotFoundError(f"{run}: no {RUN_CONFIG}; was this directory written by `hymo run`?")
-    return PipelineConfig(**json.loads(path.read_text(encoding="utf-8"))["config"])

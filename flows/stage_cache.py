@@ -26,22 +26,22 @@ from prefect.cache_policies import CachePolicy
 
 from tasks.stage_runner import StageWouldRun, probing
 
-from flows.stages import STAGE_BY_NAME, previous_stage_path, stage_path
+from flows.stages import previous_stage_path, stage_entry, stage_path
 
 CACHE_DIR = ".prefect-cache"
 
 
-def record_dir(run: Path, name: str) -> Path:
+def record_dir(run: Path, name: str, config: Any) -> Path:
     """Where Prefect keeps this stage's cache records (an absolute path: workers may change directory)."""
-    return (stage_path(Path(run), name) / CACHE_DIR).resolve()
+    return (stage_path(Path(run), name, config) / CACHE_DIR).resolve()
 
 
 def contract_key(name: str, config: Any, run: Path) -> str | None:
     """The stage-contract key when it can be trusted as a Prefect cache key, else None (see module doc)."""
-    entry = STAGE_BY_NAME[name]
     with probing():
         try:
-            manifest = entry.run(config, run, previous_stage_path(run, name), stage_path(run, name))
+            entry = stage_entry(config, name)
+            manifest = entry.run(config, run, previous_stage_path(run, name, config), stage_path(run, name, config))
         except StageWouldRun as miss:
             return None if miss.published_key == miss.key else miss.key
         except Exception:  # e.g. a missing input: the task itself runs and reports it in its own words

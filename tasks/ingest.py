@@ -4,12 +4,18 @@ Ids are derived from source + origin URI + ordinal inside that origin (the line 
 a JSONL file, the record of a WARC), so they survive re-runs, other machines and
 other shard sizes. A broken *record* is quarantined with a rule; a broken *file*
 (truncated gzip, unreadable Parquet) fails the stage before anything is published.
+A source path may be an fsspec URL (s3://bucket/prefix, gs://, hf://, ...):
+its files are listed and streamed through fsspec (tasks/source_fs.py), and a
+file's path inside the source, hence every id, is the same as from a local copy.
+A source whose glob matches no file is an error, not an empty stage.
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
+import os
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +30,9 @@ from manifests.file_stats import path_stat, read_stats
 from manifests.schema import docs_table
 from manifests.sources import SourceSpec
 from manifests.stage_manifest import StageManifest, StageNotComplete, read_manifest
-from tasks.decoding import decode_payload
+from tasks.decoding import decode_payload, strip_controls
+from tasks.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_stream, remote_digest
+from tasks.source_walk import reached_through_link, walk_matching
 from tasks.stage_runner import StageWriter, progress_bar, published_under, stage_cache_key
 
 STAGE = "ingest"
@@ -38,10 +46,6 @@ class IngestConfig:
     parquet_batch_rows: int = 1024  # streaming batch for Parquet / HF sources
 
 
-class InputFileError(RuntimeError):
-    """An input file cannot be read as a whole; the stage fails and publishes nothing."""
-
-
 @dataclass
 class RawRecord:
     uri: str
@@ -52,6 +56,7 @@ class RawRecord:
     origin_file: str
     problem: str | None = None  # a record-level defect found while reading
     problem_detail: str = ""
+    charset: str | None = None  # declared by the transport (a WARC record's HTTP Content-Type)
 
 
 def make_doc_id(source: str, uri: str, ordinal: int) -> str:
@@ -59,16 +64,25 @@ def make_doc_id(source: str, uri: str, ordinal: int) -> str:
     return f"{source}-{digest}"
 
 
-def source_files(spec: SourceSpec) -> list[Path]:
+def source_pattern(spec: SourceSpec) -> str:
+    return spec.glob if spec.glob != "**/*" else {"jsonl": "**/*.jsonl*", "parquet": "**/*.parquet", "warc": "**/*.warc*"}.get(spec.kind, "**/*")
+
+
+def source_files(spec: SourceSpec) -> tuple[list[Path | RemoteFile], list[tuple[Path, str]]]:
+    """The source's files, and the links under it that cannot be read (with why): those are audited."""
+    if is_url(spec.path):
+        return list_remote(spec.name, spec.path, source_pattern(spec), spec.kind == "hf_disk"), []
     root = spec.root
     if not root.exists():
         raise InputFileError(f"source {spec.name}: path {root} does not exist")
     if root.is_file():
-        return [root]
+        return [root], []
     if spec.kind == "hf_disk":
-        return [root]
-    pattern = spec.glob if spec.glob != "**/*" else {"jsonl": "**/*.jsonl*", "parquet": "**/*.parquet", "warc": "**/*.warc*"}.get(spec.kind, "**/*")
-    return sorted(p for p in root.glob(pattern) if p.is_file())
+        return [root], []
+    files, unreadable = walk_matching(root, source_pattern(spec))
+    if not files and not unreadable:
+        raise InputFileError(f"source {spec.name}: {root} has no file matching {source_pattern(spec)!r}")
+    return files, unreadable
 
 
 def relative_uri(spec: SourceSpec, path: Path) -> str:
@@ -78,26 +92,39 @@ def relative_uri(spec: SourceSpec, path: Path) -> str:
 
 def relative_file(spec: SourceSpec, path: Path) -> str:
     """The file's path inside its source: recorded instead of a machine-local absolute path."""
+    if isinstance(path, RemoteFile):
+        return path.relative
     root = spec.root
     return path.name if root.is_file() or root == path else path.relative_to(root).as_posix()
 
 
 def read_html_or_text(spec: SourceSpec, path: Path, content_type: str) -> Iterator[RawRecord]:
     try:
-        payload = path.read_bytes()
+        if isinstance(path, RemoteFile):
+            with open_stream(path, spec.name) as handle:
+                payload = handle.read()
+        else:
+            payload = path.read_bytes()
     except OSError as exc:
         raise InputFileError(f"{path}: cannot read ({exc})") from exc
     yield RawRecord(relative_uri(spec, path), 0, payload, content_type, {}, relative_file(spec, path))
 
 
-def open_maybe_gzip(path: Path):
+def open_maybe_gzip(path: Path | RemoteFile, source: str = ""):
+    """A binary stream of the file, .gz and .zst decompressed on the fly."""
+    if isinstance(path, RemoteFile):
+        return open_stream(path, source)
+    if path.suffix == ".zst":
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
 def read_jsonl(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
     base_uri = relative_uri(spec, path)
     try:
-        with open_maybe_gzip(path) as handle:
+        with open_maybe_gzip(path, spec.name) as handle:
             for line_no, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -122,7 +149,7 @@ def read_jsonl(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
 def read_parquet(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
     base_uri = relative_uri(spec, path)
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(path.open() if isinstance(path, RemoteFile) else path)
         if spec.text_field not in parquet.schema_arrow.names:
             raise InputFileError(f"{path}: no column {spec.text_field!r} (columns: {parquet.schema_arrow.names})")
         columns = [c for c in (spec.text_field, spec.url_field) if c in parquet.schema_arrow.names]
@@ -148,14 +175,15 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
     try:
         if path.suffix == ".gz":
             check_gzip_complete(path)
-        with open(path, "rb") as handle:
+        with (path.open() if isinstance(path, RemoteFile) else open(path, "rb")) as handle:
             for ordinal, record in enumerate(ArchiveIterator(handle)):
                 uri = record.rec_headers.get_header("WARC-Target-URI") or f"{relative_uri(spec, path)}#rec{ordinal}"
                 if record.rec_type == "response":
                     mime = (record.http_headers.get_header("Content-Type") or "") if record.http_headers else ""
-                    if mime and "html" not in mime.lower():
+                    if mime and "html" not in mime.lower():  # images, PDFs, scripts: counted, not read
+                        yield RawRecord(uri, ordinal, None, "html", {}, relative_file(spec, path), "not_html", mime.split(";")[0].strip())
                         continue
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path))
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path), charset=mime or None)
                 elif record.rec_type == "conversion":  # WET plain text
                     yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path))
     except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
@@ -164,7 +192,7 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
 
 def check_gzip_complete(path: Path) -> None:
     """warcio silently drops a truncated last record; a full gzip pass notices the cut."""
-    with gzip.open(path, "rb") as handle:
+    with open_maybe_gzip(path) as handle:
         while handle.read(1 << 20):
             pass
 
@@ -173,7 +201,12 @@ def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawR
     import datasets
 
     try:
-        if (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+        if isinstance(path, RemoteFile):
+            dataset = datasets.load_from_disk(path.url)  # fsspec URL: datasets streams the Arrow files through it
+            if isinstance(dataset, datasets.DatasetDict):
+                dataset = dataset["train"] if "train" in dataset else dataset[sorted(dataset)[0]]
+            rows = dataset.iter(batch_size=batch_rows)
+        elif (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
             dataset = datasets.load_from_disk(str(path))  # memory-mapped Arrow: iterating streams it
             if isinstance(dataset, datasets.DatasetDict):
                 dataset = dataset["train"] if "train" in dataset else dataset[sorted(dataset)[0]]
@@ -216,32 +249,39 @@ def to_document(spec: SourceSpec, raw: RawRecord) -> tuple[dict[str, Any] | None
     doc_id = make_doc_id(spec.name, raw.uri, raw.ordinal)
     where = {"file": raw.origin_file, "uri": raw.uri, "ordinal": raw.ordinal}
     if raw.problem:
-        return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{raw.problem}", "detail": {**where, "error": raw.problem_detail}}]
+        detail_key = "content_type" if raw.problem == "not_html" else "error"
+        return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{raw.problem}", "detail": {**where, detail_key: raw.problem_detail}}]
     audit: list[dict[str, Any]] = []
     meta = {**raw.meta, "content_type": raw.content_type, "origin_file": raw.origin_file, "ordinal": raw.ordinal, "profile": spec.profile}
     if isinstance(raw.payload, bytes):
-        decoded = decode_payload(raw.payload)
+        decoded = decode_payload(raw.payload, raw.charset)
         if decoded.problem:
-            return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{decoded.problem}", "value": len(raw.payload), "detail": where}]
+            return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{decoded.problem}", "value": len(raw.payload), "detail": {**where, "why": decoded.detail} if decoded.detail else where}]
         text = decoded.text
         meta["encoding"] = decoded.encoding
         if decoded.guessed:
-            audit.append({"id": doc_id, "action": "modified", "rule": "ingest_encoding_guessed", "detail": {**where, "encoding": decoded.encoding}})
+            audit.append({"id": doc_id, "action": "modified", "rule": "ingest_encoding_guessed", "value": decoded.confidence,
+                          "detail": {**where, "encoding": decoded.encoding, "method": decoded.method, "confidence": decoded.confidence}})
     else:
         text = raw.payload or ""
-        if not text.strip():
-            return None, [{"id": doc_id, "action": "removed", "rule": "ingest_empty", "value": 0, "detail": where}]
-    if "\x00" in text:  # Arrow keeps NULs, but no downstream consumer wants them
-        text = text.replace("\x00", "")
-        audit.append({"id": doc_id, "action": "modified", "rule": "ingest_nul_removed", "detail": where})
+    text, stripped = strip_controls(text)  # Arrow keeps NULs and escapes, but no downstream consumer wants them
+    if not text.strip():
+        return None, [{"id": doc_id, "action": "removed", "rule": "ingest_empty", "value": 0, "detail": where}]
+    if stripped:
+        audit.append({"id": doc_id, "action": "modified", "rule": "ingest_control_chars_removed", "value": stripped, "detail": where})
     doc = {"id": doc_id, "text": text, "source": spec.name, "url": raw.uri, "lang": None, "lang_score": None, "meta": meta}
     return doc, audit
 
 
-def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[Path]]], list[str]]:
-    """Each input file once: a path named twice (same or different source) is read only the first time."""
-    seen: set[Path] = set()
+def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[Path]]], list[str], list[dict[str, Any]]]:
+    """Each input file once: a path named twice (same or different source) is read only the first time.
+
+    Returns the plan, the skipped paths, and audit rows for what symlinks made
+    us skip: a second path to a file already read, or a link that cannot be read.
+    """
+    seen: dict[Path, tuple[str, bool]] = {}  # real path -> (the uri it was first read as, through a symlink)
     skipped: list[str] = []
+    link_rows: list[dict[str, Any]] = []
     plan: list[tuple[SourceSpec, list[Path]]] = []
     names: set[str] = set()
     for spec in specs:
@@ -250,19 +290,32 @@ def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[P
             continue
         names.add(spec.name)
         files = []
-        for path in source_files(spec):
-            real = path.resolve()
+        found, unreadable = source_files(spec)
+        for path, reason in unreadable:
+            link_rows.append(skipped_link_row(spec, path, reason, os.readlink(path) if path.is_symlink() else ""))
+        for path in found:
+            remote = isinstance(path, RemoteFile)
+            real = path.url if remote else path.resolve()
+            linked = not remote and spec.root.is_dir() and reached_through_link(spec.root, path)
             if real in seen:
                 skipped.append(str(path))
+                if linked or seen[real][1]:  # a symlink made the second path: say so per document
+                    link_rows.append(skipped_link_row(spec, path, "same_file_already_read", seen[real][0]))
                 continue
-            seen.add(real)
+            seen[real] = (relative_uri(spec, path), linked)
             files.append(path)
         plan.append((spec, files))
-    return plan, skipped
+    return plan, skipped, link_rows
+
+
+def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> dict[str, Any]:
+    uri = relative_uri(spec, path)
+    return {"id": make_doc_id(spec.name, uri, 0), "action": "removed", "rule": "ingest_symlink_skipped",
+            "detail": {"file": relative_file(spec, path), "uri": uri, "reason": reason, "target": target}}
 
 
 def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | None = None) -> tuple[list[dict[str, str]], dict[str, Any]]:
-    """(sha256 of every source file, their stats). A file whose stat equals the one recorded when
+    """(sha256 of every source file, their stats). A local file whose stat equals the one recorded when
     `published` (the previous ingest output) was written keeps its recorded sha256 unread."""
     known = recorded_inputs(published) if published is not None else {}
     listing, stats = [], {}
@@ -270,9 +323,10 @@ def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | N
         for path in files:
             entry = {"source": spec.name, "file": relative_uri(spec, path)}
             name = f"{entry['source']}:{entry['file']}"
-            stats[name] = path_stat(path)
+            stats[name] = None if isinstance(path, RemoteFile) else path_stat(path)
             recorded_stat, recorded_sha = known.get(name, (None, None))
-            entry["sha256"] = recorded_sha if recorded_stat == stats[name] else (sha256_file(path) if path.is_file() else dir_digest(path))
+            trusted = stats[name] is not None and recorded_stat == stats[name]
+            entry["sha256"] = recorded_sha if trusted else input_digest(spec, path)
             listing.append(entry)
     return listing, stats
 
@@ -287,6 +341,12 @@ def recorded_inputs(stage_dir: Path) -> dict[str, tuple[Any, str]]:
     return {f"{i['source']}:{i['file']}": (stats.get(f"{i['source']}:{i['file']}"), i["sha256"]) for i in manifest.inputs if "file" in i}
 
 
+def input_digest(spec: SourceSpec, path: Path | RemoteFile) -> str:
+    if isinstance(path, RemoteFile):
+        return remote_digest(path, spec.name)
+    return sha256_file(path) if path.is_file() else dir_digest(path)
+
+
 def dir_digest(path: Path) -> str:
     digest = hashlib.sha256()
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
@@ -296,7 +356,7 @@ def dir_digest(path: Path) -> str:
 
 def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> StageManifest:
     """Read every source into shards; a no-op when the same files and config were already ingested."""
-    plan, skipped = unique_files(specs)
+    plan, skipped, link_rows = unique_files(specs)
     inputs, input_stats = input_listing(plan, Path(out_dir))
     settings = {"ingest": asdict(config), "sources": [s.public() for s, _ in plan]}
     key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
@@ -304,7 +364,7 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> 
         return published
     writer = StageWriter(STAGE, VERSION, settings, key, inputs, Path(out_dir))
     try:
-        shard_index, buffer, audit, buffer_bytes = 0, [], [], 0
+        shard_index, buffer, audit, buffer_bytes = 0, [], list(link_rows), 0
         total = sum(len(files) for _, files in plan)
         with progress_bar(STAGE, total) as advance:
             for spec, files in plan:

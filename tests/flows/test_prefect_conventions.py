@@ -12,7 +12,7 @@ import pytest
 from flows.config import load_config
 from flows.pipeline import hymo_pipeline
 from flows.stage_flow import hymo_stage
-from flows.stages import STAGE_NAMES, stage_path
+from flows.stages import pipeline_stages, stage_path
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -33,8 +33,14 @@ def flow_artifacts(flow_run_id) -> list:
         return client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
 
 
-def stage_runs(runs: list) -> dict:
-    return {r.name: r for r in runs if r.name in STAGE_NAMES}
+def stage_runs(runs: list, names: list[str]) -> dict:
+    return {r.name: r for r in runs if r.name in names}
+
+
+@pytest.fixture(scope="module")
+def names(tiny_config: Path) -> list[str]:
+    """The stages of the tiny config, in order (13: no optional stage, no user filter)."""
+    return [entry.name for entry in pipeline_stages(load_config(str(tiny_config)))]
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +58,12 @@ def monkeypatch_module():
         yield patch
 
 
-def test_stages_form_a_chain_with_shard_batches_nested_under_their_stage(first_run) -> None:
+def test_stages_form_a_chain_with_shard_batches_nested_under_their_stage(first_run, names: list[str]) -> None:
     _, flow_run_id = first_run
     runs = task_runs(flow_run_id)
-    stages = stage_runs(runs)
-    assert set(stages) == set(STAGE_NAMES)
-    for before, after in zip(STAGE_NAMES, STAGE_NAMES[1:]):
+    stages = stage_runs(runs, names)
+    assert set(stages) == set(names) and len(names) == 13
+    for before, after in zip(names, names[1:]):
         upstream = {i.id for i in stages[after].task_inputs.get("wait_for", [])}
         assert upstream == {stages[before].id}, (after, stages[after].task_inputs)
     batches = [r for r in runs if "-shards-" in r.name]
@@ -67,23 +73,23 @@ def test_stages_form_a_chain_with_shard_batches_nested_under_their_stage(first_r
         assert parents == {stages[batch.name.split("-shards-")[0]].id}, batch.name
 
 
-def test_second_run_is_cached_by_prefect_and_runs_no_shard_batch(first_run, tiny_config: Path) -> None:
+def test_second_run_is_cached_by_prefect_and_runs_no_shard_batch(first_run, tiny_config: Path, names: list[str]) -> None:
     run, _ = first_run
     before = {p: p.stat().st_mtime_ns for p in run.rglob("manifest.json")}
     state = hymo_pipeline(config=load_config(str(tiny_config)), out=str(run), return_state=True)
     runs = task_runs(state.state_details.flow_run_id)
-    assert {name: r.state.name for name, r in stage_runs(runs).items()} == {name: "Cached" for name in STAGE_NAMES}
+    assert {name: r.state.name for name, r in stage_runs(runs, names).items()} == {name: "Cached" for name in names}
     assert not [r for r in runs if "-shards-" in r.name]
     assert {p: p.stat().st_mtime_ns for p in run.rglob("manifest.json")} == before
 
 
-def test_refresh_cache_recomputes_that_stage_and_later_stages_stay_cached(first_run) -> None:
+def test_refresh_cache_recomputes_that_stage_and_later_stages_stay_cached(first_run, names: list[str]) -> None:
     run, _ = first_run
     split_manifest = stage_path(run, "split") / "manifest.json"
     before = json.loads(split_manifest.read_text())
     stamp = split_manifest.stat().st_ino
     state = hymo_stage(run=str(run), stage="split", force=True, until="tokenizer", return_state=True)
-    states = {name: r.state.name for name, r in stage_runs(task_runs(state.state_details.flow_run_id)).items()}
+    states = {name: r.state.name for name, r in stage_runs(task_runs(state.state_details.flow_run_id), names).items()}
     assert states == {"split": "Completed", "tokenizer": "Cached"}
     assert split_manifest.stat().st_ino != stamp  # republished...
     assert json.loads(split_manifest.read_text())["digest"] == before["digest"]  # ...with the same bytes
