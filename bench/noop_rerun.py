@@ -1,6 +1,6 @@
 """No-op re-run cost: a second `hymo run` over a finished run directory, with cheap cache checks vs full hashing.
 
-Two runs: the bundled sample (pretraining cut short: a no-op never trains) and a synthetic
+Two runs: the bundled sample, every stage (pretraining cut short: a no-op never trains) and a synthetic
 JSONL corpus of about --synthetic-gb GB taken through ingest and extract (each stage a full
 copy of the corpus). Each is computed once by the flow, then re-run twice per round against
 the same, already running Prefect server:
@@ -110,6 +110,7 @@ def main() -> None:
     from bench.report import markdown_table, write_section
     from flows.config import PipelineConfig, load_config
     from flows.server import LocalServer, free_port, prefect_api
+    from flows.stages import pipeline_stages
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--synthetic-gb", type=float, default=1.0)
@@ -129,9 +130,8 @@ def main() -> None:
                     sample = load_config(None)  # pretraining cut short: a no-op re-run never trains
                     train = replace(sample.pretrain.train, max_steps=4, eval_interval=2, checkpoint_interval=2, warmup_steps=1)
                     sample = sample.model_copy(update={"pretrain": replace(sample.pretrain, train=train)})
-                    sample_sources = sum(tree_bytes(Path(s.path)) if Path(s.path).is_dir() else Path(s.path).stat().st_size
-                                         for s in sample.source_specs())
-                    rows.append(measure("bundled sample, all 13 stages", sample, scratch / "sample", None, args.rounds, sample_sources))
+                    sample_sources = sum(tree_bytes(s.root) if s.root.is_dir() else s.root.stat().st_size for s in sample.source_specs())
+                    rows.append(measure(f"bundled sample, all {len(pipeline_stages(sample))} stages", sample, scratch / "sample", None, args.rounds, sample_sources))
                 spec = synthetic_source(scratch / "synthetic-src", int(args.synthetic_gb * 1e9))
                 synthetic = PipelineConfig(sources=[str(spec)])
                 rows.append(measure(f"synthetic {args.synthetic_gb:g} GB JSONL, ingest + extract", synthetic, scratch / "synthetic", "extract",
