@@ -15,9 +15,10 @@ from hymo_core import planner
 from hymo_core.schedule import SCHEDULE_KINDS, ScheduleConfig
 
 if TYPE_CHECKING:
-    from hymo_core.optim import OptimizerConfig
+    from hymo_core.optim import NorMuonConfig, OptimizerConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("muon_adamw", "normuon")  # hymo_core.optim.MuonAdamW | NorMuonAdamW
 NS_DTYPE_NAMES = ("bfloat16", "float32", "float64")  # Newton-Schulz dtypes Muon accepts (hymo_core.optim.NS_DTYPES)
 # What a training run writes into its directory.
 METRICS_FILE, LOSS_PICTURE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "loss.png", "summary.json", "checkpoints"
@@ -100,6 +101,12 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # 0 disables ordinary clipping
     overfit_one_batch: bool = False  # debug mode: reread one fixed batch
     seed: int = 0
+    # Seed 000 §3's dual optimizer: "normuon" = NorMuon on dense matrices + CautiousAdamW elsewhere.
+    optimizer: str = "muon_adamw"  # muon_adamw | normuon
+    muon_peak_lr: float = 0.0  # normuon only: NorMuon's peak LR; 0 = peak_lr (the update RMS matches AdamW's)
+    normuon_row_normalisation: bool = True  # the published NorMuon's per-neuron second moment (docs/training.md)
+    embed_weight_decay: float = 0.1  # normuon only: embedding and head; other AdamW parameters get 0
+    cautious_weight_decay: bool = False  # decay only where grad * param > 0 (both optimizers)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "max_steps", "log_interval", "eval_interval", "checkpoint_interval",
@@ -121,6 +128,10 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.peak_lr must be positive, got {self.peak_lr}")
         if not (self.weight_decay >= 0 and self.max_grad_norm >= 0 and self.qk_clip_threshold > 0 and self.fp16_init_scale > 0):
             raise ValueError("weight_decay and max_grad_norm must be >= 0; qk_clip_threshold and fp16_init_scale > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not (self.muon_peak_lr >= 0 and self.embed_weight_decay >= 0):
+            raise ValueError("muon_peak_lr and embed_weight_decay must be >= 0")
         if not all(0 <= b < 1 for b in self.adamw_betas) or not 0 <= self.muon_momentum < 1:
             raise ValueError("AdamW betas and Muon momentum must lie in [0, 1)")
         self.schedule_config()  # raises on an inconsistent schedule
@@ -134,13 +145,19 @@ class TrainConfig:
         return ScheduleConfig(peak_lr=self.peak_lr, warmup_steps=self.warmup_steps, kind=self.schedule,
                               horizon_steps=horizon, decay_steps=self.decay_steps, min_lr_ratio=self.min_lr_ratio)
 
-    def optimizer_config(self, device) -> "OptimizerConfig":
-        from hymo_core.optim import OptimizerConfig
+    def optimizer_config(self, device) -> "OptimizerConfig | NorMuonConfig":
+        from hymo_core.optim import NorMuonConfig, OptimizerConfig
 
         ns_dtype = self.muon_ns_dtype or ("bfloat16" if device.type == "cuda" else "float32")
+        if self.optimizer == "normuon":
+            return NorMuonConfig(lr=self.peak_lr, muon_lr=self.muon_peak_lr or self.peak_lr, muon_momentum=self.muon_momentum,
+                                 muon_weight_decay=self.weight_decay, row_normalisation=self.normuon_row_normalisation,
+                                 ns_steps=self.muon_ns_steps, ns_dtype=ns_dtype, adamw_betas=tuple(self.adamw_betas),
+                                 adamw_eps=self.adamw_eps, embed_weight_decay=self.embed_weight_decay,
+                                 cautious_weight_decay=self.cautious_weight_decay)
         return OptimizerConfig(lr=self.peak_lr, weight_decay=self.weight_decay, adamw_betas=tuple(self.adamw_betas),
                                adamw_eps=self.adamw_eps, muon_momentum=self.muon_momentum, muon_nesterov=self.muon_nesterov,
-                               ns_steps=self.muon_ns_steps, ns_dtype=ns_dtype)
+                               ns_steps=self.muon_ns_steps, ns_dtype=ns_dtype, cautious_weight_decay=self.cautious_weight_decay)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

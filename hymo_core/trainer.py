@@ -37,7 +37,7 @@ import torch.nn as nn
 
 from hymo_core.configs import TrainConfig  # defined torch-free there; part of this module's API
 from hymo_core.data import EndOfEpoch, TokenLoader, ValidationLoader
-from hymo_core.optim import MuonAdamW
+from hymo_core.optim import PartitionedOptimizer
 from hymo_core.schedule import learning_rate_at_step
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -303,7 +303,7 @@ def reference_flops(device: torch.device, precision: str, size: int = 384, repea
 
 def train(
     model: nn.Module,
-    optimizer: MuonAdamW,
+    optimizer: PartitionedOptimizer,
     train_loader: TokenLoader,
     val_loader: ValidationLoader | None,
     config: TrainConfig,
