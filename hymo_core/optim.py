@@ -333,7 +333,7 @@ def _endswith(*suffixes: str) -> Callable[[str, torch.Tensor], bool]:
 DENSE_MATRIX_MODULES = frozenset({
     "q_proj", "k_proj", "v_proj", "o_proj",
     "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "wq", "wk", "wv", "wo",
-    "in_proj", "out_proj",
+    "in_proj", "out_proj", "a_proj", "b_proj", "g_proj",  # GDN: its in_proj split by output (fla's names)
     "gate_proj", "up_proj", "down_proj",
     "proj",
 })

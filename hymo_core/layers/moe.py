@@ -28,34 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SCORE_FUNCTIONS = ("sigmoid", "softmax")
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    n_routed_experts: int = 8
-    n_activated_experts: int = 2  # top-k
-    n_shared_experts: int = 1  # one SwiGLU of width n_shared * expert_dim, as DeepSeek builds it
-    expert_dim: int = 128  # each routed expert's SwiGLU inner width (production: 2304)
-    score_function: str = "sigmoid"  # DeepSeek-V3: sigmoid; V2: softmax
-    route_scale: float = 1.0
-    bias_update_rate: float = 1e-3  # gamma of the sign rule (DeepSeek-V3)
-    bias_update: bool = True  # off: the bias stays 0 (the ablation)
-    load_ema_decay: float = 0.9  # EMA of the per-update loads the sign rule reads; 0 = this update only
-    capacity_factor: float = 0.0  # 0 = no token dropping
-    aux_loss_weight: float = 0.0  # sequence-wise balance loss (alpha); 0 = aux-loss-free only
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.n_activated_experts <= self.n_routed_experts:
-            raise ValueError(f"need 1 <= n_activated_experts ({self.n_activated_experts}) <= n_routed_experts ({self.n_routed_experts})")
-        if self.score_function not in SCORE_FUNCTIONS:
-            raise ValueError(f"score_function must be one of {SCORE_FUNCTIONS}, got {self.score_function!r}")
-        if self.n_shared_experts < 0 or self.expert_dim < 1:
-            raise ValueError("n_shared_experts must be >= 0 and expert_dim >= 1")
-        if not 0 <= self.load_ema_decay < 1:
-            raise ValueError(f"load_ema_decay must lie in [0, 1), got {self.load_ema_decay}")
-        if min(self.bias_update_rate, self.capacity_factor, self.aux_loss_weight, self.route_scale) < 0:
-            raise ValueError("bias_update_rate, capacity_factor, aux_loss_weight and route_scale must be >= 0")
+from hymo_core.configs import MoEConfig
 
 
 class StackedWeight(nn.Module):
@@ -107,6 +80,8 @@ class Routing:
 
 
 class MoE(nn.Module):
+    """The FFN of a block (layers/__init__.py): forward(x_BTD) -> y_BTD, counting tokens per expert in training."""
+
     def __init__(self, d_model: int, config: MoEConfig, init_std: float = 0.02):
         super().__init__()
         self.config = config
@@ -126,14 +101,21 @@ class MoE(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        for weight in (self.gate.weight, self.experts.w1.weight, self.experts.w2.weight, self.experts.w3.weight):
+        for weight in (self.gate.weight, self.experts.w2.weight):
             nn.init.normal_(weight, std=self.init_std)
         if self.shared_expert is not None:
             for linear in (self.shared_expert.w1, self.shared_expert.w2, self.shared_expert.w3):
                 nn.init.normal_(linear.weight, std=self.init_std)
+        self.init_extra_parameters()
 
-    def residual_projections(self) -> list[torch.Tensor]:
-        """Weights that write into the residual stream (the model scales their init by 1/sqrt(2L))."""
+    @torch.no_grad()
+    def init_extra_parameters(self) -> None:
+        """The stacked input weights (the model's init walk only knows nn.Linear / nn.Embedding)."""
+        nn.init.normal_(self.experts.w1.weight, std=self.init_std)
+        nn.init.normal_(self.experts.w3.weight, std=self.init_std)
+
+    def residual_weights(self) -> list[torch.Tensor]:
+        """Weights that write into the residual stream (the model re-initialises them depth-scaled)."""
         out = [self.experts.w2.weight]
         if self.shared_expert is not None:
             out.append(self.shared_expert.w2.weight)
@@ -145,7 +127,9 @@ class MoE(nn.Module):
         # The bias only decides *which* experts: selection from biased scores, weights from unbiased ones.
         _, experts_NK = (scores_NE.detach() + self.expert_bias_E).topk(self.config.n_activated_experts, dim=-1)
         weights_NK = scores_NE.gather(1, experts_NK)
-        if self.config.score_function == "sigmoid":
+        if self.config.score_function == "sigmoid" and self.config.n_activated_experts > 1:
+            # DeepSeek-V3 normalises the chosen sigmoid scores. With one expert that would be the
+            # constant 1 and the router would get no gradient, so top-1 keeps the raw score.
             weights_NK = weights_NK / weights_NK.sum(dim=-1, keepdim=True)
         return Routing(experts_NK, weights_NK * self.config.route_scale, scores_NE)
 
