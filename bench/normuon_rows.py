@@ -4,7 +4,7 @@ Every variant trains the sample recipe (hymo_core.configs SAMPLE_TRAIN / SAMPLE_
 seed, data order, LR schedule) and differs only in the optimizer switches. The table goes into
 docs/benchmarks.md; docs/training.md states the default chosen from it.
 
-    python bench/normuon_rows.py --corpus runs/sample [--steps 200] [--threads 1] [--write]
+    python bench/normuon_rows.py --corpus runs/sample [--steps 200] [--threads 1] [--baseline] [--write]
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from hymo_core.configs import SAMPLE_MODEL, SAMPLE_TRAIN  # noqa: E402
 from hymo_core.train import run_training  # noqa: E402
 
 TITLE = "NorMuon row normalisation on the sample (bench/normuon_rows.py)"
+BASELINE = {"MuonAdamW (Nesterov, quintic NS, decoupled WD)": dict(optimizer="muon_adamw")}
 VARIANTS = {
-    "MuonAdamW (Nesterov, quintic NS, decoupled WD)": dict(optimizer="muon_adamw"),
     "NorMuon + CautiousAdamW, row normalisation on": dict(optimizer="normuon", cautious_weight_decay=True,
                                                           normuon_row_normalisation=True),
     "NorMuon + CautiousAdamW, row normalisation off": dict(optimizer="normuon", cautious_weight_decay=True,
@@ -39,13 +39,14 @@ def main() -> int:
     parser.add_argument("--corpus", required=True)
     parser.add_argument("--steps", type=int, default=SAMPLE_TRAIN.max_steps)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (small model: 1 is fastest on a shared machine)")
+    parser.add_argument("--baseline", action="store_true", help="also a MuonAdamW row")
     parser.add_argument("--write", action="store_true", help="put the table into docs/benchmarks.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for label, switches in VARIANTS.items():
-            config = replace(SAMPLE_TRAIN, max_steps=args.steps, **switches)
+        for label, switches in {**(BASELINE if args.baseline else {}), **VARIANTS}.items():
+            config = replace(SAMPLE_TRAIN, max_steps=args.steps, eval_interval=max(args.steps // 4, 1), **switches)
             out = Path(scratch) / str(len(rows))
             summary = run_training(args.corpus, out, config, SAMPLE_MODEL, resume=False, progress=False, cloze_path=None,
                                    log=lambda *_: None)

@@ -495,10 +495,10 @@ def format_hybrid(shape: ModelShape, seq_len: int, compare_seed: bool = False) -
         rows.append((f"  {name}", f"{flops / 1e6:,.1f} M = 6 x {flops / 6e6:,.1f} M MACs/fwd{seed_text}"))
     if compare_seed and "MoE" not in breakdown:
         rows.append(("  MoE", f"0 (moe_on={shape.moe_on!r}: no MoE layers)   seed {SEED_MFLOPS['MoE']:g} M"))
-    for name, size in optimizer_state_bytes(counts).items():
-        rows.append((f"optimizer state, {name} (fp32 + fp32 master)", f"{size / 2**30:,.2f} GiB"))
     if compare_seed:
         rows.append(("  forward MACs (the seed's unit)", f"{total_flops / 6e6:,.1f} M   seed total ~{SEED_TOTAL_MFLOPS:g} M"))
+    for name, size in optimizer_state_bytes(counts).items():
+        rows.append((f"optimizer state, {name} (fp32 + fp32 master)", f"{size / 2**30:,.2f} GiB"))
     cache = decode_cache_bytes(shape, seq_len)
     rows.append((f"generation cache per sequence (T={seq_len}, bf16)",
                  ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in cache.items())))
@@ -512,8 +512,11 @@ SEED_DIFFERENCES = """Where this differs from the seed's ~340 MFLOPs/token:
   dense FFN entry, 6.2 M per layer, is 3 x 896 x 2304: its numbers are forward multiply-adds. Training
   costs 6 FLOPs per weight per token (2 forward, 4 backward), so every matmul line above is 6x the
   seed's unit; the "forward MACs" line converts back.
-- Dense FFN: the seed counts 24 dense layers (MoE on the 8 MLA layers). Without MoE all 32 layers are
-  dense here, so the line is 32/24 of the seed's; the seed's MoE line (8 x 12 M) is absent.
+- Dense FFN and MoE: as the seed, 24 dense layers and MoE on the 8 MLA layers (one routed + one shared
+  expert of 3 x 896 x 2304 active per token, plus the 16-way router). With `moe_on = ""` all 32 layers
+  are dense and the dense line is 32/24 of the seed's.
+- MTP: the seed's table has no MTP line; ours counts its two depths (projection, one MLA + MoE block,
+  the shared head again), which run in training only.
 - GDN: the seed's 20 M for 24 layers is ~0.8 M MACs per layer, about one 896 x 896 matrix; a GDN layer
   with 7 heads of 128 (values 2x wide) has q, k, v, gate and out projections (~6.4 M weights) plus the
   chunked recurrence (per head 2 C (3 K + 2 V) + 6 K V FLOPs per token), so our GDN line is far larger.

@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn as nn
 
+from hymo_core import planner
 from hymo_core.model import ModelConfig, Transformer
+from hymo_core.presets import PRESETS
 from hymo_core.optim import (
     NORMUON_PARTITION_RULES,
     UNNAMED_MATRIX_RULE,
@@ -183,14 +185,16 @@ def test_partition_follows_the_seed_table():
 GOLDEN_MODELS = {
     "sample (dense, untied)": ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=97,
                                           tie_embeddings=False, qk_norm=True),
+    "hymo-tiny": PRESETS["hymo-tiny"],
+    "hymo-750m": PRESETS["hymo-750m"],
 }
 
 
 @pytest.mark.parametrize("label", sorted(GOLDEN_MODELS))
 def test_golden_partition_names_every_parameter(label):
     """Prints every parameter with its optimizer (pytest -s); fails on one that no rule names."""
-    torch.manual_seed(0)
-    model = Transformer(GOLDEN_MODELS[label])
+    with torch.device("meta"):  # names and shapes only: hymo-750m's 1.5 B parameters are never allocated
+        model = Transformer(GOLDEN_MODELS[label])
     optimizer = build_optimizer(model, NorMuonConfig())
     print(f"\n{label}:")
     for a in optimizer.assignments:
@@ -200,6 +204,12 @@ def test_golden_partition_names_every_parameter(label):
     assert sorted(a.name for a in optimizer.assignments) == sorted(n for n, _ in model.named_parameters())
     decay = {g["group"]: g["weight_decay"] for g in optimizer.param_groups}
     assert decay == {"normuon": 0.1, "adamw_embed_head": 0.1, "adamw": 0.0}
+    # The planner's NorMuon / AdamW split (optimizer-state memory) is this partition's.
+    normuon = sum(p.numel() for g in optimizer.param_groups if g["group"] == "normuon" for p in g["params"])
+    assert planner.count_parameters(GOLDEN_MODELS[label].shape()).normuon == normuon
+    if GOLDEN_MODELS[label].moe_on:  # experts, gates and shared experts are AdamW's, by rule
+        rules = {a.rule for a in optimizer.assignments}
+        assert {"routed_experts", "shared_expert", "moe_gate"} <= rules
 
 
 def test_separate_learning_rates_follow_one_schedule():
