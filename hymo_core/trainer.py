@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from hymo_core import planner
 from hymo_core.configs import TrainConfig  # defined torch-free there; part of this module's API
 from hymo_core.data import EndOfEpoch, TokenLoader, ValidationLoader
 from hymo_core.optim import PartitionedOptimizer
@@ -251,6 +252,8 @@ def _window_at(loader: TokenLoader, epoch: int, position: int) -> dict[str, int]
 def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
     """6 N (forward + backward matmuls) plus attention's 12 L d T (scores and values, fwd + bwd)."""
     cfg = model.config
+    if set(getattr(cfg, "layer_pattern", "A")) != {"A"}:  # GDN / MLA layers: the planner's per-kind terms
+        return float(planner.training_flops_per_token(cfg.shape(), seq_len))
     n = sum(p.numel() for name, p in model.named_parameters() if "tok_embeddings" not in name or cfg.tie_embeddings)
     return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
 
