@@ -294,27 +294,30 @@ class MuonAdamW(PartitionedOptimizer):
             param.add_(direction, alpha=-group["lr"] * scale)
 
     def _adamw_step(self, group: dict) -> None:
-        beta1, beta2 = group["betas"]
         for param in group["params"]:
             if param.grad is None:
                 continue
-            grad = param.grad
-            state = self.state[param]
-            if not state:
-                # Step count on the CPU, as torch.optim.AdamW keeps it: no device sync to read it.
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["step"] += 1
-            step = state["step"].item()
-            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            exp_avg.lerp_(grad, 1.0 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            exp_avg, denominator, bias_correction = adam_moments_(self.state[param], param.grad, param, group)
             # sign(update) == sign(exp_avg), which is all cautious decay needs.
             self._decay(param, exp_avg, group)
-            step_size = group["lr"] / (1.0 - beta1**step)
-            denominator = (exp_avg_sq.sqrt() / (1.0 - beta2**step) ** 0.5).add_(group["eps"])
-            param.addcdiv_(exp_avg, denominator, value=-step_size)
+            param.addcdiv_(exp_avg, denominator, value=-group["lr"] / bias_correction)
+
+
+def adam_moments_(state: dict, grad: torch.Tensor, like: torch.Tensor, group: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Advance AdamW's moments in `state`; returns (exp_avg, bias-corrected denominator, 1 - beta1^t)."""
+    beta1, beta2 = group["betas"]
+    if "step" not in state:
+        # Step count on the CPU, as torch.optim.AdamW keeps it: no device sync to read it.
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(like, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(like, memory_format=torch.preserve_format)
+    state["step"] += 1
+    step = state["step"].item()
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    exp_avg.lerp_(grad, 1.0 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    denominator = (exp_avg_sq.sqrt() / (1.0 - beta2**step) ** 0.5).add_(group["eps"])
+    return exp_avg, denominator, 1.0 - beta1**step
 
 
 # ---------------------------------------------------------------- NorMuon + CautiousAdamW (seed 000 §2-3)
@@ -368,6 +371,9 @@ def newton_schulz_batched(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Newton-Schulz on a stack of same-shape matrices: one bmm chain instead of a loop per matrix.
+
+    `newton_schulz` above stays the per-matrix form: MuonAdamW is held bit for bit to
+    torch.optim.Muon, whose addmm chain a bmm does not reproduce exactly.
 
     X <- aX + (bA + cA^2)X with A = XX^T, from each matrix's Frobenius-normalised start. The
     default is Muon's quintic; (1.5, -0.5, 0.0) is seed 000 §3.1's cubic X <- 1.5X - 0.5XX^TX.
@@ -528,23 +534,11 @@ class NorMuonAdamW(PartitionedOptimizer):
                 param.copy_(master)
 
     def _cautious_adamw_step(self, param: torch.Tensor, group: dict) -> None:
-        beta1, beta2 = group["betas"]
         master = self._master(param)
         grad = param.grad.to(master.dtype)
-        state = self.state[param]
-        if "step" not in state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(master, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(master, memory_format=torch.preserve_format)
-        state["step"] += 1
-        step = state["step"].item()
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        exp_avg.lerp_(grad, 1.0 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        exp_avg, denominator, bias_correction = adam_moments_(self.state[param], grad, master, group)
         self._decay_(master, grad, group)
-        step_size = group["lr"] / (1.0 - beta1**step)
-        denominator = (exp_avg_sq.sqrt() / (1.0 - beta2**step) ** 0.5).add_(group["eps"])
-        master.addcdiv_(exp_avg, denominator, value=-step_size)
+        master.addcdiv_(exp_avg, denominator, value=-group["lr"] / bias_correction)
         if master is not param:
             param.copy_(master)
 

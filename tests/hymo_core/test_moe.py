@@ -9,13 +9,7 @@ from hymo_core.layers.moe import MoE, MoEConfig, moe_after_optimizer_step
 D = 16
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These layers are tiny: one thread avoids the spin-waits two threads cost on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny layers: see tests/conftest.py
 
 
 def make_moe(seed=0, **overrides) -> MoE:

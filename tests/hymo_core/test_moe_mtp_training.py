@@ -26,13 +26,7 @@ FULL_TRAIN = dict(optimizer="normuon", cautious_weight_decay=True, batch_size=4,
                   log_interval=1, eval_interval=2, checkpoint_interval=2, eval_batches=1)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny layers: one thread avoids two threads' spin-waits on a shared machine (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny layers: see tests/conftest.py
 
 
 def test_mtp_loss_is_the_weighted_sum_of_independently_computed_cross_entropies():
