@@ -37,7 +37,7 @@ from hymo_core.data import CorpusReader, TokenLoader, ValidationLoader
 from hymo_core.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.model import ModelConfig, Transformer
 from hymo_core.optim import build_optimizer
-from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, train
+from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, seed_training_rng, train
 
 
 
@@ -65,9 +65,10 @@ def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:
 
 
 def seed_everything(seed: int) -> None:
+    """The global generators (for code around the trainer) and the trainer's own (what checkpoints store)."""
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    seed_training_rng(seed)
 
 
 def default_device() -> torch.device:
