@@ -194,8 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     apply_prefect_defaults()
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    parser = build_parser()
+    parser.add_argument("--debug", action="store_true", help="show tracebacks (default: one line naming the stage, file and fix)")
+    args = parser.parse_args(argv)
+    if args.debug:
+        return args.func(args)
+    from flows.errors import explain, quiet_console_tracebacks
+
+    quiet_console_tracebacks()
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("hymo: interrupted; published stages stay, a re-run continues from them", file=sys.stderr)
+        return 130
+    except Exception as exc:  # every failure a user can meet ends in one line; --debug shows the traceback
+        print(explain(exc), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
