@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,13 +117,17 @@ def kill_during(config: Path, run: Path, stage: str, delay_s: float, until: str 
 def chaos_run(config: Path, run: Path, reference_s: dict[str, float], kills_per_stage: int, rng: random.Random,
               until: str | None = None, stages: list[str] | None = None) -> ChaosLog:
     """Kill each stage `kills_per_stage` times at random moments, then let a last driver finish the run."""
+    from flows.stages import stage_path
+
     log = ChaosLog()
     for stage in stages or list(reference_s):
         for _ in range(kills_per_stage):
-            window = 0.9 * reference_s[stage]
-            for _attempt in range(MAX_ATTEMPTS):  # a kill that came after the stage finished is retried sooner
+            window = 0.8 * reference_s[stage]
+            for _attempt in range(MAX_ATTEMPTS):
                 if kill_during(config, run, stage, rng.uniform(0.0, window), until, log):
                     break
+                # The stage finished first (it ran faster than in the reference): unpublish it and aim earlier.
+                shutil.rmtree(stage_path(run, stage), ignore_errors=True)
                 window /= 2
     run_clean(config, run, until)
     log.launches += 1
