@@ -17,6 +17,14 @@ def make_mixer(kind: str, config: ModelConfig, kernel_backend: str | None) -> nn
         from hymo_core.layers.attention import Attention
 
         return Attention(config, kernel_backend)
+    if kind == "G":
+        from hymo_core.layers.gdn import GatedDeltaNet
+
+        return GatedDeltaNet(config, kernel_backend)
+    if kind == "M":
+        from hymo_core.layers.mla import MultiHeadLatentAttention
+
+        return MultiHeadLatentAttention(config, kernel_backend)
     raise ValueError(f"unknown mixer kind {kind!r}")
 
 
@@ -25,7 +33,7 @@ def make_ffn(kind: str, config: ModelConfig, kernel_backend: str | None) -> nn.M
     if kind in config.moe_on:
         from hymo_core.layers.moe import MoE
 
-        return MoE(config, kernel_backend)
+        return MoE(config.d_model, config.moe_config(), config.init_std)
     return FeedForward(config, kernel_backend)
 
 

@@ -54,12 +54,12 @@ def drive(config_path: str, run: str, until: str | None = None) -> None:
     run_dir = Path(run)
     target, _, delay = os.environ.get(KILL_ENV, "").partition(":")
     with run_lock(run_dir, wait_s=120):
-        for entry in stages_between(None, until):
+        for entry in stages_between(None, until, config):
             print(f"start {entry.name}", flush=True)
             if entry.name == target:
                 arm_kill(float(delay))
             started = time.monotonic()
-            entry.run(config, run_dir, previous_stage_path(run_dir, entry.name), stage_path(run_dir, entry.name))
+            entry.run(config, run_dir, previous_stage_path(run_dir, entry.name, config), stage_path(run_dir, entry.name, config))
             print(f"done {entry.name} {time.monotonic() - started:.3f}", flush=True)
 
 
@@ -117,8 +117,10 @@ def kill_during(config: Path, run: Path, stage: str, delay_s: float, until: str 
 def chaos_run(config: Path, run: Path, reference_s: dict[str, float], kills_per_stage: int, rng: random.Random,
               until: str | None = None, stages: list[str] | None = None) -> ChaosLog:
     """Kill each stage `kills_per_stage` times at random moments, then let a last driver finish the run."""
+    from flows.config import load_config
     from flows.stages import stage_path
 
+    pipeline = load_config(config)
     log = ChaosLog()
     for stage in stages or list(reference_s):
         for _ in range(kills_per_stage):
@@ -127,7 +129,7 @@ def chaos_run(config: Path, run: Path, reference_s: dict[str, float], kills_per_
                 if kill_during(config, run, stage, rng.uniform(0.0, window), until, log):
                     break
                 # The stage finished first (it ran faster than in the reference): unpublish it and aim earlier.
-                shutil.rmtree(stage_path(run, stage), ignore_errors=True)
+                shutil.rmtree(stage_path(run, stage, pipeline), ignore_errors=True)
                 window /= 2
     run_clean(config, run, until)
     log.launches += 1
