@@ -38,7 +38,7 @@ from hymo_core.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score
 from hymo_core.model import ModelConfig, Transformer
 from hymo_core.presets import model_config_from_table, preset_training
 from hymo_core.optim import build_optimizer
-from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, train
+from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, seed_training_rng, train
 
 
 
@@ -63,9 +63,10 @@ def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:
 
 
 def seed_everything(seed: int) -> None:
+    """The global generators (for code around the trainer) and the trainer's own (what checkpoints store)."""
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    seed_training_rng(seed)
 
 
 def default_device() -> torch.device:

@@ -162,16 +162,29 @@ class QKClip:
 # ---------------------------------------------------------------- validation
 
 
+# The trainer's own Python and numpy generators (seeded by `seed_training_rng`), not the process-global
+# ones: Prefect's threads draw from Python's global `random` while a flow trains, so a checkpoint that
+# stored the global state would differ between two runs with equal weights.
+TRAINER_RANDOM = random.Random(0)
+TRAINER_NUMPY = np.random.RandomState(0)
+
+
+def seed_training_rng(seed: int) -> None:
+    TRAINER_RANDOM.seed(seed)
+    TRAINER_NUMPY.seed(seed)
+    torch.manual_seed(seed)
+
+
 def capture_rng() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch_cpu": torch.get_rng_state()}
+    state = {"python": TRAINER_RANDOM.getstate(), "numpy": TRAINER_NUMPY.get_state(), "torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["torch_cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    TRAINER_RANDOM.setstate(state["python"])
+    TRAINER_NUMPY.set_state(state["numpy"])
     torch.set_rng_state(state["torch_cpu"])
     if state.get("torch_cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["torch_cuda"])
