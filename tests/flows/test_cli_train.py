@@ -77,3 +77,28 @@ def test_hymo_train_flow_returns_the_summary(tiny_run: Path, tmp_path: Path, pre
     assert summary["final_step"] == 2 and (tmp_path / "out" / "summary.json").is_file()
     again = hymo_train(corpus=str(tiny_run), config=str(recipe), out=str(tmp_path / "out"), max_steps=2)  # resume=True: nothing left to do
     assert again["weights_sha256"] == summary["weights_sha256"] and again["resumed_from"].endswith("step-00000002.pt")
+
+
+def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Path, tiny_run: Path, tmp_path: Path, capsys):
+    """`hymo eval CKPT --suite default --limit 50`, offline, on a checkpoint inside its run directory (corpus found by digest)."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "07_shards").symlink_to(tiny_run / "07_shards")
+    checkpoint = run / "checkpoints" / "step-00000003.pt"
+    checkpoint.write_bytes((trained / "checkpoints" / "step-00000003.pt").read_bytes())
+    assert main(["eval", str(checkpoint), "--suite", "default", "--limit", "50"]) == 0
+    table = capsys.readouterr().out
+    for task in ("hellaswag", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "held-out (validation)"):
+        assert f"| {task} |" in table, task
+    result = json.loads((run / "eval" / "step-00000003" / "eval.json").read_text())
+    tasks = result["tasks"]
+    assert result["same_corpus"] and [tasks[t]["items"] for t in ("hellaswag", "arc_easy", "arc_challenge", "gsm8k", "humaneval")] == [50] * 5
+    assert tasks["mmlu"]["items"] == 57 * 50 and len(tasks["mmlu"]["subjects"]) == 57
+    assert tasks["mmlu"]["chance"] == 0.25 and 0 <= tasks["hellaswag"]["accuracy"] <= 1
+    assert tasks["humaneval"]["sandbox"] in ("netns", "guard") and all(r["status"] in ("passed", "failed", "timeout") for r in tasks["humaneval"]["per_item"])
+    assert result["perplexity"]["perplexity"] == pytest.approx(2.718281828 ** result["perplexity"]["loss"], rel=1e-6)
+    # deterministic: a second run over the same items gives the same per-item scores
+    again = json.loads(json.dumps(result))
+    assert main(["eval", str(checkpoint), "--suite", "mc", "--limit", "5", "--out", str(tmp_path / "again")]) == 0
+    second = json.loads((tmp_path / "again" / "eval.json").read_text())
+    assert [r["logprobs"] for r in second["tasks"]["hellaswag"]["per_item"]] == [r["logprobs"] for r in again["tasks"]["hellaswag"]["per_item"][:5]]
