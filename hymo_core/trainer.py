@@ -117,13 +117,12 @@ def make_scaler(config: TrainConfig, device: torch.device, state: TrainState) ->
 
 
 class QKClip:
-    """Per-head max-logit observation and post-update rescaling of q_proj / k_proj (MuonClip).
+    """Per-head max-logit observation and post-update rescaling of query/key weights (MuonClip).
 
     For a head whose largest |q.k|/sqrt(d) in the attempt exceeded tau, gamma =
-    tau / max. With one key head per query head, both projections' rows of
-    that head are scaled by sqrt(gamma), so the logit shrinks by gamma. Under
-    GQA a key head is shared, so only the query rows are scaled (by gamma):
-    the other heads of the group keep their logits.
+    tau / max; each softmax mixer's `qk_clip_` shrinks that head's logits by
+    gamma (layers/attention.py: sqrt(gamma) on q and k rows, or gamma on the
+    query rows alone when GQA shares the key head).
     """
 
     def __init__(self, model: nn.Module, threshold: float, enabled: bool):
@@ -138,7 +137,7 @@ class QKClip:
         self.maxima_LH = maxima if self.maxima_LH is None else torch.maximum(self.maxima_LH, maxima)
 
     def max_logit(self) -> float | None:
-        return None if self.maxima_LH is None else float(self.maxima_LH.max())
+        return None if self.maxima_LH is None or self.maxima_LH.numel() == 0 else float(self.maxima_LH.max())
 
     def validate(self) -> None:
         """Before the optimizer mutates anything: a non-finite observation is a failed attempt."""
@@ -151,22 +150,10 @@ class QKClip:
         if not self.enabled or self.maxima_LH is None:
             return 0
         clipped = 0
-        for layer, block in enumerate(self.model.layers):
-            attn = block.attn
-            group = attn.n_heads // attn.n_kv_heads
-            d = attn.head_dim
-            for head in range(attn.n_heads):
-                peak = float(self.maxima_LH[layer, head])
-                if peak <= self.threshold:
-                    continue
-                gamma = self.threshold / peak
-                rows = slice(head * d, (head + 1) * d)
-                if group == 1:
-                    attn.q_proj.weight[rows].mul_(math.sqrt(gamma))
-                    attn.k_proj.weight[rows].mul_(math.sqrt(gamma))
-                else:
-                    attn.q_proj.weight[rows].mul_(gamma)
-                clipped += 1
+        for maxima_H, attn in zip(self.maxima_LH.tolist(), self.model.softmax_mixers()):
+            scale_H = [self.threshold / peak if peak > self.threshold else 1.0 for peak in maxima_H]
+            attn.qk_clip_(scale_H)  # the mixer knows which projection rows make a head's logits
+            clipped += sum(scale < 1.0 for scale in scale_H)
         self.maxima_LH = None
         return clipped
 
@@ -366,6 +353,7 @@ def train(
                 qk_clip.reset()  # observations of a discarded update must not rescale weights
             else:
                 clipped_heads = qk_clip.apply()
+                model.after_optimizer_step()  # per-block bookkeeping, e.g. MoE gate bias
             optimizer.zero_grad(set_to_none=True)
 
             if skipped:
