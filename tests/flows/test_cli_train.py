@@ -102,3 +102,32 @@ def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Pa
     assert main(["eval", str(checkpoint), "--suite", "mc", "--limit", "5", "--out", str(tmp_path / "again")]) == 0
     second = json.loads((tmp_path / "again" / "eval.json").read_text())
     assert [r["logprobs"] for r in second["tasks"]["hellaswag"]["per_item"]] == [r["logprobs"] for r in again["tasks"]["hellaswag"]["per_item"][:5]]
+
+
+def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp_path: Path, capsys, prefect_harness):
+    """`hymo retokenize` gives a domain corpus in the base's ids; `hymo cpt` continues, judges and records lineage; so does the flow."""
+    checkpoint = str(trained / "checkpoints" / "step-00000003.pt")
+    assert main(["retokenize", str(tiny_run), "--tokenizer-from", str(tiny_run), "--out", str(tmp_path / "domain")]) == 0
+    status = main(["cpt", checkpoint, "--domain", str(tmp_path / "domain"), "--general", str(tiny_run), "--out", str(tmp_path / "cpt"),
+                   "--steps", "4", "--warmup", "1", "--eval-interval", "2", "--eval-batches", "2", "--task", "arc_easy", "--paired-items", "10"])
+    summary = json.loads((tmp_path / "cpt" / "summary.json").read_text())
+    assert status == (0 if summary["verdict"]["passed"] else 3)
+    assert [row["metric"] for row in summary["verdict"]["criteria"]] == ["domain_loss_reduction", "general_loss_rise", "task_accuracy_drop:arc_easy"]
+    assert summary["verdict"]["criteria"][2]["n"] == 10 and 'task = "arc_easy"' in (tmp_path / "cpt" / "gate.toml").read_text()
+    assert summary["lineage"]["base_checkpoint"].endswith("step-00000003.pt") and Path(summary["lineage"]["cpt_checkpoint"]).is_file()
+    assert "verdict:" in capsys.readouterr().out
+
+    from flows.cpt_flow import hymo_cpt
+    from flows.serve import DEPLOYMENTS
+
+    flow_summary = hymo_cpt(base=checkpoint, domain=str(tmp_path / "domain"), general=str(tiny_run), out=str(tmp_path / "flow"), steps=2,
+                            warmup_steps=1, eval_interval=2, eval_batches=2)
+    assert flow_summary["lineage"]["cpt_run"] == str(tmp_path / "flow") and "hymo-cpt/cpt" in DEPLOYMENTS
+
+
+def test_hymo_serve_offers_the_cpt_deployment(served):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("hymo-cpt/cpt")
+    assert deployment.parameters["general"].endswith("sample") and "gate" in deployment.description
