@@ -10,8 +10,9 @@ inside the scorer and answered in the caller's order, so batching never
 changes a number (up to float summation order within one forward).
 
 Greedy generation is lm-evaluation-harness's `generate_until`: argmax each
-step, stop at EOS, at `max_new_tokens`, or as soon as the decoded text
-contains a stop string (the text is cut before it).
+step (the trainer's own cached decoder, `evaluation.sample_tokens`), stop at
+EOS, at `max_new_tokens`, or as soon as the decoded text contains a stop
+string (the text is cut before it).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from hymo_core.evaluation import sample_tokens
 
 
 @dataclass(frozen=True)
@@ -86,25 +89,19 @@ def score_requests(model: nn.Module, requests: list[Request], device: torch.devi
 @torch.no_grad()
 def greedy_until(model: nn.Module, tokenizer, prompt_ids: list[int], stop: tuple[str, ...], max_new_tokens: int,
                  eos_id: int | None, device: torch.device | str = "cpu") -> str:
-    """Greedy continuation of `prompt_ids`, cut before the first stop string."""
+    """Greedy continuation of `prompt_ids` (through the model's decode caches), cut before the first stop string."""
     device = torch.device(device)
-    max_seq_len = model.config.max_seq_len
     ids = list(prompt_ids) or [eos_id if eos_id is not None else 0]
-    new: list[int] = []
     was_training = model.training
     model.eval()
+    # A stop string first appears when the token holding its last byte arrives, so it lies within the
+    # last len(bytes) tokens (every token is at least one byte): decode only that tail at each step.
+    tail = max((len(s.encode("utf-8")) for s in stop), default=0)
     try:
-        for _ in range(max_new_tokens):
-            window = (ids + new)[-max_seq_len:]
-            logits_1TV, _ = model(torch.tensor(window, device=device).unsqueeze(0))
-            token = int(logits_1TV[0, -1].argmax())
-            if eos_id is not None and token == eos_id:
-                break
-            new.append(token)
-            text = tokenizer.decode(new)
-            cut = min((text.find(s) for s in stop if s in text), default=-1)
-            if cut >= 0:
-                return text[:cut]
+        new = sample_tokens(model, ids, max_new_tokens, 0.0, 0, torch.Generator(device=device), eos_id,
+                            stop=lambda new: any(s in tokenizer.decode(new[-tail:]) for s in stop) if tail else False)
     finally:
         model.train(was_training)
-    return tokenizer.decode(new)
+    text = tokenizer.decode(new)
+    cut = min((text.find(s) for s in stop if s in text), default=-1)
+    return text[:cut] if cut >= 0 else text
