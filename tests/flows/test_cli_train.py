@@ -37,15 +37,19 @@ def trained(tiny_run: Path, tmp_path_factory) -> Path:
     return root / "out"
 
 
-def test_train_writes_summary_metrics_picture_checkpoint(trained: Path, tiny_run: Path):
+def test_train_writes_summary_metrics_picture_checkpoint(trained: Path, tiny_run: Path, capsys):
     summary = json.loads((trained / "summary.json").read_text())
     assert summary["final_step"] == 3 and summary["final_val_loss"] < summary["ln_vocab"] + 1
     assert (trained / "loss.png").stat().st_size > 1000 and (trained / "checkpoints" / "step-00000003.pt").is_file()
     record = json.loads((trained / "metrics.jsonl").read_text().splitlines()[0])
     assert {"loss", "grad_norm_pre_clip", "lr", "tokens_per_s", "utilisation", "skipped_updates", "max_attention_logit"} <= set(record)
-    # a second plain `train` into the same directory would silently discard the checkpoints: refused
+    # a second plain `train` into the same directory would silently discard the checkpoints: refused, in one line
+    capsys.readouterr()
+    assert main(["train", "--corpus", str(tiny_run), "--out", str(trained)]) == 1
+    err = capsys.readouterr().err
+    assert "FileExistsError" in err and "--resume" in err
     with pytest.raises(FileExistsError, match="--resume"):
-        main(["train", "--corpus", str(tiny_run), "--out", str(trained)])
+        main(["train", "--corpus", str(tiny_run), "--out", str(trained), "--debug"])
 
 
 def test_eval_prints_loss_perplexity_and_cloze(trained: Path, tiny_run: Path, capsys):
