@@ -22,7 +22,6 @@ this module only wires loaders, hooks and bookkeeping around it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -40,6 +39,7 @@ from hymo_core.gate import GATE_FILE, Criterion, GateError, GateTampered, gate_t
 from hymo_core.optim import build_optimizer
 from hymo_core.replay import ReplayLoader
 from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, capture_rng, restore_rng, train
+from manifests.digest import sha256_file
 
 MANIFEST_FILE = "cpt_manifest.json"
 MEASUREMENTS_FILE = "measurements.json"
@@ -134,14 +134,6 @@ def paired_differences(base: dict[str, list[float]], adapted: dict[str, list[flo
 
 
 # ---------------------------------------------------------------- bookkeeping
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
