@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -22,7 +23,8 @@ from hymo_core.train import SAMPLE_MODEL, SAMPLE_TRAIN, run_training  # noqa: E4
 
 PICTURE = Path(__file__).resolve().parent.parent / "docs" / "hybrid_vs_dense_loss.png"
 TITLE = "hymo_core III: hymo-tiny hybrid vs dense sample model (bench/hybrid_vs_dense.py)"
-MODELS = {"dense": SAMPLE_MODEL, "hymo-tiny": PRESETS["hymo-tiny"]}
+# The hybrid trunk: the preset's MoE and MTP (issue 13) switched off, so only the mixers differ.
+MODELS = {"dense": SAMPLE_MODEL, "hymo-tiny": replace(PRESETS["hymo-tiny"], moe_on="", mtp_depth=0)}
 
 
 def records(run: Path, kind: str) -> list[dict]:

@@ -17,7 +17,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = train_from_args(args)
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
                   f"validation loss {summary['final_val_loss']}, weights sha256 {summary['weights_sha256'][:16]}…")
-    console.print(f"wrote {args.out}/summary.json, metrics.jsonl, loss.png, checkpoints/")
+    pictures = "loss.png, expert_load.png" if summary.get("final_expert_load") else "loss.png"
+    console.print(f"wrote {args.out}/summary.json, metrics.jsonl, {pictures}, checkpoints/")
     return 0
 
 
