@@ -2,7 +2,8 @@
 
 SQLite under a project-local directory by default (PREFECT_API_DATABASE_CONNECTION_URL, e.g. a
 PostgreSQL URL, when set), bound to 127.0.0.1 or to the host and port of the PREFECT_API_URL that did
-not answer. The server runs in its own process group so stopping it also stops the services it spawned.
+not answer. The server runs in its own process group so stopping it also stops the services it spawned,
+and it dies with its parent (a parent-death signal) so a killed `hymo run` leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -22,6 +23,26 @@ from typing import Iterator
 DEFAULT_HOME = Path(".hymo") / "prefect"
 HEALTH_TIMEOUT_S = 240.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # an unanswered API here is started here
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the parent dies, even by SIGKILL.
+
+    The server lives in its own session (so Ctrl-C in the terminal reaches HyMo,
+    which stops it in order); without this a killed `hymo run` left it running
+    forever. The signal follows the thread that started the server, so servers
+    are started from the main thread. Elsewhere than Linux this does nothing.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() == 1:  # the parent already died between fork and prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def api_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
@@ -66,6 +87,7 @@ class LocalServer:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", self.host, "--port", str(self.port), "--analytics-off"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         log.close()
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
