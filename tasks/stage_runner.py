@@ -329,7 +329,7 @@ def map_on_dask(client: Any, fn: Callable[..., Any], jobs: list[tuple], label: s
         futures = [client.submit(fn, *job, pure=False, key=f"{label}-{index}-{os.urandom(4).hex()}") for index, job in enumerate(jobs)]
         size_of = {future.key: size for future, size in zip(futures, sizes)}
         try:
-            for future in dask_as_completed(futures):
+            for future in dask_as_completed(futures, loop=client.loop):
                 result = future.result()
                 advance(size_of[future.key])
                 yield result
