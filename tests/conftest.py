@@ -311,3 +311,29 @@ def write_corpus(root: Path, seed: int = 0, train_tokens: int = 6000, validation
 @pytest.fixture
 def tiny_corpus(tmp_path: Path) -> Path:
     return write_corpus(tmp_path / "corpus")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny layers run fastest on one thread: two threads' spin-waits cost seconds on a shared machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def single_rank_mesh():
+    """A one-process gloo group and its 1-D CPU mesh: FSDP2-style DTensors without launching ranks."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
