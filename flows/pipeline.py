@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from contextvars import ContextVar
 from enum import Enum
 from pathlib import Path
@@ -26,7 +27,7 @@ from prefect.futures import as_completed
 from manifests.atomic import atomic_write_text
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.stage_runner import PROGRESS_SINK, default_workers, plan_stage, publish_plan
+from tasks.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan
 
 from flows.artifacts import BackgroundPublisher, draw_funnel, publish_run_summary, publish_stage_artifacts
 from flows.config import RUN_CONFIG, PipelineConfig, load_run_config  # noqa: F401 (load_run_config: re-exported)
@@ -186,7 +187,13 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
         task_runner.__enter__()
     shard_runner = SHARD_RUNNER.set((task_runner, workers))
     try:
-        with BackgroundPublisher() as artifacts:
+        # On Dask, the global passes' per-shard work runs on the cluster too, and batches follow its worker count.
+        on_dask = runner == Runner.dask and task_runner is not None
+        cluster = on_dask_cluster(task_runner.client) if on_dask else nullcontext()
+        with cluster, BackgroundPublisher() as artifacts:
+            if on_dask:
+                workers = cluster_workers(task_runner.client)
+                SHARD_RUNNER.set((task_runner, workers))  # the finally's reset still restores the value before run_stages
             previous_state = None
             for entry in entries:
                 if entry.name == TRAINING_STAGE:  # the funnel is final: draw it while the model trains
