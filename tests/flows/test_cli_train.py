@@ -130,8 +130,19 @@ def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp
 
 
 def test_hymo_serve_offers_the_cpt_deployment(served):
-    from prefect.client.orchestration import get_client
+    import time
 
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    deadline = time.monotonic() + 120  # `served` waits for the first deployment; the others register right after
     with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("hymo-cpt/cpt")
+        while True:
+            try:
+                deployment = client.read_deployment_by_name("hymo-cpt/cpt")
+                break
+            except ObjectNotFound:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
     assert deployment.parameters["general"].endswith("sample") and "gate" in deployment.description
