@@ -100,6 +100,10 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # 0 disables ordinary clipping
     overfit_one_batch: bool = False  # debug mode: reread one fixed batch
     seed: int = 0
+    # How this session runs, not what it computes (a resume may change them):
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward instead of storing them
+    compile: bool = False  # torch.compile each block (hymo_core/parallelize.py)
+    bitwise_resume: bool = False  # refuse a resume whose thread count differs (it changes float summation order)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "max_steps", "log_interval", "eval_interval", "checkpoint_interval",

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from hymo_core import kernels, planner
 from hymo_core.configs import ModelConfig  # defined torch-free there; part of this module's API
+from hymo_core.kernels.logit_probe import causal_max_logits, qk_clip_heads_
 
 
 def count_parameters(config: ModelConfig) -> int:
@@ -85,18 +86,14 @@ class Attention(nn.Module):
             v_BTKD = qkv_BTXD[:, :, H + K :]
         q_BHTD, k_BKTD, v_BKTD = (t.transpose(1, 2) for t in (q_BTHD, k_BTKD, v_BTKD))
         if self.probe:
-            self.max_logit_H = self._max_logits(q_BHTD, k_BKTD)
+            self.max_logit_H = causal_max_logits(q_BHTD, k_BKTD, math.sqrt(self.head_dim))
         y_BHTD = F.scaled_dot_product_attention(q_BHTD, k_BKTD, v_BKTD, is_causal=True, enable_gqa=K != H)
         return self.o_proj(y_BHTD.transpose(1, 2).reshape(B, T, -1))
 
     @torch.no_grad()
-    def _max_logits(self, q_BHTD: torch.Tensor, k_BKTD: torch.Tensor) -> torch.Tensor:
-        T = q_BHTD.shape[2]
-        k_BHTD = k_BKTD.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-        scores_BHTT = (q_BHTD.float() @ k_BHTD.float().transpose(-2, -1)).abs() / math.sqrt(self.head_dim)
-        visible_TT = torch.ones(T, T, dtype=torch.bool, device=q_BHTD.device).tril()
-        scores_BHTT = scores_BHTT.masked_fill(~visible_TT, 0.0)
-        return scores_BHTT.amax(dim=(0, 2, 3))
+    def qk_clip_(self, scale_H: torch.Tensor) -> None:
+        """Shrink head h's logits by scale_H[h] (<= 1) through its q/k projection rows, all heads at once."""
+        qk_clip_heads_(self.q_proj.weight, self.k_proj.weight, scale_H, self.n_kv_heads)
 
 
 class FeedForward(nn.Module):

@@ -157,9 +157,10 @@ def _orthogonalise(update: torch.Tensor, group: dict) -> torch.Tensor:
         m, group["ns_steps"], tuple(group["ns_coefficients"]), group["ns_eps"], NS_DTYPES[group["ns_dtype"]]
     )
     if DTensor is not None and isinstance(update, DTensor):
-        # Gather the full matrix (as Moonlight/torchtitan do), orthogonalise, reshard.
+        # Never orthogonalise a shard: gather the whole matrix (as Moonlight/torchtitan do),
+        # orthogonalise it on every rank (same input, same result), keep this rank's rows.
         full = ns(update.full_tensor()).to(update.dtype)
-        return distribute_tensor(full, update.device_mesh, update.placements)
+        return distribute_tensor(full, update.device_mesh, update.placements, src_data_rank=None)
     return ns(update).to(update.dtype)
 
 

@@ -37,6 +37,7 @@ import torch.nn as nn
 
 from hymo_core.configs import TrainConfig  # defined torch-free there; part of this module's API
 from hymo_core.data import EndOfEpoch, TokenLoader, ValidationLoader
+from hymo_core.distributed import Runtime, all_reduce_max_, all_reduce_mean, full_value
 from hymo_core.optim import MuonAdamW
 from hymo_core.schedule import learning_rate_at_step
 
@@ -120,10 +121,11 @@ class QKClip:
     """Per-head max-logit observation and post-update rescaling of q_proj / k_proj (MuonClip).
 
     For a head whose largest |q.k|/sqrt(d) in the attempt exceeded tau, gamma =
-    tau / max. With one key head per query head, both projections' rows of
-    that head are scaled by sqrt(gamma), so the logit shrinks by gamma. Under
-    GQA a key head is shared, so only the query rows are scaled (by gamma):
-    the other heads of the group keep their logits.
+    tau / max; each softmax mixer's `qk_clip_(gamma_H)` shrinks that head's
+    logits by gamma (heads under tau get 1). Everything stays on the device:
+    one host read per update (the clipped-head count). Under data parallelism
+    the maxima are max-reduced over ranks first, so every rank rescales the
+    same heads of its shard.
     """
 
     def __init__(self, model: nn.Module, threshold: float, enabled: bool):
@@ -136,6 +138,11 @@ class QKClip:
     def observe(self) -> None:
         maxima = self.model.attention_max_logits().detach()
         self.maxima_LH = maxima if self.maxima_LH is None else torch.maximum(self.maxima_LH, maxima)
+
+    def reduce(self) -> None:
+        """Max over ranks (a no-op in one process); call once per update, after the last micro-batch."""
+        if self.maxima_LH is not None:
+            all_reduce_max_(self.maxima_LH)
 
     def max_logit(self) -> float | None:
         return None if self.maxima_LH is None else float(self.maxima_LH.max())
@@ -150,25 +157,13 @@ class QKClip:
         """Rescale heads over the threshold; returns how many heads were clipped."""
         if not self.enabled or self.maxima_LH is None:
             return 0
-        clipped = 0
-        for layer, block in enumerate(self.model.layers):
-            attn = block.attn
-            group = attn.n_heads // attn.n_kv_heads
-            d = attn.head_dim
-            for head in range(attn.n_heads):
-                peak = float(self.maxima_LH[layer, head])
-                if peak <= self.threshold:
-                    continue
-                gamma = self.threshold / peak
-                rows = slice(head * d, (head + 1) * d)
-                if group == 1:
-                    attn.q_proj.weight[rows].mul_(math.sqrt(gamma))
-                    attn.k_proj.weight[rows].mul_(math.sqrt(gamma))
-                else:
-                    attn.q_proj.weight[rows].mul_(gamma)
-                clipped += 1
+        over_LH = self.maxima_LH > self.threshold
+        gamma_LH = torch.where(over_LH, self.threshold / self.maxima_LH, torch.ones_like(self.maxima_LH))
+        mixers = [block.attn for block in self.model.layers if hasattr(block.attn, "qk_clip_")]
+        for mixer, gamma_H in zip(mixers, gamma_LH):
+            mixer.qk_clip_(gamma_H)
         self.maxima_LH = None
-        return clipped
+        return int(over_LH.sum())
 
 
 # ---------------------------------------------------------------- validation
@@ -310,15 +305,21 @@ def train(
     state: TrainState,
     device: torch.device,
     hooks: TrainHooks | None = None,
+    runtime: Runtime | None = None,
 ) -> TrainState:
-    """Run successful updates until `state.step == config.max_steps`; returns the (mutated) state."""
+    """Run successful updates until `state.step == config.max_steps`; returns the (mutated) state.
+
+    `runtime` places this process among the ranks (default: one plain process).
+    The loaders are per rank; each update reads the recipe's global batch.
+    """
     hooks = hooks or TrainHooks()
+    runtime = runtime or Runtime(device=device)
+    _, accumulation = runtime.batch_plan(config)
     validate_setup(model, config, device)
     if config.max_steps < state.step:
         raise ValueError(f"max_steps {config.max_steps} is below the resumed step {state.step}")
     schedule = config.schedule_config()
     model.train()
-    model.set_attention_probe(True)
     optimizer.zero_grad(set_to_none=True)
     scaler = make_scaler(config, device, state)
     qk_clip = QKClip(model, config.qk_clip_threshold, config.qk_clip)
@@ -334,8 +335,11 @@ def train(
             lr = learning_rate_at_step(schedule, step)
             optimizer.set_learning_rate(lr)
             qk_clip.reset()
+            # The probe costs a chunked q.k pass per layer: only when QK-Clip acts or this step is logged.
+            probing = config.qk_clip or step % config.log_interval == 0 or step == config.max_steps
+            model.set_attention_probe(probing)
             update_loss, update_tokens = 0.0, 0
-            for _ in range(config.gradient_accumulation_steps):
+            for _ in range(accumulation):
                 x_BT, y_BT = next_training_batch(train_loader, config, state, fixed_batch)
                 x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
                 with autocast(device, config.precision):
@@ -343,17 +347,20 @@ def train(
                 value = loss.item()
                 if not math.isfinite(value):
                     raise FloatingPointError(f"non-finite training loss {value} at step {step}; nothing was back-propagated")
-                qk_clip.observe()
-                scaler.scale(loss / config.gradient_accumulation_steps).backward()
+                if probing:
+                    qk_clip.observe()
+                scaler.scale(loss / accumulation).backward()
                 ce = getattr(model, "last_ce", None)
-                update_loss += float(ce if ce is not None else value) / config.gradient_accumulation_steps
-                update_tokens += y_BT.numel()
-                state.tokens_seen += y_BT.numel()
+                update_loss += float(ce if ce is not None else value) / accumulation
+                update_tokens += y_BT.numel() * runtime.world_size  # every rank reads as many
+                state.tokens_seen += y_BT.numel() * runtime.world_size
+            update_loss = all_reduce_mean(update_loss, device)  # the global batch's loss, the same on every rank
+            qk_clip.reduce()
 
             scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
+            grad_norm = full_value(torch.nn.utils.clip_grad_norm_(
                 model.parameters(), config.max_grad_norm or float("inf"), error_if_nonfinite=not scaler.is_enabled()
-            ).item()
+            )).item()
             previous_scale = scaler.get_scale() if scaler.is_enabled() else None
             qk_clip.validate()
             scaler.step(optimizer)
