@@ -12,13 +12,35 @@ console = Console()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from hymo_core.checkpoint import CheckpointError
+    from hymo_core.data import CorpusError
     from hymo_core.train import train_from_args
 
-    summary = train_from_args(args)
+    try:
+        summary = launch_from_args(args) if args.nproc else train_from_args(args)
+    except (ValueError, FileExistsError, CheckpointError, CorpusError) as exc:
+        console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        return 2
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
                   f"validation loss {summary['final_val_loss']}, weights sha256 {summary['weights_sha256'][:16]}…")
     console.print(f"wrote {args.out}/summary.json, metrics.jsonl, loss.png, checkpoints/")
     return 0
+
+
+def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`--nproc N`: the same run under torchrun, rank 0's lines streamed here; the summary it wrote."""
+    from pathlib import Path
+
+    from hymo_core.configs import SUMMARY_FILE
+    from hymo_core.launch import LaunchError, launch_training, train_arguments
+
+    try:
+        train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume)
+        launch_training(args.nproc, train_args + (["--cloze", args.cloze] if args.cloze else []), on_line=lambda line: print(line, flush=True))
+    except LaunchError as exc:
+        errors = [line for line in str(exc).splitlines() if line.startswith("error: ")]
+        raise ValueError(errors[-1].removeprefix("error: ") if errors else str(exc)) from None
+    return json.loads((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
 
 
 def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None, cloze: str | None = None) -> dict[str, Any]:
@@ -82,6 +104,7 @@ def add_commands(sub: Any) -> None:
 
     train = sub.add_parser("train", help="pretrain on a corpus: checkpoints, metrics.jsonl, loss.png, summary.json")
     add_train_arguments(train)
+    train.add_argument("--nproc", type=int, help="ranks on this machine: run under torchrun with FSDP2 (gloo on CPU, nccl on CUDA)")
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and cloze accuracy of a checkpoint")

@@ -316,6 +316,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, help="stop after this many updates; the LR schedule keeps the recipe's horizon")
     parser.add_argument("--horizon", type=int, help="move the LR schedule's horizon (where decay ends) to this step")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+    parser.add_argument("--cloze", help="cloze JSONL scored into summary.json (default: the bundled sample set)")
 
 
 def session_config(train_config: TrainConfig, max_steps: int | None = None, horizon: int | None = None) -> TrainConfig:
@@ -334,7 +335,7 @@ def session_config(train_config: TrainConfig, max_steps: int | None = None, hori
 
 
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    return run_training(args.corpus, args.out, *_configs(args), resume=args.resume)
+    return run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runtime = init_runtime()
     try:
-        summary = run_training(args.corpus, args.out, *_configs(args), resume=args.resume, runtime=runtime)
+        summary = run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE,
+                               runtime=runtime)
     except (ValueError, FileExistsError) as exc:  # configuration, corpus and checkpoint errors: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2

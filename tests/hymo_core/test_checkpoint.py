@@ -121,15 +121,29 @@ def test_other_corpus_refused_by_manifest_digest(saved, tmp_path):
     assert_unchanged(before, snapshot(model, loader))
 
 
-def test_other_runtime_refused(saved, tiny_corpus):
-    model, optimizer, loader = build(tiny_corpus)
+def test_other_thread_count_warns_and_refuses_only_when_bitwise_resume_is_asked(saved, tiny_corpus):
     threads = torch.get_num_threads()
     torch.set_num_threads(threads + 1)
     try:
-        with pytest.raises(CheckpointError, match="runtime"):
-            load_checkpoint(saved[0], model, optimizer, CONFIG, loader)
+        strict = replace(CONFIG, bitwise_resume=True)
+        model, optimizer, loader = build(tiny_corpus, config=strict)
+        before = snapshot(model, loader)
+        with pytest.raises(CheckpointError, match="thread count .* bitwise_resume"):
+            load_checkpoint(saved[0], model, optimizer, strict, loader)
+        assert_unchanged(before, snapshot(model, loader))
+        model, optimizer, loader = build(tiny_corpus)
+        warnings: list[str] = []
+        state = load_checkpoint(saved[0], model, optimizer, CONFIG, loader, warn=warnings.append)
+        assert state.step == 4 and len(warnings) == 1 and "thread count" in warnings[0] and "not bitwise" in warnings[0]
     finally:
         torch.set_num_threads(threads)
+
+
+def test_other_torch_version_refused(saved, tiny_corpus, monkeypatch):
+    model, optimizer, loader = build(tiny_corpus)
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    with pytest.raises(CheckpointError, match="runtime"):
+        load_checkpoint(saved[0], model, optimizer, CONFIG, loader)
 
 
 def test_truncated_checkpoint_refused_and_previous_offered(saved, tiny_corpus, tmp_path):
