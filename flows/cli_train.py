@@ -99,6 +99,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_safetensors(checkpoint: str, target: str) -> dict[str, Any]:
+    """One consolidated file of every weight (tied ones under both names), whatever world size wrote the checkpoint."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from hymo_core.checkpoint import load_model
+
+    model, payload = load_model(checkpoint)
+    tensors = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+    metadata = {"format": "pt", "model_config": json.dumps(payload["model_config"]), "step": str(payload["state"]["step"])}
+    temporary = Path(target).with_name(Path(target).name + ".tmp")
+    save_file(tensors, temporary, metadata=metadata)
+    temporary.replace(target)
+    return {"tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()), "path": target}
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from hymo_core.checkpoint import CheckpointError
+
+    try:
+        result = export_safetensors(args.checkpoint, args.safetensors)
+    except CheckpointError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    console.print(f"wrote {result['path']}: {result['tensors']} tensors, {result['parameters']:,} values", markup=False)
+    return 0
+
+
 def add_commands(sub: Any) -> None:
     from hymo_core.train import add_train_arguments
 
@@ -124,3 +153,8 @@ def add_commands(sub: Any) -> None:
     gen.add_argument("--top-k", type=int, default=50)
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate)
+
+    export = sub.add_parser("export", help="write a checkpoint (single file or DCP directory) as one safetensors file")
+    export.add_argument("checkpoint")
+    export.add_argument("--safetensors", required=True, metavar="FILE", help="where to write the consolidated weights")
+    export.set_defaults(func=cmd_export)
