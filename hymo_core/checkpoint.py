@@ -20,7 +20,7 @@ import pickle
 import re
 import shutil
 import zipfile
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -186,9 +186,11 @@ def check_compatible(
         raise refuse(f"invalid counters or train config ({exc})") from exc
     if payload["vocab_size"] != model.config.vocab_size:
         raise refuse(f"vocab_size {payload['vocab_size']} != model's {model.config.vocab_size}")
-    if payload["model_config"] != asdict(model.config):
-        changed = sorted(k for k in set(payload["model_config"]) | set(asdict(model.config))
-                         if payload["model_config"].get(k) != asdict(model.config).get(k))
+    # A key the checkpoint lacks predates that field, so it was built with the field's default.
+    saved_model = {**{f.name: f.default for f in fields(ModelConfig)}, **payload["model_config"]}
+    if saved_model != asdict(model.config):
+        changed = sorted(k for k in set(saved_model) | set(asdict(model.config))
+                         if saved_model.get(k) != asdict(model.config).get(k))
         raise refuse(f"model config differs in {', '.join(changed)}")
     if payload["optimizer_type"] != optimizer_type(optimizer):
         raise refuse(f"optimizer {payload['optimizer_type']} != {optimizer_type(optimizer)}")

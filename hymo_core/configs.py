@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from hymo_core.optim import OptimizerConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+MIXER_KINDS = "AG"  # layer_pattern letters a model can be built from (hymo_core/layers/block.py)
 NS_DTYPE_NAMES = ("bfloat16", "float32", "float64")  # Newton-Schulz dtypes Muon accepts (hymo_core.optim.NS_DTYPES)
 # What a training run writes into its directory.
 METRICS_FILE, LOSS_PICTURE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "loss.png", "summary.json", "checkpoints"
@@ -40,8 +41,34 @@ class ModelConfig:
     init_std: float = 0.02
     norm_eps: float = 1e-5
     z_loss: float = 0.0  # coefficient of mean(logsumexp^2); Lab 3 tries 1e-4
+    # The stack (hymo_core/layers/__init__.py): one mixer letter per layer, the pattern
+    # repeated to n_layers. "A" = GQA attention (the dense decoder), "G" = Gated DeltaNet,
+    # "M" = Multi-head Latent Attention. `moe_on` names the mixer kinds whose FFN is MoE.
+    layer_pattern: str = "A"
+    moe_on: str = ""
+    # Gated DeltaNet (kind "G"); 0 = derive: heads = n_heads, key head dim = head_dim.
+    gdn_n_heads: int = 0
+    gdn_head_dim: int = 0
+    gdn_expand_v: int = 2  # value head dim = expand_v x key head dim (fla's default)
+    gdn_conv_size: int = 4  # short causal depthwise conv on q, k, v
+    # Multi-head Latent Attention (kind "M", DeepSeek-V2 names); 0 = derive from d_model / head_dim.
+    mla_q_lora_rank: int = 0  # 0 = d_model // 2
+    mla_kv_lora_rank: int = 0  # 0 = d_model // 4: the per-token latent the KV cache stores
+    mla_qk_nope_head_dim: int = 0  # 0 = head_dim
+    mla_qk_rope_head_dim: int = 0  # 0 = head_dim // 2: the decoupled RoPE key, shared by all heads
+    mla_v_head_dim: int = 0  # 0 = head_dim
 
     def __post_init__(self) -> None:
+        if not self.layer_pattern or set(self.layer_pattern) - set(MIXER_KINDS):
+            raise ValueError(f"layer_pattern {self.layer_pattern!r} must be letters from {MIXER_KINDS!r}")
+        if set(self.moe_on) - set(self.layer_pattern):
+            raise ValueError(f"moe_on {self.moe_on!r} names kinds absent from layer_pattern {self.layer_pattern!r}")
+        for name in ("gdn_n_heads", "gdn_head_dim", "mla_q_lora_rank", "mla_kv_lora_rank", "mla_qk_nope_head_dim",
+                     "mla_qk_rope_head_dim", "mla_v_head_dim"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ModelConfig.{name} must be >= 0 (0 = derived), got {getattr(self, name)}")
+        if self.gdn_expand_v < 1 or self.gdn_conv_size < 1:
+            raise ValueError("gdn_expand_v and gdn_conv_size must be >= 1")
         if self.d_model % self.n_heads:
             raise ValueError("d_model must be divisible by n_heads")
         if self.n_heads % self.n_kv_heads:
@@ -52,6 +79,28 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def gdn_heads(self) -> int:
+        return self.gdn_n_heads or self.n_heads
+
+    @property
+    def gdn_key_head_dim(self) -> int:
+        return self.gdn_head_dim or self.head_dim
+
+    @property
+    def gdn_value_head_dim(self) -> int:
+        return self.gdn_expand_v * self.gdn_key_head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """Width of the rotated part of a query/key head (the model's one RoPE table)."""
+        return self.head_dim
+
+    def layer_kinds(self) -> tuple[str, ...]:
+        """One mixer letter per layer: layer_pattern repeated (and cut) to n_layers."""
+        repeats = -(-self.n_layers // len(self.layer_pattern))
+        return tuple((self.layer_pattern * repeats)[: self.n_layers])
 
     def shape(self) -> planner.ModelShape:
         return planner.ModelShape(

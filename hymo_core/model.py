@@ -1,10 +1,11 @@
-"""Decoder-only transformer: pre-RMSNorm, RoPE, grouped-query attention, SwiGLU.
+"""Decoder-only language model: embeddings, a stack of Blocks, final norm, output head.
 
-The shape of module 8, Lab 2 (seed 001) generalised to GQA: no biases, a
-final norm, optional tied embeddings, optional QK-norm, residual output
-projections initialised with std / sqrt(2 L) so the residual stream's
-variance does not grow with depth. The hot elementwise paths go through
-`hymo_core.kernels` (Triton on CUDA, PyTorch elsewhere).
+The dense configuration (layer_pattern "A") is module 8, Lab 2's shape (seed
+001) generalised to GQA: pre-RMSNorm, RoPE, SwiGLU, no biases, optional tied
+embeddings and QK-norm, residual output projections initialised with
+std / sqrt(2 L) so the residual stream's variance does not grow with depth.
+Other patterns interleave Gated DeltaNet and MLA mixers (the HyMo hybrid,
+seed 000); every block kind lives in hymo_core/layers/.
 
 `forward(tokens, targets)` returns `(logits, loss)`, the contract the trainer
 relies on (seed 002). With `z_loss > 0` the loss is the regularised
@@ -17,13 +18,19 @@ shard.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from hymo_core import kernels, planner
 from hymo_core.configs import ModelConfig  # defined torch-free there; part of this module's API
-from hymo_core.kernels.logit_probe import causal_max_logits, qk_clip_heads_
+from hymo_core.layers.attention import Attention  # noqa: F401  (re-exported: the dense mixer)
+from hymo_core.layers.block import Block
+from hymo_core.layers.context import MixerContext
+from hymo_core.layers.ffn import FeedForward  # noqa: F401  (re-exported)
+from hymo_core.layers.norm import RMSNorm
 
 
 def count_parameters(config: ModelConfig) -> int:
@@ -31,97 +38,12 @@ def count_parameters(config: ModelConfig) -> int:
     return planner.count_parameters(config.shape()).total
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, kernel_backend: str | None = None):
-        super().__init__()
-        self.eps = eps
-        self.kernel_backend = kernel_backend
-        self.weight = nn.Parameter(torch.ones(dim))
+@dataclass
+class DecodeCache:
+    """Every layer's cache plus the number of positions already consumed."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.rms_norm(x, self.weight, self.eps, backend=self.kernel_backend)
-
-
-class Attention(nn.Module):
-    """Causal GQA through scaled_dot_product_attention, with an optional logit probe.
-
-    The probe (set `probe = True`) records, per query head, the largest
-    |q.k| / sqrt(head_dim) over causally visible pairs of the batch. It runs
-    under no_grad on copies, so outputs and gradients are unchanged; QK-Clip
-    reads it to decide which heads to rescale.
-    """
-
-    def __init__(self, config: ModelConfig, kernel_backend: str | None = None):
-        super().__init__()
-        self.n_heads, self.n_kv_heads = config.n_heads, config.n_kv_heads
-        self.head_dim = config.head_dim
-        self.kernel_backend = kernel_backend
-        self.q_proj = nn.Linear(config.d_model, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.d_model, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.d_model, self.n_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.d_model, bias=False)
-        if config.qk_norm:  # applied before RoPE, per head
-            self.q_norm = RMSNorm(self.head_dim, config.norm_eps, kernel_backend)
-            self.k_norm = RMSNorm(self.head_dim, config.norm_eps, kernel_backend)
-        else:
-            self.q_norm = self.k_norm = None
-        self.probe = False
-        self.max_logit_H: torch.Tensor | None = None
-
-    def forward(self, x_BTD: torch.Tensor, cos_TD2: torch.Tensor, sin_TD2: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x_BTD.shape
-        H, K = self.n_heads, self.n_kv_heads
-        # q, k, v stay separate parameters (Muon orthogonalises each, QK-Clip rescales
-        # q and k per head) but run as one matmul: concatenating the small weight is
-        # cheaper than two extra activation-sized matmuls and gradient additions.
-        w_qkv = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
-        qkv_BTXD = F.linear(x_BTD, w_qkv).view(B, T, H + 2 * K, self.head_dim)
-        if self.q_norm is not None:
-            q_BTHD, k_BTKD, v_BTKD = qkv_BTXD.split((H, K, K), dim=2)
-            q_BTHD = kernels.apply_rope(self.q_norm(q_BTHD), cos_TD2, sin_TD2, backend=self.kernel_backend)
-            k_BTKD = kernels.apply_rope(self.k_norm(k_BTKD), cos_TD2, sin_TD2, backend=self.kernel_backend)
-        else:  # one rotation call for queries and keys together
-            qk_BTXD = kernels.apply_rope(qkv_BTXD[:, :, : H + K], cos_TD2, sin_TD2, backend=self.kernel_backend)
-            q_BTHD, k_BTKD = qk_BTXD.split((H, K), dim=2)
-            v_BTKD = qkv_BTXD[:, :, H + K :]
-        q_BHTD, k_BKTD, v_BKTD = (t.transpose(1, 2) for t in (q_BTHD, k_BTKD, v_BTKD))
-        if self.probe:
-            self.max_logit_H = causal_max_logits(q_BHTD, k_BKTD, math.sqrt(self.head_dim))
-        y_BHTD = F.scaled_dot_product_attention(q_BHTD, k_BKTD, v_BKTD, is_causal=True, enable_gqa=K != H)
-        return self.o_proj(y_BHTD.transpose(1, 2).reshape(B, T, -1))
-
-    @torch.no_grad()
-    def qk_clip_(self, scale_H: torch.Tensor) -> None:
-        """Shrink head h's logits by scale_H[h] (<= 1) through its q/k projection rows, all heads at once."""
-        qk_clip_heads_(self.q_proj.weight, self.k_proj.weight, scale_H, self.n_kv_heads)
-
-
-class FeedForward(nn.Module):
-    def __init__(self, config: ModelConfig, kernel_backend: str | None = None):
-        super().__init__()
-        self.kernel_backend = kernel_backend
-        self.gate_proj = nn.Linear(config.d_model, config.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(config.d_model, config.ffn_dim, bias=False)
-        self.down_proj = nn.Linear(config.ffn_dim, config.d_model, bias=False)
-
-    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        # One matmul for both input projections, as in Attention.
-        w_gate_up = torch.cat((self.gate_proj.weight, self.up_proj.weight))
-        gate_BTF, up_BTF = F.linear(x_BTD, w_gate_up).chunk(2, dim=-1)
-        return self.down_proj(kernels.swiglu(gate_BTF, up_BTF, backend=self.kernel_backend))
-
-
-class Block(nn.Module):
-    def __init__(self, config: ModelConfig, kernel_backend: str | None = None):
-        super().__init__()
-        self.attn_norm = RMSNorm(config.d_model, config.norm_eps, kernel_backend)
-        self.attn = Attention(config, kernel_backend)
-        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps, kernel_backend)
-        self.ffn = FeedForward(config, kernel_backend)
-
-    def forward(self, x_BTD: torch.Tensor, cos_TD2: torch.Tensor, sin_TD2: torch.Tensor) -> torch.Tensor:
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos_TD2, sin_TD2)
-        return x_BTD + self.ffn(self.ffn_norm(x_BTD))
+    layers: list[Any]
+    position: int = 0
 
 
 class Transformer(nn.Module):
@@ -131,12 +53,12 @@ class Transformer(nn.Module):
         self.config = config
         self.kernel_backend = kernel_backend
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
-        self.layers = nn.ModuleList(Block(config, kernel_backend) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(Block(config, kind, kernel_backend) for kind in config.layer_kinds())
         self.norm = RMSNorm(config.d_model, config.norm_eps, kernel_backend)
         self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos_TD2, sin_TD2 = kernels.rope_tables(config.max_seq_len, config.head_dim, config.rope_base)
+        cos_TD2, sin_TD2 = kernels.rope_tables(config.max_seq_len, config.rope_dim, config.rope_base)
         # Derived from the config, so not saved: a checkpoint holds only learned state.
         self.register_buffer("rope_cos_TD2", cos_TD2, persistent=False)
         self.register_buffer("rope_sin_TD2", sin_TD2, persistent=False)
@@ -155,18 +77,26 @@ class Transformer(nn.Module):
         # 1/sqrt(2L) keeps the stream's variance roughly depth-independent at init.
         residual_std = std / math.sqrt(2 * self.config.n_layers)
         for block in self.layers:
-            nn.init.normal_(block.attn.o_proj.weight, std=residual_std)
-            nn.init.normal_(block.ffn.down_proj.weight, std=residual_std)
+            for part in (block.attn, block.ffn):
+                for weight in part.residual_weights():
+                    nn.init.normal_(weight, std=residual_std)
+                if hasattr(part, "init_extra_parameters"):  # e.g. GDN's decay and conv
+                    part.init_extra_parameters()
 
     def forward(
-        self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None
+        self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, cache: DecodeCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (and the loss when targets are given). With a `cache`, tokens continue it."""
         B, T = tokens_BT.shape
-        if T > self.config.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
+        start = cache.position if cache is not None else 0
+        if start + T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {start + T} exceeds max_seq_len {self.config.max_seq_len}")
         x_BTD = self.tok_embeddings(tokens_BT)
-        for block in self.layers:
-            x_BTD = block(x_BTD, self.rope_cos_TD2, self.rope_sin_TD2)
+        for i, block in enumerate(self.layers):
+            ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2, start, cache.layers[i] if cache is not None else None)
+            x_BTD = block(x_BTD, ctx)
+        if cache is not None:
+            cache.position += T
         logits_BTV = self.output(self.norm(x_BTD))
         if targets_BT is None:
             return logits_BTV, None
@@ -179,15 +109,37 @@ class Transformer(nn.Module):
         self.last_ce = ce.detach()
         return logits_BTV, loss
 
-    def set_attention_probe(self, enabled: bool) -> None:
+    def new_cache(self, batch_size: int, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None) -> DecodeCache:
+        """Empty per-layer caches for incremental generation (see layers/__init__.py)."""
+        param = self.tok_embeddings.weight
+        device, dtype = device or param.device, dtype or param.dtype
+        layers = [block.attn.new_cache(batch_size, torch.device(device), dtype) for block in self.layers]
+        return DecodeCache(layers)
+
+    def after_optimizer_step(self) -> None:
+        """Called by the trainer once per successful update: per-block bookkeeping (e.g. MoE gate bias)."""
         for block in self.layers:
-            block.attn.probe = enabled
+            for part in (block.attn, block.ffn):
+                hook = getattr(part, "after_optimizer_step", None)
+                if hook is not None:
+                    hook()
+
+    def softmax_mixers(self) -> list[nn.Module]:
+        """The layers' softmax-attention mixers, in depth order: what the probe and QK-Clip act on."""
+        return [block.attn for block in self.layers if block.is_softmax]
+
+    def set_attention_probe(self, enabled: bool) -> None:
+        for attn in self.softmax_mixers():
+            attn.probe = enabled
             if not enabled:
-                block.attn.max_logit_H = None
+                attn.max_logit_H = None
 
     def attention_max_logits(self) -> torch.Tensor:
-        """(n_layers, n_heads) maxima from the last probed forward."""
-        maxima = [block.attn.max_logit_H for block in self.layers]
+        """(softmax layers, n_heads) maxima from the last probed forward."""
+        maxima = [attn.max_logit_H for attn in self.softmax_mixers()]
+        if not maxima:  # a stack without softmax attention has nothing to clip
+            return torch.zeros(0, self.config.n_heads, device=self.tok_embeddings.weight.device)
         if any(m is None for m in maxima):
             raise RuntimeError("no probe data: call set_attention_probe(True) and run a forward")
         return torch.stack(maxima)

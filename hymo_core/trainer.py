@@ -118,7 +118,7 @@ def make_scaler(config: TrainConfig, device: torch.device, state: TrainState) ->
 
 
 class QKClip:
-    """Per-head max-logit observation and post-update rescaling of q_proj / k_proj (MuonClip).
+    """Per-head max-logit observation and post-update rescaling of query/key weights (MuonClip).
 
     For a head whose largest |q.k|/sqrt(d) in the attempt exceeded tau, gamma =
     tau / max; each softmax mixer's `qk_clip_(gamma_H)` shrinks that head's
@@ -145,7 +145,7 @@ class QKClip:
             all_reduce_max_(self.maxima_LH)
 
     def max_logit(self) -> float | None:
-        return None if self.maxima_LH is None else float(self.maxima_LH.max())
+        return None if self.maxima_LH is None or self.maxima_LH.numel() == 0 else float(self.maxima_LH.max())
 
     def validate(self) -> None:
         """Before the optimizer mutates anything: a non-finite observation is a failed attempt."""
@@ -159,9 +159,8 @@ class QKClip:
             return 0
         over_LH = self.maxima_LH > self.threshold
         gamma_LH = torch.where(over_LH, self.threshold / self.maxima_LH, torch.ones_like(self.maxima_LH))
-        mixers = [block.attn for block in self.model.layers if hasattr(block.attn, "qk_clip_")]
-        for mixer, gamma_H in zip(mixers, gamma_LH):
-            mixer.qk_clip_(gamma_H)
+        for mixer, gamma_H in zip(self.model.softmax_mixers(), gamma_LH):
+            mixer.qk_clip_(gamma_H)  # the mixer knows which projection rows make a head's logits
         self.maxima_LH = None
         return int(over_LH.sum())
 
@@ -373,6 +372,7 @@ def train(
                 qk_clip.reset()  # observations of a discarded update must not rescale weights
             else:
                 clipped_heads = qk_clip.apply()
+                model.after_optimizer_step()  # per-block bookkeeping, e.g. MoE gate bias
             optimizer.zero_grad(set_to_none=True)
 
             if skipped:

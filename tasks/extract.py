@@ -3,8 +3,9 @@
 Each HTML page runs in a supervised child process with a time limit, so a
 pathological page costs `timeout_s`, not the stage. Every failure and every
 change is an audit row: extract_timeout / extract_error / extract_empty /
-extract_not_html / extract_too_large, and the modifications html_main_text and
-mojibake_repaired.
+extract_not_html / extract_too_large, and the modifications html_main_text
+(with the extractor that produced the text: trafilatura, or a fallback when
+trafilatura found nothing in a page with visible text) and mojibake_repaired.
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ class ExtractConfig:
     include_comments: bool = False
     min_chars: int = 1  # extracted text shorter than this counts as empty
     repair_encoding: bool = True
+    # Trafilatura found nothing but the page shows at least this many words: use a fallback extractor
+    # (audited with the path used); 0 turns the fallback off.
+    fallback_min_words: int = 50
 
 
 def looks_like_html(text: str) -> bool:
@@ -59,8 +63,8 @@ def first_difference(before: str, after: str, width: int = 40) -> dict[str, str]
     return {"before": before[max(0, i - 10): i + width], "after": after[max(0, i - 10): i + width]}
 
 
-def page_job(html: str, url: str, config: ExtractConfig) -> tuple[str, str, str, bool, bool, bool]:
-    return (html, url, config.favor, config.include_tables, config.include_comments, config.repair_encoding)
+def page_job(html: str, url: str, config: ExtractConfig) -> tuple[str, str, str, bool, bool, bool, int]:
+    return (html, url, config.favor, config.include_tables, config.include_comments, config.repair_encoding, config.fallback_min_words)
 
 
 def extraction_pool(config: ExtractConfig, workers: int) -> SupervisedPool:
@@ -97,7 +101,7 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
             outcomes = own.map(jobs, costs=sizes)
     repaired_in_child: dict[str, str] = {}
     for row, (status, answer) in zip(job_rows, outcomes):
-        result, repaired = answer if status == OK else (answer, None)
+        result, repaired, extractor = answer if status == OK else (answer, None, "")
         html_chars = len(row["text"])
         if status == TIMEOUT:
             audit.append({"id": row["id"], "action": "removed", "rule": "extract_timeout", "value": config.timeout_s, "threshold": config.timeout_s, "detail": {"url": row["url"], "html_chars": html_chars}})
@@ -107,7 +111,7 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
             audit.append({"id": row["id"], "action": "removed", "rule": "extract_empty", "value": len((result or "").strip()), "threshold": config.min_chars, "detail": {"url": row["url"], "html_chars": html_chars}})
         else:
             row["text"] = result
-            audit.append({"id": row["id"], "action": "modified", "rule": "html_main_text", "value": len(result), "detail": {"html_chars": html_chars, "text_chars": len(result)}})
+            audit.append({"id": row["id"], "action": "modified", "rule": "html_main_text", "value": len(result), "detail": {"html_chars": html_chars, "text_chars": len(result), "extractor": extractor}})
             kept.append(row)
             if repaired is not None:
                 repaired_in_child[row["id"]] = repaired

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +24,8 @@ from manifests.digest import sha256_file
 from manifests.schema import docs_table
 from manifests.sources import SourceSpec
 from manifests.stage_manifest import StageManifest, is_complete, read_manifest
-from tasks.decoding import decode_payload
+from tasks.decoding import decode_payload, strip_controls
+from tasks.source_walk import reached_through_link, walk_matching
 from tasks.stage_runner import StageWriter, progress_bar, stage_cache_key
 
 STAGE = "ingest"
@@ -51,6 +53,7 @@ class RawRecord:
     origin_file: str
     problem: str | None = None  # a record-level defect found while reading
     problem_detail: str = ""
+    charset: str | None = None  # declared by the transport (a WARC record's HTTP Content-Type)
 
 
 def make_doc_id(source: str, uri: str, ordinal: int) -> str:
@@ -58,16 +61,17 @@ def make_doc_id(source: str, uri: str, ordinal: int) -> str:
     return f"{source}-{digest}"
 
 
-def source_files(spec: SourceSpec) -> list[Path]:
+def source_files(spec: SourceSpec) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The source's files, and the links under it that cannot be read (with why): those are audited."""
     root = spec.root
     if not root.exists():
         raise InputFileError(f"source {spec.name}: path {root} does not exist")
     if root.is_file():
-        return [root]
+        return [root], []
     if spec.kind == "hf_disk":
-        return [root]
+        return [root], []
     pattern = spec.glob if spec.glob != "**/*" else {"jsonl": "**/*.jsonl*", "parquet": "**/*.parquet", "warc": "**/*.warc*"}.get(spec.kind, "**/*")
-    return sorted(p for p in root.glob(pattern) if p.is_file())
+    return walk_matching(root, pattern)
 
 
 def relative_uri(spec: SourceSpec, path: Path) -> str:
@@ -152,9 +156,10 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
                 uri = record.rec_headers.get_header("WARC-Target-URI") or f"{relative_uri(spec, path)}#rec{ordinal}"
                 if record.rec_type == "response":
                     mime = (record.http_headers.get_header("Content-Type") or "") if record.http_headers else ""
-                    if mime and "html" not in mime.lower():
+                    if mime and "html" not in mime.lower():  # images, PDFs, scripts: counted, not read
+                        yield RawRecord(uri, ordinal, None, "html", {}, relative_file(spec, path), "not_html", mime.split(";")[0].strip())
                         continue
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path))
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path), charset=mime or None)
                 elif record.rec_type == "conversion":  # WET plain text
                     yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path))
     except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
@@ -215,32 +220,39 @@ def to_document(spec: SourceSpec, raw: RawRecord) -> tuple[dict[str, Any] | None
     doc_id = make_doc_id(spec.name, raw.uri, raw.ordinal)
     where = {"file": raw.origin_file, "uri": raw.uri, "ordinal": raw.ordinal}
     if raw.problem:
-        return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{raw.problem}", "detail": {**where, "error": raw.problem_detail}}]
+        detail_key = "content_type" if raw.problem == "not_html" else "error"
+        return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{raw.problem}", "detail": {**where, detail_key: raw.problem_detail}}]
     audit: list[dict[str, Any]] = []
     meta = {**raw.meta, "content_type": raw.content_type, "origin_file": raw.origin_file, "ordinal": raw.ordinal, "profile": spec.profile}
     if isinstance(raw.payload, bytes):
-        decoded = decode_payload(raw.payload)
+        decoded = decode_payload(raw.payload, raw.charset)
         if decoded.problem:
-            return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{decoded.problem}", "value": len(raw.payload), "detail": where}]
+            return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{decoded.problem}", "value": len(raw.payload), "detail": {**where, "why": decoded.detail} if decoded.detail else where}]
         text = decoded.text
         meta["encoding"] = decoded.encoding
         if decoded.guessed:
-            audit.append({"id": doc_id, "action": "modified", "rule": "ingest_encoding_guessed", "detail": {**where, "encoding": decoded.encoding}})
+            audit.append({"id": doc_id, "action": "modified", "rule": "ingest_encoding_guessed", "value": decoded.confidence,
+                          "detail": {**where, "encoding": decoded.encoding, "method": decoded.method, "confidence": decoded.confidence}})
     else:
         text = raw.payload or ""
-        if not text.strip():
-            return None, [{"id": doc_id, "action": "removed", "rule": "ingest_empty", "value": 0, "detail": where}]
-    if "\x00" in text:  # Arrow keeps NULs, but no downstream consumer wants them
-        text = text.replace("\x00", "")
-        audit.append({"id": doc_id, "action": "modified", "rule": "ingest_nul_removed", "detail": where})
+    text, stripped = strip_controls(text)  # Arrow keeps NULs and escapes, but no downstream consumer wants them
+    if not text.strip():
+        return None, [{"id": doc_id, "action": "removed", "rule": "ingest_empty", "value": 0, "detail": where}]
+    if stripped:
+        audit.append({"id": doc_id, "action": "modified", "rule": "ingest_control_chars_removed", "value": stripped, "detail": where})
     doc = {"id": doc_id, "text": text, "source": spec.name, "url": raw.uri, "lang": None, "lang_score": None, "meta": meta}
     return doc, audit
 
 
-def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[Path]]], list[str]]:
-    """Each input file once: a path named twice (same or different source) is read only the first time."""
-    seen: set[Path] = set()
+def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[Path]]], list[str], list[dict[str, Any]]]:
+    """Each input file once: a path named twice (same or different source) is read only the first time.
+
+    Returns the plan, the skipped paths, and audit rows for what symlinks made
+    us skip: a second path to a file already read, or a link that cannot be read.
+    """
+    seen: dict[Path, tuple[str, bool]] = {}  # real path -> (the uri it was first read as, through a symlink)
     skipped: list[str] = []
+    link_rows: list[dict[str, Any]] = []
     plan: list[tuple[SourceSpec, list[Path]]] = []
     names: set[str] = set()
     for spec in specs:
@@ -249,15 +261,27 @@ def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[P
             continue
         names.add(spec.name)
         files = []
-        for path in source_files(spec):
+        found, unreadable = source_files(spec)
+        for path, reason in unreadable:
+            link_rows.append(skipped_link_row(spec, path, reason, os.readlink(path) if path.is_symlink() else ""))
+        for path in found:
             real = path.resolve()
+            linked = spec.root.is_dir() and reached_through_link(spec.root, path)
             if real in seen:
                 skipped.append(str(path))
+                if linked or seen[real][1]:  # a symlink made the second path: say so per document
+                    link_rows.append(skipped_link_row(spec, path, "same_file_already_read", seen[real][0]))
                 continue
-            seen.add(real)
+            seen[real] = (relative_uri(spec, path), linked)
             files.append(path)
         plan.append((spec, files))
-    return plan, skipped
+    return plan, skipped, link_rows
+
+
+def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> dict[str, Any]:
+    uri = relative_uri(spec, path)
+    return {"id": make_doc_id(spec.name, uri, 0), "action": "removed", "rule": "ingest_symlink_skipped",
+            "detail": {"file": relative_file(spec, path), "uri": uri, "reason": reason, "target": target}}
 
 
 def input_listing(plan: list[tuple[SourceSpec, list[Path]]]) -> list[dict[str, str]]:
@@ -277,7 +301,7 @@ def dir_digest(path: Path) -> str:
 
 def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> StageManifest:
     """Read every source into shards; a no-op when the same files and config were already ingested."""
-    plan, skipped = unique_files(specs)
+    plan, skipped, link_rows = unique_files(specs)
     inputs = input_listing(plan)
     settings = {"ingest": asdict(config), "sources": [s.public() for s, _ in plan]}
     key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
@@ -285,7 +309,7 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> 
         return read_manifest(Path(out_dir))
     writer = StageWriter(STAGE, VERSION, settings, key, inputs, Path(out_dir))
     try:
-        shard_index, buffer, audit, buffer_bytes = 0, [], [], 0
+        shard_index, buffer, audit, buffer_bytes = 0, [], list(link_rows), 0
         total = sum(len(files) for _, files in plan)
         with progress_bar(STAGE, total) as advance:
             for spec, files in plan:
