@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -19,7 +20,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         summary = launch_from_args(args) if args.nproc else train_from_args(args)
     except (ValueError, FileExistsError, CheckpointError, CorpusError) as exc:
-        console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        print(f"error: {exc}", file=sys.stderr)  # one line, never wrapped
         return 2
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
                   f"validation loss {summary['final_val_loss']}, weights sha256 {summary['weights_sha256'][:16]}…")
@@ -122,7 +123,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         result = export_safetensors(args.checkpoint, args.safetensors)
     except CheckpointError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     console.print(f"wrote {result['path']}: {result['tensors']} tensors, {result['parameters']:,} values", markup=False)
     return 0

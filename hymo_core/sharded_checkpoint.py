@@ -36,7 +36,8 @@ import torch
 import torch.nn as nn
 
 from hymo_core.checkpoint import (CheckpointError, _fsync_dir, _rng_from_payload, _rng_payload, check_compatible, model_from_config,
-                                  optimizer_layout, optimizer_type, previous_checkpoint, runtime_signature, validation_cursor)
+                                  optimizer_layout, optimizer_type, previous_checkpoint, read_checkpoint, runtime_signature,
+                                  validation_cursor)
 from hymo_core.data import TokenLoader, ValidationLoader
 from hymo_core.distributed import Runtime, all_gather_objects, any_rank, barrier
 from hymo_core.trainer import TrainConfig, TrainState, restore_rng
@@ -208,6 +209,56 @@ def load_sharded_checkpoint(
     train_loader.load_state_dict(cursor, reshard=not same_world)
     restore_rng(rng)  # last: constructors above must not shift the resumed sequence
     return state
+
+
+def load_single_file_into_shards(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: TrainConfig,
+    train_loader: TokenLoader,
+    runtime: Runtime,
+    warn: Callable[[str], None] | None = None,
+) -> TrainState:
+    """A one-process `step-N.pt` continued on W ranks (1 -> W reshard): same validation, then each rank keeps its rows."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    path = Path(path)
+    payload = read_checkpoint(path)
+    state = check_compatible(payload, path, model, optimizer, config, train_loader, warn=warn if runtime.is_writer else None)
+    states = _state_dicts(model, optimizer)
+    _fill_from_full(states, {"model": payload["model"], "optimizer": _keyed_by_name(payload["optimizer"])}, "")
+    set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optimizer"])
+    optimizer.zero_grad(set_to_none=True)
+    train_loader.load_state_dict(payload["loaders"]["train"], reshard=True)
+    restore_rng(_rng_from_payload(payload["rng"]))
+    return state
+
+
+def _keyed_by_name(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """torch.optim's index-keyed state as the parameter-name-keyed form the distributed state dict uses."""
+    names = {index: name for group in optimizer_state["param_groups"] for index, name in zip(group["params"], group["param_names"])}
+    return {"state": {names[index]: values for index, values in optimizer_state["state"].items()}}
+
+
+def _fill_from_full(target: dict[str, Any], full: dict[str, Any], where: str) -> None:
+    """Copy full tensors into `target` in place; a DTensor takes only this rank's slice."""
+    for key, value in target.items():
+        if key == "param_groups":
+            continue  # ours: built from this optimizer; the learning rate is set every step
+        if key not in full:
+            raise CheckpointError(f"{where}{key}: missing from the single-file checkpoint")
+        if isinstance(value, dict):
+            _fill_from_full(value, full[key], f"{where}{key}.")
+        elif hasattr(value, "to_local"):
+            from torch.distributed.tensor import distribute_tensor
+
+            mine = distribute_tensor(full[key].to(value.device, value.dtype), value.device_mesh, value.placements, src_data_rank=None)
+            value.to_local().copy_(mine.to_local())
+        elif isinstance(value, torch.Tensor):
+            value.copy_(full[key])
+        else:
+            target[key] = full[key]
 
 
 def load_sharded_model(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:

@@ -39,7 +39,7 @@ from hymo_core.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score
 from hymo_core.model import ModelConfig, Transformer
 from hymo_core.optim import build_optimizer
 from hymo_core.parallelize import parallelize
-from hymo_core.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from hymo_core.sharded_checkpoint import load_sharded_checkpoint, load_single_file_into_shards, save_sharded_checkpoint
 from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, train
 
 
@@ -284,9 +284,8 @@ def _load_any(path: Path, model, optimizer, config: TrainConfig, train_loader: T
     """A DCP directory (any world size, also into one plain process) or a single-file checkpoint (one process)."""
     if path.is_dir():
         return load_sharded_checkpoint(path, model, optimizer, config, train_loader, runtime, warn=lambda m: log(f"warning: {m}"))
-    if runtime.launched:
-        raise CheckpointError(f"{path}: a single-file checkpoint from a one-process run; resume it without --nproc "
-                              "(its next checkpoint under torchrun is a DCP directory any world size can load)")
+    if runtime.launched:  # one process -> W ranks: every rank reads the file and keeps its rows
+        return load_single_file_into_shards(path, model, optimizer, config, train_loader, runtime, warn=lambda m: log(f"warning: {m}"))
     return load_checkpoint(path, model, optimizer, config, train_loader, warn=lambda m: log(f"warning: {m}"))
 
 

@@ -90,6 +90,27 @@ def one_rank(setup) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def hybrid_recipe(setup) -> Path:
+    """The hybrid stack (Gated DeltaNet + softmax attention blocks), 4 updates: sharding is generic over model.layers."""
+    recipe = setup["root"] / "hybrid.toml"
+    recipe.write_text(RECIPE.replace(f"max_steps = {STEPS}", "max_steps = 4").replace("n_layers = 2", 'n_layers = 2\nlayer_pattern = "GA"'),
+                      encoding="utf-8")
+    return recipe
+
+
+def test_hybrid_stack_on_two_ranks_trains_the_one_process_model(setup, hybrid_recipe):
+    two, one = setup["root"] / "hybrid_two", setup["root"] / "hybrid_one"
+    launch_training(2, train_arguments(setup["corpus"], two, hybrid_recipe), on_line=lambda line: None)
+    run_training(setup["corpus"], one, *load_run_config(hybrid_recipe), resume=False, progress=False, log=lambda m: None)
+    for step, loss in train_losses(one).items():
+        assert train_losses(two)[step] == pytest.approx(loss, rel=1e-5), step
+    final_two, final_one = state_of(two / "checkpoints" / "step-00000004"), state_of(one / "checkpoints" / "step-00000004.pt")
+    assert "layers.0.attn.A_log" in final_one and "layers.1.attn.q_proj.weight" in final_one  # G then A
+    for name in final_one:
+        torch.testing.assert_close(final_two[name], final_one[name], rtol=1e-4, atol=1e-6)
+
+
 def state_of(checkpoint: Path) -> dict[str, torch.Tensor]:
     return load_model(checkpoint)[0].state_dict()
 
@@ -140,6 +161,20 @@ def test_two_rank_checkpoint_continues_in_one_process(setup, two_ranks):
         torch.testing.assert_close(continued[name], reference[name], rtol=1e-4, atol=1e-6)
     for step in range(6, STEPS + 1):
         assert train_losses(out)[step] == pytest.approx(train_losses(two_ranks)[step], rel=1e-5)
+
+
+def test_one_process_checkpoint_continues_on_two_ranks(setup, one_rank):
+    out = setup["root"] / "one_to_two"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copy2(one_rank / "checkpoints" / "step-00000005.pt", out / "checkpoints" / "step-00000005.pt")
+    lines: list[str] = []
+    launch_training(2, train_arguments(setup["corpus"], out, setup["recipe"], resume=True), on_line=lines.append)
+    assert any("resharding from 1 to 2 ranks" in line for line in lines)
+    continued, reference = state_of(out / "checkpoints" / f"step-{STEPS:08d}"), state_of(one_rank / "checkpoints" / f"step-{STEPS:08d}.pt")
+    for name in reference:
+        torch.testing.assert_close(continued[name], reference[name], rtol=1e-4, atol=1e-6)
+    for step in range(6, STEPS + 1):
+        assert train_losses(out)[step] == pytest.approx(train_losses(one_rank)[step], rel=1e-5)
 
 
 def fresh(setup, **model_changes):
