@@ -40,9 +40,12 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         checkpoint(block)
 
 
+COMPILE_BACKEND = "inductor"  # torch.compile's default: generated Triton (GPU) or C++ (CPU) kernels
+
+
 def apply_compile(model: nn.Module) -> None:
     for block in model.layers:
-        block.compile()
+        block.compile(backend=COMPILE_BACKEND)
 
 
 def apply_fsdp(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.Module:

@@ -22,7 +22,6 @@ plain single process (`hymo eval`), or into 4 ranks.
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import json
 import os
@@ -38,7 +37,7 @@ import torch.nn as nn
 from hymo_core.checkpoint import (CheckpointError, _fsync_dir, _rng_from_payload, _rng_payload, check_compatible, model_from_config,
                                   optimizer_layout, optimizer_type, previous_checkpoint, read_checkpoint, runtime_signature,
                                   validation_cursor)
-from hymo_core.data import TokenLoader, ValidationLoader
+from hymo_core.data import TokenLoader, ValidationLoader, _sha256_file
 from hymo_core.distributed import Runtime, all_gather_objects, any_rank, barrier
 from hymo_core.trainer import TrainConfig, TrainState, restore_rng
 
@@ -46,15 +45,6 @@ SHARDED_FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
 METADATA_KEYS = ("state", "train_config", "model_config", "vocab_size", "optimizer_type", "optimizer_layout", "qk_clip",
                  "manifest_digest", "loaders", "rng_per_rank", "runtime", "world_size", "files")
-HASH_CHUNK = 1 << 20
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _rng_json() -> dict[str, str]:
@@ -99,7 +89,7 @@ def save_sharded_checkpoint(
         temporary.mkdir(parents=True)
     barrier()
     dcp.save(_state_dicts(model, optimizer), checkpoint_id=temporary)
-    mine = {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
+    mine = {p.name: {"sha256": _sha256_file(p), "bytes": p.stat().st_size}
             for p in sorted(temporary.glob(f"__{runtime.rank}_*.distcp"))}
     files_per_rank = all_gather_objects(mine)
     cursors = all_gather_objects(train_loader.state_dict())
@@ -107,7 +97,7 @@ def save_sharded_checkpoint(
     if runtime.is_writer:
         files = {name: entry for rank_files in files_per_rank for name, entry in rank_files.items()}
         index = temporary / ".metadata"
-        files[index.name] = {"sha256": _sha256(index), "bytes": index.stat().st_size}
+        files[index.name] = {"sha256": _sha256_file(index), "bytes": index.stat().st_size}
         digest = train_loader.corpus.digest
         metadata = {
             "format": "hymo-dcp",
@@ -168,7 +158,7 @@ def verify_files(path: Path, metadata: dict[str, Any], runtime: Runtime) -> None
             problems.append(f"{name} is missing")
         elif file.stat().st_size != entry["bytes"]:
             problems.append(f"{name} has {file.stat().st_size} bytes, {entry['bytes']} recorded")
-        elif _sha256(file) != entry["sha256"]:
+        elif _sha256_file(file) != entry["sha256"]:
             problems.append(f"{name} sha256 differs from the recorded one")
     unexpected = sorted(p.name for p in path.glob("*.distcp") if p.name not in metadata["files"])
     if unexpected and runtime.is_writer:

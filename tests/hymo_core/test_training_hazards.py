@@ -67,7 +67,7 @@ def test_vectorised_qk_clip_equals_the_per_head_loop(kv_heads):
     maxima_LH = torch.tensor([[0.5, 3.0, 1.0, 9.0], [2.5, 0.1, 4.0, 2.0]])
     clip = QKClip(model, threshold=2.0, enabled=True)
     clip.maxima_LH = maxima_LH.clone()
-    assert clip.apply() == 5
+    assert clip.apply() == 4  # 3, 9, 2.5 and 4 exceed tau = 2; 2.0 itself does not
     per_head_reference(reference, maxima_LH, 2.0)
     for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=0, msg=name)
@@ -115,11 +115,20 @@ def test_activation_checkpointing_changes_memory_not_math(tiny_corpus):
     assert all(torch.equal(weights[name], plain_weights[name]) for name in plain_weights)
 
 
-def test_compile_per_block_trains_the_same_model(tiny_corpus):
+def test_compile_per_block_trains_the_same_model(tiny_corpus, monkeypatch):
+    """Dynamo traces every block and AOTAutograd builds its backward; inductor's C++ code generation would add
+    minutes on a 2-core CPU, so this test lowers through aot_eager (bench/distributed.py compiles with inductor on GPU)."""
+    from hymo_core import parallelize as parallel
+
+    monkeypatch.setattr(parallel, "COMPILE_BACKEND", "aot_eager")
+    compiled: list[str] = []
+    real = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: (compiled.append(type(self).__name__), real(self, **kw))[1])
     shape = replace(SHAPE, n_layers=1)
     config = replace(RECIPE, max_steps=2)
     eager_losses, eager_weights = run(tiny_corpus, config, shape)
     losses, weights = run(tiny_corpus, replace(config, compile=True), shape)
+    assert compiled == ["Block"] * shape.n_layers
     assert losses == pytest.approx(eager_losses, rel=1e-4)
     for name in eager_weights:
         torch.testing.assert_close(weights[name], eager_weights[name], rtol=1e-3, atol=1e-5)
