@@ -24,13 +24,13 @@ sys.path.insert(0, str(REPO))
 
 
 def plain_loop(config, run: Path) -> float:
-    from flows.stages import STAGES, previous_stage_path, stage_path
+    from flows.stages import pipeline_stages, previous_stage_path, stage_path
     from tasks.stage_runner import shutdown_worker_pools
 
     shutdown_worker_pools()  # fresh workers, as a new `hymo run` process has
     started = time.perf_counter()
-    for entry in STAGES:
-        entry.run(config, run, previous_stage_path(run, entry.name), stage_path(run, entry.name))
+    for entry in pipeline_stages(config):
+        entry.run(config, run, previous_stage_path(run, entry.name, config), stage_path(run, entry.name, config))
     elapsed = time.perf_counter() - started
     shutdown_worker_pools()
     return elapsed

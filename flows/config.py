@@ -5,6 +5,7 @@ is that stage's own frozen dataclass, defined beside the stage's code.
 """
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -21,11 +22,14 @@ from tasks.mixture import MixtureConfig
 from tasks.pii import PiiConfig
 from tasks.pretrain import PretrainConfig
 from tasks.quality import QualityConfig
+from tasks.quality_model import QualityModelConfig
 from tasks.shards import ShardsConfig
 from tasks.split import SplitConfig
 from tasks.tokenizer import TokenizerConfig
+from tasks.user_filter import UserFilterConfig
 
 SAMPLE_CONFIG = PACKAGE_DIR / "configs" / "sample.toml"
+RUN_CONFIG = "config.json"  # the config a run was started with, in its directory
 
 
 class PipelineConfig(BaseModel):
@@ -41,6 +45,9 @@ class PipelineConfig(BaseModel):
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
     langid: LangIdConfig = Field(default_factory=LangIdConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
+    quality_model: QualityModelConfig = Field(default_factory=QualityModelConfig)
+    filters: list[UserFilterConfig] = Field(
+        default_factory=list, description="User-defined filter stages ([[filters]] name, after, function = 'module:function').")
     pii: PiiConfig = Field(default_factory=PiiConfig)
     dedup_exact: DedupExactConfig = Field(default_factory=DedupExactConfig)
     dedup_fuzzy: DedupFuzzyConfig = Field(default_factory=DedupFuzzyConfig)
@@ -66,4 +73,21 @@ def load_config(path: str | Path | None = None) -> PipelineConfig:
     values = dict(raw.pop("run", {}))
     values.update(raw)
     values.setdefault("config_dir", str(path.parent.resolve()))
+    pretrain = values.get("pretrain")
+    if isinstance(pretrain, dict) and isinstance(pretrain.get("model"), dict):  # `preset = "hymo-tiny"`
+        from hymo_core.presets import expand_preset
+
+        values["pretrain"] = {**pretrain, "model": expand_preset(pretrain["model"], f"{path} [pretrain.model]")}
     return PipelineConfig(**values)
+
+
+def load_run_config(run: Path) -> PipelineConfig:
+    path = Path(run) / RUN_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{run}: no {RUN_CONFIG}; was this directory written by `hymo run`?")
+    return PipelineConfig(**json.loads(path.read_text(encoding="utf-8"))["config"])
+
+
+def saved_run_config(run: Path) -> PipelineConfig:
+    """The run's own config when it has one (its stage list and numbering), else the defaults."""
+    return load_run_config(run) if (Path(run) / RUN_CONFIG).is_file() else PipelineConfig()

@@ -31,11 +31,10 @@ from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.stage_runner import StagePlan, default_workers, plan_stage, publish_plan
 
 from flows.artifacts import BackgroundPublisher, artifact_key, draw_funnel, publish_run_summary, publish_stage_artifacts
-from flows.config import PipelineConfig
+from flows.config import RUN_CONFIG, PipelineConfig, load_run_config  # noqa: F401 (load_run_config: re-exported)
 from flows.shard_batch import shard_batch
-from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_path, stages_between
+from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_entry, stage_path, stages_between
 
-RUN_CONFIG = "config.json"
 DOCS_PER_BATCH = 20_000  # a task run costs ~0.1-0.2 s of API round trips; a batch should be worth far more
 MAX_BATCHES_PER_WORKER = 4
 TRAINING_STAGE = "pretrain"  # no document decisions after it starts
@@ -76,7 +75,7 @@ def cached(manifest: StageManifest) -> Completed:
 def whole_stage(name: str, config: PipelineConfig, run: str, previous: str | None, out: str) -> Any:
     """A stage run as one task (ingest, extraction, artifact stages)."""
     before = manifest_stamp(Path(out))
-    manifest = STAGE_BY_NAME[name].run(config, Path(run), Path(previous) if previous else None, Path(out))
+    manifest = stage_entry(config, name).run(config, Path(run), Path(previous) if previous else None, Path(out))
     if before is not None and manifest_stamp(Path(out)) == before:
         log_stage(manifest, "cached")
         return cached(manifest)
@@ -87,7 +86,7 @@ def whole_stage(name: str, config: PipelineConfig, run: str, previous: str | Non
 @task(task_run_name="{name}", cache_policy=NO_CACHE)
 def plan_doc_stage(name: str, config: PipelineConfig, previous: str, out: str) -> Any:
     """Check the cache and run the stage's global pass; hand back the shard jobs to map."""
-    stage, stage_config = STAGE_BY_NAME[name].doc_stage(config)
+    stage, stage_config = stage_entry(config, name).doc_stage(config)
     planned = plan_stage(stage, stage_config, Path(previous), Path(out), config.workers)
     if isinstance(planned, StageManifest):
         log_stage(planned, "cached")
@@ -176,7 +175,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     export_api_url()
     summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
     funnel_drawn = False
-    entries = stages_between(start, until)
+    entries = stages_between(start, until, config)
     needs_runner = any(e.doc_stage for e in entries)
     task_runner = make_task_runner(runner, workers, dask_address) if needs_runner else None
     environ_before = dict(os.environ)  # a Dask LocalCluster sets OMP_NUM_THREADS=1 & co. for its workers
@@ -188,8 +187,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 if entry.name == TRAINING_STAGE:  # the funnel is final: draw it while the model trains
                     artifacts.submit(draw_funnel, run)
                     funnel_drawn = True
-                out = stage_path(run, entry.name)
-                previous = previous_stage_path(run, entry.name)
+                out = stage_path(run, entry.name, config)
+                previous = previous_stage_path(run, entry.name, config)
                 if entry.doc_stage is not None:
                     run_doc_stage(entry, config, previous, out, task_runner, workers)
                 else:
@@ -203,7 +202,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
         if os.environ != environ_before:
             os.environ.clear()
             os.environ.update(environ_before)
-    extra_images = [p for p in [stage_path(run, "pretrain") / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
+    extra_images = [p for p in [stage_path(run, "pretrain", config) / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
     publish_run_summary(run, extra_images, drawn=funnel_drawn)
     return summary
 
@@ -221,10 +220,3 @@ def hymo_pipeline(
     run.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run / RUN_CONFIG, json.dumps({"config": config.model_dump(mode="json"), "runner": runner.value}, indent=2) + "\n")
     return run_stages(config, run, None, until, runner, dask_address)
-
-
-def load_run_config(run: Path) -> PipelineConfig:
-    path = Path(run) / RUN_CONFIG
-    if not path.is_file():
-        raise FileNotFoundError(f"{run}: no {RUN_CONFIG}; was this directory written by `hymo run`?")
-    return PipelineConfig(**json.loads(path.read_text(encoding="utf-8"))["config"])

@@ -14,7 +14,7 @@ from prefect import flow
 from flows.pipeline import Runner, load_run_config, run_stages
 from flows.stages import STAGE_NAMES, stage_path
 
-StageName = Enum("StageName", {name: name for name in STAGE_NAMES}, type=str)
+StageName = Enum("StageName", {name: name for name in STAGE_NAMES}, type=str)  # built-in stages; a user filter is named as text
 
 
 def forget_stage(run: Path, stage: str) -> None:
@@ -25,7 +25,7 @@ def forget_stage(run: Path, stage: str) -> None:
 @flow(name="hymo-stage", log_prints=True)
 def hymo_stage(
     run: str = "runs/sample",
-    stage: StageName = StageName(STAGE_NAMES[0]),
+    stage: StageName | str = StageName(STAGE_NAMES[0]),
     force: bool = False,
     until: str | None = None,
     runner: Runner = Runner.process,

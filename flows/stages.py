@@ -1,9 +1,13 @@
 """The ordered list of pipeline stages; each entry runs one stage of a run directory.
 
-The position in this list is the `NN_` prefix of the stage's directory. A new
+The position in a run's list is the `NN_` prefix of the stage's directory. A new
 stage is one entry here plus its module in `tasks/`. A document stage whose
 shards are independent also names its `StageDef`, so the flow can map its
 shards over the task runner (processes, or Dask workers on other machines).
+
+The list of a run depends on its config: optional stages (`quality_model`)
+join when enabled, and `[[filters]]` tables insert user-defined filter stages
+after the stage they name (`pipeline_stages`).
 """
 from __future__ import annotations
 
@@ -22,13 +26,15 @@ from tasks.langid import LANGID, run_langid
 from tasks.mixture import run_mixture
 from tasks.pii import PII, run_pii
 from tasks.quality import QUALITY, run_quality
+from tasks.quality_model import QUALITY_MODEL, run_quality_model
 from tasks.pretrain import run_pretrain
 from tasks.shards import run_shards
 from tasks.split import SPLIT, run_split
-from tasks.stage_runner import StageDef
+from tasks.stage_runner import StageDef, run_stage
 from tasks.tokenizer import run_tokenizer
+from tasks.user_filter import UserFilterConfig, UserFilterError, load_function, plugin_path_default, user_filter_stage
 
-from flows.config import PipelineConfig
+from flows.config import PipelineConfig, saved_run_config
 
 RunFn = Callable[[PipelineConfig, Path, Path | None, Path], StageManifest]
 
@@ -40,6 +46,8 @@ class StageEntry:
     run: RunFn
     # For document stages mapped shard by shard: (StageDef, its config) from the pipeline config.
     doc_stage: Callable[[PipelineConfig], tuple[StageDef, Any]] | None = None
+    # Optional stages: in the run only when this says so.
+    enabled: Callable[[PipelineConfig], bool] | None = None
 
 
 def _on_previous(run_stage_fn: Callable[..., StageManifest], section: str) -> RunFn:
@@ -76,6 +84,8 @@ STAGES: list[StageEntry] = [
     StageEntry("extract", _on_previous(run_extract, "extract")),
     StageEntry("langid", _on_previous(run_langid, "langid"), lambda c: (LANGID, c.langid)),
     StageEntry("quality", _on_previous(run_quality, "quality"), lambda c: (QUALITY, c.quality)),
+    StageEntry("quality_model", _on_previous(run_quality_model, "quality_model"), lambda c: (QUALITY_MODEL, c.quality_model),
+               enabled=lambda c: c.quality_model.enabled),
     StageEntry("pii", _on_previous(run_pii, "pii"), lambda c: (PII, c.pii)),
     # Global stages: the removal map is decided in `prepare` (inside planning), the shards only apply it.
     StageEntry("dedup_exact", _on_previous(run_dedup_exact, "dedup_exact"), lambda c: (DEDUP_EXACT, c.dedup_exact)),
@@ -88,28 +98,69 @@ STAGES: list[StageEntry] = [
     StageEntry("pretrain", _pretrain),
 ]
 
-STAGE_NAMES = [entry.name for entry in STAGES]
+STAGE_NAMES = [entry.name for entry in STAGES]  # every built-in stage, optional ones included
 STAGE_BY_NAME = {entry.name: entry for entry in STAGES}
+# A user filter may follow any stage that passes documents on, up to the split.
+FILTERABLE = STAGE_NAMES[STAGE_NAMES.index("extract"): STAGE_NAMES.index("split")]
 
 
-def stage_path(run: Path, name: str) -> Path:
-    index = STAGE_NAMES.index(name)
-    return Path(run) / stage_dir_name(index + 1, name)
+def user_filter_entry(spec: UserFilterConfig) -> StageEntry:
+    stage = user_filter_stage(spec)
+
+    def run_filter(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+        return run_stage(stage, spec, previous, out, config.workers)
+
+    return StageEntry(spec.name, run_filter, lambda c: (stage, spec))
 
 
-def previous_stage_path(run: Path, name: str) -> Path | None:
-    index = STAGE_NAMES.index(name)
-    return stage_path(run, STAGE_NAMES[index - 1]) if index else None
+def pipeline_stages(config: PipelineConfig) -> list[StageEntry]:
+    """This config's stages in order. Every user filter's function is imported here, so one that
+    cannot be imported fails the run before any stage starts."""
+    entries = [entry for entry in STAGES if entry.enabled is None or entry.enabled(config)]
+    for spec in config.filters:
+        spec = plugin_path_default(spec, config.config_dir)
+        names = [entry.name for entry in entries]
+        if spec.name in names or spec.name in STAGE_BY_NAME:
+            raise UserFilterError(f"filter name {spec.name!r} is already a stage; stages: {', '.join(names)}")
+        if spec.after not in names or (spec.after in STAGE_BY_NAME and spec.after not in FILTERABLE):
+            allowed = [n for n in names if n in FILTERABLE or n not in STAGE_BY_NAME]
+            raise UserFilterError(f"filter {spec.name!r}: after = {spec.after!r} is not a document stage of this run; one of {', '.join(allowed)}")
+        load_function(spec)
+        entries.insert(names.index(spec.after) + 1, user_filter_entry(spec))
+    return entries
 
 
-def stages_between(start: str | None, until: str | None) -> list[StageEntry]:
+def stage_entry(config: PipelineConfig, name: str) -> StageEntry:
+    for entry in pipeline_stages(config):
+        if entry.name == name:
+            return entry
+    raise ValueError(f"unknown stage {name!r}; stages: {', '.join(e.name for e in pipeline_stages(config))}")
+
+
+def stage_path(run: Path, name: str, config: PipelineConfig | None = None) -> Path:
+    """RUN/NN_name for this config (default: the config the run was started with, else the built-in default)."""
+    names = [entry.name for entry in pipeline_stages(config or saved_run_config(run))]
+    if name not in names:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(names)}")
+    return Path(run) / stage_dir_name(names.index(name) + 1, name)
+
+
+def previous_stage_path(run: Path, name: str, config: PipelineConfig | None = None) -> Path | None:
+    names = [entry.name for entry in pipeline_stages(config or saved_run_config(run))]
+    index = names.index(name)
+    return stage_path(run, names[index - 1], config) if index else None
+
+
+def stages_between(start: str | None, until: str | None, config: PipelineConfig | None = None) -> list[StageEntry]:
+    entries = pipeline_stages(config or PipelineConfig())
+    names = [entry.name for entry in entries]
     for name in (start, until):
-        if name is not None and name not in STAGE_NAMES:
-            raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}")
-    first = STAGE_NAMES.index(start) if start else 0
-    last = STAGE_NAMES.index(until) + 1 if until else len(STAGES)
-    return STAGES[first:last]
+        if name is not None and name not in names:
+            raise ValueError(f"unknown stage {name!r}; stages: {', '.join(names)}")
+    first = names.index(start) if start else 0
+    last = names.index(until) + 1 if until else len(entries)
+    return entries[first:last]
 
 
-def stages_until(until: str | None) -> list[StageEntry]:
-    return stages_between(None, until)
+def stages_until(until: str | None, config: PipelineConfig | None = None) -> list[StageEntry]:
+    return stages_between(None, until, config)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from hymo_core.optim import OptimizerConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-MIXER_KINDS = "AG"  # layer_pattern letters a model can be built from (hymo_core/layers/block.py)
+MIXER_KINDS = "AGM"  # layer_pattern letters a model can be built from (hymo_core/layers/block.py)
 NS_DTYPE_NAMES = ("bfloat16", "float32", "float64")  # Newton-Schulz dtypes Muon accepts (hymo_core.optim.NS_DTYPES)
 # What a training run writes into its directory.
 METRICS_FILE, LOSS_PICTURE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "loss.png", "summary.json", "checkpoints"
@@ -69,6 +69,10 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be >= 0 (0 = derived), got {getattr(self, name)}")
         if self.gdn_expand_v < 1 or self.gdn_conv_size < 1:
             raise ValueError("gdn_expand_v and gdn_conv_size must be >= 1")
+        if "A" in self.layer_pattern and "M" in self.layer_pattern and self.mla_rope_dim != self.head_dim:
+            raise ValueError("kinds A and M share one RoPE table: mla_qk_rope_head_dim must equal head_dim")
+        if "M" in self.layer_pattern and self.mla_rope_dim % 2:
+            raise ValueError(f"mla_qk_rope_head_dim {self.mla_rope_dim} must be even for RoPE")
         if self.d_model % self.n_heads:
             raise ValueError("d_model must be divisible by n_heads")
         if self.n_heads % self.n_kv_heads:
@@ -93,9 +97,29 @@ class ModelConfig:
         return self.gdn_expand_v * self.gdn_key_head_dim
 
     @property
+    def mla_q_rank(self) -> int:
+        return self.mla_q_lora_rank or self.d_model // 2
+
+    @property
+    def mla_kv_rank(self) -> int:
+        return self.mla_kv_lora_rank or self.d_model // 4
+
+    @property
+    def mla_nope_dim(self) -> int:
+        return self.mla_qk_nope_head_dim or self.head_dim
+
+    @property
+    def mla_rope_dim(self) -> int:
+        return self.mla_qk_rope_head_dim or self.head_dim // 2
+
+    @property
+    def mla_v_dim(self) -> int:
+        return self.mla_v_head_dim or self.head_dim
+
+    @property
     def rope_dim(self) -> int:
         """Width of the rotated part of a query/key head (the model's one RoPE table)."""
-        return self.head_dim
+        return self.mla_rope_dim if "A" not in self.layer_pattern and "M" in self.layer_pattern else self.head_dim
 
     def layer_kinds(self) -> tuple[str, ...]:
         """One mixer letter per layer: layer_pattern repeated (and cut) to n_layers."""
@@ -112,6 +136,17 @@ class ModelConfig:
             vocab_size=self.vocab_size,
             tie_embeddings=self.tie_embeddings,
             qk_norm=self.qk_norm,
+            layer_pattern=self.layer_pattern,
+            moe_on=self.moe_on,
+            gdn_heads=self.gdn_heads,
+            gdn_key_head_dim=self.gdn_key_head_dim,
+            gdn_value_head_dim=self.gdn_value_head_dim,
+            gdn_conv_size=self.gdn_conv_size,
+            mla_q_rank=self.mla_q_rank,
+            mla_kv_rank=self.mla_kv_rank,
+            mla_nope_dim=self.mla_nope_dim,
+            mla_rope_dim=self.mla_rope_dim,
+            mla_v_dim=self.mla_v_dim,
         )
 
 

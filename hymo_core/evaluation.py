@@ -125,6 +125,41 @@ def score_cloze(model: nn.Module, tokenizer, items: list[ClozeItem], device: tor
 
 
 @torch.no_grad()
+def sample_tokens(model: nn.Module, ids: list[int], max_new_tokens: int, temperature: float, top_k: int,
+                  generator: torch.Generator, eos_id: int | None = None) -> list[int]:
+    """New token ids after `ids`, decoding through the model's per-layer caches.
+
+    The model sees the last max_seq_len tokens, as a full recomputation would: the prompt
+    is prefilled once, each new token costs one single-position step, and only when the
+    window is full and must slide is it prefilled again.
+    """
+    device = generator.device  # the caller's device: the generator samples there
+    limit = model.config.max_seq_len
+    new: list[int] = []
+    cache = None
+    for _ in range(max_new_tokens):
+        if cache is None or cache.position >= limit:
+            cache = model.new_cache(1, device)
+            fed = (ids + new)[-limit:]
+        else:
+            fed = new[-1:]
+        logits_1TV, _ = model(torch.tensor(fed, device=device).unsqueeze(0), cache=cache)
+        logits_V = logits_1TV[0, -1].float()
+        if temperature <= 0:
+            token = int(logits_V.argmax())
+        else:
+            logits_V = logits_V / temperature
+            if top_k:
+                kth = torch.topk(logits_V, min(top_k, logits_V.numel())).values[-1]
+                logits_V = logits_V.masked_fill(logits_V < kth, float("-inf"))
+            token = int(torch.multinomial(F.softmax(logits_V, dim=-1), 1, generator=generator))
+        if eos_id is not None and token == eos_id:
+            break
+        new.append(token)
+    return new
+
+
+@torch.no_grad()
 def generate(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8,
              top_k: int = 50, seed: int = 0, device: torch.device | str = "cpu", eos_id: int | None = None) -> str:
     """Sample a continuation (temperature + top-k) with a private generator; returns the decoded new text."""
@@ -133,23 +168,8 @@ def generate(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int = 64,
     ids = encode(tokenizer, prompt) or [eos_id if eos_id is not None else 0]
     was_training = model.training
     model.eval()
-    new: list[int] = []
     try:
-        for _ in range(max_new_tokens):
-            window = (ids + new)[-model.config.max_seq_len:]
-            logits_1TV, _ = model(torch.tensor(window, device=device).unsqueeze(0))
-            logits_V = logits_1TV[0, -1].float()
-            if temperature <= 0:
-                token = int(logits_V.argmax())
-            else:
-                logits_V = logits_V / temperature
-                if top_k:
-                    kth = torch.topk(logits_V, min(top_k, logits_V.numel())).values[-1]
-                    logits_V = logits_V.masked_fill(logits_V < kth, float("-inf"))
-                token = int(torch.multinomial(F.softmax(logits_V, dim=-1), 1, generator=generator))
-            if eos_id is not None and token == eos_id:
-                break
-            new.append(token)
+        new = sample_tokens(model, ids, max_new_tokens, temperature, top_k, generator, eos_id)
     finally:
         model.train(was_training)
     return tokenizer.decode(new)

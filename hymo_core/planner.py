@@ -28,7 +28,12 @@ ZERO_STAGES = ("DP", 1, 2, 3)
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Shape of a bias-free RMSNorm/SwiGLU/GQA decoder. Defaults: Lab 4's case study."""
+    """Shape of a bias-free RMSNorm/SwiGLU decoder. Defaults: Lab 4's case study (all GQA layers).
+
+    `layer_pattern` letters (repeated to n_layers): A = GQA attention, G = Gated DeltaNet,
+    M = Multi-head Latent Attention; the gdn_* / mla_* widths are the resolved ones
+    (ModelConfig.shape() fills them) and only matter when their kind occurs.
+    """
 
     n_layers: int = 36
     d_model: int = 4096
@@ -38,6 +43,17 @@ class ModelShape:
     vocab_size: int = 152064
     tie_embeddings: bool = False
     qk_norm: bool = False  # adds two head_dim-wide RMSNorm gains per layer
+    layer_pattern: str = "A"
+    moe_on: str = ""
+    gdn_heads: int = 0
+    gdn_key_head_dim: int = 0
+    gdn_value_head_dim: int = 0
+    gdn_conv_size: int = 4
+    mla_q_rank: int = 0
+    mla_kv_rank: int = 0
+    mla_nope_dim: int = 0
+    mla_rope_dim: int = 0
+    mla_v_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -49,42 +65,160 @@ class ModelShape:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def layer_kinds(self) -> tuple[str, ...]:
+        repeats = -(-self.n_layers // len(self.layer_pattern))
+        return tuple((self.layer_pattern * repeats)[: self.n_layers])
+
 
 @dataclass(frozen=True)
 class ParameterCounts:
     total: int
     blocks: int
-    attention: int
+    attention: int  # every token mixer (A, G, M), their internal norms and gates included
     ffn: int
-    norms: int  # per-layer norms + the final norm (+ QK-norm gains)
+    norms: int  # per-layer norms + the final norm (+ QK-norm gains of kind A)
     embeddings: int  # input table + output head (once when tied)
     lookup: int  # parameters only read by table lookup: excluded from matmul FLOPs
+    by_kind: tuple[tuple[str, int], ...] = ()  # (mixer kind, its mixers' parameters summed over layers)
+
+
+def gdn_parameters(shape: ModelShape) -> int:
+    """q, k, v, g, o projections; a, b (one number per head each); depthwise conv; A_log, dt_bias; o_norm."""
+    d, H = shape.d_model, shape.gdn_heads
+    key, value = H * shape.gdn_key_head_dim, H * shape.gdn_value_head_dim
+    return 2 * d * key + 2 * d * value + value * d + 2 * d * H + (2 * key + value) * shape.gdn_conv_size \
+        + 2 * H + shape.gdn_value_head_dim
+
+
+def mla_parameters(shape: ModelShape) -> int:
+    """q_a, q_a_norm, q_b; kv_a_proj_with_mqa, kv_a_norm, kv_b; wo (+ per-head QK-norm gains)."""
+    d, H = shape.d_model, shape.n_heads
+    qk = shape.mla_nope_dim + shape.mla_rope_dim
+    return (d * shape.mla_q_rank + shape.mla_q_rank + shape.mla_q_rank * H * qk
+            + d * (shape.mla_kv_rank + shape.mla_rope_dim) + shape.mla_kv_rank
+            + shape.mla_kv_rank * H * (shape.mla_nope_dim + shape.mla_v_dim) + H * shape.mla_v_dim * d
+            + (2 * qk if shape.qk_norm else 0))
+
+
+def mixer_parameters(shape: ModelShape, kind: str) -> int:
+    if kind == "A":
+        kv_width = shape.n_kv_heads * shape.head_dim
+        return 2 * shape.d_model * shape.d_model + 2 * shape.d_model * kv_width  # q, o: d x d; k, v: d x kv_width
+    if kind == "G":
+        return gdn_parameters(shape)
+    if kind == "M":
+        return mla_parameters(shape)
+    raise ValueError(f"unknown mixer kind {kind!r}")
+
+
+def ffn_parameters(shape: ModelShape, kind: str) -> int:
+    """The FFN of a layer of this mixer kind: dense SwiGLU (gate, up, down)."""
+    if kind in shape.moe_on:
+        raise ValueError(f"moe_on={shape.moe_on!r}: the planner counts dense FFNs only so far")
+    return 3 * shape.d_model * shape.ffn_dim
 
 
 def count_parameters(shape: ModelShape) -> ParameterCounts:
-    d, kv_width = shape.d_model, shape.n_kv_heads * shape.head_dim
-    attention = 2 * d * d + 2 * d * kv_width  # q, o: d x d; k, v: d x kv_width
-    ffn = 3 * d * shape.ffn_dim  # gate, up, down
-    norms = 2 * d + (2 * shape.head_dim if shape.qk_norm else 0)
-    blocks = shape.n_layers * (attention + ffn + norms)
+    d = shape.d_model
+    kinds = shape.layer_kinds()
+    by_kind = {kind: kinds.count(kind) * mixer_parameters(shape, kind) for kind in dict.fromkeys(kinds)}
+    attention = sum(by_kind.values())
+    ffn = sum(ffn_parameters(shape, kind) for kind in kinds)
+    norms = 2 * d * len(kinds) + (2 * shape.head_dim if shape.qk_norm else 0) * kinds.count("A")
+    blocks = attention + ffn + norms
     embeddings = shape.vocab_size * d * (1 if shape.tie_embeddings else 2)
     final_norm = d
     return ParameterCounts(
         total=blocks + embeddings + final_norm,
         blocks=blocks,
-        attention=shape.n_layers * attention,
-        ffn=shape.n_layers * ffn,
-        norms=shape.n_layers * norms + final_norm,
+        attention=attention,
+        ffn=ffn,
+        norms=norms + final_norm,
         embeddings=embeddings,
         # When tied, the table is also the head and so does take part in a matmul.
         lookup=0 if shape.tie_embeddings else shape.vocab_size * d,
+        by_kind=tuple(by_kind.items()),
     )
 
 
+GDN_CHUNK = 64  # hymo_core/kernels/gdn_chunk.py
+
+
+def mixer_sequence_flops(shape: ModelShape, kind: str, seq_len: int) -> int:
+    """Forward FLOPs per token beyond the mixer's weight matmuls, at training length seq_len.
+
+    A / M: scores and values over the causally visible half of the keys,
+    2 x (T / 2) x H x (qk + v). G: per head, one 64-token chunk's matmuls spread
+    over its tokens, 2 C (3 K + 2 V) (decays x k k^T, the UT solve applied to k
+    and v, masked q k^T and its product with U), plus 6 K V for the three
+    state products (W h, q h, k^T U): linear in T, so independent of seq_len.
+    """
+    if kind == "A":
+        return seq_len * 2 * shape.d_model
+    if kind == "M":
+        return seq_len * shape.n_heads * (shape.mla_nope_dim + shape.mla_rope_dim + shape.mla_v_dim)
+    if kind == "G":
+        K, V = shape.gdn_key_head_dim, shape.gdn_value_head_dim
+        return shape.gdn_heads * (2 * GDN_CHUNK * (3 * K + 2 * V) + 6 * K * V)
+    raise ValueError(f"unknown mixer kind {kind!r}")
+
+
+def training_flops_breakdown(shape: ModelShape, seq_len: int) -> dict[str, int]:
+    """Training (forward + backward = 3 x forward) FLOPs per token by component.
+
+    Weight matmuls count 6 per parameter (Lab 4), sequence terms 3 x their forward
+    FLOPs; norms, gates and the depthwise conv are elementwise and left out.
+    """
+    kinds = shape.layer_kinds()
+    names = {"A": "attention (GQA)", "G": "GDN", "M": "MLA"}
+    out: dict[str, int] = {}
+    for kind in dict.fromkeys(kinds):
+        n = kinds.count(kind)
+        matmul = mixer_parameters(shape, kind) - (gdn_elementwise(shape) if kind == "G" else 0)
+        out[names[kind]] = n * (6 * matmul + 3 * mixer_sequence_flops(shape, kind, seq_len))
+    dense = sum(1 for kind in kinds if kind not in shape.moe_on)
+    out["dense FFN"] = dense * 6 * 3 * shape.d_model * shape.ffn_dim
+    out["head"] = 6 * shape.vocab_size * shape.d_model
+    return out
+
+
+def gdn_elementwise(shape: ModelShape) -> int:
+    """GDN parameters that are not matmul weights: conv taps, A_log, dt_bias, o_norm gain."""
+    H = shape.gdn_heads
+    key, value = H * shape.gdn_key_head_dim, H * shape.gdn_value_head_dim
+    return (2 * key + value) * shape.gdn_conv_size + 2 * H + shape.gdn_value_head_dim
+
+
 def training_flops_per_token(shape: ModelShape, seq_len: int) -> int:
-    """6 x matmul parameters + 6 L d T for causal-averaged attention (Lab 4, step 2)."""
+    """6 x matmul parameters + 6 L d T for causal-averaged attention (Lab 4, step 2).
+
+    For an all-"A" stack that is the formula as printed; other kinds use their own
+    sequence terms and count weight matmuls only (training_flops_breakdown).
+    """
     counts = count_parameters(shape)
-    return 6 * (counts.total - counts.lookup) + 6 * shape.n_layers * shape.d_model * seq_len
+    if set(shape.layer_pattern) == {"A"}:
+        return 6 * (counts.total - counts.lookup) + 6 * shape.n_layers * shape.d_model * seq_len
+    return sum(training_flops_breakdown(shape, seq_len).values())
+
+
+def decode_cache_bytes(shape: ModelShape, context: int, dtype_bytes: int = 2) -> dict[str, float]:
+    """Per-sequence generation cache by mixer kind at `context` tokens.
+
+    A: keys and values per position; M: the latent plus the shared rope key per
+    position; G: no per-position cache at all, a fixed fp32 state (H x K x V)
+    plus the conv's last (conv_size - 1) inputs.
+    """
+    kinds = shape.layer_kinds()
+    out: dict[str, float] = {}
+    if "A" in kinds:
+        out["A: KV cache"] = kinds.count("A") * 2 * context * shape.n_kv_heads * shape.head_dim * dtype_bytes
+    if "M" in kinds:
+        out["M: latent cache"] = kinds.count("M") * context * (shape.mla_kv_rank + shape.mla_rope_dim) * dtype_bytes
+    if "G" in kinds:
+        H, K, V = shape.gdn_heads, shape.gdn_key_head_dim, shape.gdn_value_head_dim
+        per_layer = 4 * H * K * V + (shape.gdn_conv_size - 1) * H * (2 * K + V) * dtype_bytes
+        out["G: recurrent state"] = kinds.count("G") * per_layer
+    return out
 
 
 def training_flops(shape: ModelShape, tokens: float, seq_len: int) -> tuple[float, float]:
@@ -269,12 +403,65 @@ def format_plan(shape: ModelShape, run: RunPlan) -> str:
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
+# Seed 000's per-token table for the production shape ("Worked example"), in MFLOPs/token.
+SEED_MFLOPS = {"MLA": 17.0, "GDN": 20.0, "MoE": 96.0, "dense FFN": 149.0, "head": 57.5}
+SEED_TOTAL_MFLOPS = 340.0
+
+
+def format_hybrid(shape: ModelShape, seq_len: int, compare_seed: bool = False) -> str:
+    """Parameters and per-token FLOPs by component; with `compare_seed`, next to seed 000's table and why they differ."""
+    counts = count_parameters(shape)
+    breakdown = training_flops_breakdown(shape, seq_len)
+    total_flops = sum(breakdown.values())
+    names = {"A": "attention (GQA)", "G": "GDN", "M": "MLA"}
+    rows: list[tuple[str, str]] = [
+        ("layers", f"{shape.n_layers}: " + " ".join(f"{k} x{shape.layer_kinds().count(k)}" for k in dict.fromkeys(shape.layer_kinds()))
+         + f" (pattern {shape.layer_pattern!r})"),
+        ("parameters, total", f"{counts.total:,}"),
+        # Until MoE exists every FFN is dense, so every parameter is active for every token.
+        ("parameters, active per token", f"{counts.total:,}"),
+        ("  mixers", ", ".join(f"{names[k]} {n:,}" for k, n in counts.by_kind)),
+        ("  FFN / embeddings / norms", f"{counts.ffn:,} / {counts.embeddings:,} / {counts.norms:,}"),
+        (f"training FLOPs/token (fwd+bwd, T={seq_len})", f"{total_flops / 1e6:,.1f} M"),
+    ]
+    for name, flops in breakdown.items():
+        seed = SEED_MFLOPS.get(name) if compare_seed else None
+        seed_text = f"   seed {seed:g} M" if seed is not None else ""
+        rows.append((f"  {name}", f"{flops / 1e6:,.1f} M = 6 x {flops / 6e6:,.1f} M MACs/fwd{seed_text}"))
+    if compare_seed:
+        rows.append(("  MoE", f"0 (moe_on={shape.moe_on!r}: no MoE layers)   seed {SEED_MFLOPS['MoE']:g} M"))
+        rows.append(("  forward MACs (the seed's unit)", f"{total_flops / 6e6:,.1f} M   seed total ~{SEED_TOTAL_MFLOPS:g} M"))
+    cache = decode_cache_bytes(shape, seq_len)
+    rows.append((f"generation cache per sequence (T={seq_len}, bf16)",
+                 ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in cache.items())))
+    width = max(len(label) for label, _ in rows)
+    text = "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    return text + ("\n\n" + SEED_DIFFERENCES if compare_seed else "")
+
+
+SEED_DIFFERENCES = """Where this differs from the seed's ~340 MFLOPs/token:
+- Unit: the seed's head entry, 57.5 M, is 64,256 x 896 = one multiply-add per head weight, and its
+  dense FFN entry, 6.2 M per layer, is 3 x 896 x 2304: its numbers are forward multiply-adds. Training
+  costs 6 FLOPs per weight per token (2 forward, 4 backward), so every matmul line above is 6x the
+  seed's unit; the "forward MACs" line converts back.
+- Dense FFN: the seed counts 24 dense layers (MoE on the 8 MLA layers). Without MoE all 32 layers are
+  dense here, so the line is 32/24 of the seed's; the seed's MoE line (8 x 12 M) is absent.
+- GDN: the seed's 20 M for 24 layers is ~0.8 M MACs per layer, about one 896 x 896 matrix; a GDN layer
+  with 7 heads of 128 (values 2x wide) has q, k, v, gate and out projections (~6.4 M weights) plus the
+  chunked recurrence (per head 2 C (3 K + 2 V) + 6 K V FLOPs per token), so our GDN line is far larger.
+- MLA: the seed's 17 M for 8 layers covers roughly the projections; at T = 4096 causal attention over
+  a 192-wide q.k and 128-wide values adds T/2 x 7 x 320 ~ 4.6 M MACs per layer and token on top.
+- Not counted on either side: norms, gates, the depthwise conv, softmax, the embedding lookup."""
+
+
 def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `model` (as in `hymo plan model ...`); defaults are Lab 4's case study."""
     shape, run = ModelShape(), RunPlan()
     parser = subparsers.add_parser(
         "model", help="parameters, FLOPs, GPU time and memory for a decoder shape"
     )
+    parser.add_argument("--preset", help="a named model shape (hymo_core/presets.py, e.g. hymo-750m); "
+                        "--seq-len defaults to its max_seq_len")
     parser.add_argument("--layers", type=int, default=shape.n_layers)
     parser.add_argument("--d-model", type=int, default=shape.d_model)
     parser.add_argument("--heads", type=int, default=shape.n_heads)
@@ -283,7 +470,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--vocab", type=int, default=shape.vocab_size)
     parser.add_argument("--tied", action="store_true", help="share input and output embeddings")
     parser.add_argument("--tokens", type=float, default=run.tokens)
-    parser.add_argument("--seq-len", type=int, default=run.seq_len)
+    parser.add_argument("--seq-len", type=int, default=None, help=f"training sequence length (default {run.seq_len})")
     parser.add_argument("--micro-batch", type=int, default=run.micro_batch)
     parser.add_argument("--gpus", type=int, default=run.n_gpus, help="GPUs for the time estimate")
     parser.add_argument("--sustained-flops", type=float, default=run.sustained_flops)
@@ -294,6 +481,16 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _run_cli(args: argparse.Namespace) -> int:
+    if args.preset:
+        from hymo_core.presets import PRESETS
+
+        if args.preset not in PRESETS:
+            raise SystemExit(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+        config = PRESETS[args.preset]
+        # The seed's table describes its production shape only.
+        print(format_hybrid(config.shape(), args.seq_len or config.max_seq_len, compare_seed=args.preset == "hymo-750m"))
+        return 0
+    args.seq_len = args.seq_len or RunPlan().seq_len
     shape = ModelShape(
         n_layers=args.layers,
         d_model=args.d_model,

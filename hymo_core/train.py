@@ -24,7 +24,7 @@ import random
 import sys
 import time
 import tomllib
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from hymo_core.data import CorpusReader, TokenLoader, ValidationLoader
 from hymo_core.distributed import Runtime, close_runtime, init_runtime
 from hymo_core.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.model import ModelConfig, Transformer
+from hymo_core.presets import model_config_from_table
 from hymo_core.optim import build_optimizer
 from hymo_core.parallelize import parallelize
 from hymo_core.sharded_checkpoint import load_sharded_checkpoint, load_single_file_into_shards, save_sharded_checkpoint
@@ -56,13 +57,9 @@ def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:
     unknown = sorted(set(raw) - {"train", "model"})
     if unknown:
         raise ValueError(f"{path}: unknown tables {unknown}; expected [train] and [model]")
-    model_keys = {f.name for f in fields(ModelConfig)}
-    bad = sorted(set(raw.get("model", {})) - model_keys)
-    if bad:
-        raise ValueError(f"{path}: unknown [model] keys {bad}")
+    model = model_config_from_table(raw.get("model", {}), SAMPLE_MODEL, str(path))  # `preset = "..."` allowed
     try:
-        return (TrainConfig.from_dict({**SAMPLE_TRAIN.to_dict(), **raw.get("train", {})}),
-                replace(SAMPLE_MODEL, **raw.get("model", {})))
+        return TrainConfig.from_dict({**SAMPLE_TRAIN.to_dict(), **raw.get("train", {})}), model
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from exc
 

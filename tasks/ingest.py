@@ -4,11 +4,16 @@ Ids are derived from source + origin URI + ordinal inside that origin (the line 
 a JSONL file, the record of a WARC), so they survive re-runs, other machines and
 other shard sizes. A broken *record* is quarantined with a rule; a broken *file*
 (truncated gzip, unreadable Parquet) fails the stage before anything is published.
+A source path may be an fsspec URL (s3://bucket/prefix, gs://, hf://, ...):
+its files are listed and streamed through fsspec (tasks/source_fs.py), and a
+file's path inside the source, hence every id, is the same as from a local copy.
+A source whose glob matches no file is an error, not an empty stage.
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 import zlib
@@ -25,6 +30,7 @@ from manifests.schema import docs_table
 from manifests.sources import SourceSpec
 from manifests.stage_manifest import StageManifest, is_complete, read_manifest
 from tasks.decoding import decode_payload, strip_controls
+from tasks.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_stream, remote_digest
 from tasks.source_walk import reached_through_link, walk_matching
 from tasks.stage_runner import StageWriter, progress_bar, stage_cache_key
 
@@ -37,10 +43,6 @@ class IngestConfig:
     docs_per_shard: int = 256  # bounded shards: parallelism and memory per worker
     bytes_per_shard: int = 64 << 20
     parquet_batch_rows: int = 1024  # streaming batch for Parquet / HF sources
-
-
-class InputFileError(RuntimeError):
-    """An input file cannot be read as a whole; the stage fails and publishes nothing."""
 
 
 @dataclass
@@ -61,8 +63,14 @@ def make_doc_id(source: str, uri: str, ordinal: int) -> str:
     return f"{source}-{digest}"
 
 
-def source_files(spec: SourceSpec) -> tuple[list[Path], list[tuple[Path, str]]]:
+def source_pattern(spec: SourceSpec) -> str:
+    return spec.glob if spec.glob != "**/*" else {"jsonl": "**/*.jsonl*", "parquet": "**/*.parquet", "warc": "**/*.warc*"}.get(spec.kind, "**/*")
+
+
+def source_files(spec: SourceSpec) -> tuple[list[Path | RemoteFile], list[tuple[Path, str]]]:
     """The source's files, and the links under it that cannot be read (with why): those are audited."""
+    if is_url(spec.path):
+        return list_remote(spec.name, spec.path, source_pattern(spec), spec.kind == "hf_disk"), []
     root = spec.root
     if not root.exists():
         raise InputFileError(f"source {spec.name}: path {root} does not exist")
@@ -70,8 +78,10 @@ def source_files(spec: SourceSpec) -> tuple[list[Path], list[tuple[Path, str]]]:
         return [root], []
     if spec.kind == "hf_disk":
         return [root], []
-    pattern = spec.glob if spec.glob != "**/*" else {"jsonl": "**/*.jsonl*", "parquet": "**/*.parquet", "warc": "**/*.warc*"}.get(spec.kind, "**/*")
-    return walk_matching(root, pattern)
+    files, unreadable = walk_matching(root, source_pattern(spec))
+    if not files and not unreadable:
+        raise InputFileError(f"source {spec.name}: {root} has no file matching {source_pattern(spec)!r}")
+    return files, unreadable
 
 
 def relative_uri(spec: SourceSpec, path: Path) -> str:
@@ -81,26 +91,39 @@ def relative_uri(spec: SourceSpec, path: Path) -> str:
 
 def relative_file(spec: SourceSpec, path: Path) -> str:
     """The file's path inside its source: recorded instead of a machine-local absolute path."""
+    if isinstance(path, RemoteFile):
+        return path.relative
     root = spec.root
     return path.name if root.is_file() or root == path else path.relative_to(root).as_posix()
 
 
 def read_html_or_text(spec: SourceSpec, path: Path, content_type: str) -> Iterator[RawRecord]:
     try:
-        payload = path.read_bytes()
+        if isinstance(path, RemoteFile):
+            with open_stream(path, spec.name) as handle:
+                payload = handle.read()
+        else:
+            payload = path.read_bytes()
     except OSError as exc:
         raise InputFileError(f"{path}: cannot read ({exc})") from exc
     yield RawRecord(relative_uri(spec, path), 0, payload, content_type, {}, relative_file(spec, path))
 
 
-def open_maybe_gzip(path: Path):
+def open_maybe_gzip(path: Path | RemoteFile, source: str = ""):
+    """A binary stream of the file, .gz and .zst decompressed on the fly."""
+    if isinstance(path, RemoteFile):
+        return open_stream(path, source)
+    if path.suffix == ".zst":
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
 def read_jsonl(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
     base_uri = relative_uri(spec, path)
     try:
-        with open_maybe_gzip(path) as handle:
+        with open_maybe_gzip(path, spec.name) as handle:
             for line_no, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -125,7 +148,7 @@ def read_jsonl(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
 def read_parquet(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
     base_uri = relative_uri(spec, path)
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(path.open() if isinstance(path, RemoteFile) else path)
         if spec.text_field not in parquet.schema_arrow.names:
             raise InputFileError(f"{path}: no column {spec.text_field!r} (columns: {parquet.schema_arrow.names})")
         columns = [c for c in (spec.text_field, spec.url_field) if c in parquet.schema_arrow.names]
@@ -151,7 +174,7 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
     try:
         if path.suffix == ".gz":
             check_gzip_complete(path)
-        with open(path, "rb") as handle:
+        with (path.open() if isinstance(path, RemoteFile) else open(path, "rb")) as handle:
             for ordinal, record in enumerate(ArchiveIterator(handle)):
                 uri = record.rec_headers.get_header("WARC-Target-URI") or f"{relative_uri(spec, path)}#rec{ordinal}"
                 if record.rec_type == "response":
@@ -168,7 +191,7 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
 
 def check_gzip_complete(path: Path) -> None:
     """warcio silently drops a truncated last record; a full gzip pass notices the cut."""
-    with gzip.open(path, "rb") as handle:
+    with open_maybe_gzip(path) as handle:
         while handle.read(1 << 20):
             pass
 
@@ -177,7 +200,12 @@ def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawR
     import datasets
 
     try:
-        if (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+        if isinstance(path, RemoteFile):
+            dataset = datasets.load_from_disk(path.url)  # fsspec URL: datasets streams the Arrow files through it
+            if isinstance(dataset, datasets.DatasetDict):
+                dataset = dataset["train"] if "train" in dataset else dataset[sorted(dataset)[0]]
+            rows = dataset.iter(batch_size=batch_rows)
+        elif (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
             dataset = datasets.load_from_disk(str(path))  # memory-mapped Arrow: iterating streams it
             if isinstance(dataset, datasets.DatasetDict):
                 dataset = dataset["train"] if "train" in dataset else dataset[sorted(dataset)[0]]
@@ -265,8 +293,9 @@ def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[P
         for path, reason in unreadable:
             link_rows.append(skipped_link_row(spec, path, reason, os.readlink(path) if path.is_symlink() else ""))
         for path in found:
-            real = path.resolve()
-            linked = spec.root.is_dir() and reached_through_link(spec.root, path)
+            remote = isinstance(path, RemoteFile)
+            real = path.url if remote else path.resolve()
+            linked = not remote and spec.root.is_dir() and reached_through_link(spec.root, path)
             if real in seen:
                 skipped.append(str(path))
                 if linked or seen[real][1]:  # a symlink made the second path: say so per document
@@ -286,10 +315,16 @@ def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> 
 
 def input_listing(plan: list[tuple[SourceSpec, list[Path]]]) -> list[dict[str, str]]:
     return [
-        {"source": spec.name, "file": relative_uri(spec, path), "sha256": sha256_file(path) if path.is_file() else dir_digest(path)}
+        {"source": spec.name, "file": relative_uri(spec, path), "sha256": input_digest(spec, path)}
         for spec, files in plan
         for path in files
     ]
+
+
+def input_digest(spec: SourceSpec, path: Path | RemoteFile) -> str:
+    if isinstance(path, RemoteFile):
+        return remote_digest(path, spec.name)
+    return sha256_file(path) if path.is_file() else dir_digest(path)
 
 
 def dir_digest(path: Path) -> str:

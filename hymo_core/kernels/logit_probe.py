@@ -41,10 +41,9 @@ def causal_max_logits(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, sqrt_d: float,
 
 
 @torch.no_grad()
-def scale_head_rows_(weight_RD: torch.Tensor, scale_H: torch.Tensor) -> None:
-    """weight[h*d:(h+1)*d] *= scale_H[h] for every head h at once (a DTensor shard scales its own rows)."""
-    rows = weight_RD.shape[0]
-    factor_R1 = scale_H.to(torch.float32).repeat_interleave(rows // scale_H.numel()).unsqueeze(1)
+def scale_rows_(weight_RD: torch.Tensor, factor_R: torch.Tensor) -> None:
+    """weight[r] *= factor_R[r] in one broadcast multiply (a DTensor shard scales only its own rows)."""
+    factor_R1 = factor_R.to(torch.float32).reshape(-1, 1)
     if hasattr(weight_RD, "to_local"):
         from torch.distributed.tensor import distribute_tensor
 
@@ -52,6 +51,12 @@ def scale_head_rows_(weight_RD: torch.Tensor, scale_H: torch.Tensor) -> None:
         weight_RD.to_local().mul_(local.to_local().to(weight_RD.dtype))
         return
     weight_RD.mul_(factor_R1.to(weight_RD.device, weight_RD.dtype))
+
+
+@torch.no_grad()
+def scale_head_rows_(weight_RD: torch.Tensor, scale_H: torch.Tensor) -> None:
+    """weight[h*d:(h+1)*d] *= scale_H[h] for every head h at once."""
+    scale_rows_(weight_RD, scale_H.repeat_interleave(weight_RD.shape[0] // scale_H.numel()))
 
 
 @torch.no_grad()

@@ -21,6 +21,10 @@ def make_mixer(kind: str, config: ModelConfig, kernel_backend: str | None) -> nn
         from hymo_core.layers.gdn import GatedDeltaNet
 
         return GatedDeltaNet(config, kernel_backend)
+    if kind == "M":
+        from hymo_core.layers.mla import MultiHeadLatentAttention
+
+        return MultiHeadLatentAttention(config, kernel_backend)
     raise ValueError(f"unknown mixer kind {kind!r}")
 
 

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from hymo_core.evaluation import (SAMPLE_CLOZE, ClozeItem, binomial_stderr, continuation_logprob, generate, load_cloze,
                                   score_cloze, split_ids)
+from hymo_core.model import DecodeCache
 
 V = 8
 
@@ -37,7 +38,12 @@ class Preferring(nn.Module):
         self.config = SimpleNamespace(max_seq_len=32)
         self.table = torch.tensor(table).log()  # log-probabilities as logits
 
-    def forward(self, tokens, targets=None):
+    def new_cache(self, batch_size, device=None):
+        return DecodeCache([])
+
+    def forward(self, tokens, targets=None, cache=None):
+        if cache is not None:
+            cache.position += tokens.shape[1]
         return self.table.expand(*tokens.shape, V).clone(), None
 
 

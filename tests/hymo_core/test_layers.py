@@ -25,8 +25,9 @@ def cached_logits(model: Transformer, tokens_BT: torch.Tensor, pieces: list[int]
     return torch.cat(out, dim=1)
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(qk_norm=True), dict(n_kv_heads=4)])
-def test_dense_cached_decoding_equals_full_forward(overrides):
+@pytest.mark.parametrize("overrides", [{}, dict(qk_norm=True), dict(n_kv_heads=4), dict(layer_pattern="GM"),
+                                       dict(layer_pattern="M", qk_norm=True), dict(layer_pattern="GA")])
+def test_cached_decoding_equals_full_forward(overrides):
     model = build(**overrides)
     tokens = torch.randint(0, 61, (2, 13), generator=torch.Generator().manual_seed(1))
     full, _ = model(tokens)
@@ -54,3 +55,47 @@ def test_dense_parameter_names_are_unchanged():
     names = set(build().state_dict())
     assert {"layers.1.attn.q_proj.weight", "layers.1.attn.o_proj.weight", "layers.0.ffn.down_proj.weight",
             "layers.0.attn_norm.weight", "layers.0.ffn_norm.weight", "norm.weight", "tok_embeddings.weight"} <= names
+
+
+@pytest.mark.parametrize("pattern", ["A", "M"])
+def test_qk_clip_shrinks_exactly_the_chosen_heads_logits(pattern):
+    """The probe's per-head maximum after qk_clip_(scale) is scale x the maximum before, for A and MLA."""
+    model = build(layer_pattern=pattern, n_kv_heads=4, n_layers=1)
+    tokens = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(2))
+    model.set_attention_probe(True)
+    model(tokens)
+    before_H = model.attention_max_logits()[0]
+    scale_H = torch.tensor([1.0, 0.5, 1.0, 0.25])
+    model.softmax_mixers()[0].qk_clip_(scale_H)
+    model(tokens)
+    torch.testing.assert_close(model.attention_max_logits()[0], before_H * scale_H, rtol=1e-4, atol=1e-6)
+
+
+def test_hybrid_probe_covers_only_softmax_layers():
+    model = build(layer_pattern="GGM", n_layers=6)
+    model.set_attention_probe(True)
+    model(torch.randint(0, 61, (1, 9)))
+    assert model.attention_max_logits().shape == (2, 4)  # the two MLA layers, n_heads each
+    assert [block.kind for block in model.layers] == list("GGMGGM")
+
+
+@pytest.mark.parametrize("pattern", ["A", "GM"])
+def test_cached_generation_equals_full_recomputation_also_when_the_window_slides(pattern):
+    from hymo_core.evaluation import sample_tokens
+
+    model = build(layer_pattern=pattern, max_seq_len=12)
+    prompt = [5, 9, 2, 33, 7]
+    expected = []
+    for _ in range(15):  # greedy with the whole (windowed) context recomputed at every step
+        window = (prompt + expected)[-12:]
+        expected.append(int(model(torch.tensor([window]))[0][0, -1].argmax()))
+    assert sample_tokens(model, prompt, 15, 0.0, 0, torch.Generator()) == expected
+
+
+@pytest.mark.parametrize("overrides", [dict(layer_pattern="GGGM"), dict(layer_pattern="GM", qk_norm=True, tie_embeddings=False),
+                                       dict(layer_pattern="AM", mla_qk_rope_head_dim=8, n_layers=3)])
+def test_planner_counts_the_built_hybrid(overrides):
+    from hymo_core.model import count_parameters
+
+    model = build(**overrides)
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(model.config)

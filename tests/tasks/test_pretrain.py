@@ -83,3 +83,19 @@ def test_pretrain_stage_with_nproc_2_runs_torchrun_and_publishes_the_dcp_checkpo
     model, metadata = load_model(out / summary["checkpoint"])
     assert metadata["world_size"] == 2 and sum(p.numel() for p in model.parameters()) == summary["parameters"]
     assert not (tmp_path / "run" / CHECKPOINT_ROOT).exists()
+
+
+def test_pretrain_stage_trains_and_publishes_the_hybrid(tiny_run: Path, tmp_path: Path):
+    """GDN + MLA layers through the same stage: checkpoint, summary, curve; the checkpoint reloads as the hybrid."""
+    from dataclasses import replace
+
+    from hymo_core.checkpoint import load_model
+
+    config = replace(TINY, model=replace(TINY.model, n_layers=2, layer_pattern="GM"))
+    out = tmp_path / "run" / "08_pretrain"
+    out.parent.mkdir()
+    run_pretrain(config, tiny_run / "07_shards", out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_step"] == 4 and (out / "loss.png").is_file()
+    model, _ = load_model(out / summary["checkpoint"])
+    assert [block.kind for block in model.layers] == ["G", "M"]

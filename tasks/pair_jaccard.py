@@ -1,0 +1,85 @@
+"""Exact Jaccard of every pair in a group of shingle sets, by counting shared shingles in bulk.
+
+A templated site's pages share a boilerplate block, so a large LSH bucket is
+thousands of documents whose pairwise Jaccards cluster around 0.6–0.75:
+checking them one pair at a time is millions of set intersections. Instead:
+|A ∩ B| = shared common shingles + shared rare shingles, where a shingle is
+common if at least `dense_from` members hold it. Common shingles (the
+boilerplate) become a members × common 0/1 matrix whose product with its
+transpose counts them for all pairs at once; each rare shingle adds one to
+each pair of its (fewer than `dense_from`) holders, counted with np.unique.
+The result is exact: the same numbers as jaccard_of_sets, pair by pair.
+
+Cost: members² × common columns multiply-adds (blocked to `block_rows` rows)
+plus Σ holders² over rare shingles; `dense_columns_limit` refuses groups whose
+common part would not fit in memory, and the caller checks pairs otherwise.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DENSE_FROM = 16  # a shingle held by this many members is counted by matrix product
+DENSE_BYTES_LIMIT = 256 << 20  # members × common columns × 4 bytes above this: refuse (None)
+
+
+def pairs_at_least(sets: list[np.ndarray], threshold: float, dense_from: int = DENSE_FROM,
+                   dense_bytes_limit: int = DENSE_BYTES_LIMIT, block_rows: int = 512) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(i, j, Jaccard) of every pair i < j with exact Jaccard ≥ threshold, ordered by (i, j); None if too dense.
+
+    `sets` are sorted unique uint64 arrays, none empty.
+    """
+    count = len(sets)
+    sizes = np.fromiter((len(s) for s in sets), dtype=np.int64, count=count)
+    values = np.concatenate(sets)
+    holder = np.repeat(np.arange(count, dtype=np.int64), sizes)
+    # Only shingles held by two or more members can be shared; a sort (not np.unique's argsort) finds them.
+    ordered = np.sort(values)
+    run_starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if len(ordered) else np.zeros(0, np.int64)
+    run_lengths = np.diff(np.append(run_starts, len(ordered)))
+    shared_values, holders = ordered[run_starts[run_lengths >= 2]], run_lengths[run_lengths >= 2]
+    position = np.minimum(np.searchsorted(shared_values, values), max(len(shared_values) - 1, 0))
+    is_shared = shared_values[position] == values if len(shared_values) else np.zeros(len(values), dtype=bool)
+    column, holder = position[is_shared], holder[is_shared]
+    held_by = holders[column]
+    dense = held_by >= dense_from
+    dense_index = np.cumsum(holders >= dense_from) - 1  # column -> its position among the dense columns
+    dense_count = int(np.count_nonzero(holders >= dense_from))
+    if count * dense_count * 4 > dense_bytes_limit:
+        return None
+    matrix_MC = np.zeros((count, dense_count), dtype=np.float32)
+    matrix_MC[holder[dense], dense_index[column[dense]]] = 1.0
+    sizes_M = sizes.astype(np.float32)
+    codes, rare_shared = rare_pair_counts(holder, column, ~dense, count)
+    firsts, seconds, similarities = [], [], []
+    for start in range(0, count, block_rows):
+        stop = min(count, start + block_rows)
+        shared_BM = matrix_MC[start:stop] @ matrix_MC.T  # whole numbers below 2^24: exact in float32
+        lo, hi = np.searchsorted(codes, [start * count, stop * count])
+        shared_BM[codes[lo:hi] // count - start, codes[lo:hi] % count] += rare_shared[lo:hi]
+        # J ≥ t ⇔ shared · (1 + t) ≥ t · (|A| + |B|): a loose float32 test on the block (0.01 below, against
+        # rounding), then the exact quotient in float64 on the few pairs that pass.
+        passing = shared_BM * np.float32(1 + threshold) >= np.float32(threshold) * (sizes_M[start:stop, None] + sizes_M[None, :]) - 0.01
+        rows, columns = np.nonzero(np.triu(passing & (shared_BM > 0), k=start + 1))
+        shared = shared_BM[rows, columns].astype(np.int64)
+        similarity = shared / (sizes[rows + start] + sizes[columns] - shared)
+        keep = similarity >= threshold
+        firsts.append(rows[keep] + start)
+        seconds.append(columns[keep])
+        similarities.append(similarity[keep])
+    if not firsts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    return np.concatenate(firsts).astype(np.int64), np.concatenate(seconds).astype(np.int64), np.concatenate(similarities)
+
+
+def rare_pair_counts(holder: np.ndarray, column: np.ndarray, rare: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(i · count + j, shared rare shingles) for every pair i < j holding a rare shingle together; codes ascending."""
+    order = np.lexsort((holder[rare], column[rare]))
+    holders, columns = holder[rare][order], column[rare][order]
+    starts = np.flatnonzero(np.concatenate(([True], columns[1:] != columns[:-1]))) if len(columns) else np.zeros(0, np.int64)
+    group_sizes = np.diff(np.append(starts, len(columns)))
+    codes = [np.zeros(0, np.int64)]
+    for size in np.unique(group_sizes).tolist():
+        members = holders[starts[group_sizes == size][:, None] + np.arange(size)]  # holders ascending within a column
+        first, second = np.triu_indices(size, k=1)
+        codes.append((members[:, first] * count + members[:, second]).ravel())
+    return np.unique(np.concatenate(codes), return_counts=True)
