@@ -92,9 +92,9 @@ def one_rank(setup) -> Path:
 
 @pytest.fixture(scope="module")
 def hybrid_recipe(setup) -> Path:
-    """The hybrid stack (Gated DeltaNet + softmax attention blocks), 4 updates: sharding is generic over model.layers."""
+    """The hybrid stack (a Gated DeltaNet block, then an MLA block), 4 updates: sharding is generic over model.layers."""
     recipe = setup["root"] / "hybrid.toml"
-    recipe.write_text(RECIPE.replace(f"max_steps = {STEPS}", "max_steps = 4").replace("n_layers = 2", 'n_layers = 2\nlayer_pattern = "GA"'),
+    recipe.write_text(RECIPE.replace(f"max_steps = {STEPS}", "max_steps = 4").replace("n_layers = 2", 'n_layers = 2\nlayer_pattern = "GM"'),
                       encoding="utf-8")
     return recipe
 
@@ -106,7 +106,7 @@ def test_hybrid_stack_on_two_ranks_trains_the_one_process_model(setup, hybrid_re
     for step, loss in train_losses(one).items():
         assert train_losses(two)[step] == pytest.approx(loss, rel=1e-5), step
     final_two, final_one = state_of(two / "checkpoints" / "step-00000004"), state_of(one / "checkpoints" / "step-00000004.pt")
-    assert "layers.0.attn.A_log" in final_one and "layers.1.attn.q_proj.weight" in final_one  # G then A
+    assert "layers.0.attn.A_log" in final_one and "layers.1.attn.q_b_proj.weight" in final_one  # GDN then MLA
     for name in final_one:
         torch.testing.assert_close(final_two[name], final_one[name], rtol=1e-4, atol=1e-6)
 
