@@ -11,10 +11,13 @@ backward and optimizer step. Rows:
   * hymo_core + MuonAdamW - the real recipe (Newton-Schulz in bf16 / fp32);
 
 each eager and under torch.compile (model only). Then the optimizer step
-alone: MuonAdamW vs torch AdamW on the same parameters.
+alone: MuonAdamW vs NorMuon + CautiousAdamW vs torch AdamW on the same
+parameters, and Newton-Schulz alone: MuonAdamW's per-parameter loop vs the
+batched-by-shape bmm chain NorMuon uses.
 
-    python bench/train_step.py               # prints and updates docs/benchmarks.md
-    python bench/train_step.py --no-compile  # eager rows only
+    python bench/train_step.py                   # prints and updates docs/benchmarks.md
+    python bench/train_step.py --no-compile      # eager rows only
+    python bench/train_step.py --optimizer-only  # only the optimizer / Newton-Schulz tables (own section)
 
 Numbers are wall-clock medians on whatever machine runs this; a compile
 failure is recorded in the table rather than hidden.
@@ -23,6 +26,7 @@ failure is recorded in the table rather than hidden.
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
 import os
 import platform
@@ -39,10 +43,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from hymo_core.model import ModelConfig, Transformer  # noqa: E402
-from hymo_core.optim import MuonAdamW, OptimizerConfig  # noqa: E402
+from hymo_core.optim import MuonAdamW, NorMuonAdamW, NorMuonConfig, OptimizerConfig, newton_schulz, newton_schulz_batched  # noqa: E402
 
 HEADING = "## hymo_core I: training step (bench/train_step.py)"
-BENCH_DATE = "2026-11-29"
+OPTIMIZER_HEADING = "## hymo_core IV: optimizer step, NorMuon vs MuonAdamW (bench/train_step.py --optimizer-only)"
 BATCH, SEQ_LEN = 16, 256
 LR = 1e-3
 
@@ -207,17 +211,72 @@ def time_optimizer(optimizer, model, repeats: int) -> float:
     return 1000 * statistics.median(durations)
 
 
+def time_newton_schulz(model: nn.Module, repeats: int) -> list[tuple[str, float]]:
+    """Median ms of Newton-Schulz (fp32, 5 steps) over every hidden matrix: one call per matrix vs one stack per shape."""
+    generator = torch.Generator().manual_seed(2)
+    matrices = [torch.randn(p.shape, generator=generator) for name, p in model.named_parameters()
+                if p.ndim == 2 and "tok_embeddings" not in name and "output" not in name]
+    by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for m in matrices:
+        by_shape.setdefault(tuple(m.shape), []).append(m)
+
+    def loop():
+        return [newton_schulz(m, dtype=torch.float32) for m in matrices]
+
+    def batched():
+        return [newton_schulz_batched(torch.stack(same), dtype=torch.float32) for same in by_shape.values()]
+
+    durations = {"loop": [], "batched": []}
+    for _ in range(repeats + 1):  # interleaved, the first round is warm-up
+        for name, run in (("loop", loop), ("batched", batched)):
+            start = time.perf_counter()
+            run()
+            durations[name].append(time.perf_counter() - start)
+    shapes = ", ".join(f"{len(v)}x{k[0]}x{k[1]}" for k, v in by_shape.items())
+    return [(f"Newton-Schulz fp32, per-parameter loop ({len(matrices)} calls)", 1000 * statistics.median(durations["loop"][1:])),
+            (f"Newton-Schulz fp32, batched by shape ({shapes})", 1000 * statistics.median(durations["batched"][1:]))]
+
+
+def optimizer_rows(steps: int, with_bf16: bool = True) -> list[tuple[str, float]]:
+    """`with_bf16`: also the bf16 Newton-Schulz row (emulated on CPU, by far the slowest)."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(), kernel_backend="reference")
+    rows = [("torch.optim.AdamW, all parameters", time_optimizer(adamw(model), model, steps))]
+    if with_bf16:
+        rows.append(("MuonAdamW, NS bf16", time_optimizer(MuonAdamW(model.named_parameters(), OptimizerConfig(lr=LR)),
+                                                          model, steps)))
+    rows += [
+        ("MuonAdamW, NS fp32 (per-parameter loop)", time_optimizer(
+            MuonAdamW(model.named_parameters(), OptimizerConfig(lr=LR, ns_dtype="float32")), model, steps)),
+        ("NorMuon + CautiousAdamW, NS fp32 batched, row norm", time_optimizer(
+            NorMuonAdamW(model.named_parameters(), NorMuonConfig(lr=LR, muon_lr=LR)), model, steps)),
+        ("NorMuon + CautiousAdamW, NS fp32 batched, no row norm", time_optimizer(
+            NorMuonAdamW(model.named_parameters(), NorMuonConfig(lr=LR, muon_lr=LR, row_normalisation=False)), model, steps)),
+    ]
+    rows += time_newton_schulz(model, steps)
+    for name, ms in rows:
+        print(f"optimizer step: {name:60s} {ms:8.1f} ms", flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="timed eager steps per row")
     parser.add_argument("--compile-steps", type=int, default=2, help="timed compiled steps per row")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--optimizer-only", action="store_true", help="only the optimizer and Newton-Schulz tables")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.optimizer_only:
+        section = render_optimizer(optimizer_rows(args.steps, with_bf16=False), args)
+        print()
+        print(section)
+        write_section(args.output, section, OPTIMIZER_HEADING)
+        return 0
 
     def build_reference():
         torch.manual_seed(0)
@@ -243,22 +302,34 @@ def main() -> int:
     if not args.no_compile:
         rows += run_mode("compile", cases, args.warmup, args.compile_steps)
 
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(), kernel_backend="reference")
-    optimizer_rows = [
-        ("torch.optim.AdamW, all parameters", time_optimizer(adamw(model), model, args.steps)),
-        ("MuonAdamW, NS bf16", time_optimizer(MuonAdamW(model.named_parameters(), OptimizerConfig(lr=LR)), model, args.steps)),
-        ("MuonAdamW, NS fp32", time_optimizer(
-            MuonAdamW(model.named_parameters(), OptimizerConfig(lr=LR, ns_dtype="float32")), model, args.steps)),
-    ]
-    for name, ms in optimizer_rows:
-        print(f"optimizer step: {name:36s} {ms:8.1f} ms", flush=True)
-
-    section = render(rows, optimizer_rows, args)
+    section = render(rows, optimizer_rows(args.steps), args)
     print()
     print(section)
-    write_section(args.output, section)
+    write_section(args.output, section, HEADING)
     return 0
+
+
+def machine_line() -> str:
+    return (f"Date: {datetime.date.today().isoformat()}. Machine: {os.cpu_count()}-core CPU ({platform.machine()}), "
+            f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, Python {platform.python_version()}; "
+            f"load average {os.getloadavg()[0]:.1f} when the run ended (shared machine: compare rows, "
+            "not absolute numbers).")
+
+
+def optimizer_table(optimizer_rows, steps: int) -> list[str]:
+    loop = next(ms for name, ms in optimizer_rows if "per-parameter loop (" in name)
+    lines = [f"Optimizer step alone (same Lab 2 parameters, fixed random gradients, median of {steps}); "
+             "Newton-Schulz alone on the same hidden matrices (fp32, 5 quintic steps):", "",
+             "| optimizer | ms/step | vs NS loop |", "|---|---:|---:|"]
+    lines += [f"| {name} | {ms:,.1f} | {f'{loop / ms:.2f}x' if name.startswith('Newton') else ''} |" for name, ms in optimizer_rows]
+    return lines
+
+
+def render_optimizer(optimizer_rows, args) -> str:
+    lines = [OPTIMIZER_HEADING, "", machine_line(), "Lab 2 shape (V4096, d256, L6, H8, ff688, tied).", ""]
+    lines += optimizer_table(optimizer_rows, args.steps)
+    lines.append("")
+    return "\n".join(lines)
 
 
 def render(rows, optimizer_rows, args) -> str:
@@ -266,10 +337,7 @@ def render(rows, optimizer_rows, args) -> str:
     lines = [
         HEADING,
         "",
-        f"Date: {BENCH_DATE}. Machine: {os.cpu_count()}-core CPU ({platform.machine()}), "
-        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, Python {platform.python_version()}; "
-        f"load average {os.getloadavg()[0]:.1f} when the run ended (shared machine: compare rows, "
-        "not absolute numbers).",
+        machine_line(),
         f"Lab 2 shape (V4096, d256, L6, H8, ff688, tied), B{BATCH} x T{SEQ_LEN} = {BATCH * SEQ_LEN} tokens/step; "
         f"full step = forward + loss + backward + optimizer; median of {args.steps} eager / "
         f"{args.compile_steps} compiled steps after {args.warmup} warm-up steps. Ratio = tokens/s over the "
@@ -286,19 +354,17 @@ def render(rows, optimizer_rows, args) -> str:
         ratio = f"{base / seconds:.2f}x" if base else "-"
         lines.append(f"| {name} | {mode} | {1000 * seconds:,.0f} | {BATCH * SEQ_LEN / seconds:,.0f} | {ratio} "
                      f"| {loss:.3f} | {note} |")
-    lines += ["", f"Optimizer step alone (same Lab 2 parameters, fixed random gradients, median of {args.steps}):", "",
-              "| optimizer | ms/step |", "|---|---:|"]
-    lines += [f"| {name} | {ms:,.1f} |" for name, ms in optimizer_rows]
+    lines += [""] + optimizer_table(optimizer_rows, args.steps)
     lines.append("")
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(path: Path, section: str, heading: str) -> None:
     """Replace this benchmark's section in docs/benchmarks.md, keeping everyone else's."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if HEADING in text:
-        start = text.index(HEADING)
-        following = text.find("\n## ", start + len(HEADING))
+    if heading in text:
+        start = text.index(heading)
+        following = text.find("\n## ", start + len(heading))
         text = text[:start] + section + (text[following + 1:] if following != -1 else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section

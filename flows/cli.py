@@ -39,7 +39,33 @@ def _rules(counts: dict[str, int], top: int = 3) -> str:
     return (shown + (f", +{len(ranked) - top} more rules" if len(ranked) > top else "")) or "-"
 
 
+def _rule_lines(row: dict[str, Any], top: int = 3) -> str:
+    """The largest rules of a stage, one per line: `-` removed, `~` modified, `>` routed."""
+    marked = [(f"{mark}{rule}", n) for mark, key in (("-", "removed"), ("~", "modified"), (">", "routed")) for rule, n in row[key].items()]
+    ranked = sorted(marked, key=lambda kv: -kv[1])
+    lines = [f"{rule} {n}" for rule, n in ranked[:top]] + ([f"+{len(ranked) - top} more rules"] if len(ranked) > top else [])
+    return "\n".join(lines) or "-"
+
+
+def print_narrow_funnel(run: Path) -> None:
+    """The funnel for a terminal under 100 columns: one rules column, one rule per line, no rule name cut."""
+    from rich import box
+
+    table = Table(title=f"HyMo funnel — {run.name}", box=box.SIMPLE_HEAD, caption="rules: - removed, ~ modified, > routed; all: hymo audit summary --json")
+    for column in ("stage", "in", "kept", "removed", "rules", "s"):
+        table.add_column(column, justify="left" if column in ("stage", "rules") else "right", no_wrap=column != "rules", overflow="ellipsis")
+    for row in funnel(run):
+        if not row["documents"]:
+            table.add_row(row["stage"], "", "", "", "(artifacts)", f"{row['wall_time_s']:.0f}")
+            continue
+        table.add_row(row["stage"], str(row["in"]), str(row["kept"]), str(sum(row["removed"].values())), _rule_lines(row), f"{row['wall_time_s']:.0f}")
+    console.print(table)
+
+
 def print_funnel(run: Path) -> None:
+    if console.width < 100:
+        print_narrow_funnel(run)
+        return
     table = Table(title=f"HyMo funnel — {run}")
     for column in ("stage", "in", "kept", "removed", "removed by rule", "modified by rule", "seconds"):
         table.add_column(column, justify="right" if column in ("in", "kept", "removed", "seconds") else "left", overflow="fold")
@@ -194,8 +220,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     apply_prefect_defaults()
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    parser = build_parser()
+    parser.add_argument("--debug", action="store_true", help="show tracebacks (default: one line naming the stage, file and fix)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv  # accepted anywhere on the line, also after the sub-command
+    args = parser.parse_args([a for a in argv if a != "--debug"])
+    if debug:
+        return args.func(args)
+    from flows.errors import explain, quiet_console_tracebacks
+
+    quiet_console_tracebacks()
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("hymo: interrupted; published stages stay, a re-run continues from them", file=sys.stderr)
+        return 130
+    except Exception as exc:  # every failure a user can meet ends in one line; --debug shows the traceback
+        print(explain(exc), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

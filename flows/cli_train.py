@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from typing import Any
 
 from rich.console import Console
@@ -13,15 +12,9 @@ console = Console()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from hymo_core.checkpoint import CheckpointError
-    from hymo_core.data import CorpusError
     from hymo_core.train import train_from_args
 
-    try:
-        summary = launch_from_args(args) if args.nproc else train_from_args(args)
-    except (ValueError, FileExistsError, CheckpointError, CorpusError) as exc:
-        print(f"error: {exc}", file=sys.stderr)  # one line, never wrapped
-        return 2
+    summary = launch_from_args(args) if args.nproc else train_from_args(args)  # errors: one line from flows.cli.main
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
                   f"validation loss {summary['final_val_loss']}, weights sha256 {summary['weights_sha256'][:16]}…")
     console.print(f"wrote {args.out}/summary.json, metrics.jsonl, loss.png, checkpoints/")
@@ -118,13 +111,7 @@ def export_safetensors(checkpoint: str, target: str) -> dict[str, Any]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from hymo_core.checkpoint import CheckpointError
-
-    try:
-        result = export_safetensors(args.checkpoint, args.safetensors)
-    except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    result = export_safetensors(args.checkpoint, args.safetensors)
     console.print(f"wrote {result['path']}: {result['tensors']} tensors, {result['parameters']:,} values", markup=False)
     return 0
 

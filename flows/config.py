@@ -75,9 +75,15 @@ def load_config(path: str | Path | None = None) -> PipelineConfig:
     values.setdefault("config_dir", str(path.parent.resolve()))
     pretrain = values.get("pretrain")
     if isinstance(pretrain, dict) and isinstance(pretrain.get("model"), dict):  # `preset = "hymo-tiny"`
-        from hymo_core.presets import expand_preset
+        from hymo_core.configs import SAMPLE_TRAIN
+        from hymo_core.presets import expand_preset, preset_training
 
-        values["pretrain"] = {**pretrain, "model": expand_preset(pretrain["model"], f"{path} [pretrain.model]")}
+        train = pretrain.get("train", {})
+        preset_train = preset_training(pretrain["model"])
+        if preset_train and isinstance(train, dict):  # the preset's optimizer defaults beneath [pretrain.train]
+            train = {**SAMPLE_TRAIN.to_dict(), **preset_train, **train}
+        values["pretrain"] = {**pretrain, "model": expand_preset(pretrain["model"], f"{path} [pretrain.model]"),
+                              **({"train": train} if train else {})}
     return PipelineConfig(**values)
 
 

@@ -27,6 +27,7 @@ from prefect.futures import as_completed
 from prefect.states import Completed
 
 from manifests.atomic import atomic_write_text
+from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.stage_runner import StagePlan, default_workers, plan_stage, publish_plan
 
@@ -217,6 +218,6 @@ def hymo_pipeline(
 ) -> dict[str, Any]:
     """The whole DAG, from sources to a trained checkpoint; the defaults run the bundled real sample."""
     run = Path(out)
-    run.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run / RUN_CONFIG, json.dumps({"config": config.model_dump(mode="json"), "runner": runner.value}, indent=2) + "\n")
-    return run_stages(config, run, None, until, runner, dask_address)
+    with run_lock(run):  # one writer per run directory: a second run fails naming this one
+        atomic_write_text(run / RUN_CONFIG, json.dumps({"config": config.model_dump(mode="json"), "runner": runner.value}, indent=2) + "\n")
+        return run_stages(config, run, None, until, runner, dask_address)

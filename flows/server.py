@@ -1,7 +1,8 @@
 """A local Prefect server for `hymo serve` and the tests: start it if none answers, wait for health, stop it.
 
 SQLite under a project-local directory, bound to 127.0.0.1. The server runs in its own
-process group so stopping it also stops the services it spawned.
+process group so stopping it also stops the services it spawned, and it dies with
+its parent (a parent-death signal) so a killed `hymo run` leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -19,6 +20,26 @@ from typing import Iterator
 
 DEFAULT_HOME = Path(".hymo") / "prefect"
 HEALTH_TIMEOUT_S = 240.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the parent dies, even by SIGKILL.
+
+    The server lives in its own session (so Ctrl-C in the terminal reaches HyMo,
+    which stops it in order); without this a killed `hymo run` left it running
+    forever. The signal follows the thread that started the server, so servers
+    are started from the main thread. Elsewhere than Linux this does nothing.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() == 1:  # the parent already died between fork and prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def api_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
@@ -59,6 +80,7 @@ class LocalServer:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", self.host, "--port", str(self.port), "--analytics-off"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         log.close()
         deadline = time.monotonic() + HEALTH_TIMEOUT_S

@@ -11,6 +11,8 @@ from typing import Any
 
 from prefect import flow
 
+from manifests.run_lock import run_lock
+
 from flows.pipeline import Runner, load_run_config, run_stages
 from flows.stages import STAGE_NAMES, stage_path
 
@@ -35,6 +37,7 @@ def hymo_stage(
     run_dir = Path(run)
     config = load_run_config(run_dir)
     name = stage.value if isinstance(stage, Enum) else str(stage)
-    if force:
-        forget_stage(run_dir, name)
-    return run_stages(config, run_dir, name, until, runner, dask_address)
+    with run_lock(run_dir):  # one writer per run directory: a second run fails naming this one
+        if force:
+            forget_stage(run_dir, name)
+        return run_stages(config, run_dir, name, until, runner, dask_address)

@@ -15,13 +15,45 @@ from hymo_core import planner
 from hymo_core.schedule import SCHEDULE_KINDS, ScheduleConfig
 
 if TYPE_CHECKING:
-    from hymo_core.optim import OptimizerConfig
+    from hymo_core.optim import NorMuonConfig, OptimizerConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("muon_adamw", "normuon")  # hymo_core.optim.MuonAdamW | NorMuonAdamW
 MIXER_KINDS = "AGM"  # layer_pattern letters a model can be built from (hymo_core/layers/block.py)
 NS_DTYPE_NAMES = ("bfloat16", "float32", "float64")  # Newton-Schulz dtypes Muon accepts (hymo_core.optim.NS_DTYPES)
 # What a training run writes into its directory.
 METRICS_FILE, LOSS_PICTURE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "loss.png", "summary.json", "checkpoints"
+EXPERT_LOAD_PICTURE = "expert_load.png"  # only for models with MoE layers
+
+
+SCORE_FUNCTIONS = ("sigmoid", "softmax")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    n_routed_experts: int = 8
+    n_activated_experts: int = 2  # top-k
+    n_shared_experts: int = 1  # one SwiGLU of width n_shared * expert_dim, as DeepSeek builds it
+    expert_dim: int = 128  # each routed expert's SwiGLU inner width (production: 2304)
+    score_function: str = "sigmoid"  # DeepSeek-V3: sigmoid; V2: softmax
+    route_scale: float = 1.0
+    bias_update_rate: float = 1e-3  # gamma of the sign rule (DeepSeek-V3)
+    bias_update: bool = True  # off: the bias stays 0 (the ablation)
+    load_ema_decay: float = 0.9  # EMA of the per-update loads the sign rule reads; 0 = this update only
+    capacity_factor: float = 0.0  # 0 = no token dropping
+    aux_loss_weight: float = 0.0  # sequence-wise balance loss (alpha); 0 = aux-loss-free only
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n_activated_experts <= self.n_routed_experts:
+            raise ValueError(f"need 1 <= n_activated_experts ({self.n_activated_experts}) <= n_routed_experts ({self.n_routed_experts})")
+        if self.score_function not in SCORE_FUNCTIONS:
+            raise ValueError(f"score_function must be one of {SCORE_FUNCTIONS}, got {self.score_function!r}")
+        if self.n_shared_experts < 0 or self.expert_dim < 1:
+            raise ValueError("n_shared_experts must be >= 0 and expert_dim >= 1")
+        if not 0 <= self.load_ema_decay < 1:
+            raise ValueError(f"load_ema_decay must lie in [0, 1), got {self.load_ema_decay}")
+        if min(self.bias_update_rate, self.capacity_factor, self.aux_loss_weight, self.route_scale) < 0:
+            raise ValueError("bias_update_rate, capacity_factor, aux_loss_weight and route_scale must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -57,8 +89,27 @@ class ModelConfig:
     mla_qk_nope_head_dim: int = 0  # 0 = head_dim
     mla_qk_rope_head_dim: int = 0  # 0 = head_dim // 2: the decoupled RoPE key, shared by all heads
     mla_v_head_dim: int = 0  # 0 = head_dim
+    # DeepSeekMoE on the layers `moe_on` names (hymo_core/layers/moe.py; MoEConfig below says what each does).
+    moe_n_routed_experts: int = 8
+    moe_n_activated_experts: int = 2
+    moe_n_shared_experts: int = 1
+    moe_expert_dim: int = 0  # 0 = ffn_dim (seed 000: 2304, the dense FFN's width)
+    moe_score_function: str = "sigmoid"
+    moe_bias_update: bool = True
+    moe_bias_update_rate: float = 1e-3
+    moe_load_ema_decay: float = 0.9
+    moe_capacity_factor: float = 0.0
+    moe_aux_loss_weight: float = 0.0
+    # Multi-token prediction (hymo_core/layers/mtp.py): depth D, one loss weight per depth; 0 = off.
+    mtp_depth: int = 0
+    mtp_loss_weights: tuple[float, ...] = (0.3, 0.1)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mtp_loss_weights", tuple(float(w) for w in self.mtp_loss_weights))  # TOML gives lists
+        if self.mtp_depth < 0 or len(self.mtp_loss_weights) < self.mtp_depth:
+            raise ValueError(f"mtp_depth {self.mtp_depth} needs >= 0 and one of mtp_loss_weights {self.mtp_loss_weights} per depth")
+        if self.moe_on:
+            self.moe_config()  # raises on inconsistent MoE settings
         if not self.layer_pattern or set(self.layer_pattern) - set(MIXER_KINDS):
             raise ValueError(f"layer_pattern {self.layer_pattern!r} must be letters from {MIXER_KINDS!r}")
         if set(self.moe_on) - set(self.layer_pattern):
@@ -121,6 +172,13 @@ class ModelConfig:
         """Width of the rotated part of a query/key head (the model's one RoPE table)."""
         return self.mla_rope_dim if "A" not in self.layer_pattern and "M" in self.layer_pattern else self.head_dim
 
+    def moe_config(self) -> "MoEConfig":
+        return MoEConfig(n_routed_experts=self.moe_n_routed_experts, n_activated_experts=self.moe_n_activated_experts,
+                         n_shared_experts=self.moe_n_shared_experts, expert_dim=self.moe_expert_dim or self.ffn_dim,
+                         score_function=self.moe_score_function, bias_update=self.moe_bias_update,
+                         bias_update_rate=self.moe_bias_update_rate, load_ema_decay=self.moe_load_ema_decay,
+                         capacity_factor=self.moe_capacity_factor, aux_loss_weight=self.moe_aux_loss_weight)
+
     def layer_kinds(self) -> tuple[str, ...]:
         """One mixer letter per layer: layer_pattern repeated (and cut) to n_layers."""
         repeats = -(-self.n_layers // len(self.layer_pattern))
@@ -147,6 +205,11 @@ class ModelConfig:
             mla_nope_dim=self.mla_nope_dim,
             mla_rope_dim=self.mla_rope_dim,
             mla_v_dim=self.mla_v_dim,
+            moe_routed_experts=self.moe_n_routed_experts if self.moe_on else 0,
+            moe_activated_experts=self.moe_n_activated_experts if self.moe_on else 0,
+            moe_shared_experts=self.moe_n_shared_experts if self.moe_on else 0,
+            moe_expert_dim=(self.moe_expert_dim or self.ffn_dim) if self.moe_on else 0,
+            mtp_depth=self.mtp_depth,
         )
 
 
@@ -184,6 +247,12 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # 0 disables ordinary clipping
     overfit_one_batch: bool = False  # debug mode: reread one fixed batch
     seed: int = 0
+    # Seed 000 §3's dual optimizer: "normuon" = NorMuon on dense matrices + CautiousAdamW elsewhere.
+    optimizer: str = "muon_adamw"  # muon_adamw | normuon
+    muon_peak_lr: float = 0.0  # normuon only: NorMuon's peak LR; 0 = peak_lr (the update RMS matches AdamW's)
+    normuon_row_normalisation: bool = True  # the published NorMuon's per-neuron second moment (docs/training.md)
+    embed_weight_decay: float = 0.1  # normuon only: embedding and head; other AdamW parameters get 0
+    cautious_weight_decay: bool = False  # decay only where grad * param > 0 (both optimizers)
     # How this session runs, not what it computes (a resume may change them):
     activation_checkpointing: bool = False  # recompute each block's activations in the backward instead of storing them
     compile: bool = False  # torch.compile each block (hymo_core/parallelize.py)
@@ -209,6 +278,10 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.peak_lr must be positive, got {self.peak_lr}")
         if not (self.weight_decay >= 0 and self.max_grad_norm >= 0 and self.qk_clip_threshold > 0 and self.fp16_init_scale > 0):
             raise ValueError("weight_decay and max_grad_norm must be >= 0; qk_clip_threshold and fp16_init_scale > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not (self.muon_peak_lr >= 0 and self.embed_weight_decay >= 0):
+            raise ValueError("muon_peak_lr and embed_weight_decay must be >= 0")
         if not all(0 <= b < 1 for b in self.adamw_betas) or not 0 <= self.muon_momentum < 1:
             raise ValueError("AdamW betas and Muon momentum must lie in [0, 1)")
         self.schedule_config()  # raises on an inconsistent schedule
@@ -222,13 +295,19 @@ class TrainConfig:
         return ScheduleConfig(peak_lr=self.peak_lr, warmup_steps=self.warmup_steps, kind=self.schedule,
                               horizon_steps=horizon, decay_steps=self.decay_steps, min_lr_ratio=self.min_lr_ratio)
 
-    def optimizer_config(self, device) -> "OptimizerConfig":
-        from hymo_core.optim import OptimizerConfig
+    def optimizer_config(self, device) -> "OptimizerConfig | NorMuonConfig":
+        from hymo_core.optim import NorMuonConfig, OptimizerConfig
 
         ns_dtype = self.muon_ns_dtype or ("bfloat16" if device.type == "cuda" else "float32")
+        if self.optimizer == "normuon":
+            return NorMuonConfig(lr=self.peak_lr, muon_lr=self.muon_peak_lr or self.peak_lr, muon_momentum=self.muon_momentum,
+                                 muon_weight_decay=self.weight_decay, row_normalisation=self.normuon_row_normalisation,
+                                 ns_steps=self.muon_ns_steps, ns_dtype=ns_dtype, adamw_betas=tuple(self.adamw_betas),
+                                 adamw_eps=self.adamw_eps, embed_weight_decay=self.embed_weight_decay,
+                                 cautious_weight_decay=self.cautious_weight_decay)
         return OptimizerConfig(lr=self.peak_lr, weight_decay=self.weight_decay, adamw_betas=tuple(self.adamw_betas),
                                adamw_eps=self.adamw_eps, muon_momentum=self.muon_momentum, muon_nesterov=self.muon_nesterov,
-                               ns_steps=self.muon_ns_steps, ns_dtype=ns_dtype)
+                               ns_steps=self.muon_ns_steps, ns_dtype=ns_dtype, cautious_weight_decay=self.cautious_weight_decay)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

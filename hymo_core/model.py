@@ -10,6 +10,9 @@ seed 000); every block kind lives in hymo_core/layers/.
 `forward(tokens, targets)` returns `(logits, loss)`, the contract the trainer
 relies on (seed 002). With `z_loss > 0` the loss is the regularised
 objective; the plain cross-entropy of the last forward is in `model.last_ce`.
+In training, the loss also carries multi-token prediction (sum_k w_k CE_k,
+per-depth CEs in `model.last_mtp_ce`) and any MoE auxiliary loss; evaluation
+and generation see the next-token objective only.
 Nothing here assumes a single process: no global state, no `.item()` in the
 forward, and every parameter is an ordinary module attribute that FSDP2 can
 shard.
@@ -30,6 +33,8 @@ from hymo_core.layers.attention import Attention  # noqa: F401  (re-exported: th
 from hymo_core.layers.block import Block
 from hymo_core.layers.context import MixerContext
 from hymo_core.layers.ffn import FeedForward  # noqa: F401  (re-exported)
+from hymo_core.layers.moe import MoE, Reduce, moe_after_optimizer_step
+from hymo_core.layers.mtp import MultiTokenPrediction
 from hymo_core.layers.norm import RMSNorm
 
 
@@ -58,11 +63,19 @@ class Transformer(nn.Module):
         self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        self.mtp = None
+        if config.mtp_depth:
+            # DeepSeek-V3: each depth's block is of the trunk's kind; here the last layer's (MLA + MoE in HyMo).
+            kind = config.layer_kinds()[-1]
+            self.mtp = MultiTokenPrediction(config.d_model, config.mtp_loss_weights[: config.mtp_depth],
+                                            lambda: Block(config, kind, kernel_backend),
+                                            lambda: RMSNorm(config.d_model, config.norm_eps, kernel_backend))
         cos_TD2, sin_TD2 = kernels.rope_tables(config.max_seq_len, config.rope_dim, config.rope_base)
         # Derived from the config, so not saved: a checkpoint holds only learned state.
         self.register_buffer("rope_cos_TD2", cos_TD2, persistent=False)
         self.register_buffer("rope_sin_TD2", sin_TD2, persistent=False)
         self.last_ce: torch.Tensor | None = None
+        self.last_mtp_ce: list[torch.Tensor] = []
         self.reset_parameters()
 
     @torch.no_grad()
@@ -76,7 +89,7 @@ class Transformer(nn.Module):
         # Each layer adds two residual branches; scaling their output projections by
         # 1/sqrt(2L) keeps the stream's variance roughly depth-independent at init.
         residual_std = std / math.sqrt(2 * self.config.n_layers)
-        for block in self.layers:
+        for block in self.blocks():
             for part in (block.attn, block.ffn):
                 for weight in part.residual_weights():
                     nn.init.normal_(weight, std=residual_std)
@@ -107,7 +120,33 @@ class Transformer(nn.Module):
             backend=self.kernel_backend,
         )
         self.last_ce = ce.detach()
+        if self.training:
+            loss = loss + self._training_extras(x_BTD, targets_BT)
         return logits_BTV, loss
+
+    def _training_extras(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+        """MTP's weighted CEs and the MoE layers' auxiliary losses of this forward (0 when neither is on)."""
+        extra = hidden_BTD.new_zeros((), dtype=torch.float32)
+        if self.mtp is not None:
+            ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2)
+            mtp_loss, per_depth = self.mtp(
+                hidden_BTD, targets_BT, self.tok_embeddings, self.output,
+                lambda logits, targets: kernels.cross_entropy_loss(logits, targets, z_loss=0.0, backend=self.kernel_backend)[0],
+                lambda block, x_BTD: block(x_BTD, ctx))
+            self.last_mtp_ce = [ce.detach() for ce in per_depth]
+            extra = extra + mtp_loss
+        for _, moe in self.moe_layers():
+            if moe.aux_loss is not None:
+                extra = extra + moe.aux_loss
+        return extra
+
+    def blocks(self) -> list[Block]:
+        """The trunk's blocks, then MTP's (one per depth)."""
+        return list(self.layers) + ([depth.block for depth in self.mtp.depths] if self.mtp is not None else [])
+
+    def moe_layers(self) -> list[tuple[str, MoE]]:
+        """(name, module) of every MoE FFN, trunk and MTP, e.g. ("layers.3.ffn", ...)."""
+        return [(name, module) for name, module in self.named_modules() if isinstance(module, MoE)]
 
     def new_cache(self, batch_size: int, device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None) -> DecodeCache:
@@ -117,13 +156,24 @@ class Transformer(nn.Module):
         layers = [block.attn.new_cache(batch_size, torch.device(device), dtype) for block in self.layers]
         return DecodeCache(layers)
 
-    def after_optimizer_step(self) -> None:
-        """Called by the trainer once per successful update: per-block bookkeeping (e.g. MoE gate bias)."""
-        for block in self.layers:
+    def after_optimizer_step(self, reduce: Reduce | None = None) -> dict[str, dict]:
+        """Called by the trainer once per successful update: per-block bookkeeping.
+
+        MoE layers take their gate-bias step from the update's token counts (summed over
+        data-parallel ranks by `reduce`, one collective for all layers); returns their load
+        figures by layer name.
+        """
+        for block in self.blocks():
             for part in (block.attn, block.ffn):
                 hook = getattr(part, "after_optimizer_step", None)
                 if hook is not None:
                     hook()
+        return moe_after_optimizer_step(self.moe_layers(), reduce)
+
+    def discard_routing_counts(self) -> None:
+        """An attempted update that was skipped (fp16 overflow): its MoE counts must not move a bias."""
+        for _, moe in self.moe_layers():
+            moe.discard_counts()
 
     def softmax_mixers(self) -> list[nn.Module]:
         """The layers' softmax-attention mixers, in depth order: what the probe and QK-Clip act on."""

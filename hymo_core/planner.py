@@ -54,6 +54,11 @@ class ModelShape:
     mla_nope_dim: int = 0
     mla_rope_dim: int = 0
     mla_v_dim: int = 0
+    moe_routed_experts: int = 0  # MoE FFN on the layers of the kinds in moe_on (hymo_core/layers/moe.py)
+    moe_activated_experts: int = 0
+    moe_shared_experts: int = 0
+    moe_expert_dim: int = 0
+    mtp_depth: int = 0  # multi-token prediction modules (training only): norms, 2d -> d projection, one block
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -80,6 +85,9 @@ class ParameterCounts:
     embeddings: int  # input table + output head (once when tied)
     lookup: int  # parameters only read by table lookup: excluded from matmul FLOPs
     by_kind: tuple[tuple[str, int], ...] = ()  # (mixer kind, its mixers' parameters summed over layers)
+    mtp: int = 0  # multi-token prediction modules (in `total`; trained, dropped for generation)
+    active: int = 0  # parameters one token's forward touches: total - MTP - the routed experts it skips
+    normuon: int = 0  # the NorMuon partition (hymo_core/optim.py NORMUON_PARTITION_RULES); the rest is AdamW
 
 
 def gdn_parameters(shape: ModelShape) -> int:
@@ -111,11 +119,35 @@ def mixer_parameters(shape: ModelShape, kind: str) -> int:
     raise ValueError(f"unknown mixer kind {kind!r}")
 
 
-def ffn_parameters(shape: ModelShape, kind: str) -> int:
-    """The FFN of a layer of this mixer kind: dense SwiGLU (gate, up, down)."""
-    if kind in shape.moe_on:
-        raise ValueError(f"moe_on={shape.moe_on!r}: the planner counts dense FFNs only so far")
-    return 3 * shape.d_model * shape.ffn_dim
+def ffn_parameters(shape: ModelShape, kind: str, active: bool = False) -> int:
+    """The FFN of a layer of this mixer kind: dense SwiGLU (gate, up, down), or MoE (router, routed
+    experts, shared experts); `active`: only what one token uses (router, k routed, shared)."""
+    if kind not in shape.moe_on:
+        return 3 * shape.d_model * shape.ffn_dim
+    routed = shape.moe_activated_experts if active else shape.moe_routed_experts
+    experts = routed + shape.moe_shared_experts
+    return shape.moe_routed_experts * shape.d_model + 3 * shape.d_model * shape.moe_expert_dim * experts
+
+
+def mixer_vectors(shape: ModelShape, kind: str) -> int:
+    """A mixer's parameters that are not 2-D matrices (norm gains, GDN scalars and conv taps): AdamW's."""
+    if kind == "G":
+        return gdn_elementwise(shape)
+    if kind == "M":
+        return shape.mla_q_rank + shape.mla_kv_rank + (2 * (shape.mla_nope_dim + shape.mla_rope_dim) if shape.qk_norm else 0)
+    return 0
+
+
+def block_parameters(shape: ModelShape, kind: str, active: bool = False) -> int:
+    """One block: mixer, FFN, its two norms (+ QK-norm gains of kind A)."""
+    qk_norm = 2 * shape.head_dim if shape.qk_norm and kind == "A" else 0
+    return mixer_parameters(shape, kind) + ffn_parameters(shape, kind, active) + 2 * shape.d_model + qk_norm
+
+
+def dense_matrix_parameters(shape: ModelShape, kind: str) -> int:
+    """The NorMuon part of one block: mixer matrices and, when not MoE, the dense FFN."""
+    ffn = 0 if kind in shape.moe_on else 3 * shape.d_model * shape.ffn_dim
+    return mixer_parameters(shape, kind) - mixer_vectors(shape, kind) + ffn
 
 
 def count_parameters(shape: ModelShape) -> ParameterCounts:
@@ -128,8 +160,16 @@ def count_parameters(shape: ModelShape) -> ParameterCounts:
     blocks = attention + ffn + norms
     embeddings = shape.vocab_size * d * (1 if shape.tie_embeddings else 2)
     final_norm = d
+    # MTP depth: hidden / embedding / output norms, the [h; e] -> d projection, one block of the last kind.
+    mtp = shape.mtp_depth * (3 * d + 2 * d * d + block_parameters(shape, kinds[-1]))
+    skipped_experts = sum(ffn_parameters(shape, kind) - ffn_parameters(shape, kind, active=True) for kind in kinds)
+    normuon = (sum(dense_matrix_parameters(shape, kind) for kind in kinds)
+               + shape.mtp_depth * (2 * d * d + dense_matrix_parameters(shape, kinds[-1])))
     return ParameterCounts(
-        total=blocks + embeddings + final_norm,
+        total=blocks + embeddings + final_norm + mtp,
+        mtp=mtp,
+        active=blocks + embeddings + final_norm - skipped_experts,
+        normuon=normuon,
         blocks=blocks,
         attention=attention,
         ffn=ffn,
@@ -178,7 +218,15 @@ def training_flops_breakdown(shape: ModelShape, seq_len: int) -> dict[str, int]:
         out[names[kind]] = n * (6 * matmul + 3 * mixer_sequence_flops(shape, kind, seq_len))
     dense = sum(1 for kind in kinds if kind not in shape.moe_on)
     out["dense FFN"] = dense * 6 * 3 * shape.d_model * shape.ffn_dim
+    moe = len(kinds) - dense
+    if moe:  # router + the k routed and the shared experts a token passes through
+        out["MoE"] = 6 * sum(ffn_parameters(shape, kind, active=True) for kind in kinds if kind in shape.moe_on)
     out["head"] = 6 * shape.vocab_size * shape.d_model
+    if shape.mtp_depth:  # per depth: projection, one block (active part), the shared head again
+        last = kinds[-1]
+        block = 2 * shape.d_model**2 + block_parameters(shape, last, active=True) - mixer_vectors(shape, last)
+        out["MTP (training only)"] = shape.mtp_depth * (6 * block + 3 * mixer_sequence_flops(shape, last, seq_len)
+                                                        + 6 * shape.vocab_size * shape.d_model)
     return out
 
 
@@ -232,6 +280,21 @@ def gpu_time(flops: float, sustained_flops_per_gpu: float, n_gpus: int) -> tuple
     """(GPU-hours, wall-clock hours) at a sustained per-GPU rate; no downtime."""
     gpu_hours = flops / sustained_flops_per_gpu / 3600
     return gpu_hours, gpu_hours / n_gpus
+
+
+def optimizer_state_bytes(counts: ParameterCounts, bf16_weights: bool = True) -> dict[str, float]:
+    """Optimizer state of NorMuon + CautiousAdamW vs AdamW everywhere, fp32 throughout.
+
+    NorMuon keeps one momentum per weight (its per-row second moment is one number per row:
+    negligible), AdamW two moments; with bf16 weights every parameter also has an fp32 master.
+    """
+    master = 4 if bf16_weights else 0
+    adamw = counts.total - counts.normuon
+    return {
+        "NorMuon partition": counts.normuon * (4 + master),
+        "CautiousAdamW partition": adamw * (8 + master),
+        "AdamW on everything": counts.total * (8 + master),
+    }
 
 
 def model_state_bytes(n_params: int, replicas: int, stage: str | int) -> float:
@@ -417,9 +480,11 @@ def format_hybrid(shape: ModelShape, seq_len: int, compare_seed: bool = False) -
     rows: list[tuple[str, str]] = [
         ("layers", f"{shape.n_layers}: " + " ".join(f"{k} x{shape.layer_kinds().count(k)}" for k in dict.fromkeys(shape.layer_kinds()))
          + f" (pattern {shape.layer_pattern!r})"),
-        ("parameters, total", f"{counts.total:,}"),
-        # Until MoE exists every FFN is dense, so every parameter is active for every token.
-        ("parameters, active per token", f"{counts.total:,}"),
+        ("parameters, total", f"{counts.total:,}" + (f" (MTP {counts.mtp:,}, training only)" if counts.mtp else "")),
+        ("parameters, active per token", f"{counts.active:,}" + (
+            f" ({shape.moe_activated_experts} of {shape.moe_routed_experts} routed + {shape.moe_shared_experts} shared "
+            f"experts on {sum(k in shape.moe_on for k in shape.layer_kinds())} MoE layers; no MTP)" if shape.moe_on else "")),
+        ("parameters, NorMuon / CautiousAdamW", f"{counts.normuon:,} / {counts.total - counts.normuon:,}"),
         ("  mixers", ", ".join(f"{names[k]} {n:,}" for k, n in counts.by_kind)),
         ("  FFN / embeddings / norms", f"{counts.ffn:,} / {counts.embeddings:,} / {counts.norms:,}"),
         (f"training FLOPs/token (fwd+bwd, T={seq_len})", f"{total_flops / 1e6:,.1f} M"),
@@ -428,9 +493,12 @@ def format_hybrid(shape: ModelShape, seq_len: int, compare_seed: bool = False) -
         seed = SEED_MFLOPS.get(name) if compare_seed else None
         seed_text = f"   seed {seed:g} M" if seed is not None else ""
         rows.append((f"  {name}", f"{flops / 1e6:,.1f} M = 6 x {flops / 6e6:,.1f} M MACs/fwd{seed_text}"))
-    if compare_seed:
+    if compare_seed and "MoE" not in breakdown:
         rows.append(("  MoE", f"0 (moe_on={shape.moe_on!r}: no MoE layers)   seed {SEED_MFLOPS['MoE']:g} M"))
+    if compare_seed:
         rows.append(("  forward MACs (the seed's unit)", f"{total_flops / 6e6:,.1f} M   seed total ~{SEED_TOTAL_MFLOPS:g} M"))
+    for name, size in optimizer_state_bytes(counts).items():
+        rows.append((f"optimizer state, {name} (fp32 + fp32 master)", f"{size / 2**30:,.2f} GiB"))
     cache = decode_cache_bytes(shape, seq_len)
     rows.append((f"generation cache per sequence (T={seq_len}, bf16)",
                  ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in cache.items())))
@@ -444,8 +512,11 @@ SEED_DIFFERENCES = """Where this differs from the seed's ~340 MFLOPs/token:
   dense FFN entry, 6.2 M per layer, is 3 x 896 x 2304: its numbers are forward multiply-adds. Training
   costs 6 FLOPs per weight per token (2 forward, 4 backward), so every matmul line above is 6x the
   seed's unit; the "forward MACs" line converts back.
-- Dense FFN: the seed counts 24 dense layers (MoE on the 8 MLA layers). Without MoE all 32 layers are
-  dense here, so the line is 32/24 of the seed's; the seed's MoE line (8 x 12 M) is absent.
+- Dense FFN and MoE: as the seed, 24 dense layers and MoE on the 8 MLA layers (one routed + one shared
+  expert of 3 x 896 x 2304 active per token, plus the 16-way router). With `moe_on = ""` all 32 layers
+  are dense and the dense line is 32/24 of the seed's.
+- MTP: the seed's table has no MTP line; ours counts its two depths (projection, one MLA + MoE block,
+  the shared head again), which run in training only.
 - GDN: the seed's 20 M for 24 layers is ~0.8 M MACs per layer, about one 896 x 896 matrix; a GDN layer
   with 7 heads of 128 (values 2x wide) has q, k, v, gate and out projections (~6.4 M weights) plus the
   chunked recurrence (per head 2 C (3 K + 2 V) + 6 K V FLOPs per token), so our GDN line is far larger.

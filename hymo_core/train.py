@@ -31,17 +31,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from hymo_core.configs import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE  # noqa: F401
+from hymo_core.configs import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE  # noqa: F401
 from hymo_core.checkpoint import CheckpointDirectory, CheckpointError, list_checkpoints, load_checkpoint, weights_sha256
 from hymo_core.data import CorpusReader, TokenLoader, ValidationLoader
 from hymo_core.distributed import Runtime, close_runtime, init_runtime
 from hymo_core.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.model import ModelConfig, Transformer
-from hymo_core.presets import model_config_from_table
+from hymo_core.presets import model_config_from_table, preset_training
 from hymo_core.optim import build_optimizer
 from hymo_core.parallelize import parallelize
 from hymo_core.sharded_checkpoint import load_sharded_checkpoint, load_single_file_into_shards, save_sharded_checkpoint
-from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, train
+from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, seed_training_rng, train
 
 
 
@@ -59,15 +59,17 @@ def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:
         raise ValueError(f"{path}: unknown tables {unknown}; expected [train] and [model]")
     model = model_config_from_table(raw.get("model", {}), SAMPLE_MODEL, str(path))  # `preset = "..."` allowed
     try:
-        return TrainConfig.from_dict({**SAMPLE_TRAIN.to_dict(), **raw.get("train", {})}), model
+        defaults = {**SAMPLE_TRAIN.to_dict(), **preset_training(raw.get("model", {}))}
+        return TrainConfig.from_dict({**defaults, **raw.get("train", {})}), model
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from exc
 
 
 def seed_everything(seed: int) -> None:
+    """The global generators (for code around the trainer) and the trainer's own (what checkpoints store)."""
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    seed_training_rng(seed)
 
 
 def default_device() -> torch.device:
@@ -116,6 +118,34 @@ def plot_loss(records: list[dict[str, Any]], path: Path, vocab_size: int) -> Non
     lines = loss_axis.get_legend_handles_labels()
     extra = lr_axis.get_legend_handles_labels()
     loss_axis.legend(lines[0] + extra[0], lines[1] + extra[1], loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_expert_load(records: list[dict[str, Any]], path: Path) -> None:
+    """Per MoE layer: the most and least loaded expert (1.0 = an even share) per logged update, and the bias norm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r.get("kind") == "train" and r.get("moe")]
+    layers = list(rows[0]["moe"])
+    figure, (load_axis, bias_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
+    steps = [r["step"] for r in rows]
+    for index, layer in enumerate(layers):
+        colour = f"C{index % 10}"
+        load_axis.plot(steps, [r["moe"][layer]["load_max"] for r in rows], color=colour, label=f"{layer} max")
+        load_axis.plot(steps, [r["moe"][layer]["load_min"] for r in rows], color=colour, linestyle="--", label=f"{layer} min")
+        bias_axis.plot(steps, [r["moe"][layer]["bias_norm"] for r in rows], color=colour, label=layer)
+    load_axis.axhline(1.0, linestyle=":", color="grey")
+    load_axis.set_xlabel("successful update")
+    load_axis.set_ylabel("expert load / even share")
+    load_axis.legend(fontsize="small")
+    bias_axis.set_xlabel("successful update")
+    bias_axis.set_ylabel("gate-bias norm")
+    bias_axis.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -249,9 +279,13 @@ def run_training(
     train_rows = [r for r in records if r.get("kind") == "train"]
     val_rows = [r for r in records if r.get("kind") == "eval"]
     plot_loss(records, out / LOSS_PICTURE, reader.vocab_size)
+    if any(r.get("moe") for r in train_rows):
+        plot_expert_load(records, out / EXPERT_LOAD_PICTURE)
     summary: dict[str, Any] = {
         "final_step": state.step,
         "final_train_loss": train_rows[-1]["last_loss"] if train_rows else None,
+        "final_mtp_ce": train_rows[-1].get("mtp_ce") if train_rows else None,  # per MTP depth
+        "final_expert_load": train_rows[-1].get("moe") if train_rows else None,  # per MoE layer
         "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
         "final_val_perplexity": val_rows[-1]["val_perplexity"] if val_rows else None,
         "best_val_loss": state.best_val_loss,

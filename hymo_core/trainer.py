@@ -35,10 +35,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from hymo_core import planner
 from hymo_core.configs import TrainConfig  # defined torch-free there; part of this module's API
 from hymo_core.data import EndOfEpoch, TokenLoader, ValidationLoader
-from hymo_core.distributed import Runtime, all_reduce_max_, all_reduce_mean, full_value
-from hymo_core.optim import MuonAdamW
+from hymo_core.distributed import Runtime, all_reduce_max_, all_reduce_mean, full_value, reduce_expert_load_
+from hymo_core.optim import PartitionedOptimizer
 from hymo_core.schedule import learning_rate_at_step
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -168,16 +169,29 @@ class QKClip:
 # ---------------------------------------------------------------- validation
 
 
+# The trainer's own Python and numpy generators (seeded by `seed_training_rng`), not the process-global
+# ones: Prefect's threads draw from Python's global `random` while a flow trains, so a checkpoint that
+# stored the global state would differ between two runs with equal weights.
+TRAINER_RANDOM = random.Random(0)
+TRAINER_NUMPY = np.random.RandomState(0)
+
+
+def seed_training_rng(seed: int) -> None:
+    TRAINER_RANDOM.seed(seed)
+    TRAINER_NUMPY.seed(seed)
+    torch.manual_seed(seed)
+
+
 def capture_rng() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch_cpu": torch.get_rng_state()}
+    state = {"python": TRAINER_RANDOM.getstate(), "numpy": TRAINER_NUMPY.get_state(), "torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["torch_cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    TRAINER_RANDOM.setstate(state["python"])
+    TRAINER_NUMPY.set_state(state["numpy"])
     torch.set_rng_state(state["torch_cpu"])
     if state.get("torch_cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["torch_cuda"])
@@ -258,6 +272,8 @@ def _window_at(loader: TokenLoader, epoch: int, position: int) -> dict[str, int]
 def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
     """6 N (forward + backward matmuls) plus attention's 12 L d T (scores and values, fwd + bwd)."""
     cfg = model.config
+    if set(getattr(cfg, "layer_pattern", "A")) != {"A"}:  # GDN / MLA layers: the planner's per-kind terms
+        return float(planner.training_flops_per_token(cfg.shape(), seq_len))
     n = sum(p.numel() for name, p in model.named_parameters() if "tok_embeddings" not in name or cfg.tie_embeddings)
     return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
 
@@ -297,7 +313,7 @@ def reference_flops(device: torch.device, precision: str, size: int = 384, repea
 
 def train(
     model: nn.Module,
-    optimizer: MuonAdamW,
+    optimizer: PartitionedOptimizer,
     train_loader: TokenLoader,
     val_loader: ValidationLoader | None,
     config: TrainConfig,
@@ -337,7 +353,7 @@ def train(
             # The probe costs a chunked q.k pass per layer: only when QK-Clip acts or this step is logged.
             probing = config.qk_clip or step % config.log_interval == 0 or step == config.max_steps
             model.set_attention_probe(probing)
-            update_loss, update_tokens = 0.0, 0
+            update_loss, update_tokens, update_mtp_ce = 0.0, 0, []
             for _ in range(accumulation):
                 x_BT, y_BT = next_training_batch(train_loader, config, state, fixed_batch)
                 x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
@@ -351,9 +367,12 @@ def train(
                 scaler.scale(loss / accumulation).backward()
                 ce = getattr(model, "last_ce", None)
                 update_loss += float(ce if ce is not None else value) / accumulation
+                mtp_ce = [float(c) / accumulation for c in getattr(model, "last_mtp_ce", [])]
+                update_mtp_ce = [a + b for a, b in zip(update_mtp_ce, mtp_ce)] if update_mtp_ce else mtp_ce
                 update_tokens += y_BT.numel() * runtime.world_size  # every rank reads as many
                 state.tokens_seen += y_BT.numel() * runtime.world_size
             update_loss = all_reduce_mean(update_loss, device)  # the global batch's loss, the same on every rank
+            update_mtp_ce = [all_reduce_mean(value, device) for value in update_mtp_ce]
             qk_clip.reduce()
 
             scaler.unscale_(optimizer)
@@ -367,12 +386,14 @@ def train(
             state.grad_scaler_state = scaler.state_dict() if scaler.is_enabled() else None
             skipped = scaler.is_enabled() and scaler.get_scale() < previous_scale
             max_logit = qk_clip.max_logit()
-            clipped_heads = 0
+            clipped_heads, expert_load = 0, {}
             if skipped:
                 qk_clip.reset()  # observations of a discarded update must not rescale weights
+                model.discard_routing_counts()  # nor its MoE token counts move a gate bias
             else:
                 clipped_heads = qk_clip.apply()
-                model.after_optimizer_step()  # per-block bookkeeping, e.g. MoE gate bias
+                # Per-block bookkeeping: MoE gate-bias step on the token counts of every rank, load figures.
+                expert_load = model.after_optimizer_step(reduce_expert_load_)
             optimizer.zero_grad(set_to_none=True)
 
             if skipped:
@@ -405,6 +426,10 @@ def train(
                     "utilisation_reference": reference_label, "tokens_seen": state.tokens_seen,
                     "skipped_updates": state.skipped_updates, "max_attention_logit": max_logit, "qk_clipped_heads": clipped_heads,
                 }
+                if update_mtp_ce:
+                    record["mtp_ce"] = update_mtp_ce  # per depth, this update's micro-batch mean
+                if expert_load:
+                    record["moe"] = expert_load  # per MoE layer: this update's loads, bias norm, drops
                 if hooks.on_log:
                     hooks.on_log(record)
                 window = {"loss": 0.0, "tokens": 0, "seconds": 0.0, "updates": 0}

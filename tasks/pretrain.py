@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from hymo_core.configs import CHECKPOINT_DIR, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE, ModelConfig, TrainConfig
+from hymo_core.configs import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE, ModelConfig, TrainConfig
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.stage_runner import run_artifact_stage, stage_cache_key
 
@@ -96,7 +96,8 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
         from hymo_core.train import run_training  # torch: imported when training runs, not with the pipeline
 
         summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config))
-    for name in (METRICS_FILE, LOSS_PICTURE):
+    pictures = [name for name in (LOSS_PICTURE, EXPERT_LOAD_PICTURE) if (home / name).is_file()]
+    for name in (METRICS_FILE, *pictures):
         shutil.copy2(home / name, work_dir / name)
     (work_dir / CHECKPOINT_DIR).mkdir()
     published = {Path(summary["checkpoint"]).name}
@@ -111,7 +112,7 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
         summary["best_checkpoint"] = f"{CHECKPOINT_DIR}/{summary['best_checkpoint']}"
     (work_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     metric_rows = sum(1 for _ in open(work_dir / METRICS_FILE, encoding="utf-8"))
-    artifacts = [(SUMMARY_FILE, None), (METRICS_FILE, metric_rows), (LOSS_PICTURE, None)]
+    artifacts = [(SUMMARY_FILE, None), (METRICS_FILE, metric_rows)] + [(name, None) for name in pictures]
     artifacts += [(relpath, None) for relpath in checkpoint_files]
     extra = {k: summary.get(k) for k in ("final_step", "final_train_loss", "final_val_loss", "weights_sha256", "tokens_seen",
                                          "skipped_updates", "parameters", "resumed_from")}

@@ -3,7 +3,7 @@
 Stages contain only their logic (`process_shard`, optionally a global
 `prepare` pass). Everything else lives here and is written once:
 
-* the cache key and the no-op re-run,
+* the cache key (with a digest of the stage's rule code) and the no-op re-run,
 * per-shard accounting (documents in = kept + removed, by id),
 * atomic writes into a hidden work directory, published by rename after the
   manifest (with `complete: true`) is written,
@@ -35,6 +35,7 @@ from manifests.digest import config_hash, sha256_file
 from manifests.schema import AUDIT_SCHEMA, DOC_SCHEMA, audit_table
 from manifests.stage_manifest import OutputFile, StageManifest, is_complete, read_manifest, write_manifest
 from tasks.code_version import code_version
+from tasks.rule_digest import rule_digest
 
 
 class AccountingError(RuntimeError):
@@ -309,7 +310,9 @@ class progress_bar:
 
 
 def stage_cache_key(stage: str, version: str, config: Any, input_digests: list[str]) -> str:
-    return make_cache_key(stage, version, config_dict(config), input_digests)
+    """The stage contract: name, version and rule-code digest (tasks/rule_digest.py), config, input digests."""
+    rules = rule_digest(stage)
+    return make_cache_key(stage, f"{version}+rules.{rules}" if rules else version, config_dict(config), input_digests)
 
 
 def run_prepare(stage: StageDef, upstream: StageManifest, config: Any, work_dir: Path, workers: int) -> Any:

@@ -311,3 +311,14 @@ def write_corpus(root: Path, seed: int = 0, train_tokens: int = 6000, validation
 @pytest.fixture
 def tiny_corpus(tmp_path: Path) -> Path:
     return write_corpus(tmp_path / "corpus")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny layers run fastest on one thread: two threads' spin-waits cost seconds on a shared machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

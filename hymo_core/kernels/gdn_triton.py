@@ -194,6 +194,11 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
+# Each program holds several 64 x 64 and 64 x K fp32 tiles at once: more warps spread the
+# registers, and no software pipelining of the chunk loop keeps shared memory to one chunk.
+LAUNCH = dict(num_warps=8, num_stages=1)
+
+
 class GatedDeltaRuleTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale: float, h0):
@@ -206,7 +211,7 @@ class GatedDeltaRuleTriton(torch.autograd.Function):
         h0c = h0.float().contiguous() if h0 is not None else ht  # ht is a placeholder when HAS_H0 is off
         grid = (triton.cdiv(V, BV), B * H)
         _gdn_forward_kernel[grid](q, k, v, g, beta, h0c, o, ht, ht, scale, T, H, K, V, C=CHUNK, BK=BK, BV=BV,
-                                  HAS_H0=h0 is not None, STORE_STATES=False, WRITE_O=True, PREC=_precision(q))
+                                  HAS_H0=h0 is not None, STORE_STATES=False, WRITE_O=True, PREC=_precision(q), **LAUNCH)
         ctx.save_for_backward(q, k, v, g, beta, h0c if h0 is not None else None)
         ctx.scale, ctx.has_h0, ctx.h0_dtype = scale, h0 is not None, None if h0 is None else h0.dtype
         return o, ht
@@ -223,7 +228,7 @@ class GatedDeltaRuleTriton(torch.autograd.Function):
         scratch = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
         _gdn_forward_kernel[grid](q, k, v, g, beta, h0 if h0 is not None else scratch, v, scratch, hs, ctx.scale,
                                   T, H, K, V, C=CHUNK, BK=BK, BV=BV, HAS_H0=ctx.has_h0, STORE_STATES=True,
-                                  WRITE_O=False, PREC=_precision(q))
+                                  WRITE_O=False, PREC=_precision(q), **LAUNCH)
         do = do.contiguous()
         dq = torch.empty(NV, B, T, H, K, device=q.device, dtype=torch.float32)
         dk = torch.empty_like(dq)
@@ -234,7 +239,7 @@ class GatedDeltaRuleTriton(torch.autograd.Function):
         has_dht = dht is not None
         _gdn_backward_kernel[grid](q, k, v, g, beta, hs, do, dht.contiguous() if has_dht else dh0,
                                    dq, dk, dv, dg, dbeta, dh0, ctx.scale, B, T, H, K, V,
-                                   C=CHUNK, BK=BK, BV=BV, HAS_DHT=has_dht, PREC=_precision(q))
+                                   C=CHUNK, BK=BK, BV=BV, HAS_DHT=has_dht, PREC=_precision(q), **LAUNCH)
         return (dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dv, dg.sum(0).to(g.dtype), dbeta.sum(0).to(beta.dtype),
                 None, dh0.to(ctx.h0_dtype) if ctx.has_h0 else None)
 

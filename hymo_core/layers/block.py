@@ -33,7 +33,7 @@ def make_ffn(kind: str, config: ModelConfig, kernel_backend: str | None) -> nn.M
     if kind in config.moe_on:
         from hymo_core.layers.moe import MoE
 
-        return MoE(config, kernel_backend)
+        return MoE(config.d_model, config.moe_config(), config.init_std)
     return FeedForward(config, kernel_backend)
 
 

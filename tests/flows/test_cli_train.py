@@ -37,14 +37,19 @@ def trained(tiny_run: Path, tmp_path_factory) -> Path:
     return root / "out"
 
 
-def test_train_writes_summary_metrics_picture_checkpoint(trained: Path, tiny_run: Path):
+def test_train_writes_summary_metrics_picture_checkpoint(trained: Path, tiny_run: Path, capsys):
     summary = json.loads((trained / "summary.json").read_text())
     assert summary["final_step"] == 3 and summary["final_val_loss"] < summary["ln_vocab"] + 1
     assert (trained / "loss.png").stat().st_size > 1000 and (trained / "checkpoints" / "step-00000003.pt").is_file()
     record = json.loads((trained / "metrics.jsonl").read_text().splitlines()[0])
     assert {"loss", "grad_norm_pre_clip", "lr", "tokens_per_s", "utilisation", "skipped_updates", "max_attention_logit"} <= set(record)
-    # a second plain `train` into the same directory would silently discard the checkpoints: refused
-    assert main(["train", "--corpus", str(tiny_run), "--out", str(trained)]) == 2
+    # a second plain `train` into the same directory would silently discard the checkpoints: refused, in one line
+    capsys.readouterr()
+    assert main(["train", "--corpus", str(tiny_run), "--out", str(trained)]) == 1
+    err = capsys.readouterr().err
+    assert "FileExistsError" in err and "--resume" in err
+    with pytest.raises(FileExistsError, match="--resume"):
+        main(["train", "--corpus", str(tiny_run), "--out", str(trained), "--debug"])
 
 
 def test_eval_prints_loss_perplexity_and_cloze(trained: Path, tiny_run: Path, capsys):
@@ -91,10 +96,10 @@ def test_max_steps_stops_early_without_moving_the_schedule(tiny_run: Path, tmp_p
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4]
     assert lrs == pytest.approx([4e-3 * step / 5 for step in (1, 2, 3, 4)])  # still warming up towards step 5 of 8
     capsys.readouterr()
-    assert main(common + ["--max-steps", "6", "--horizon", "20", "--resume"]) == 2  # another schedule: refused
+    assert main(common + ["--max-steps", "6", "--horizon", "20", "--resume"]) == 1  # another schedule: refused
     error = capsys.readouterr().err.strip()
     assert "LR schedule differs" in error and "\n" not in error and "Traceback" not in error
-    assert main(common + ["--horizon", "3"]) == 2  # a horizon inside the warmup
+    assert main(common + ["--horizon", "3"]) == 1  # a horizon inside the warmup
     assert "horizon_steps must exceed warmup_steps" in capsys.readouterr().err
 
 

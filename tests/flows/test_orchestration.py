@@ -23,13 +23,14 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 def digests(run: Path) -> dict[str, dict[str, str]]:
     """Every published output file's sha256, per stage: the bytes a run produced.
 
-    Pretraining is compared by its final weights' sha256: its logs carry wall-clock throughput, and its
-    checkpoints also hold Python's global RNG state, which Prefect's own threads in the flow process draw from.
+    Pretraining is compared by its checkpoints' bytes (the trainer's RNG is its own, not the process-global
+    one Prefect's threads draw from) and final weights: its logs carry wall-clock throughput.
     """
-    found = {s.stage: {o.path: o.sha256 for o in m.outputs} for s, m in completed_stages(run) if s.stage != "pretrain"}
+    found = {s.stage: {o.path: o.sha256 for o in m.outputs if s.stage != "pretrain" or o.path.endswith(".pt")}
+             for s, m in completed_stages(run)}
     summary = stage_path(run, "pretrain") / "summary.json"
     if summary.exists():
-        found["pretrain"] = {"weights_sha256": json.loads(summary.read_text())["weights_sha256"]}
+        found.setdefault("pretrain", {})["weights_sha256"] = json.loads(summary.read_text())["weights_sha256"]
     return found
 
 

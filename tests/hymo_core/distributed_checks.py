@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from hymo_core.configs import ModelConfig, TrainConfig
 from hymo_core.distributed import close_runtime, init_runtime, reduce_expert_load_
 from hymo_core.model import Transformer
-from hymo_core.optim import OptimizerConfig, build_optimizer, newton_schulz
+from hymo_core.optim import NorMuonConfig, OptimizerConfig, build_optimizer, newton_schulz
 from hymo_core.parallelize import apply_fsdp
 
 SHAPE = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, max_seq_len=16)
@@ -37,19 +37,20 @@ def main(out: str) -> None:
     sharded = Transformer(SHAPE)
     sharded.load_state_dict(plain.state_dict())
     apply_fsdp(sharded, runtime, TrainConfig())
-    config = OptimizerConfig(lr=0.02, ns_dtype="float32")
-    optimizers = build_optimizer(plain, config), build_optimizer(sharded, config)
     generator = torch.Generator().manual_seed(1)  # the same full gradients on every rank
-    for _ in range(3):
-        for (name, p), (_, s) in zip(plain.named_parameters(), sharded.named_parameters()):
-            grad = torch.randn(p.shape, generator=generator)
-            p.grad = grad.clone()
-            s.grad = distribute_tensor(grad.clone(), s.device_mesh, s.placements, src_data_rank=None)
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    results = {"optimizer_max_difference": max_difference(full_state(plain), full_state(sharded)),
-               "muon_params_sharded": sum(isinstance(p, DTensor) and p.ndim == 2 for p in sharded.parameters())}
+    results = {"muon_params_sharded": sum(isinstance(p, DTensor) and p.ndim == 2 for p in sharded.parameters())}
+    for label, config in (("muon", OptimizerConfig(lr=0.02, ns_dtype="float32")),
+                          ("normuon", NorMuonConfig(lr=0.02, muon_lr=0.02, ns_dtype="float32"))):
+        optimizers = build_optimizer(plain, config), build_optimizer(sharded, config)
+        for _ in range(3):
+            for (name, p), (_, s) in zip(plain.named_parameters(), sharded.named_parameters()):
+                grad = torch.randn(p.shape, generator=generator)
+                p.grad = grad.clone()
+                s.grad = distribute_tensor(grad.clone(), s.device_mesh, s.placements, src_data_rank=None)
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        results[f"{label}_max_difference"] = max_difference(full_state(plain), full_state(sharded))
 
     # The bug the gather prevents: Newton-Schulz of a row shard is not a shard of Newton-Schulz.
     matrix = torch.randn(32, 32, generator=generator)

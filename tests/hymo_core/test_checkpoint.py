@@ -171,3 +171,19 @@ def test_directory_keeps_last_k_and_best(tiny_corpus, tmp_path):
     assert names == ["step-00000002.pt", "step-00000004.pt", "step-00000005.pt"]  # best (2) + last two
     assert directory.index["best"]["step"] == 2 and directory.index["latest"] == "step-00000005.pt"
     assert not list(directory.directory.glob("*.tmp"))
+
+
+def test_checkpoint_bytes_do_not_depend_on_the_process_global_rngs(tiny_corpus, tmp_path):
+    """Prefect's threads draw from Python's global `random` while a flow trains: the checkpoint must not store it."""
+    from hymo_core.trainer import seed_training_rng
+
+    files = []
+    for attempt, draws in enumerate((0, 1000)):
+        seed_training_rng(0)
+        random.seed(attempt), np.random.seed(attempt)
+        model, optimizer, loader = build(tiny_corpus)
+        state = train(model, optimizer, loader, None, CONFIG, TrainState(), CPU)
+        for _ in range(draws):  # what other threads of the process do meanwhile
+            random.random(), np.random.rand()
+        files.append(save_checkpoint(tmp_path / f"run{attempt}" / "step-00000004.pt", model, optimizer, state, CONFIG, loader).read_bytes())
+    assert files[0] == files[1]

@@ -99,3 +99,24 @@ def test_planner_counts_the_built_hybrid(overrides):
 
     model = build(**overrides)
     assert sum(p.numel() for p in model.parameters()) == count_parameters(model.config)
+
+
+def test_trainer_drives_a_hybrid_qk_clip_on_mla_and_one_hook_call_per_update(tiny_corpus):
+    """The loop trains G + M layers, QK-Clip rescales MLA heads, after_optimizer_step runs once per update."""
+    from hymo_core.data import CorpusReader, TokenLoader
+    from hymo_core.optim import build_optimizer
+    from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, train
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_dim=64,
+                                    max_seq_len=16, layer_pattern="GM"))
+    config = TrainConfig(batch_size=4, seq_len=16, max_steps=3, warmup_steps=1, log_interval=1, eval_interval=100,
+                         checkpoint_interval=100, gradient_accumulation_steps=2, qk_clip_threshold=1e-3)
+    calls = []
+    model.layers[1].ffn.after_optimizer_step = lambda: calls.append(1)  # where an MoE's gate-bias step would run
+    logs = []
+    loader = TokenLoader(CorpusReader(tiny_corpus), "train", config.seq_len, config.batch_size, config.seed)
+    train(model, build_optimizer(model, config.optimizer_config(torch.device("cpu"))), loader, None, config,
+          TrainState(), torch.device("cpu"), TrainHooks(on_log=logs.append))
+    assert len(calls) == 3 and [r["step"] for r in logs] == [1, 2, 3]
+    assert all(r["qk_clipped_heads"] == 2 for r in logs)  # both MLA heads exceed tau = 1e-3 every update

@@ -36,7 +36,9 @@ def test_hymo_tiny_matches_the_dense_sample_model_in_size():
     from dataclasses import replace
 
     dense = planner.count_parameters(replace(SAMPLE_MODEL, vocab_size=8192).shape()).total
-    hybrid = planner.count_parameters(replace(PRESETS["hymo-tiny"], vocab_size=8192).shape()).total
+    # The hybrid trunk alone (the preset's MoE and MTP switched off) is the dense model's size.
+    trunk = replace(PRESETS["hymo-tiny"], vocab_size=8192, moe_on="", mtp_depth=0)
+    hybrid = planner.count_parameters(trunk.shape()).total
     assert abs(hybrid - dense) / dense < 0.01
 
 
@@ -47,7 +49,10 @@ def test_plan_of_the_production_preset(capsys):
     assert shape.d_model == 896 and shape.vocab_size == 64_256 and shape.layer_kinds() == tuple("GGGM" * 8)
     assert f"{planner.count_parameters(shape).total:,}" in out
     breakdown = planner.training_flops_breakdown(shape, 4096)
-    assert set(breakdown) == {"GDN", "MLA", "dense FFN", "head"}
+    assert set(breakdown) == {"GDN", "MLA", "dense FFN", "MoE", "head", "MTP (training only)"}
+    counts = planner.count_parameters(shape)
+    assert f"{counts.active:,} (1 of 16 routed + 1 shared experts" in out and counts.active < counts.total - counts.mtp
+    assert "optimizer state, NorMuon partition" in out and "optimizer state, AdamW on everything" in out
     assert f"{sum(breakdown.values()) / 1e6:,.1f} M" in out and "seed total ~340 M" in out
     assert "G: recurrent state" in out and "M: latent cache" in out
 

@@ -1,0 +1,102 @@
+"""Errors for people: a failed command ends in one line naming the stage, the file and the fix.
+
+Prefect logs every failed task with its traceback on the console, and Python
+prints another at exit: two hundred lines for a truncated input file. Unless
+`--debug` is given, the console shows Prefect's log lines without tracebacks
+(the Prefect API and UI still receive them in full) and the command ends with
+`explain(exc)`: `hymo: stage ingest failed: FILE: what is wrong — fix: what to do`.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from pathlib import Path
+from types import TracebackType
+
+DEBUG_HINT = "--debug shows the traceback"
+
+
+def stage_of(exc: BaseException) -> str | None:
+    """The pipeline stage the exception passed through, read off its traceback (None outside a stage)."""
+    from flows.stages import STAGE_NAMES
+
+    found = None
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        entry = frame.f_locals.get("entry")
+        name = getattr(entry, "name", None) or (frame.f_locals.get("name") if frame.f_code.co_filename.endswith(os.path.join("flows", "pipeline.py")) else None)
+        module = Path(frame.f_code.co_filename).stem
+        if isinstance(name, str) and name in STAGE_NAMES:
+            found = name
+        elif found is None and module in STAGE_NAMES:
+            found = module
+        tb = tb.tb_next
+    return found
+
+
+def fix_for(exc: BaseException) -> str:
+    """What the user should do about `exc`, in a few words."""
+    from manifests.run_lock import RunLocked
+    from manifests.stage_manifest import DigestMismatch, StageNotComplete
+    from tasks.ingest import InputFileError
+
+    if isinstance(exc, RunLocked):
+        return "wait for the other run, stop it, or choose another --out"
+    if isinstance(exc, InputFileError):
+        return "repair or remove that input file (or fix its source spec), then run the same command again"
+    if isinstance(exc, DigestMismatch):
+        return "a published file changed after the stage wrote it; `hymo rerun RUN --stage STAGE --force` recomputes it"
+    if isinstance(exc, StageNotComplete):
+        return "run the earlier stages first (`hymo run --out RUN`), or pass the right run directory"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free disk space where the run directory lives (nothing partial was published), then run the same command again"
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "make that path writable (or choose another --out), then run the same command again"
+    if isinstance(exc, FileNotFoundError):
+        return "check the path (a relative path is read from the current directory)"
+    if type(exc).__name__ == "ValidationError" or isinstance(exc, (ValueError, KeyError, TypeError)) and "config" in str(exc).lower():
+        return "fix the configuration value named above"
+    return f"see the message above; {DEBUG_HINT}"
+
+
+def explain(exc: BaseException) -> str:
+    """One line: `hymo: [stage S failed: ][FILE: ]message — fix: ...`."""
+    stage = stage_of(exc)
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    filename = getattr(exc, "filename", None)
+    if filename and str(filename) not in message:
+        message = f"{filename}: {message}"
+    if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, FileNotFoundError) and os.strerror(exc.errno) not in message:
+        message = f"{message} ({os.strerror(exc.errno)})"
+    where = f"stage {stage} failed: " if stage else ""
+    fix = fix_for(exc)
+    if DEBUG_HINT not in fix:
+        fix = f"{fix} ({DEBUG_HINT})"
+    return f"hymo: {where}{type(exc).__name__}: {message[:400]} — fix: {fix}"
+
+
+def quiet_console_tracebacks() -> None:
+    """Prefect's console log lines keep coming, without tracebacks; its API handler still sends them in full.
+
+    Prefect re-creates its handlers whenever it sets logging up again (a flow
+    run, a settings change), so the console handler class itself is adjusted,
+    in this process only (the CLI without `--debug`).
+    """
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    if getattr(PrefectConsoleHandler, "_hymo_quiet", False):
+        return
+    full_format = PrefectConsoleHandler.format
+
+    def format_without_traceback(self: logging.Handler, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None  # restored: other handlers see the record whole
+        try:
+            return full_format(self, record).split("\nTraceback (most recent call last):")[0]
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+    PrefectConsoleHandler.format = format_without_traceback
+    PrefectConsoleHandler._hymo_quiet = True

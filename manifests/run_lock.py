@@ -1,0 +1,100 @@
+"""One writer per run directory: an OS file lock on RUN/.lock, naming its holder.
+
+Two runs on one directory (a CLI run and a UI run, say) would delete each
+other's `.partial` work directories. `run_lock` takes an exclusive `flock` on
+RUN/.lock and writes who holds it (pid, host, command, since); a second run
+waits up to `wait_s` and then fails with a message naming that holder. The OS
+drops the lock when the holder dies, even by SIGKILL, so a crash never leaves a
+directory locked; the holder text left behind is only a hint, never the lock.
+Re-entrant within one process (a flow that calls another on the same run).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+LOCK_NAME = ".lock"
+WAIT_ENV = "HYMO_RUN_LOCK_WAIT_S"  # seconds a second run waits for the first (default: fail at once)
+POLL_S = 0.5
+
+_held: dict[Path, tuple[int, int]] = {}  # resolved run directory -> (fd, depth) held by this process
+_guard = threading.Lock()
+
+
+class RunLocked(RuntimeError):
+    """Another process holds this run directory."""
+
+
+def holder_of(lock_path: Path) -> str:
+    """Who holds (or last held) the lock, in words."""
+    try:
+        info = json.loads(lock_path.read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "another process (no holder recorded)"
+    return f"pid {info.get('pid')} on {info.get('host')} since {info.get('since')} ({info.get('command')})"
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextlib.contextmanager
+def run_lock(run: Path, wait_s: float | None = None) -> Iterator[Path]:
+    """Hold RUN/.lock for the block; raise RunLocked naming the holder if it stays taken for `wait_s`."""
+    run = Path(run)
+    run.mkdir(parents=True, exist_ok=True)
+    key = run.resolve()
+    with _guard:
+        if key in _held:
+            fd, depth = _held[key]
+            _held[key] = (fd, depth + 1)
+            reentered = True
+        else:
+            reentered = False
+    if reentered:
+        try:
+            yield run / LOCK_NAME
+        finally:
+            with _guard:
+                fd, depth = _held[key]
+                _held[key] = (fd, depth - 1)
+        return
+    wait_s = float(os.environ.get(WAIT_ENV, "0")) if wait_s is None else wait_s
+    lock_path = run / LOCK_NAME
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while not _try_lock(fd):
+            if time.monotonic() >= deadline:
+                raise RunLocked(f"{run}: in use by {holder_of(lock_path)}; wait for that run to finish, stop it, "
+                                f"or use another --out directory (set {WAIT_ENV}=SECONDS to wait)")
+            time.sleep(POLL_S)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.orig_argv).replace("\n", " ")[:300],
+                  "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        with _guard:
+            _held[key] = (fd, 1)
+        try:
+            yield lock_path
+        finally:
+            with _guard:
+                _held.pop(key, None)
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock

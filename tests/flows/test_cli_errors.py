@@ -1,0 +1,60 @@
+"""Errors for people: a failed command ends in one line naming the stage, the file and the fix;
+the funnel stays readable in an 80-column terminal."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows import cli
+from flows.pipeline import RUN_CONFIG
+from manifests.run_dir import completed_stages
+
+
+def last_line(text: str) -> str:
+    return [line for line in text.splitlines() if line.strip()][-1]
+
+
+def test_funnel_fits_80_columns_without_cutting_a_rule_name(tiny_run: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(cli.console, "width", 80)
+    cli.print_funnel(tiny_run)
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    for _, manifest in completed_stages(tiny_run):
+        ranked = sorted({**manifest.counts.get("removed", {}), **manifest.counts.get("routed", {})}.items(), key=lambda kv: -kv[1])
+        for rule, n in ranked[:3]:
+            assert f"{rule} {n}" in out  # whole, on one line
+
+
+def test_missing_run_directory_is_one_line_with_a_fix(tmp_path: Path, prefect_harness, capsys) -> None:
+    code = cli.main(["rerun", str(tmp_path / "nowhere"), "--stage", "split", "--api-url", prefect_harness])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    line = last_line(err)
+    assert line.startswith("hymo: ") and "nowhere" in line and "config.json" in line and "fix:" in line and "--debug" in line
+
+
+def test_second_run_on_a_locked_directory_names_the_holder(tmp_path: Path, prefect_harness, capsys) -> None:
+    from flows.config import PipelineConfig
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_CONFIG).write_text(json.dumps({"config": PipelineConfig().model_dump(mode="json"), "runner": "process"}), encoding="utf-8")
+    hold = "import sys, time; from manifests.run_lock import run_lock\nwith run_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(300)\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = cli.main(["rerun", str(run), "--stage", "split", "--api-url", prefect_harness])
+    finally:
+        holder.kill()
+        holder.wait()
+    line = last_line(capsys.readouterr().err)
+    assert code == 1 and "RunLocked" in line and f"pid {holder.pid}" in line and "another --out" in line
+
+
+def test_debug_shows_the_traceback(tmp_path: Path, prefect_harness) -> None:
+    with pytest.raises(FileNotFoundError):
+        cli.main(["rerun", str(tmp_path / "nowhere"), "--stage", "split", "--api-url", prefect_harness, "--debug"])
