@@ -187,10 +187,11 @@ def check_compatible(
     if payload["vocab_size"] != model.config.vocab_size:
         raise refuse(f"vocab_size {payload['vocab_size']} != model's {model.config.vocab_size}")
     # A key the checkpoint lacks predates that field, so it was built with the field's default.
-    saved_model = {**{f.name: f.default for f in fields(ModelConfig)}, **payload["model_config"]}
-    if saved_model != asdict(model.config):
-        changed = sorted(k for k in set(saved_model) | set(asdict(model.config))
-                         if saved_model.get(k) != asdict(model.config).get(k))
+    # Compared in JSON form: a DCP checkpoint's metadata.json holds tuples (e.g. mtp_loss_weights) as lists.
+    saved_model = json.loads(json.dumps({**{f.name: f.default for f in fields(ModelConfig)}, **payload["model_config"]}))
+    current_model = json.loads(json.dumps(asdict(model.config)))
+    if saved_model != current_model:
+        changed = sorted(k for k in set(saved_model) | set(current_model) if saved_model.get(k) != current_model.get(k))
         raise refuse(f"model config differs in {', '.join(changed)}")
     if payload["optimizer_type"] != optimizer_type(optimizer):
         raise refuse(f"optimizer {payload['optimizer_type']} != {optimizer_type(optimizer)}")

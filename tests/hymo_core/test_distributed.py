@@ -92,9 +92,12 @@ def one_rank(setup) -> Path:
 
 @pytest.fixture(scope="module")
 def hybrid_recipe(setup) -> Path:
-    """The hybrid stack (a Gated DeltaNet block, then an MLA block), 4 updates: sharding is generic over model.layers."""
+    """The HyMo stack at toy size, 4 updates with NorMuon: a Gated DeltaNet block, then an MLA block with a
+    DeepSeekMoE FFN (gate bias stepped on the token counts of both ranks), and one MTP depth on the root."""
     recipe = setup["root"] / "hybrid.toml"
-    recipe.write_text(RECIPE.replace(f"max_steps = {STEPS}", "max_steps = 4").replace("n_layers = 2", 'n_layers = 2\nlayer_pattern = "GM"'),
+    hybrid = ('n_layers = 2\nlayer_pattern = "GM"\nmoe_on = "M"\nmoe_n_routed_experts = 4\nmoe_n_activated_experts = 2\n'
+              'moe_expert_dim = 16\nmtp_depth = 1')
+    recipe.write_text(RECIPE.replace(f"max_steps = {STEPS}", 'max_steps = 4\noptimizer = "normuon"').replace("n_layers = 2", hybrid),
                       encoding="utf-8")
     return recipe
 
@@ -107,6 +110,7 @@ def test_hybrid_stack_on_two_ranks_trains_the_one_process_model(setup, hybrid_re
         assert train_losses(two)[step] == pytest.approx(loss, rel=1e-5), step
     final_two, final_one = state_of(two / "checkpoints" / "step-00000004"), state_of(one / "checkpoints" / "step-00000004.pt")
     assert "layers.0.attn.A_log" in final_one and "layers.1.attn.q_b_proj.weight" in final_one  # GDN then MLA
+    assert any(".ffn.experts." in name for name in final_one) and any(name.startswith("mtp") for name in final_one)
     for name in final_one:
         torch.testing.assert_close(final_two[name], final_one[name], rtol=1e-4, atol=1e-6)
 
