@@ -526,9 +526,10 @@ class NorMuonAdamW(PartitionedOptimizer):
                 rows.append(direction / (second.sqrt() + group["row_eps"]).unsqueeze(1))
             directions = rows
         for param, master, grad, momentum, direction in zip(params, masters, grads, momenta, directions):
+            # Norms of whole matrices: under FSDP2 a shard's norm() is a partial sum until reduced.
             target = (0.2 * math.sqrt(direction.numel()) if group["update_scale"] == "match_rms_adamw"
-                      else float(momentum.norm()))
-            scale = target / max(float(direction.norm()), group["ns_eps"])
+                      else float(_whole(momentum.norm())))
+            scale = target / max(float(_whole(direction.norm())), group["ns_eps"])
             self._decay_(master, grad, group)
             master.add_(direction.to(master.dtype), alpha=-group["lr"] * scale)
             if master is not param:
@@ -542,6 +543,11 @@ class NorMuonAdamW(PartitionedOptimizer):
         master.addcdiv_(exp_avg, denominator, value=-group["lr"] / bias_correction)
         if master is not param:
             param.copy_(master)
+
+
+def _whole(value: torch.Tensor) -> torch.Tensor:
+    """A reduction over a DTensor shard completed over all ranks; plain tensors unchanged."""
+    return value.full_tensor() if DTensor is not None and isinstance(value, DTensor) else value
 
 
 def _orthogonalise_stack(momenta: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
