@@ -136,7 +136,12 @@ def main() -> int:
             row_out += [both_keep, both_drop, only_ours, only_dt, f"{100 * (both_keep + both_drop) / n:.1f} %"]
         agreement.append(row_out)
 
-    out = [SECTION, "", f"Date 2026-11-29, machine 2-core x86_64 CPU (shared). `python bench/filters.py --write docs/benchmarks.md` on {args.corpus} "
+    import datetime
+    import os
+    import platform
+
+    machine = f"{len(os.sched_getaffinity(0))}-core {platform.machine()} CPU (shared)"
+    out = [SECTION, "", f"Date {datetime.date.today().isoformat()}, machine {machine}. `python bench/filters.py --write docs/benchmarks.md` on {args.corpus} "
            f"({n} real documentation pages, {args.shards} shards), both tools in the same run on the same documents, English, prose rule set.", "",
            "### Throughput", "", markdown_table(["tool", "what", "docs", "seconds", "docs/s"], speed_rows), "",
            f"**HyMo / datatrove: {cpu_ratio:.1f}x in CPU time per document; {stage_rate / chain_rate:.1f}x in wall time of the "

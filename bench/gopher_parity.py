@@ -117,6 +117,15 @@ def main() -> int:
            f"{explained} of {n - agree} disagreements fall in the two classes where HyMo follows the paper's definition and datatrove "
            f"does not (docs/quality.md); counting those as agreement gives {100 * (agree + explained) / n:.1f} %. Every HyMo value in the "
            "duplicated-n-gram class equals the brute-force measure (checked by this script).", ""]
+    greedy = by_class.get("HyMo: duplicated n-grams over the limit, datatrove's greedy scan counts fewer", [])
+    if greedy:
+        out += ["Every document of the duplicated-n-gram class (HyMo's value = brute force; datatrove's greedy value under the limit):", "",
+                "; ".join(f"`{doc_id}` {evidence.split(', limit')[0]}" for doc_id, evidence in greedy), ""]
+    unique = by_class.get("datatrove: top n-gram that occurs once", [])
+    if unique:
+        short = sum(int(e.split("; ")[1].split()[0]) < QualityConfig().min_words for _, e in unique)
+        out += [f"Top n-gram class: in all {len(unique)} documents datatrove's most common n-gram occurs exactly once; "
+                f"{short} of them have fewer than {QualityConfig().min_words} words (Gopher's length rule removes them in the chain anyway).", ""]
     text = "\n".join(out)
     print(text)
     if args.write:

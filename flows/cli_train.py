@@ -17,7 +17,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = train_from_args(args)
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
                   f"validation loss {summary['final_val_loss']}, weights sha256 {summary['weights_sha256'][:16]}…")
-    console.print(f"wrote {args.out}/summary.json, metrics.jsonl, loss.png, checkpoints/")
+    pictures = "loss.png, expert_load.png" if summary.get("final_expert_load") else "loss.png"
+    console.print(f"wrote {args.out}/summary.json, metrics.jsonl, {pictures}, checkpoints/")
     return 0
 
 
@@ -46,7 +47,29 @@ def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None
     return result
 
 
+def cmd_eval_suite(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hymo_core.eval_report import EVAL_MD, default_out, run_suite
+    from hymo_core.train import default_device
+
+    out = Path(args.out) if args.out else default_out(args.checkpoint)
+    result = run_suite(args.checkpoint, args.suite, args.corpus, args.limit, out, default_device(), args.mmlu_format,
+                       log=lambda line: console.print(line, markup=False))
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "tasks"} | {"tasks": {t: {k: v for k, v in r.items() if k != "per_item"}
+                                                                                     for t, r in result["tasks"].items()}}, indent=2))
+        return 0
+    print((out / EVAL_MD).read_text(encoding="utf-8"))
+    console.print(f"wrote {out}/eval.json and {EVAL_MD}", markup=False)
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    if args.suite:
+        return cmd_eval_suite(args)
+    if not args.corpus:
+        raise SystemExit("hymo eval: --corpus is required without --suite")
     result = evaluate_checkpoint(args.checkpoint, args.corpus, args.batches, args.cloze)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -84,9 +107,13 @@ def add_commands(sub: Any) -> None:
     add_train_arguments(train)
     train.set_defaults(func=cmd_train)
 
-    evaluate = sub.add_parser("eval", help="validation loss, perplexity and cloze accuracy of a checkpoint")
+    evaluate = sub.add_parser("eval", help="validation loss, perplexity and cloze accuracy of a checkpoint; --suite: the benchmark suite")
     evaluate.add_argument("checkpoint")
-    evaluate.add_argument("--corpus", required=True, help="run directory, shards stage directory or corpus.json")
+    evaluate.add_argument("--corpus", help="run directory, shards stage directory or corpus.json (with --suite: default, the run above the checkpoint)")
+    evaluate.add_argument("--suite", help="benchmark suite: default (HellaSwag, ARC-E/C, MMLU, GSM8K, HumanEval + held-out perplexity) or mc")
+    evaluate.add_argument("--limit", type=int, help="with --suite: the first N items of each task (of each MMLU subject)")
+    evaluate.add_argument("--out", help="with --suite: where eval.json and eval.md go (default: RUN/eval/NN_pretrain-CKPT_NAME for a stage checkpoint, else CKPT_DIR/../eval/CKPT_NAME)")
+    evaluate.add_argument("--mmlu-format", choices=["rc", "letters"], default="rc", help="MMLU as cloze (OLMES rc) or lettered choices (lm-eval mmlu)")
     evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")
     evaluate.add_argument("--cloze", help="cloze JSONL (default: the bundled sample set)")
     evaluate.add_argument("--json", action="store_true")

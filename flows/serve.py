@@ -1,4 +1,4 @@
-"""`hymo serve`: a Prefect server (started if none answers) plus the three deployments the UI triggers.
+"""`hymo serve`: a Prefect server (started if none answers) plus the deployments the UI triggers.
 
 Ctrl-C stops serving first, then the server it started: no run is left claimed by a dead runner.
 """
@@ -9,11 +9,12 @@ from pathlib import Path
 
 from flows.server import DEFAULT_HOME, prefect_api
 
-DEPLOYMENTS = ("hymo-pipeline/full", "hymo-stage/rerun", "hymo-train/train")
+DEPLOYMENTS = ("hymo-pipeline/full", "hymo-stage/rerun", "hymo-train/train", "hymo-cpt/cpt")
 
 
 def build_deployments(run_root: str, config_path: str | None = None) -> list:
     from flows.config import load_config
+    from flows.cpt_flow import hymo_cpt
     from flows.pipeline import hymo_pipeline
     from flows.stage_flow import hymo_stage
     from flows.train_flow import hymo_train
@@ -31,6 +32,9 @@ def build_deployments(run_root: str, config_path: str | None = None) -> list:
         hymo_train.to_deployment(
             "train", parameters={"corpus": f"{run_root}/sample"},
             description="Pretrain on a run's corpus manifest."),
+        hymo_cpt.to_deployment(
+            "cpt", parameters={"general": f"{run_root}/sample"},
+            description="Continue a checkpoint on a domain corpus with general replay; the verdict comes from a gate written before training."),
     ]
 
 

@@ -31,6 +31,8 @@ SCORE_FUNCTIONS = ("sigmoid", "softmax")
 
 @dataclass(frozen=True)
 class MoEConfig:
+    """DeepSeekMoE's knobs (hymo_core/layers/moe.py); ModelConfig's moe_* fields build it (moe_config())."""
+
     n_routed_experts: int = 8
     n_activated_experts: int = 2  # top-k
     n_shared_experts: int = 1  # one SwiGLU of width n_shared * expert_dim, as DeepSeek builds it
@@ -95,6 +97,7 @@ class ModelConfig:
     moe_n_shared_experts: int = 1
     moe_expert_dim: int = 0  # 0 = ffn_dim (seed 000: 2304, the dense FFN's width)
     moe_score_function: str = "sigmoid"
+    moe_route_scale: float = 1.0
     moe_bias_update: bool = True
     moe_bias_update_rate: float = 1e-3
     moe_load_ema_decay: float = 0.9
@@ -175,7 +178,8 @@ class ModelConfig:
     def moe_config(self) -> "MoEConfig":
         return MoEConfig(n_routed_experts=self.moe_n_routed_experts, n_activated_experts=self.moe_n_activated_experts,
                          n_shared_experts=self.moe_n_shared_experts, expert_dim=self.moe_expert_dim or self.ffn_dim,
-                         score_function=self.moe_score_function, bias_update=self.moe_bias_update,
+                         score_function=self.moe_score_function, route_scale=self.moe_route_scale,
+                         bias_update=self.moe_bias_update,
                          bias_update_rate=self.moe_bias_update_rate, load_ema_decay=self.moe_load_ema_decay,
                          capacity_factor=self.moe_capacity_factor, aux_loss_weight=self.moe_aux_loss_weight)
 

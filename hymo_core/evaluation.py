@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -126,8 +126,8 @@ def score_cloze(model: nn.Module, tokenizer, items: list[ClozeItem], device: tor
 
 @torch.no_grad()
 def sample_tokens(model: nn.Module, ids: list[int], max_new_tokens: int, temperature: float, top_k: int,
-                  generator: torch.Generator, eos_id: int | None = None) -> list[int]:
-    """New token ids after `ids`, decoding through the model's per-layer caches.
+                  generator: torch.Generator, eos_id: int | None = None, stop: Callable[[list[int]], bool] | None = None) -> list[int]:
+    """New token ids after `ids`, decoding through the model's per-layer caches; `stop(new)` true ends it.
 
     The model sees the last max_seq_len tokens, as a full recomputation would: the prompt
     is prefilled once, each new token costs one single-position step, and only when the
@@ -156,6 +156,8 @@ def sample_tokens(model: nn.Module, ids: list[int], max_new_tokens: int, tempera
         if eos_id is not None and token == eos_id:
             break
         new.append(token)
+        if stop is not None and stop(new):
+            break
     return new
 
 

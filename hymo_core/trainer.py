@@ -267,6 +267,8 @@ def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
     cfg = model.config
     if set(getattr(cfg, "layer_pattern", "A")) != {"A"}:  # GDN / MLA layers: the planner's per-kind terms
         return float(planner.training_flops_per_token(cfg.shape(), seq_len))
+    if getattr(cfg, "moe_on", "") or getattr(cfg, "mtp_depth", 0):  # only the active experts; MTP's own terms
+        return float(sum(planner.training_flops_breakdown(cfg.shape(), seq_len).values()))
     n = sum(p.numel() for name, p in model.named_parameters() if "tok_embeddings" not in name or cfg.tie_embeddings)
     return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
 

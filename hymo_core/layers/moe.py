@@ -14,7 +14,8 @@ DeepSeek-V3's recipe as seed 000 (§6.5, "EMA gate-bias") uses it:
 * an optional sequence-wise auxiliary loss (DeepSeek-V3 eq. 17-20), weight 0 by default.
 
 Experts run grouped: tokens are sorted by expert and each expert multiplies its contiguous slice
-(no loop over tokens; one over experts, the CPU-friendly form of a grouped GEMM). With
+(no loop over tokens; one over experts, the CPU-friendly form of a grouped GEMM); outputs go back
+to their (token, slot) rows and the k slots are summed, with no atomic scatter-add. With
 `capacity_factor > 0` an expert takes at most ceil(cf * tokens * k / E) assignments per forward,
 the rest are dropped (their combine weight is lost, the residual carries the token) and counted.
 """
@@ -148,7 +149,10 @@ class MoE(nn.Module):
         sorted_counts = torch.bincount(flat_experts[order], minlength=E)
         y_SD = self.experts(x_ND[token_of], sorted_counts.tolist())
         y_SD = y_SD * routing.weights_NK.reshape(-1)[order].unsqueeze(1).to(y_SD.dtype)
-        out_ND = torch.zeros_like(x_ND).index_add_(0, token_of, y_SD.to(x_ND.dtype))
+        # Un-sort into one row per (token, slot) and sum the k slots: no atomic scatter-add, so the
+        # sum's order (and a resumed run's bits) does not depend on the device's thread schedule.
+        slots_AD = x_ND.new_zeros(B * T * K, D).index_copy(0, order, y_SD.to(x_ND.dtype))
+        out_ND = slots_AD.view(B * T, K, D).sum(dim=1)
         if self.shared_expert is not None:
             out_ND = out_ND + self.shared_expert(x_ND)
         if self.training:

@@ -81,3 +81,68 @@ def test_hymo_train_flow_returns_the_summary(tiny_run: Path, tmp_path: Path, pre
     assert summary["final_step"] == 2 and (tmp_path / "out" / "summary.json").is_file()
     again = hymo_train(corpus=str(tiny_run), config=str(recipe), out=str(tmp_path / "out"), max_steps=2)  # resume=True: nothing left to do
     assert again["weights_sha256"] == summary["weights_sha256"] and again["resumed_from"].endswith("step-00000002.pt")
+
+
+def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Path, tiny_run: Path, tmp_path: Path, capsys):
+    """`hymo eval CKPT --suite default --limit 50`, offline, on a checkpoint inside its run directory (corpus found by digest)."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "07_shards").symlink_to(tiny_run / "07_shards")
+    checkpoint = run / "checkpoints" / "step-00000003.pt"
+    checkpoint.write_bytes((trained / "checkpoints" / "step-00000003.pt").read_bytes())
+    assert main(["eval", str(checkpoint), "--suite", "default", "--limit", "50"]) == 0
+    table = capsys.readouterr().out
+    for task in ("hellaswag", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "held-out (validation)"):
+        assert f"| {task} |" in table, task
+    result = json.loads((run / "eval" / "step-00000003" / "eval.json").read_text())
+    tasks = result["tasks"]
+    assert result["same_corpus"] and [tasks[t]["items"] for t in ("hellaswag", "arc_easy", "arc_challenge", "gsm8k", "humaneval")] == [50] * 5
+    assert tasks["mmlu"]["items"] == 57 * 50 and len(tasks["mmlu"]["subjects"]) == 57
+    assert tasks["mmlu"]["chance"] == 0.25 and 0 <= tasks["hellaswag"]["accuracy"] <= 1
+    assert tasks["humaneval"]["sandbox"] in ("netns", "guard") and all(r["status"] in ("passed", "failed", "timeout") for r in tasks["humaneval"]["per_item"])
+    assert result["perplexity"]["perplexity"] == pytest.approx(2.718281828 ** result["perplexity"]["loss"], rel=1e-6)
+    # deterministic: a second run over the same items gives the same per-item scores
+    again = json.loads(json.dumps(result))
+    assert main(["eval", str(checkpoint), "--suite", "mc", "--limit", "5", "--out", str(tmp_path / "again")]) == 0
+    second = json.loads((tmp_path / "again" / "eval.json").read_text())
+    assert [r["logprobs"] for r in second["tasks"]["hellaswag"]["per_item"]] == [r["logprobs"] for r in again["tasks"]["hellaswag"]["per_item"][:5]]
+
+
+def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp_path: Path, capsys, prefect_harness):
+    """`hymo retokenize` gives a domain corpus in the base's ids; `hymo cpt` continues, judges and records lineage; so does the flow."""
+    checkpoint = str(trained / "checkpoints" / "step-00000003.pt")
+    assert main(["retokenize", str(tiny_run), "--tokenizer-from", str(tiny_run), "--out", str(tmp_path / "domain")]) == 0
+    status = main(["cpt", checkpoint, "--domain", str(tmp_path / "domain"), "--general", str(tiny_run), "--out", str(tmp_path / "cpt"),
+                   "--steps", "4", "--warmup", "1", "--eval-interval", "2", "--eval-batches", "2", "--task", "arc_easy", "--paired-items", "10"])
+    summary = json.loads((tmp_path / "cpt" / "summary.json").read_text())
+    assert status == (0 if summary["verdict"]["passed"] else 3)
+    assert [row["metric"] for row in summary["verdict"]["criteria"]] == ["domain_loss_reduction", "general_loss_rise", "task_accuracy_drop:arc_easy"]
+    assert summary["verdict"]["criteria"][2]["n"] == 10 and 'task = "arc_easy"' in (tmp_path / "cpt" / "gate.toml").read_text()
+    assert summary["lineage"]["base_checkpoint"].endswith("step-00000003.pt") and Path(summary["lineage"]["cpt_checkpoint"]).is_file()
+    assert "verdict:" in capsys.readouterr().out
+
+    from flows.cpt_flow import hymo_cpt
+    from flows.serve import DEPLOYMENTS
+
+    flow_summary = hymo_cpt(base=checkpoint, domain=str(tmp_path / "domain"), general=str(tiny_run), out=str(tmp_path / "flow"), steps=2,
+                            warmup_steps=1, eval_interval=2, eval_batches=2)
+    assert flow_summary["lineage"]["cpt_run"] == str(tmp_path / "flow") and "hymo-cpt/cpt" in DEPLOYMENTS
+
+
+def test_hymo_serve_offers_the_cpt_deployment(served):
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    deadline = time.monotonic() + 120  # `served` waits for the first deployment; the others register right after
+    with get_client(sync_client=True) as client:
+        while True:
+            try:
+                deployment = client.read_deployment_by_name("hymo-cpt/cpt")
+                break
+            except ObjectNotFound:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+    assert deployment.parameters["general"].endswith("sample") and "gate" in deployment.description

@@ -245,3 +245,24 @@ def test_state_dict_round_trip_continues_bitwise():
     for (name, a), (_, b) in zip(model.named_parameters(), resumed.named_parameters()):
         assert torch.equal(a, b), name
     assert "row_second_moment" in resumed_optimizer.state[resumed.layers[0].attn.q_proj.weight]
+
+
+def test_normuon_on_fsdp2_style_dtensor_parameters_matches_plain_tensors(single_rank_mesh):
+    """FSDP2 hands the optimizer DTensor shards: the stack is orthogonalised whole, rows normalised per neuron."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = single_rank_mesh
+    torch.manual_seed(0)
+    weights, grads = [torch.randn(24, 40) for _ in range(2)], [torch.randn(24, 40) for _ in range(2)]
+    names = ["layers.0.attn.q_proj.weight", "layers.1.attn.q_proj.weight"]  # one stack of two
+    plain = [nn.Parameter(w.clone()) for w in weights]
+    sharded = [nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in weights]
+    config = NorMuonConfig(lr=0.05, muon_lr=0.05)
+    for params, shard in ((plain, False), (sharded, True)):
+        optimizer = NorMuonAdamW(zip(names, params), config)
+        for _ in range(2):
+            for p, g in zip(params, grads):
+                p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)]) if shard else g.clone()
+            optimizer.step()
+    for s, p in zip(sharded, plain):
+        torch.testing.assert_close(s.full_tensor(), p.detach(), rtol=1e-6, atol=1e-7)

@@ -205,27 +205,19 @@ def test_config_validation():
         OptimizerConfig(muon_lr_adjustment="spectral")
 
 
-def test_muon_on_fsdp2_style_dtensor_parameters_matches_plain_tensors():
+def test_muon_on_fsdp2_style_dtensor_parameters_matches_plain_tensors(single_rank_mesh):
     """FSDP2 hands the optimizer DTensor shards; Muon must orthogonalise the whole matrix."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1,))
-        torch.manual_seed(0)
-        weight, grad = torch.randn(24, 40), torch.randn(24, 40)
-        plain = nn.Parameter(weight.clone())
-        sharded = nn.Parameter(distribute_tensor(weight.clone(), mesh, [Shard(0)]))
-        config = OptimizerConfig(lr=0.05, ns_dtype="float32", cautious_weight_decay=True)
-        for param, g in ((plain, grad), (sharded, distribute_tensor(grad.clone(), mesh, [Shard(0)]))):
-            optimizer = MuonAdamW([("block.proj.weight", param)], config)
-            for _ in range(2):
-                param.grad = g.clone()
-                optimizer.step()
-        torch.testing.assert_close(sharded.full_tensor(), plain.detach(), rtol=1e-6, atol=1e-7)
-    finally:
-        dist.destroy_process_group()
+    mesh = single_rank_mesh
+    torch.manual_seed(0)
+    weight, grad = torch.randn(24, 40), torch.randn(24, 40)
+    plain = nn.Parameter(weight.clone())
+    sharded = nn.Parameter(distribute_tensor(weight.clone(), mesh, [Shard(0)]))
+    config = OptimizerConfig(lr=0.05, ns_dtype="float32", cautious_weight_decay=True)
+    for param, g in ((plain, grad), (sharded, distribute_tensor(grad.clone(), mesh, [Shard(0)]))):
+        optimizer = MuonAdamW([("block.proj.weight", param)], config)
+        for _ in range(2):
+            param.grad = g.clone()
+            optimizer.step()
+    torch.testing.assert_close(sharded.full_tensor(), plain.detach(), rtol=1e-6, atol=1e-7)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hymo_core.checkpoint import _rng_from_payload, read_checkpoint, weights_sha256
@@ -42,14 +43,21 @@ max_seq_len = 16
 """
 
 
+# The full HyMo recipe in miniature (issue 13): GDN + MLA, MoE on the MLA layer, MTP 2, NorMuon + CautiousAdamW.
+FULL_RECIPE = RECIPE.replace("[model]\n", '[model]\nlayer_pattern = "GM"\nmoe_on = "M"\nmoe_n_routed_experts = 4\n'
+                             "moe_expert_dim = 16\nmtp_depth = 2\n").replace(
+    "[train]\n", '[train]\noptimizer = "normuon"\ncautious_weight_decay = true\n')
+
+
 def losses(out: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["last_loss"] for r in rows if r["kind"] == "train"}
 
 
-def test_split_run_in_a_new_process_equals_uninterrupted_run(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("recipe_text", [RECIPE, FULL_RECIPE], ids=["dense", "hymo-full-recipe"])
+def test_split_run_in_a_new_process_equals_uninterrupted_run(tiny_corpus, tmp_path, recipe_text):
     recipe = tmp_path / "recipe.toml"
-    recipe.write_text(RECIPE)
+    recipe.write_text(recipe_text)
     train_config, model_config = load_run_config(recipe)
 
     whole = run_training(tiny_corpus, tmp_path / "whole", train_config, model_config, resume=False, progress=False)

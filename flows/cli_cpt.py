@@ -1,0 +1,78 @@
+"""`hymo cpt` (continued pretraining behind a gate fixed in advance) and `hymo retokenize` (a domain corpus in the base's ids)."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+console = Console()
+
+
+def gate_from_args(args: argparse.Namespace):
+    """--gate FILE, else the criteria the flags give (Lab 5's gate by default)."""
+    from hymo_core.gate import Criterion
+
+    if args.gate:
+        return args.gate
+    criteria = [Criterion("domain_loss_reduction", ">=", args.domain_reduction), Criterion("general_loss_rise", "<=", args.general_rise)]
+    if args.task:
+        criteria.append(Criterion("task_accuracy_drop", "<=", args.task_drop, rule=args.task_rule, task=args.task, paired_items=args.paired_items))
+    return criteria
+
+
+def cmd_cpt(args: argparse.Namespace) -> int:
+    from hymo_core.cpt import CptConfig, run_cpt, verdict_lines
+    from hymo_core.train import default_device
+
+    config = CptConfig(replay_ratio=args.replay, peak_lr=args.peak_lr, steps=args.steps, warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio,
+                       eval_interval=args.eval_interval, eval_batches=args.eval_batches, sampler_seed=args.sampler_seed, seed=args.seed)
+    summary = run_cpt(args.base, args.domain, args.general, args.out, config, gate_from_args(args), default_device(),
+                      log=lambda line: console.print(line, markup=False))
+    for line in verdict_lines(summary):
+        console.print(line, markup=False)
+    console.print(f"wrote {args.out}/summary.json (lineage: base {summary['lineage']['base_checkpoint_sha256'][:12]}… -> "
+                  f"{summary['lineage']['cpt_checkpoint']} -> {summary['lineage']['verdict']})", markup=False)
+    return 0 if summary["verdict"]["passed"] else 3
+
+
+def cmd_retokenize(args: argparse.Namespace) -> int:
+    from tasks.retokenize import retokenize
+
+    manifest = retokenize(args.run, args.tokenizer_from, args.out)
+    console.print(f"wrote {args.out}/02_shards ({manifest.counts})", markup=False)
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    from hymo_core.cpt import CptConfig
+
+    defaults = CptConfig()
+    cpt = sub.add_parser("cpt", help="continue a checkpoint on a domain corpus with general replay; verdict from a gate written before training")
+    cpt.add_argument("base", help="base checkpoint (.pt)")
+    cpt.add_argument("--domain", required=True, help="domain corpus: run directory, shards directory or corpus.json (the base's tokenizer)")
+    cpt.add_argument("--general", required=True, help="general corpus replayed (usually the base's own)")
+    cpt.add_argument("--out", required=True, help="new directory: gate.toml, cpt_manifest.json, metrics.jsonl, checkpoints/, summary.json")
+    cpt.add_argument("--replay", type=float, default=defaults.replay_ratio, help="probability that a sequence is general text")
+    cpt.add_argument("--peak-lr", type=float, default=defaults.peak_lr)
+    cpt.add_argument("--steps", type=int, default=defaults.steps, help="optimizer updates")
+    cpt.add_argument("--warmup", type=int, default=defaults.warmup_steps)
+    cpt.add_argument("--min-lr-ratio", type=float, default=defaults.min_lr_ratio, help="cosine floor as a fraction of the peak")
+    cpt.add_argument("--eval-interval", type=int, default=defaults.eval_interval)
+    cpt.add_argument("--eval-batches", type=int, default=defaults.eval_batches, help="fixed held-out batches per corpus")
+    cpt.add_argument("--sampler-seed", type=int, default=defaults.sampler_seed)
+    cpt.add_argument("--seed", type=int, default=defaults.seed)
+    cpt.add_argument("--gate", help="gate.toml to copy into OUT (default: built from the flags below)")
+    cpt.add_argument("--domain-reduction", type=float, default=1.00, help="gate: domain loss must fall by at least this (nats/token)")
+    cpt.add_argument("--general-rise", type=float, default=0.20, help="gate: general loss may rise by at most this (nats/token)")
+    cpt.add_argument("--task", help="gate: also bound the accuracy drop on this multiple-choice task (e.g. hellaswag)")
+    cpt.add_argument("--task-drop", type=float, default=0.01, help="gate: largest accuracy drop (fraction; 0.01 = one point)")
+    cpt.add_argument("--paired-items", type=int, default=500, help="gate: items of --task scored before and after")
+    cpt.add_argument("--task-rule", choices=["point", "ci95"], default="ci95", help="gate: judge the drop by its point estimate or its 95 %% interval")
+    cpt.set_defaults(func=cmd_cpt)
+
+    retok = sub.add_parser("retokenize", help="mixture + shards of a run's split with another run's tokenizer (a CPT domain corpus)")
+    retok.add_argument("run", help="run directory with a completed split stage (e.g. hymo run --config DOMAIN --until split)")
+    retok.add_argument("--tokenizer-from", required=True, help="run directory whose tokenizer stage the base model was trained with")
+    retok.add_argument("--out", required=True)
+    retok.set_defaults(func=cmd_retokenize)

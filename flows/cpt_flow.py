@@ -1,0 +1,24 @@
+"""The `hymo-cpt` flow: `hymo cpt` from the Prefect UI (deployment `hymo-cpt/cpt` in `hymo serve`)."""
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from hymo_core.cpt import CptConfig, run_cpt, verdict_lines
+from hymo_core.gate import Criterion
+
+
+@flow(name="hymo-cpt", log_prints=True)
+def hymo_cpt(base: str, domain: str, general: str, out: str, replay_ratio: float = 0.3, peak_lr: float = 4e-4, steps: int = 100,
+             warmup_steps: int = 10, min_lr_ratio: float = 0.1, eval_interval: int = 20, eval_batches: int = 10,
+             gate: str | None = None, domain_reduction: float = 1.0, general_rise: float = 0.2) -> dict[str, Any]:
+    """Continue `base` on `domain` with replay from `general`; `gate`: a gate.toml, else the two loss thresholds."""
+    logger = get_run_logger()
+    config = CptConfig(replay_ratio=replay_ratio, peak_lr=peak_lr, steps=steps, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
+                       eval_interval=eval_interval, eval_batches=eval_batches)
+    criteria = gate or [Criterion("domain_loss_reduction", ">=", domain_reduction), Criterion("general_loss_rise", "<=", general_rise)]
+    summary = run_cpt(base, domain, general, out, config, criteria, log=logger.info)
+    for line in verdict_lines(summary):
+        logger.info(line)
+    return summary
