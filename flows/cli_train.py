@@ -50,10 +50,10 @@ def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None
 def cmd_eval_suite(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hymo_core.eval_report import EVAL_MD, run_suite
+    from hymo_core.eval_report import EVAL_MD, default_out, run_suite
     from hymo_core.train import default_device
 
-    out = Path(args.out) if args.out else Path(args.checkpoint).resolve().parent.parent / "eval" / Path(args.checkpoint).stem
+    out = Path(args.out) if args.out else default_out(args.checkpoint)
     result = run_suite(args.checkpoint, args.suite, args.corpus, args.limit, out, default_device(), args.mmlu_format,
                        log=lambda line: console.print(line, markup=False))
     if args.json:
@@ -112,7 +112,7 @@ def add_commands(sub: Any) -> None:
     evaluate.add_argument("--corpus", help="run directory, shards stage directory or corpus.json (with --suite: default, the run above the checkpoint)")
     evaluate.add_argument("--suite", help="benchmark suite: default (HellaSwag, ARC-E/C, MMLU, GSM8K, HumanEval + held-out perplexity) or mc")
     evaluate.add_argument("--limit", type=int, help="with --suite: the first N items of each task (of each MMLU subject)")
-    evaluate.add_argument("--out", help="with --suite: where eval.json and eval.md go (default: CKPT_DIR/../eval/CKPT_NAME)")
+    evaluate.add_argument("--out", help="with --suite: where eval.json and eval.md go (default: RUN/eval/NN_pretrain-CKPT_NAME for a stage checkpoint, else CKPT_DIR/../eval/CKPT_NAME)")
     evaluate.add_argument("--mmlu-format", choices=["rc", "letters"], default="rc", help="MMLU as cloze (OLMES rc) or lettered choices (lm-eval mmlu)")
     evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")
     evaluate.add_argument("--cloze", help="cloze JSONL (default: the bundled sample set)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from prefect.states import Completed
 from manifests.atomic import atomic_write_text
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.stage_runner import StagePlan, default_workers, plan_stage, publish_plan
+from tasks.stage_runner import StagePlan, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan
 
 from flows.artifacts import BackgroundPublisher, artifact_key, draw_funnel, publish_run_summary, publish_stage_artifacts
 from flows.config import RUN_CONFIG, PipelineConfig, load_run_config  # noqa: F401 (load_run_config: re-exported)
@@ -183,7 +184,12 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     if task_runner is not None:
         task_runner.__enter__()
     try:
-        with BackgroundPublisher() as artifacts:
+        # On Dask, the global passes' per-shard work runs on the cluster too, and batches follow its worker count.
+        on_dask = runner == Runner.dask and task_runner is not None
+        cluster = on_dask_cluster(task_runner.client) if on_dask else nullcontext()
+        with cluster, BackgroundPublisher() as artifacts:
+            if on_dask:
+                workers = cluster_workers(task_runner.client)
             for entry in entries:
                 if entry.name == TRAINING_STAGE:  # the funnel is final: draw it while the model trains
                     artifacts.submit(draw_funnel, run)

@@ -64,7 +64,7 @@ from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
 from tasks.minhash import HashFamily, UnionFind, band_keys, signatures, write_checked_array
-from tasks.pair_jaccard import pairs_at_least
+from tasks.pair_jaccard import pair_blocks
 from tasks.removal_map import RemovalContext, apply_removals, map_upstream_shards, removal_table, write_removal_table
 from tasks.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, sorted_set, tokens
 from tasks.signature_filter import agreeing_pairs, fingerprints, minimum_agreement
@@ -314,13 +314,18 @@ class Linker:
 
     def link_exactly(self, members: list[int], pair_count: int) -> bool:
         """Exact Jaccard of every pair of a large bucket in bulk (tasks/pair_jaccard.py); False if too dense for that."""
-        found = pairs_at_least([self.shingle_sets.of(member) for member in members], self.config.jaccard_threshold)
-        if found is None:
+        blocks = pair_blocks([self.shingle_sets.of(member) for member in members], self.config.jaccard_threshold)
+        if blocks is None:
             return False
-        firsts, seconds, similarities = found
         self.counts["bulk_exact_pairs"] += pair_count
-        for first, second, similarity in zip(firsts.tolist(), seconds.tolist(), similarities.tolist()):
-            self.accept(members[first], members[second], similarity)
+        find = self.clusters.find
+        for firsts, seconds, similarities in blocks:  # streamed: a near-identical mass yields ~m²/2 pairs
+            for first, second, similarity in zip(firsts.tolist(), seconds.tolist(), similarities.tolist()):
+                a, b = members[first], members[second]
+                if find(a) == find(b):
+                    self.counts["skipped_already_clustered"] += 1
+                else:
+                    self.accept(a, b, similarity)
         return True
 
     def verify(self, anchor: int, partners: list[int]) -> None:

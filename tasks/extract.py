@@ -22,7 +22,7 @@ from prefect import task
 from manifests.schema import docs_table
 from manifests.stage_manifest import StageManifest
 from tasks.extract_page import extract_page, repair_mojibake
-from tasks.stage_runner import ShardOutcome, StageDef, default_workers, run_stage
+from tasks.stage_runner import ShardOutcome, StageDef, dask_client, default_workers, run_stage
 from tasks.watchdog import ERROR, OK, TIMEOUT, SupervisedPool
 
 STAGE = "extract"
@@ -71,8 +71,9 @@ def extraction_pool(config: ExtractConfig, workers: int) -> SupervisedPool:
     return SupervisedPool(extract_page, config.timeout_s, warmup=page_job(WARMUP_PAGE, "https://example.org/warm-up", config), workers=workers)
 
 
-def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, pool: SupervisedPool | None = None) -> ShardOutcome:
-    """One shard; its pages go to `pool` (the stage's children), or to children started for this shard alone."""
+def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, pool: SupervisedPool | None = None,
+                  children: int | None = None) -> ShardOutcome:
+    """One shard; its pages go to `pool` (the stage's children), or to `children` started for this shard alone."""
     rows = docs.to_pylist()
     audit: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
@@ -97,7 +98,7 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
     elif pool is not None:
         outcomes = pool.map(jobs, costs=sizes)
     else:
-        with extraction_pool(config, default_workers()) as own:
+        with extraction_pool(config, children or default_workers()) as own:
             outcomes = own.map(jobs, costs=sizes)
     repaired_in_child: dict[str, str] = {}
     for row, (status, answer) in zip(job_rows, outcomes):
@@ -127,6 +128,10 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
 
 
 def run_extract(config: ExtractConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    if dask_client() is not None:
+        # On a cluster each shard (a batch of ≤ docs_per_shard pages) is a Dask task with one supervised
+        # child of its own: the per-page deadline and the kill of a hung page work on every machine.
+        return run_stage(StageDef(STAGE, VERSION, partial(extract_shard, children=1)), config, input_dir, out_dir)
     # Pages, not shards, are spread over the cores (HTML is often concentrated in a few shards),
     # by one set of children that serves every shard of the stage.
     with extraction_pool(config, workers or default_workers()) as pool:

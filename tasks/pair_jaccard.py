@@ -16,18 +16,33 @@ common part would not fit in memory, and the caller checks pairs otherwise.
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 DENSE_FROM = 16  # a shingle held by this many members is counted by matrix product
 DENSE_BYTES_LIMIT = 256 << 20  # members × common columns × 4 bytes above this: refuse (None)
+BLOCK_CELLS = 4 << 20  # pairs examined per block (rows × members): bounds scratch and each block's result
 
 
 def pairs_at_least(sets: list[np.ndarray], threshold: float, dense_from: int = DENSE_FROM,
-                   dense_bytes_limit: int = DENSE_BYTES_LIMIT, block_rows: int = 512) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+                   dense_bytes_limit: int = DENSE_BYTES_LIMIT, block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(i, j, Jaccard) of every pair i < j with exact Jaccard ≥ threshold, ordered by (i, j); None if too dense.
 
     `sets` are sorted unique uint64 arrays, none empty.
     """
+    blocks = pair_blocks(sets, threshold, dense_from, dense_bytes_limit, block_rows)
+    if blocks is None:
+        return None
+    firsts, seconds, similarities = zip(*blocks) if sets else ((), (), ())
+    if not firsts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    return np.concatenate(firsts), np.concatenate(seconds), np.concatenate(similarities)
+
+
+def pair_blocks(sets: list[np.ndarray], threshold: float, dense_from: int = DENSE_FROM, dense_bytes_limit: int = DENSE_BYTES_LIMIT,
+                block_rows: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+    """pairs_at_least a block of first members at a time (a dense bucket can hold millions of pairs); None if too dense."""
     count = len(sets)
     sizes = np.fromiter((len(s) for s in sets), dtype=np.int64, count=count)
     values = np.concatenate(sets)
@@ -48,9 +63,14 @@ def pairs_at_least(sets: list[np.ndarray], threshold: float, dense_from: int = D
         return None
     matrix_MC = np.zeros((count, dense_count), dtype=np.float32)
     matrix_MC[holder[dense], dense_index[column[dense]]] = 1.0
-    sizes_M = sizes.astype(np.float32)
     codes, rare_shared = rare_pair_counts(holder, column, ~dense, count)
-    firsts, seconds, similarities = [], [], []
+    block_rows = block_rows or max(1, BLOCK_CELLS // max(count, 1))
+    return _blocks(matrix_MC, codes, rare_shared, sizes, threshold, block_rows)
+
+
+def _blocks(matrix_MC: np.ndarray, codes: np.ndarray, rare_shared: np.ndarray, sizes: np.ndarray, threshold: float,
+            block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    count, sizes_M = len(sizes), sizes.astype(np.float32)
     for start in range(0, count, block_rows):
         stop = min(count, start + block_rows)
         shared_BM = matrix_MC[start:stop] @ matrix_MC.T  # whole numbers below 2^24: exact in float32
@@ -63,12 +83,7 @@ def pairs_at_least(sets: list[np.ndarray], threshold: float, dense_from: int = D
         shared = shared_BM[rows, columns].astype(np.int64)
         similarity = shared / (sizes[rows + start] + sizes[columns] - shared)
         keep = similarity >= threshold
-        firsts.append(rows[keep] + start)
-        seconds.append(columns[keep])
-        similarities.append(similarity[keep])
-    if not firsts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
-    return np.concatenate(firsts).astype(np.int64), np.concatenate(seconds).astype(np.int64), np.concatenate(similarities)
+        yield (rows[keep] + start).astype(np.int64), columns[keep].astype(np.int64), similarity[keep]
 
 
 def rare_pair_counts(holder: np.ndarray, column: np.ndarray, rare: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,9 @@ Stages contain only their logic (`process_shard`, optionally a global
 * per-shard accounting (documents in = kept + removed, by id),
 * atomic writes into a hidden work directory, published by rename after the
   manifest (with `complete: true`) is written,
-* process parallelism over shards and a progress bar.
+* process parallelism over shards and a progress bar; under a Dask cluster
+  (`on_dask_cluster`) every map, the global passes' per-shard work included,
+  runs as Dask tasks and worker counts come from the scheduler.
 """
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ import shutil
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, is_dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -233,7 +236,32 @@ def _run_one_shard(stage: StageDef, config: Any, context: Any, in_path: str, sha
     return write_shard_files(Path(work_dir), stage.name, shard, outcome.kept, outcome.audit, docs.column("id").combine_chunks())
 
 
+_DASK_CLIENT: list[Any] = []  # the cluster this process maps onto while a flow runs with the Dask runner
+
+
+@contextmanager
+def on_dask_cluster(client: Any) -> Iterator[None]:
+    """Within this block every `map_shards` of this process runs on the Dask cluster behind `client`."""
+    _DASK_CLIENT.append(client)
+    try:
+        yield
+    finally:
+        _DASK_CLIENT.remove(client)
+
+
+def dask_client() -> Any | None:
+    return _DASK_CLIENT[-1] if _DASK_CLIENT else None
+
+
+def cluster_workers(client: Any) -> int:
+    """Workers the scheduler knows now (what batch counts should follow, not this machine's cores)."""
+    return max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+
+
 def default_workers() -> int:
+    client = dask_client()
+    if client is not None:
+        return cluster_workers(client)
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
@@ -263,7 +291,16 @@ atexit.register(shutdown_worker_pools)
 
 
 def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, label: str, sizes: list[int]) -> Iterable[ShardResult]:
-    """Run `fn(*job)` for every job, in worker processes when `workers > 1`; yield results as they finish."""
+    """Run `fn(*job)` for every job, in worker processes when `workers > 1`; yield results as they finish.
+
+    On a Dask cluster every job is a task (whatever `workers` says): a worker
+    that dies mid-task has its tasks rerun elsewhere, so `fn` must write its
+    files atomically and deterministically (same bytes on a rerun).
+    """
+    client = dask_client()
+    if client is not None:
+        yield from map_on_dask(client, fn, jobs, label, sizes)
+        return
     with progress_bar(label, sum(sizes)) as advance:
         if workers <= 1 or len(jobs) <= 1:
             for job, size in zip(jobs, sizes):
@@ -284,6 +321,21 @@ def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, 
             if isinstance(sys.exc_info()[1], BrokenProcessPool):
                 _POOLS.pop(workers, None)
             raise
+
+
+def map_on_dask(client: Any, fn: Callable[..., Any], jobs: list[tuple], label: str, sizes: list[int]) -> Iterable[Any]:
+    from distributed import as_completed as dask_as_completed
+
+    with progress_bar(label, sum(sizes)) as advance:
+        futures = [client.submit(fn, *job, pure=False, key=f"{label}-{index}-{os.urandom(4).hex()}") for index, job in enumerate(jobs)]
+        size_of = {future.key: size for future, size in zip(futures, sizes)}
+        try:
+            for future in dask_as_completed(futures, loop=client.loop):
+                result = future.result()
+                advance(size_of[future.key])
+                yield result
+        finally:
+            client.cancel(futures)
 
 
 class progress_bar:

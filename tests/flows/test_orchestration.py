@@ -146,3 +146,12 @@ def test_config_change_recomputes_that_stage_and_downstream_only(reference_run: 
 def test_dask_runner_gives_the_same_bytes(reference_run: Path, tmp_path: Path, tiny_config: Path) -> None:
     hymo_pipeline(config=load_config(tiny_config), out=str(tmp_path / "dask"), runner=Runner.dask)
     assert digests(tmp_path / "dask") == digests(reference_run)
+
+
+@pytest.mark.parametrize("workers", [3, 1])
+def test_dask_cluster_size_does_not_change_the_data_stages_bytes(reference_run: Path, tmp_path: Path, tiny_config: Path, workers: int) -> None:
+    """Global passes (hashing, signatures, n-gram scans) run as Dask tasks too; 3 worker processes or 1 give the same bytes."""
+    config = load_config(tiny_config).model_copy(update={"workers": workers})
+    hymo_pipeline(config=config, out=str(tmp_path / "dask"), until="decontam", runner=Runner.dask)
+    found, reference = digests(tmp_path / "dask"), digests(reference_run)
+    assert "dedup_fuzzy" in found and "decontam" in found and found == {stage: reference[stage] for stage in found}

@@ -75,10 +75,21 @@ def test_templated_site_every_reachable_near_copy_is_removed_and_nothing_else(tm
 def test_signature_filtered_path_and_audited_fallback(tmp_path, upstream, site, monkeypatch):
     corpus = dict(zip(site.ids, site.texts))
     run_dedup_fuzzy(DedupFuzzyConfig(), upstream(corpus, 2, "bulk"), tmp_path / "bulk", workers=1)
-    monkeypatch.setattr(dedup_fuzzy, "pairs_at_least", lambda sets, threshold: None)  # as if every bucket were too dense for bulk
+    monkeypatch.setattr(dedup_fuzzy, "pair_blocks", lambda sets, threshold: None)  # as if every bucket were too dense for bulk
     filtered = run_dedup_fuzzy(DedupFuzzyConfig(), upstream(corpus, 2, "filtered"), tmp_path / "filtered", workers=1)
     assert removed_ids(tmp_path / "filtered") == removed_ids(tmp_path / "bulk")
     assert filtered.extra["context"]["below_signature_agreement"] > 0
     fallback = run_dedup_fuzzy(DedupFuzzyConfig(max_bucket_members=50), upstream(corpus, 2, "fallback"), tmp_path / "fallback", workers=1)
     stats = fallback.extra["context"]
     assert stats["fallback_buckets"] > 0 and stats["fallback_skipped_pairs"] > 0
+
+
+def test_a_mass_of_near_identical_pages_becomes_one_cluster(tmp_path, upstream):
+    rng = np.random.default_rng(4)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=6)) for _ in range(1000)]
+    base = words[:600]
+    texts = {f"mass-{n:04d}": " ".join(base[:n] + [words[600 + n]] + base[n + 1:]) for n in range(400)}  # one word differs
+    manifest = run_dedup_fuzzy(DedupFuzzyConfig(), upstream(texts, shards=2), tmp_path / "fuzzy", workers=1)
+    stats = manifest.extra["context"]
+    assert manifest.counts["kept"] == 1 and stats["clusters"] == 1 and stats["bulk_exact_pairs"] > 0
+    assert stats["accepted_pairs"] == 399  # one union per page: every later pair was already in the cluster

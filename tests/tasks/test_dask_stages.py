@@ -1,0 +1,78 @@
+"""The global passes on a Dask cluster: same bytes as the local process pool, and a worker killed mid-stage changes nothing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from dask_faults import signature_shard_killing_its_worker_once
+
+import tasks.dedup_fuzzy as dedup_fuzzy
+from bench.templated_site import templated_site
+from manifests.stage_manifest import read_manifest
+from tasks.dedup_exact import DedupExactConfig, run_dedup_exact
+from tasks.dedup_fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
+from tasks.stage_runner import cluster_workers, default_workers, on_dask_cluster
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with Client(cluster, set_as_default=False) as client:  # not the default client, as prefect-dask makes it
+            yield client
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    site = templated_site(pages=150, copies=12, variants=12, seed=9)
+    texts = dict(zip(site.ids, site.texts))
+    texts |= {f"zz-exact-{i}": texts[site.ids[i]] for i in range(5)}  # exact copies for dedup_exact
+    return texts
+
+
+def outputs(stage_dir) -> dict[str, str]:
+    return {o.path: o.sha256 for o in read_manifest(stage_dir).outputs}
+
+
+def test_dedup_stages_on_dask_give_the_process_pools_bytes(tmp_path, upstream, corpus, client):
+    source = upstream(corpus, shards=5)
+    run_dedup_exact(DedupExactConfig(), source, tmp_path / "exact-local", workers=2)
+    run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-local", tmp_path / "fuzzy-local", workers=2)
+    with on_dask_cluster(client):
+        assert default_workers() == cluster_workers(client) == 3
+        run_dedup_exact(DedupExactConfig(), source, tmp_path / "exact-dask", workers=1)
+        fuzzy = run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-dask", tmp_path / "fuzzy-dask", workers=1)
+    assert outputs(tmp_path / "exact-dask") == outputs(tmp_path / "exact-local")
+    assert outputs(tmp_path / "fuzzy-dask") == outputs(tmp_path / "fuzzy-local") and fuzzy.counts["removed"]
+
+
+def test_a_worker_killed_during_dedup_fuzzy_changes_nothing(tmp_path, upstream, corpus, client, monkeypatch):
+    source = upstream(corpus, shards=5)
+    run_dedup_fuzzy(DedupFuzzyConfig(), source, tmp_path / "fuzzy-local", workers=1)
+    monkeypatch.setattr(dedup_fuzzy, "signature_shard", signature_shard_killing_its_worker_once)
+    with on_dask_cluster(client):
+        run_dedup_fuzzy(DedupFuzzyConfig(), source, tmp_path / "fuzzy-dask", workers=3)
+    assert any(tmp_path.glob("**/killed-a-worker"))  # the fault did happen, on a Dask worker
+    assert outputs(tmp_path / "fuzzy-dask") == outputs(tmp_path / "fuzzy-local")
+
+
+def test_extraction_on_dask_keeps_page_deadlines_and_gives_the_local_bytes(tmp_path, html_dir, client):
+    from conftest import write_spec
+
+    from manifests.sources import load_spec_file
+    from tasks.extract import ExtractConfig, run_extract
+    from tasks.ingest import IngestConfig, run_ingest
+    from tasks.stage_runner import read_stage_audit
+
+    (html_dir / "slow.html").write_text("<html><body>" + "<p>many words in a paragraph here</p>" * 300_000 + "</body></html>")
+    spec = write_spec(tmp_path, "pages", "html_dir", str(html_dir), glob="*.html", url_prefix="https://example.org/")
+    run_ingest([load_spec_file(spec)], IngestConfig(docs_per_shard=4), tmp_path / "ingest")
+    config = ExtractConfig(timeout_s=4.0, max_html_bytes=50 << 20)
+    run_extract(config, tmp_path / "ingest", tmp_path / "extract-local", workers=2)
+    with on_dask_cluster(client):
+        run_extract(config, tmp_path / "ingest", tmp_path / "extract-dask")
+    assert outputs(tmp_path / "extract-dask") == outputs(tmp_path / "extract-local")
+    audit = read_stage_audit(tmp_path / "extract-dask").to_pylist()
+    rules = {json.loads(row["detail"])["url"]: row["rule"] for row in audit if row["rule"] != "html_main_text"}
+    assert rules == {"https://example.org/slow.html": "extract_timeout"}
