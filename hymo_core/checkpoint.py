@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import shutil
+import sys
 import zipfile
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -89,6 +90,25 @@ def validation_cursor(loader: ValidationLoader | None, digest: str) -> dict[str,
             "max_batches": loader.max_batches, "position": 0}
 
 
+def interned_strings(value: Any) -> Any:
+    """`value` with every string (keys and values) interned, containers rebuilt, tensors untouched.
+
+    Pickle writes a string once per object and refers back to it after that,
+    so the bytes depend on which equal strings happen to be one object: a run
+    resumed from a checkpoint holds unpickled (not interned) copies where a
+    fresh run holds literals. Interning makes equal content give equal bytes.
+    """
+    if isinstance(value, str):
+        return sys.intern(value)
+    if isinstance(value, dict):
+        return {interned_strings(k): interned_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interned_strings(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(interned_strings(v) for v in value)
+    return value
+
+
 def save_checkpoint(
     path: str | Path,
     model: nn.Module,
@@ -123,7 +143,7 @@ def save_checkpoint(
     }
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "wb") as handle:
-        torch.save(payload, handle)
+        torch.save(interned_strings(payload), handle)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)

@@ -187,3 +187,13 @@ def test_checkpoint_bytes_do_not_depend_on_the_process_global_rngs(tiny_corpus, 
             random.random(), np.random.rand()
         files.append(save_checkpoint(tmp_path / f"run{attempt}" / "step-00000004.pt", model, optimizer, state, CONFIG, loader).read_bytes())
     assert files[0] == files[1]
+
+
+def test_a_resumed_checkpoint_saves_to_the_same_bytes(saved, tiny_corpus, tmp_path):
+    """Equal content, equal bytes: a run resumed from a checkpoint holds unpickled strings where a fresh run
+    holds literals, and pickle's back-references must not depend on that."""
+    path = saved[0]
+    model, optimizer, loader = build(tiny_corpus)
+    state = load_checkpoint(path, model, optimizer, CONFIG, loader)
+    again = save_checkpoint(tmp_path / "again" / path.name, model, optimizer, state, CONFIG, loader)
+    assert again.read_bytes() == path.read_bytes()
