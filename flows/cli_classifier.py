@@ -14,9 +14,13 @@ SAMPLE_COMMAND = ("hymo classifier train --positives prose-enwiki --negatives py
                   "--dim 32 --bucket 20000 --epoch 10 --chunk-words 64 --quantize --out manifests/models/quality-sample")
 
 
+def train_config_from_args(args: argparse.Namespace) -> ClassifierTrainConfig:
+    """The DCLM-shaped defaults with whatever the command line set."""
+    return ClassifierTrainConfig(**{f.name: getattr(args, f.name) for f in fields(ClassifierTrainConfig) if getattr(args, f.name, None) is not None})
+
+
 def cmd_classifier_train(args: argparse.Namespace) -> int:
-    overrides = {f.name: getattr(args, f.name) for f in fields(ClassifierTrainConfig) if getattr(args, f.name, None) is not None}
-    config = ClassifierTrainConfig(**overrides)
+    config = train_config_from_args(args)
     card = train_classifier(args.positives, args.negatives, Path(args.out), config, Path(args.work) if args.work else None,
                             command=reproduce_command())
     held = card["heldout"]

@@ -14,12 +14,28 @@ console = Console()
 def cmd_train(args: argparse.Namespace) -> int:
     from hymo_core.train import train_from_args
 
-    summary = train_from_args(args)
+    summary = launch_from_args(args) if args.nproc else train_from_args(args)  # errors: one line from flows.cli.main
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
                   f"validation loss {summary['final_val_loss']}, weights sha256 {summary['weights_sha256'][:16]}…")
     pictures = "loss.png, expert_load.png" if summary.get("final_expert_load") else "loss.png"
     console.print(f"wrote {args.out}/summary.json, metrics.jsonl, {pictures}, checkpoints/")
     return 0
+
+
+def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`--nproc N`: the same run under torchrun, rank 0's lines streamed here; the summary it wrote."""
+    from pathlib import Path
+
+    from hymo_core.configs import SUMMARY_FILE
+    from hymo_core.launch import LaunchError, launch_training, train_arguments
+
+    try:
+        train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume)
+        launch_training(args.nproc, train_args + (["--cloze", args.cloze] if args.cloze else []), on_line=lambda line: print(line, flush=True))
+    except LaunchError as exc:
+        errors = [line for line in str(exc).splitlines() if line.startswith("error: ")]
+        raise ValueError(errors[-1].removeprefix("error: ") if errors else str(exc)) from None
+    return json.loads((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
 
 
 def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None, cloze: str | None = None) -> dict[str, Any]:
@@ -50,10 +66,10 @@ def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None
 def cmd_eval_suite(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hymo_core.eval_report import EVAL_MD, run_suite
+    from hymo_core.eval_report import EVAL_MD, default_out, run_suite
     from hymo_core.train import default_device
 
-    out = Path(args.out) if args.out else Path(args.checkpoint).resolve().parent.parent / "eval" / Path(args.checkpoint).stem
+    out = Path(args.out) if args.out else default_out(args.checkpoint)
     result = run_suite(args.checkpoint, args.suite, args.corpus, args.limit, out, default_device(), args.mmlu_format,
                        log=lambda line: console.print(line, markup=False))
     if args.json:
@@ -100,11 +116,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_safetensors(checkpoint: str, target: str) -> dict[str, Any]:
+    """One consolidated file of every weight (tied ones under both names), whatever world size wrote the checkpoint."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from hymo_core.checkpoint import load_model
+
+    model, payload = load_model(checkpoint)
+    tensors = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+    metadata = {"format": "pt", "model_config": json.dumps(payload["model_config"]), "step": str(payload["state"]["step"])}
+    temporary = Path(target).with_name(Path(target).name + ".tmp")
+    save_file(tensors, temporary, metadata=metadata)
+    temporary.replace(target)
+    return {"tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()), "path": target}
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    result = export_safetensors(args.checkpoint, args.safetensors)
+    console.print(f"wrote {result['path']}: {result['tensors']} tensors, {result['parameters']:,} values", markup=False)
+    return 0
+
+
 def add_commands(sub: Any) -> None:
     from hymo_core.train import add_train_arguments
 
     train = sub.add_parser("train", help="pretrain on a corpus: checkpoints, metrics.jsonl, loss.png, summary.json")
     add_train_arguments(train)
+    train.add_argument("--nproc", type=int, help="ranks on this machine: run under torchrun with FSDP2 (gloo on CPU, nccl on CUDA)")
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and cloze accuracy of a checkpoint; --suite: the benchmark suite")
@@ -112,7 +152,7 @@ def add_commands(sub: Any) -> None:
     evaluate.add_argument("--corpus", help="run directory, shards stage directory or corpus.json (with --suite: default, the run above the checkpoint)")
     evaluate.add_argument("--suite", help="benchmark suite: default (HellaSwag, ARC-E/C, MMLU, GSM8K, HumanEval + held-out perplexity) or mc")
     evaluate.add_argument("--limit", type=int, help="with --suite: the first N items of each task (of each MMLU subject)")
-    evaluate.add_argument("--out", help="with --suite: where eval.json and eval.md go (default: CKPT_DIR/../eval/CKPT_NAME)")
+    evaluate.add_argument("--out", help="with --suite: where eval.json and eval.md go (default: RUN/eval/NN_pretrain-CKPT_NAME for a stage checkpoint, else CKPT_DIR/../eval/CKPT_NAME)")
     evaluate.add_argument("--mmlu-format", choices=["rc", "letters"], default="rc", help="MMLU as cloze (OLMES rc) or lettered choices (lm-eval mmlu)")
     evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")
     evaluate.add_argument("--cloze", help="cloze JSONL (default: the bundled sample set)")
@@ -128,3 +168,8 @@ def add_commands(sub: Any) -> None:
     gen.add_argument("--top-k", type=int, default=50)
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate)
+
+    export = sub.add_parser("export", help="write a checkpoint (single file or DCP directory) as one safetensors file")
+    export.add_argument("checkpoint")
+    export.add_argument("--safetensors", required=True, metavar="FILE", help="where to write the consolidated weights")
+    export.set_defaults(func=cmd_export)

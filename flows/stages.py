@@ -63,21 +63,21 @@ def _ingest(config: PipelineConfig, run: Path, previous: Path | None, out: Path)
 
 
 def _tokenizer(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_tokenizer(config.tokenizer, stage_path(run, "split"), out, dict(config.mixture.weights))
+    return run_tokenizer(config.tokenizer, stage_path(run, "split", config), out, dict(config.mixture.weights))
 
 
 def _mixture(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_mixture(config.mixture, stage_path(run, "split"), stage_path(run, "tokenizer"), out)
+    return run_mixture(config.mixture, stage_path(run, "split", config), stage_path(run, "tokenizer", config), out)
 
 
 def _shards(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_shards(config.shards, stage_path(run, "split"), stage_path(run, "tokenizer"), stage_path(run, "mixture"), out)
+    return run_shards(config.shards, stage_path(run, "split", config), stage_path(run, "tokenizer", config), stage_path(run, "mixture", config), out)
 
 
 def _pretrain(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
     from flows.run_report import training_report  # Prefect: only where the stage runs in a flow
 
-    return run_pretrain(config.pretrain, stage_path(run, "shards"), out, report=training_report(config.pretrain.train.max_steps))
+    return run_pretrain(config.pretrain, stage_path(run, "shards", config), out, report=training_report(config.pretrain.train.max_steps))
 
 
 STAGES: list[StageEntry] = [

@@ -38,6 +38,16 @@ def find_corpus(checkpoint: Path, digest: str) -> CorpusReader:
     raise CorpusError(f"{checkpoint}: no run directory above it holds the corpus {digest[:12]}… it was trained on; pass --corpus")
 
 
+def default_out(checkpoint: str | Path) -> Path:
+    """RUN/eval/NN_stage-STEP for a published stage's checkpoint (a stage directory is never written after
+    it is published), else CKPT_DIR/../eval/STEP."""
+    checkpoint = Path(checkpoint).resolve()
+    owner = checkpoint.parent.parent
+    if (owner / "manifest.json").is_file() and owner.name[:2].isdigit():
+        return owner.parent / "eval" / f"{owner.name}-{checkpoint.stem}"
+    return owner / "eval" / checkpoint.stem
+
+
 def held_out_perplexity(model: torch.nn.Module, reader: CorpusReader, train_config: dict[str, Any], device: torch.device,
                         batches: int | None = None) -> dict[str, Any] | None:
     """Token-weighted loss on the fixed validation prefix the trainer validates on; None without a full batch."""

@@ -72,15 +72,24 @@ def score_requests(model: nn.Module, requests: list[Request], device: torch.devi
                 ids = windows[i][0][:-1]
                 tokens_BT[row, :len(ids)] = torch.tensor(ids)
             logits_BTV, _ = model(tokens_BT.to(device))
-            logprobs_BTV = F.log_softmax(logits_BTV.float(), dim=-1).cpu()
+            # Only continuation positions are normalised: log-softmax over N x V, not B x T x V.
+            rows, cols, targets, counts = [], [], [], []
             for row, i in enumerate(chunk):
-                ids, scored, truncated = windows[i]
+                ids, scored, _ = windows[i]
                 length = len(ids) - 1
-                targets_N = torch.tensor(ids[length + 1 - scored:])
-                positions_NV = logprobs_BTV[row, length - scored:length]
-                picked_N = positions_NV.gather(1, targets_N.unsqueeze(1)).squeeze(1)
-                greedy = bool((positions_NV.argmax(dim=-1) == targets_N).all())
-                results[i] = Scored(float(picked_N.sum()), scored, greedy, truncated)
+                rows += [row] * scored
+                cols += range(length - scored, length)
+                targets += ids[length + 1 - scored:]
+                counts.append(scored)
+            logprobs_NV = F.log_softmax(logits_BTV[torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)].float(), dim=-1)
+            targets_N = torch.tensor(targets, dtype=torch.long, device=logprobs_NV.device)
+            picked_N = logprobs_NV.gather(1, targets_N.unsqueeze(1)).squeeze(1).cpu()
+            greedy_N = (logprobs_NV.argmax(dim=-1) == targets_N).cpu()
+            start_n = 0
+            for i, scored in zip(chunk, counts):
+                piece = slice(start_n, start_n + scored)
+                results[i] = Scored(float(picked_N[piece].sum()), scored, bool(greedy_N[piece].all()), windows[i][2])
+                start_n += scored
     finally:
         model.train(was_training)
     return results  # type: ignore[return-value]

@@ -158,3 +158,13 @@ def test_humaneval_canonical_solutions_pass_and_a_wrong_one_fails():
         assert run_program(humaneval_program(record, record["canonical_solution"]), 20).passed, record["id"]
     wrong = run_program(humaneval_program(records[0], "    return None\n"), 20)
     assert not wrong.passed and wrong.status == "failed" and "AssertionError" in wrong.detail
+
+
+def test_reports_never_go_into_a_published_stage_directory(tmp_path):
+    from hymo_core.eval_report import default_out
+
+    stage = tmp_path / "run" / "13_pretrain"
+    (stage / "checkpoints").mkdir(parents=True)
+    (stage / "manifest.json").write_text("{}")
+    assert default_out(stage / "checkpoints" / "step-00000200.pt") == tmp_path / "run" / "eval" / "13_pretrain-step-00000200"
+    assert default_out(tmp_path / "train" / "checkpoints" / "step-00000003.pt") == tmp_path / "train" / "eval" / "step-00000003"

@@ -115,3 +115,16 @@ def test_the_bundled_sample_model_card_matches_its_file():
 
     card = json.loads((SAMPLE_MODEL.parent / "model.json").read_text())
     assert card["sha256"] == sha256_file(SAMPLE_MODEL) and card["command"].startswith("hymo classifier train")
+
+
+def test_the_train_command_line_maps_onto_the_config():
+    from flows.cli import build_parser
+    from flows.cli_classifier import SAMPLE_COMMAND, train_config_from_args
+
+    args = build_parser().parse_args(["classifier", "train", "--positives", "a", "--negatives", "b?label=x,y", "--negatives", "c", "--out", "o",
+                                      "--dim", "32", "--chunk-words", "64", "--quantize", "--lr", "0.2"])
+    config = train_config_from_args(args)
+    assert (config.dim, config.chunk_words, config.quantize, config.lr, config.word_ngrams) == (32, 64, True, 0.2, 2)
+    assert args.negatives == ["b?label=x,y", "c"]
+    card = json.loads((SAMPLE_MODEL.parent / "model.json").read_text())
+    assert card["command"] == SAMPLE_COMMAND  # the documented command is the one that made the bundled model

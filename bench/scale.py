@@ -1,0 +1,219 @@
+"""The data half (ingest → shards) at growing document counts: wall time, peak memory, bytes on disk per stage.
+
+    python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--word-source corpus/large.jsonl]
+
+The corpus is synthetic but keeps real word statistics: unigram frequencies
+and document lengths are read from --word-source (the anchor harness's
+labelled corpus by default), documents are drawn from them, and 10 % are near
+copies (3 % of words replaced) of a recent document. It is written as one
+JSONL source, streamed, never held in memory. Each size runs every stage up
+to `shards` in a fresh child process (the stage functions in a plain loop, as
+bench/orchestration.py's "plain" side) while a sampler records the peak RSS of
+the whole process tree and of its largest process every 100 ms. Writes a table
+and docs/scale.png, and a section of docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+WORK = Path(os.environ.get("HYMO_BENCH_WORK", "/tmp/hymo-bench-scale"))
+DEFAULT_WORD_SOURCE = Path("/work/scratch/bench/corpus/large.jsonl")
+TITLE = "Data half at scale (`python bench/scale.py`)"
+NEAR_COPY_SHARE, EDIT_RATE, RECENT = 0.10, 0.03, 4096
+
+
+def word_statistics(path: Path, docs: int = 20_000) -> tuple[list[str], list[float], list[int]]:
+    """(words, their frequencies, document lengths in words) of the first `docs` documents of a JSONL corpus."""
+    counts: Counter[str] = Counter()
+    lengths = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle):
+            if number >= docs:
+                break
+            words = json.loads(line)["text"].split()
+            counts.update(words)
+            lengths.append(len(words))
+    words, freq = zip(*counts.most_common())
+    total = sum(freq)
+    return list(words), [f / total for f in freq], lengths
+
+
+def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, chunk: int = 10_000) -> None:
+    """`count` documents as JSONL, written a chunk at a time; 10 % near copies of a recent document."""
+    import numpy as np
+
+    words, freq, lengths = word_statistics(word_source)
+    vocab, probabilities = np.array(words, dtype=object), np.array(freq)  # object: one long word must not widen every cell
+    rng = np.random.default_rng(seed)
+    recent: list[list[str]] = []
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for start in range(0, count, chunk):
+            size = min(chunk, count - start)
+            doc_lengths = rng.choice(lengths, size=size)
+            drawn = vocab[rng.choice(len(vocab), size=int(doc_lengths.sum()), p=probabilities)].tolist()
+            copies = rng.random(size) < NEAR_COPY_SHARE
+            offset = 0
+            for i in range(size):
+                doc = drawn[offset: offset + int(doc_lengths[i])]
+                offset += int(doc_lengths[i])
+                if copies[i] and recent:
+                    source = recent[int(rng.integers(0, len(recent)))]
+                    edits = rng.random(len(source)) < EDIT_RATE
+                    doc = [vocab[int(rng.integers(0, len(vocab)))] if e else w for w, e in zip(source, edits.tolist())]
+                recent.append(doc)
+                if len(recent) > RECENT:
+                    recent.pop(int(rng.integers(0, RECENT)))
+                handle.write(json.dumps({"text": " ".join(doc), "url": f"https://synthetic.example/{start + i}"}) + "\n")
+    tmp.replace(path)
+
+
+def write_config(root: Path, corpus: Path, workers: int) -> Path:
+    spec = root / "synthetic.toml"
+    spec.write_text("\n".join([
+        'name = "synthetic"', 'kind = "jsonl"', f'path = "{corpus}"', 'origin = "bench/scale.py"',
+        'snapshot = "generated"', 'license = "CC0-1.0"']) + "\n", encoding="utf-8")
+    config = root / "pipeline.toml"
+    config.write_text(f'[run]\nsources = ["{spec}"]\nworkers = {workers}\n\n[quality_model]\nenabled = false\n', encoding="utf-8")
+    return config
+
+
+class TreeSampler:
+    """Peak RSS of this process tree and of its largest process, every 100 ms."""
+
+    def __init__(self) -> None:
+        self.tree_mb = self.largest_mb = 0.0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self.stop.wait(0.1):
+            sizes = []
+            for process in [me, *me.children(recursive=True)]:
+                try:
+                    sizes.append(process.memory_info().rss / 2**20)
+                except psutil.Error:
+                    pass
+            self.tree_mb, self.largest_mb = max(self.tree_mb, sum(sizes)), max(self.largest_mb, max(sizes, default=0.0))
+
+    def __enter__(self) -> "TreeSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def child(config_path: Path, run: Path, result: Path) -> None:
+    """Every stage up to `shards`, in order, timed and sampled one stage at a time."""
+    from flows.config import load_config
+    from flows.stages import pipeline_stages, previous_stage_path, stage_path
+    from tasks.stage_runner import shutdown_worker_pools
+
+    config = load_config(config_path)
+    rows = []
+    for entry in pipeline_stages(config):
+        if entry.name == "pretrain":
+            break
+        out = stage_path(run, entry.name, config)
+        with TreeSampler() as sampler:
+            started = time.perf_counter()
+            entry.run(config, run, previous_stage_path(run, entry.name, config), out)
+            seconds = time.perf_counter() - started
+        rows.append({"stage": entry.name, "seconds": seconds, "tree_mb": sampler.tree_mb, "largest_mb": sampler.largest_mb,
+                     "bytes": dir_bytes(out)})
+        result.write_text(json.dumps(rows))
+    shutdown_worker_pools()
+
+
+def plot(results: dict[int, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(results)
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for stage in [row["stage"] for row in results[sizes[0]]]:
+        for axis, key, scale in ((axes[0], "seconds", 1), (axes[1], "largest_mb", 1), (axes[2], "bytes", 2**-20)):
+            axis.plot(sizes, [next(r[key] for r in results[n] if r["stage"] == stage) * scale for n in sizes], marker="o", label=stage)
+    for axis, label in zip(axes, ("wall seconds", "largest process MB", "MB on disk")):
+        axis.set_xlabel("documents")
+        axis.set_ylabel(label)
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+    axes[2].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--docs", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--word-source", type=Path, default=DEFAULT_WORD_SOURCE)
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--child", type=Path)
+    parser.add_argument("--run", type=Path)
+    parser.add_argument("--result", type=Path)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args.run, args.result)
+        return 0
+    from bench.report import markdown_table, write_section
+
+    results: dict[int, list[dict]] = {}
+    for count in args.docs:
+        root = WORK / f"{count}"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        corpus = root / "synthetic.jsonl"
+        write_corpus(corpus, count, args.word_source)
+        config = write_config(root, corpus, args.workers)
+        result = root / "result.json"
+        started = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--child", str(config), "--run", str(root / "run"), "--result", str(result)], check=True)
+        results[count] = json.loads(result.read_text())
+        total = time.perf_counter() - started
+        print(f"{count} documents: {total:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+        shutil.rmtree(root / "run", ignore_errors=True)
+    sizes = sorted(results)
+    rows = []
+    for stage in [row["stage"] for row in results[sizes[0]]]:
+        cells = [next(r for r in results[n] if r["stage"] == stage) for n in sizes]
+        rows.append((stage, *(f"{c['seconds']:.1f} s / {c['largest_mb']:.0f} MB / {c['bytes'] / 2**20:.1f} MB" for c in cells)))
+    totals = [sum(r["seconds"] for r in results[n]) for n in sizes]
+    rows.append(("all stages", *(f"{t:.1f} s ({t / n * 1e6:.0f} µs/doc) / {max(r['tree_mb'] for r in results[n]):.0f} MB tree"
+                                for t, n in zip(totals, sizes))))
+    table = markdown_table(["stage", *(f"{n:,} docs: wall / largest process / on disk" for n in sizes)], rows)
+    note = (f"x86_64 with {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end, {args.workers} workers; "
+            f"synthetic documents with the word statistics of {args.word_source.name}, 10 % near copies. Plot: docs/scale.png.")
+    print(f"\n{note}\n\n{table}")
+    if not args.no_write:
+        plot(results, REPO / "docs" / "scale.png")
+        write_section(TITLE, table, note)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
