@@ -26,7 +26,7 @@ import time
 import tomllib
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -202,6 +202,7 @@ def run_training(
     device: torch.device | None = None,
     progress: bool | None = None,
     log: Any = print,
+    report: Callable[[dict[str, Any]], None] | None = None,
     runtime: Runtime | None = None,
 ) -> dict[str, Any]:
     """Train (or continue) to `train_config.max_steps` and write checkpoints, metrics, loss.png and summary.json.
@@ -209,6 +210,9 @@ def run_training(
     Under torchrun every rank calls this: the model is sharded with FSDP2, each
     rank reads its slice of every global batch, checkpoints are DCP directories,
     and rank 0 alone writes metrics, pictures and the summary (and logs).
+    `report(record)`: called on that rank with every metrics record (train rows at log_interval,
+    evaluations, events) as it is written; how an orchestrator shows training live without this
+    package knowing about it.
     """
     config = train_config or SAMPLE_TRAIN
     runtime = runtime or init_runtime(device)
@@ -241,13 +245,20 @@ def run_training(
             log(f"resumed from {resumed_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
 
     metrics = MetricsLog(out / METRICS_FILE, state.step) if runtime.is_writer else None
+
+    def record(row: dict[str, Any]) -> None:
+        if metrics is None:
+            return
+        metrics.write(row)
+        if report is not None:
+            report(row)
+
     last_val: list[float | None] = [None]
     bar = ProgressLine(config.max_steps, state.step, progress)
 
     def on_eval(step: int, val_loss: float) -> None:
         last_val[0] = val_loss
-        if metrics:
-            metrics.write({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
+        record({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
 
     def on_checkpoint(current: TrainState) -> None:
         sharded = {"save": save_sharded_checkpoint, "runtime": runtime} if runtime.launched else {}
@@ -255,10 +266,10 @@ def run_training(
                          train_loader=train_loader, val_loader=val_loader, **sharded)
 
     hooks = TrainHooks(
-        on_log=lambda record: metrics and metrics.write({"kind": "train", **record}),
+        on_log=lambda row: record({"kind": "train", **row}),
         on_eval=on_eval,
         on_checkpoint=on_checkpoint,
-        on_event=lambda event: metrics and metrics.write({"kind": "event", **event}),
+        on_event=lambda event: record({"kind": "event", **event}),
         on_update=lambda current, loss, lr: bar.update(current, loss, lr, config.tokens_per_update),
     )
     started = time.perf_counter()

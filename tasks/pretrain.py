@@ -89,13 +89,15 @@ def _publish_checkpoint(source: Path, target: Path) -> list[str]:
     return [f"{CHECKPOINT_DIR}/{target.name}"]
 
 
-def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path,
+                   report: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    """`report`: every metrics record while one process trains (under torchrun rank 0's lines go to the run log instead)."""
     if config.nproc > 1:
         summary = train_in_process_group(config, shards_dir, home)
     else:
         from hymo_core.train import run_training  # torch: imported when training runs, not with the pipeline
 
-        summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config))
+        summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config), report=report)
     pictures = [name for name in (LOSS_PICTURE, EXPERT_LOAD_PICTURE) if (home / name).is_file()]
     for name in (METRICS_FILE, *pictures):
         shutil.copy2(home / name, work_dir / name)
@@ -122,12 +124,14 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
     return artifacts, extra
 
 
-def run_pretrain(config: PretrainConfig, shards_dir: Path, out_dir: Path) -> StageManifest:
-    """Train on `shards_dir`'s corpus and publish `out_dir`; a no-op when already published under this key."""
+def run_pretrain(config: PretrainConfig, shards_dir: Path, out_dir: Path,
+                 report: Callable[[dict[str, Any]], None] | None = None) -> StageManifest:
+    """Train on `shards_dir`'s corpus and publish `out_dir`; a no-op when already published under this key.
+    `report` receives every metrics record while training (hymo_core.train.run_training)."""
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
     home = checkpoint_home(out_dir, shards_dir, config)
     manifest = run_artifact_stage(STAGE, VERSION, asdict(config), [shards_dir], out_dir,
-                                  lambda work_dir: build_pretrain(config, shards_dir, work_dir, home))
+                                  lambda work_dir: build_pretrain(config, shards_dir, work_dir, home, report))
     shutil.rmtree(home, ignore_errors=True)
     if home.parent.is_dir() and not any(home.parent.iterdir()):
         home.parent.rmdir()
