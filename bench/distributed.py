@@ -112,9 +112,10 @@ def launch(nproc: int | None, shape: dict, batch: int, accum: int, seq_len: int,
 
 
 def cpu_rows(steps: int) -> list[tuple]:
-    cores = os.cpu_count() or 1
-    cases = [("1 plain process", None, 8, 1, cores), ("torchrun, 1 rank (FSDP2)", 1, 8, 1, cores),
-             ("torchrun, 2 ranks (FSDP2, gloo)", 2, 8, 1, max(1, cores // 2))]
+    # One thread per process: every launch uses one core per rank, so the rows compare 1 core with 2 and
+    # no row suffers thread oversubscription on a machine that other jobs share.
+    cases = [("1 plain process", None, 8, 1, 1), ("torchrun, 1 rank (FSDP2)", 1, 8, 1, 1),
+             ("torchrun, 2 ranks (FSDP2, gloo)", 2, 8, 1, 1)]
     rows, baseline = [], None
     for label, nproc, batch, accum, threads in cases:
         result = launch(nproc, LAB2, batch, accum, 256, steps, threads=threads)
@@ -163,10 +164,12 @@ def main() -> int:
     else:
         gpu = ("GPU: no GPU available in this session; the MFU section (dense ~125M, FSDP2, bf16, compile off/on; "
                "goals >= 45 % dense, >= 35 % hybrid) was not measured.")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     note = (f"Machine: {machine}. Lab 2 shape (V4096, d256, L6, H8, ff688, tied), T256, global batch 8 sequences "
             f"= 2,048 tokens per update, {args.steps} timed updates after 2 warm-up ones; the update is the trainer's "
-            "(forward, backward, clip, MuonAdamW with the Muon gather, QK-Clip). Each launch gets the machine's cores: "
-            "the plain process all of them as threads, each of 2 ranks half.")
+            "(forward, backward, clip, MuonAdamW with the Muon gather, QK-Clip); "
+            f"one thread per process (1 core vs 2 cores). Load average (1, 5, 15 min) when it finished: {load}: "
+            "other jobs shared the cores, so the 2-rank row did not get 2 free cores.")
     text = f"{cpu}\n\n{gpu}"
     print(text)
     if not args.no_write:

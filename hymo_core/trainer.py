@@ -387,7 +387,8 @@ def train(
             scaler.update()
             state.grad_scaler_state = scaler.state_dict() if scaler.is_enabled() else None
             skipped = scaler.is_enabled() and scaler.get_scale() < previous_scale
-            max_logit = qk_clip.max_logit()
+            # A host read of the maxima only when the record is written (QK-Clip's own read is its clipped count).
+            max_logit = qk_clip.max_logit() if step % config.log_interval == 0 or step == config.max_steps else None
             clipped_heads, expert_load = 0, {}
             if skipped:
                 qk_clip.reset()  # observations of a discarded update must not rescale weights
