@@ -208,7 +208,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 state.result()  # a failed stage fails the flow here
                 previous_state = state
                 manifest = read_manifest(out, verify=False)
-                artifacts.submit(publish_stage_artifacts, run, entry.name, manifest)
+                if state.name != "Cached":  # a cached task run does no work: its artifacts are those of the run that did
+                    artifacts.submit(publish_stage_artifacts, run, entry.name, manifest)
                 summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": manifest.counts})
     finally:
         SHARD_RUNNER.reset(shard_runner)
