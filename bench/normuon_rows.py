@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import markdown_table, write_section  # noqa: E402
-from hymo_core.configs import SAMPLE_MODEL, SAMPLE_TRAIN  # noqa: E402
+from hymo_core.configs import SAMPLE_MODEL, SAMPLE_TRAIN, ModelConfig  # noqa: E402
 from hymo_core.train import run_training  # noqa: E402
 
 TITLE = "NorMuon row normalisation on the sample (bench/normuon_rows.py)"
@@ -34,6 +34,23 @@ VARIANTS = {
 }
 
 
+def train_variants(corpus: str, variants: dict[str, tuple[ModelConfig, dict]], steps: int) -> list[tuple[str, str, str, str]]:
+    """Train each (model, [train] switches) with the sample recipe for `steps` updates; one table row each."""
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for label, (model, switches) in variants.items():
+            config = replace(SAMPLE_TRAIN, max_steps=steps, eval_interval=max(steps // 4, 1), **switches)
+            out = Path(scratch) / str(len(rows))
+            summary = run_training(corpus, out, config, model, resume=False, progress=False, cloze_path=None,
+                                   log=lambda *_: None)
+            evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            evals = [e for e in evals if e.get("kind") == "eval"]
+            rows.append((label, ", ".join(f"{e['step']}: {e['val_loss']:.3f}" for e in evals),
+                         f"{summary['final_train_loss']:.3f}", f"{summary['session_seconds']:.0f}"))
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", required=True)
@@ -43,18 +60,8 @@ def main() -> int:
     parser.add_argument("--write", action="store_true", help="put the table into docs/benchmarks.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
-    with tempfile.TemporaryDirectory() as scratch:
-        for label, switches in {**(BASELINE if args.baseline else {}), **VARIANTS}.items():
-            config = replace(SAMPLE_TRAIN, max_steps=args.steps, eval_interval=max(args.steps // 4, 1), **switches)
-            out = Path(scratch) / str(len(rows))
-            summary = run_training(args.corpus, out, config, SAMPLE_MODEL, resume=False, progress=False, cloze_path=None,
-                                   log=lambda *_: None)
-            evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-            evals = [e for e in evals if e.get("kind") == "eval"]
-            rows.append((label, ", ".join(f"{e['step']}: {e['val_loss']:.3f}" for e in evals),
-                         f"{summary['final_train_loss']:.3f}", f"{summary['session_seconds']:.0f}"))
-            print(rows[-1], flush=True)
+    variants = {label: (SAMPLE_MODEL, switches) for label, switches in {**(BASELINE if args.baseline else {}), **VARIANTS}.items()}
+    rows = train_variants(args.corpus, variants, args.steps)
     table = markdown_table(["optimizer", "validation loss by step", "final train loss", "seconds"], rows)
     print(table)
     if args.write:

@@ -73,9 +73,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
-        started = time.perf_counter()
         server = LocalServer(home=scratch / "prefect", port=free_port()).start()
-        server_s = time.perf_counter() - started
+        server_s = server.startup_s
         try:
             with prefect_api(server.api_url):
                 for n, (label, path) in enumerate(configs.items()):

@@ -55,7 +55,7 @@ def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, ch
     import numpy as np
 
     words, freq, lengths = word_statistics(word_source)
-    vocab, probabilities = np.array(words), np.array(freq)
+    vocab, probabilities = np.array(words, dtype=object), np.array(freq)  # object: one long word must not widen every cell
     rng = np.random.default_rng(seed)
     recent: list[list[str]] = []
     tmp = path.with_suffix(".tmp")

@@ -44,18 +44,20 @@ def removal_samples(run: Path, stage: str, manifest: StageManifest) -> list[dict
 
 def publish_stage_artifacts(run: Path, stage: str, manifest: StageManifest) -> None:
     """Counts table, removal samples and a link to the audit files of one stage."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect.artifacts import create_link_artifact, create_table_artifact
 
     create_table_artifact(stage_counts_rows(manifest), key=artifact_key("hymo", stage, "counts"), description=f"{stage}: in / kept / removed and modified per rule")
     if manifest.files("audit"):
         samples = removal_samples(run, stage, manifest)
         if samples:
             create_table_artifact(samples, key=artifact_key("hymo", stage, "removed-samples"), description=f"{stage}: up to {SAMPLES_PER_RULE} removed documents per rule")
-        audit_dir = (manifest.directory / "audit").resolve()
-        files = "\n".join(f"- `{audit_dir / Path(f.path).name}` ({f.rows} rows)" for f in manifest.files("audit")[:50])
-        create_markdown_artifact(f"### {stage} audit log\n\nParquet, one row per removed or modified document:\n\n{files}\n\n"
-                                 f"Ask about one document: `hymo audit why {run} DOC_ID`",
-                                 key=artifact_key("hymo", stage, "audit"), description=f"{stage}: where its audit log is")
+        audit_dir = manifest.directory / "audit"
+        rows = sum(f.rows or 0 for f in manifest.files("audit"))
+        # The link text is relative to the run directory; the target a file URL on the machine that ran the stage.
+        create_link_artifact(audit_dir.resolve().as_uri(), link_text=f"{manifest.directory.name}/audit/",
+                             key=artifact_key("hymo", stage, "audit"),
+                             description=f"{stage} audit log: {len(manifest.files('audit'))} Parquet files, {rows} rows, one per removed or "
+                                         f"modified document. Ask about one document: `hymo audit why RUN DOC_ID`")
 
 
 class BackgroundPublisher:
@@ -131,6 +133,11 @@ def embedded_png(path: Path, alt: str) -> str:
 FUNNEL_PICTURE = "funnel.png"
 
 
+def file_link(run: Path, path: Path) -> str:
+    """A markdown link: text relative to the run directory, target a file URL."""
+    return f"[{Path(path).resolve().relative_to(Path(run).resolve()).as_posix()}]({Path(path).resolve().as_uri()})"
+
+
 def draw_funnel(run: Path) -> Path | None:
     return funnel_png(run, Path(run) / FUNNEL_PICTURE)
 
@@ -151,9 +158,9 @@ def publish_run_summary(run: Path, extra_images: list[Path] | None = None, drawn
     png = png if png is not None and png.exists() else None
     parts = [f"## HyMo run `{Path(run).resolve()}`", "\n".join(table)]
     if png:
-        parts.append(embedded_png(png, "funnel") + f"\n\n`{png.resolve()}`")
+        parts.append(embedded_png(png, "funnel") + "\n\n" + file_link(run, png))
     for image in extra_images or []:
         if image.exists():
-            parts.append(embedded_png(image, image.stem) + f"\n\n`{image.resolve()}`")
+            parts.append(embedded_png(image, image.stem) + "\n\n" + file_link(run, image))
     create_markdown_artifact("\n\n".join(parts), key="hymo-run-summary", description="funnel of the run")
     return png

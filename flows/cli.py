@@ -153,7 +153,7 @@ def cmd_audit_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_manifest_show(args: argparse.Namespace) -> int:
-    stages = completed_stages(Path(args.run), verify=args.verify)
+    stages = completed_stages(Path(args.run), verify=args.verify, full=args.verify)
     if args.json:
         print(json.dumps([m.to_json() for _, m in stages], indent=2, ensure_ascii=False))
         return 0

@@ -14,12 +14,28 @@ console = Console()
 def cmd_train(args: argparse.Namespace) -> int:
     from hymo_core.train import train_from_args
 
-    summary = train_from_args(args)
+    summary = launch_from_args(args) if args.nproc else train_from_args(args)  # errors: one line from flows.cli.main
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
                   f"validation loss {summary['final_val_loss']}, weights sha256 {summary['weights_sha256'][:16]}…")
     pictures = "loss.png, expert_load.png" if summary.get("final_expert_load") else "loss.png"
     console.print(f"wrote {args.out}/summary.json, metrics.jsonl, {pictures}, checkpoints/")
     return 0
+
+
+def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`--nproc N`: the same run under torchrun, rank 0's lines streamed here; the summary it wrote."""
+    from pathlib import Path
+
+    from hymo_core.configs import SUMMARY_FILE
+    from hymo_core.launch import LaunchError, launch_training, train_arguments
+
+    try:
+        train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume)
+        launch_training(args.nproc, train_args + (["--cloze", args.cloze] if args.cloze else []), on_line=lambda line: print(line, flush=True))
+    except LaunchError as exc:
+        errors = [line for line in str(exc).splitlines() if line.startswith("error: ")]
+        raise ValueError(errors[-1].removeprefix("error: ") if errors else str(exc)) from None
+    return json.loads((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
 
 
 def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None, cloze: str | None = None) -> dict[str, Any]:
@@ -100,11 +116,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_safetensors(checkpoint: str, target: str) -> dict[str, Any]:
+    """One consolidated file of every weight (tied ones under both names), whatever world size wrote the checkpoint."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from hymo_core.checkpoint import load_model
+
+    model, payload = load_model(checkpoint)
+    tensors = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+    metadata = {"format": "pt", "model_config": json.dumps(payload["model_config"]), "step": str(payload["state"]["step"])}
+    temporary = Path(target).with_name(Path(target).name + ".tmp")
+    save_file(tensors, temporary, metadata=metadata)
+    temporary.replace(target)
+    return {"tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()), "path": target}
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    result = export_safetensors(args.checkpoint, args.safetensors)
+    console.print(f"wrote {result['path']}: {result['tensors']} tensors, {result['parameters']:,} values", markup=False)
+    return 0
+
+
 def add_commands(sub: Any) -> None:
     from hymo_core.train import add_train_arguments
 
     train = sub.add_parser("train", help="pretrain on a corpus: checkpoints, metrics.jsonl, loss.png, summary.json")
     add_train_arguments(train)
+    train.add_argument("--nproc", type=int, help="ranks on this machine: run under torchrun with FSDP2 (gloo on CPU, nccl on CUDA)")
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and cloze accuracy of a checkpoint; --suite: the benchmark suite")
@@ -128,3 +168,8 @@ def add_commands(sub: Any) -> None:
     gen.add_argument("--top-k", type=int, default=50)
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate)
+
+    export = sub.add_parser("export", help="write a checkpoint (single file or DCP directory) as one safetensors file")
+    export.add_argument("checkpoint")
+    export.add_argument("--safetensors", required=True, metavar="FILE", help="where to write the consolidated weights")
+    export.set_defaults(func=cmd_export)

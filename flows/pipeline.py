@@ -1,40 +1,39 @@
 """The `hymo-pipeline` flow: every stage in order over one run directory.
 
 Between stages travel paths to stage directories, never documents. Each stage
-is a task named after it; a stage whose published manifest already carries the
-same stage-contract key (stage, version, config, input digests) and whose files
-match their sha256 finishes in the state "Cached" without work. A deleted or
-corrupted output fails that check, so it is recomputed, never served stale.
-Document stages map their shards in batches over the task runner: worker
-processes by default, or a Dask cluster (`runner="dask"`).
-
-That stage-contract check is the cache, so the tasks use Prefect's NO_CACHE
-policy: the default policy would hash every input (stage plans, shard job
-lists) on every task run for a cache nobody reads.
+is one task run named after it, started once the previous stage's run has
+finished (`wait_for`: the chain the UI draws). Its Prefect cache key is the
+stage-contract key (flows.stage_cache): a stage published under the same key
+with intact files ends "Cached" without work; a deleted or corrupted output is
+recomputed, never served stale; `refresh_cache` recomputes it. Document stages
+map their shards in batches over the task runner (worker processes by default,
+or a Dask cluster with `runner="dask"`); the batches are task runs nested under
+their stage, named `STAGE-shards-FIRSTSHARD`.
 """
 from __future__ import annotations
 
 import json
 import os
 from contextlib import nullcontext
+from contextvars import ContextVar
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.context import TaskRunContext
 from prefect.futures import as_completed
-from prefect.states import Completed
 
 from manifests.atomic import atomic_write_text
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.stage_runner import StagePlan, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan
+from tasks.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan
 
-from flows.artifacts import BackgroundPublisher, artifact_key, draw_funnel, publish_run_summary, publish_stage_artifacts
+from flows.artifacts import BackgroundPublisher, draw_funnel, publish_run_summary, publish_stage_artifacts
 from flows.config import RUN_CONFIG, PipelineConfig, load_run_config  # noqa: F401 (load_run_config: re-exported)
+from flows.run_report import StageProgress
 from flows.shard_batch import shard_batch
+from flows.stage_cache import STAGE_CONTRACT, record_dir
 from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_entry, stage_path, stages_between
 
 DOCS_PER_BATCH = 20_000  # a task run costs ~0.1-0.2 s of API round trips; a batch should be worth far more
@@ -65,43 +64,47 @@ def log_stage(manifest: StageManifest, how: str) -> None:
         json.dumps(counts.get("removed", {})), json.dumps(counts.get("modified", {})), manifest.directory)
 
 
-def stage_summary(manifest: StageManifest) -> dict[str, Any]:
-    return {"stage": manifest.stage, "dir": str(manifest.directory), "digest": manifest.digest, "cache_key": manifest.cache_key, "counts": manifest.counts}
+def stage_summary(manifest: StageManifest, run: Path) -> dict[str, Any]:
+    """The stage task's result (kept by Prefect as the cache record): paths relative to the run directory."""
+    return {"stage": manifest.stage, "dir": Path(manifest.directory).name if manifest.directory else None, "run": str(run),
+            "digest": manifest.digest, "cache_key": manifest.cache_key, "counts": manifest.counts}
 
 
-def cached(manifest: StageManifest) -> Completed:
-    return Completed(name="Cached", message=f"{manifest.stage}: published under the same stage-contract key", data=stage_summary(manifest))
+def forget_stage(run: Path, stage: str, config: PipelineConfig | None = None) -> None:
+    """Drop the stage's manifest so the contract check fails and the stage recomputes."""
+    (stage_path(run, stage, config) / "manifest.json").unlink(missing_ok=True)
 
 
-@task(task_run_name="{name}", cache_policy=NO_CACHE)
-def whole_stage(name: str, config: PipelineConfig, run: str, previous: str | None, out: str) -> Any:
-    """A stage run as one task (ingest, extraction, artifact stages)."""
-    before = manifest_stamp(Path(out))
-    manifest = stage_entry(config, name).run(config, Path(run), Path(previous) if previous else None, Path(out))
-    if before is not None and manifest_stamp(Path(out)) == before:
-        log_stage(manifest, "cached")
-        return cached(manifest)
-    log_stage(manifest, "computed")
-    return stage_summary(manifest)
+# (task runner, workers) the document stages map their shard batches over; set by the flow for its stages.
+SHARD_RUNNER: ContextVar[tuple[Any, int] | None] = ContextVar("hymo_shard_runner", default=None)
 
 
-@task(task_run_name="{name}", cache_policy=NO_CACHE)
-def plan_doc_stage(name: str, config: PipelineConfig, previous: str, out: str) -> Any:
-    """Check the cache and run the stage's global pass; hand back the shard jobs to map."""
-    stage, stage_config = stage_entry(config, name).doc_stage(config)
-    planned = plan_stage(stage, stage_config, Path(previous), Path(out), config.workers)
-    if isinstance(planned, StageManifest):
-        log_stage(planned, "cached")
-        return cached(planned)
-    get_run_logger().info("%s: %d shards to process", name, len(planned.jobs))
-    return planned
+@task(task_run_name="{name}", cache_policy=STAGE_CONTRACT, result_serializer="json")
+def stage_task(name: str, config: PipelineConfig, run: str) -> dict[str, Any]:
+    """One stage of the DAG over the run directory `run`. With `refresh_cache` it recomputes even an intact stage."""
+    # Only a call here: shard batches submitted inside this task carry its context, and with it this
+    # function pickled by value; run_stage_in_task is pickled by reference.
+    return run_stage_in_task(name, config, Path(run))
 
 
-@task(task_run_name="{name}-publish", cache_policy=NO_CACHE)
-def publish_doc_stage(name: str, plan: StagePlan, results: list) -> dict[str, Any]:
-    manifest = publish_plan(plan, results)
-    log_stage(manifest, "computed")
-    return stage_summary(manifest)
+def run_stage_in_task(name: str, config: PipelineConfig, run_dir: Path) -> dict[str, Any]:
+    out, previous = stage_path(run_dir, name, config), previous_stage_path(run_dir, name, config)
+    context = TaskRunContext.get()
+    if context is not None and context.task.refresh_cache:
+        forget_stage(run_dir, name, config)
+    before = manifest_stamp(out)
+    entry, shard_runner = stage_entry(config, name), SHARD_RUNNER.get()
+    with StageProgress(name) as progress:
+        token = PROGRESS_SINK.set(progress)
+        try:
+            if entry.doc_stage is not None and shard_runner is not None:
+                manifest = run_doc_stage(entry, config, previous, out, *shard_runner, progress)
+            else:
+                manifest = entry.run(config, run_dir, previous, out)
+        finally:
+            PROGRESS_SINK.reset(token)
+    log_stage(manifest, "already published" if before is not None and manifest_stamp(out) == before else "computed")
+    return stage_summary(manifest, run_dir)
 
 
 def batch_count(documents: int, workers: int) -> int:
@@ -139,28 +142,25 @@ def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
     return ProcessPoolTaskRunner(max_workers=workers)
 
 
-def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out: Path, task_runner, workers: int) -> dict[str, Any]:
-    state = plan_doc_stage(entry.name, config, str(previous), str(out), return_state=True)
-    planned = state.result()
-    if state.name == "Cached" or not isinstance(planned, StagePlan):
+def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out: Path, task_runner, workers: int,
+                  progress: StageProgress) -> StageManifest:
+    """Global pass here, then the shard batches as task runs nested under this stage's run, then publish."""
+    stage, stage_config = entry.doc_stage(config)
+    planned = plan_stage(stage, stage_config, previous, out, config.workers)
+    if isinstance(planned, StageManifest):
         return planned
+    get_run_logger().info("%s: %d shards to process", entry.name, len(planned.jobs))
     groups = batches(planned.jobs, planned.sizes, batch_count(sum(planned.sizes), workers))
-    # Progress only means something when batches queue behind busy workers; one wave goes from 0 to done.
-    progress = None
-    if len(groups) > workers:
-        progress = create_progress_artifact(0.0, key=artifact_key("hymo", entry.name, "progress"), description=f"{entry.name}: shard batches done")
     try:
         futures = [task_runner.submit(shard_batch, {"name": entry.name, "first": group[0][4], "jobs": group}) for group in groups]
-        results, done = [], 0
-        for future in as_completed(futures):
+        results = []
+        for done, future in enumerate(as_completed(futures), start=1):
             results.extend(future.result())
-            done += 1
-            if progress is not None:
-                update_progress_artifact(progress, 100.0 * done / len(groups))
+            progress("shard batches", done, len(groups))
     except BaseException:
         planned.writer.abandon()
         raise
-    return publish_doc_stage(entry.name, planned, results)
+    return publish_plan(planned, results)
 
 
 def export_api_url() -> None:
@@ -172,7 +172,9 @@ def export_api_url() -> None:
         os.environ["PREFECT_API_URL"] = str(url)
 
 
-def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str | None, runner: Runner, dask_address: str | None) -> dict[str, Any]:
+def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str | None, runner: Runner, dask_address: str | None,
+               refresh: str | None = None) -> dict[str, Any]:
+    """Run `start`..`until` as a chain of stage tasks; `refresh`: that stage ignores its cache and recomputes."""
     workers = config.workers or default_workers()
     export_api_url()
     summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
@@ -183,6 +185,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     environ_before = dict(os.environ)  # a Dask LocalCluster sets OMP_NUM_THREADS=1 & co. for its workers
     if task_runner is not None:
         task_runner.__enter__()
+    shard_runner = SHARD_RUNNER.set((task_runner, workers))
     try:
         # On Dask, the global passes' per-shard work runs on the cluster too, and batches follow its worker count.
         on_dask = runner == Runner.dask and task_runner is not None
@@ -190,20 +193,26 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
         with cluster, BackgroundPublisher() as artifacts:
             if on_dask:
                 workers = cluster_workers(task_runner.client)
+                SHARD_RUNNER.set((task_runner, workers))  # the finally's reset still restores the value before run_stages
+            previous_state = None
             for entry in entries:
                 if entry.name == TRAINING_STAGE:  # the funnel is final: draw it while the model trains
                     artifacts.submit(draw_funnel, run)
                     funnel_drawn = True
                 out = stage_path(run, entry.name, config)
-                previous = previous_stage_path(run, entry.name, config)
-                if entry.doc_stage is not None:
-                    run_doc_stage(entry, config, previous, out, task_runner, workers)
-                else:
-                    whole_stage(entry.name, config, str(run), str(previous) if previous else None, str(out))
+                options: dict[str, Any] = {"result_storage": record_dir(run, entry.name, config)}
+                if entry.name == refresh:
+                    options["refresh_cache"] = True
+                state = stage_task.with_options(**options)(
+                    entry.name, config, str(run), wait_for=[previous_state] if previous_state else None, return_state=True)
+                state.result()  # a failed stage fails the flow here
+                previous_state = state
                 manifest = read_manifest(out, verify=False)
-                artifacts.submit(publish_stage_artifacts, run, entry.name, manifest)
+                if state.name != "Cached":  # a cached task run does no work: its artifacts are those of the run that did
+                    artifacts.submit(publish_stage_artifacts, run, entry.name, manifest)
                 summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": manifest.counts})
     finally:
+        SHARD_RUNNER.reset(shard_runner)
         if task_runner is not None:
             task_runner.__exit__(None, None, None)
         if os.environ != environ_before:

@@ -58,7 +58,8 @@ def add_commands(sub) -> None:
     parser = sub.add_parser("serve", help="start a local Prefect server (if none answers) and serve the HyMo deployments")
     parser.add_argument("--api-url", help="use this Prefect API if it answers (default: $PREFECT_API_URL)")
     parser.add_argument("--home", default=str(DEFAULT_HOME), help=f"where a started server keeps its SQLite database (default: {DEFAULT_HOME})")
-    parser.add_argument("--port", type=int, default=4200)
+    parser.add_argument("--port", type=int, default=4200,
+                        help="port of a started server when neither --api-url nor $PREFECT_API_URL names one (default: 4200)")
     parser.add_argument("--run-root", default="runs", help="directory the deployments' default run directories live in")
     parser.add_argument("--limit", type=int, default=1, help="flow runs executed at once")
     parser.add_argument("--config", help="pipeline TOML whose values become the defaults of the hymo-pipeline/full form")

@@ -1,8 +1,9 @@
 """A local Prefect server for `hymo serve` and the tests: start it if none answers, wait for health, stop it.
 
-SQLite under a project-local directory, bound to 127.0.0.1. The server runs in its own
-process group so stopping it also stops the services it spawned, and it dies with
-its parent (a parent-death signal) so a killed `hymo run` leaves nothing behind.
+SQLite under a project-local directory by default (PREFECT_API_DATABASE_CONNECTION_URL, e.g. a
+PostgreSQL URL, when set), bound to 127.0.0.1 or to the host and port of the PREFECT_API_URL that did
+not answer. The server runs in its own process group so stopping it also stops the services it spawned,
+and it dies with its parent (a parent-death signal) so a killed `hymo run` leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 DEFAULT_HOME = Path(".hymo") / "prefect"
 HEALTH_TIMEOUT_S = 240.0
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # an unanswered API here is started here
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -59,20 +62,24 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LocalServer:
     """`prefect server start` as a child process; `api_url` answers once `start()` returns."""
 
-    def __init__(self, home: Path = DEFAULT_HOME, host: str = "127.0.0.1", port: int = 4200):
+    def __init__(self, home: Path = DEFAULT_HOME, host: str = "127.0.0.1", port: int = 4200, database_url: str | None = None):
         self.home, self.host, self.port = Path(home).resolve(), host, port
+        # The caller's database (PostgreSQL for a team), else SQLite in `home`.
+        self.database_url = database_url or os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL") or f"sqlite+aiosqlite:///{self.home / 'prefect.db'}"
         self.api_url = f"http://{host}:{port}/api"
         self.ui_url = f"http://{host}:{port}"
         self.process: subprocess.Popen | None = None
+        self.startup_s: float | None = None
         self.log_path = self.home / "server.log"
 
     def start(self) -> "LocalServer":
+        started = time.monotonic()
         self.home.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             "PREFECT_HOME": str(self.home),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.home / 'prefect.db'}",
+            "PREFECT_API_DATABASE_CONNECTION_URL": self.database_url,
             "PREFECT_UI_API_URL": self.api_url,
         }
         env.pop("PREFECT_API_URL", None)
@@ -88,6 +95,7 @@ class LocalServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"Prefect server exited with {self.process.returncode}; see {self.log_path}")
             if api_healthy(self.api_url):
+                self.startup_s = time.monotonic() - started  # benchmarks report it
                 return self
             time.sleep(0.5)
         self.stop()
@@ -145,8 +153,17 @@ def prefect_api(api_url: str | None = None, home: Path = DEFAULT_HOME, port: int
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    wanted = api_url or os.environ.get("PREFECT_API_URL") or "http://127.0.0.1:4200/api"
-    server = None if reuse and api_healthy(wanted) else LocalServer(home=home, port=port or free_port()).start()
+    asked = api_url or os.environ.get("PREFECT_API_URL")
+    wanted = asked or "http://127.0.0.1:4200/api"
+    if reuse and api_healthy(wanted):
+        server = None
+    elif reuse and asked:  # the API the user named is not up: start it where they said it would be
+        where = urllib.parse.urlsplit(asked)
+        if where.hostname not in LOCAL_HOSTS:
+            raise ConnectionError(f"the Prefect API at {asked} does not answer; start that server, or unset PREFECT_API_URL for a local one")
+        server = LocalServer(home=home, host=where.hostname, port=where.port or port or free_port()).start()
+    else:
+        server = LocalServer(home=home, port=port or free_port()).start()
     url = server.api_url if server else wanted
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url

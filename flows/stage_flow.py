@@ -1,7 +1,8 @@
 """The `hymo-stage` flow: re-run one stage of an existing run, then whatever follows it.
 
 Stages after it run too, but each is "Cached" unless its input changed, so only
-the stage and what depends on a changed output are recomputed.
+the stage and what depends on a changed output are recomputed. `force` runs the
+stage task with Prefect's `refresh_cache`: it recomputes although it is intact.
 """
 from __future__ import annotations
 
@@ -14,14 +15,9 @@ from prefect import flow
 from manifests.run_lock import run_lock
 
 from flows.pipeline import Runner, load_run_config, run_stages
-from flows.stages import STAGE_NAMES, stage_path
+from flows.stages import STAGE_NAMES
 
 StageName = Enum("StageName", {name: name for name in STAGE_NAMES}, type=str)  # built-in stages; a user filter is named as text
-
-
-def forget_stage(run: Path, stage: str) -> None:
-    """Drop the stage's manifest so the contract check fails and the stage recomputes."""
-    (stage_path(run, stage) / "manifest.json").unlink(missing_ok=True)
 
 
 @flow(name="hymo-stage", log_prints=True)
@@ -38,6 +34,4 @@ def hymo_stage(
     config = load_run_config(run_dir)
     name = stage.value if isinstance(stage, Enum) else str(stage)
     with run_lock(run_dir):  # one writer per run directory: a second run fails naming this one
-        if force:
-            forget_stage(run_dir, name)
-        return run_stages(config, run_dir, name, until, runner, dask_address)
+        return run_stages(config, run_dir, name, until, runner, dask_address, refresh=name if force else None)

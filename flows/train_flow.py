@@ -1,13 +1,12 @@
 """The `hymo-train` flow: train (or continue training) on a corpus outside the pipeline, e.g. from `hymo serve`."""
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from hymo_core.train import load_run_config, run_training
+from hymo_core.train import load_run_config, run_training, session_config
 
 
 def default_out(corpus: str) -> Path:
@@ -20,8 +19,7 @@ def hymo_train(corpus: str, config: str | None = None, out: str | None = None, m
                resume: bool = True) -> dict[str, Any]:
     """`corpus`: a run directory, a shards stage directory or corpus.json; `config`: a TOML with [train] / [model]."""
     train_config, model_config = load_run_config(config)
-    if max_steps is not None:
-        train_config = replace(train_config, max_steps=max_steps)
+    train_config = session_config(train_config, max_steps)  # stopping early keeps the recipe's LR horizon
     logger = get_run_logger()
     summary = run_training(corpus, out or default_out(corpus), train_config, model_config, resume=resume, log=logger.info)
     logger.info("step %s: train loss %.4f, validation loss %s, weights %s", summary["final_step"], summary["final_train_loss"] or float("nan"),

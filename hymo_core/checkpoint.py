@@ -18,10 +18,12 @@ import json
 import os
 import pickle
 import re
+import shutil
+import sys
 import zipfile
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -34,10 +36,11 @@ from hymo_core.trainer import TrainConfig, TrainState, _window_at, capture_rng, 
 FORMAT_VERSION = 1
 PAYLOAD_KEYS = ("model", "optimizer", "state", "train_config", "model_config", "vocab_size", "optimizer_type", "optimizer_layout",
                 "qk_clip", "manifest_digest", "loaders", "rng", "runtime")
-CHECKPOINT_RE = re.compile(r"^step-(\d{8})\.pt$")
+CHECKPOINT_RE = re.compile(r"^step-(\d{8})(\.pt)?$")  # a single file (one process) or a DCP directory (torchrun)
 INDEX_FILE = "checkpoints.json"
 # TrainConfig fields a continuation may change: they steer this session, not the recipe.
-SESSION_FIELDS = frozenset({"max_steps", "log_interval", "eval_interval", "checkpoint_interval", "eval_batches", "keep_checkpoints"})
+SESSION_FIELDS = frozenset({"max_steps", "log_interval", "eval_interval", "checkpoint_interval", "eval_batches", "keep_checkpoints",
+                            "activation_checkpointing", "compile", "bitwise_resume"})
 
 
 class CheckpointError(ValueError):
@@ -87,6 +90,25 @@ def validation_cursor(loader: ValidationLoader | None, digest: str) -> dict[str,
             "max_batches": loader.max_batches, "position": 0}
 
 
+def interned_strings(value: Any) -> Any:
+    """`value` with every string (keys and values) interned, containers rebuilt, tensors untouched.
+
+    Pickle writes a string once per object and refers back to it after that,
+    so the bytes depend on which equal strings happen to be one object: a run
+    resumed from a checkpoint holds unpickled (not interned) copies where a
+    fresh run holds literals. Interning makes equal content give equal bytes.
+    """
+    if isinstance(value, str):
+        return sys.intern(value)
+    if isinstance(value, dict):
+        return {interned_strings(k): interned_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interned_strings(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(interned_strings(v) for v in value)
+    return value
+
+
 def save_checkpoint(
     path: str | Path,
     model: nn.Module,
@@ -121,7 +143,7 @@ def save_checkpoint(
     }
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "wb") as handle:
-        torch.save(payload, handle)
+        torch.save(interned_strings(payload), handle)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
@@ -166,8 +188,14 @@ def check_compatible(
     optimizer: torch.optim.Optimizer,
     config: TrainConfig,
     train_loader: TokenLoader,
+    warn: Callable[[str], None] | None = None,
 ) -> TrainState:
-    """Every condition a resume needs, checked without mutating anything; returns the saved state."""
+    """Every condition a resume needs, checked without mutating anything; returns the saved state.
+
+    `payload` is a single-file checkpoint or a DCP checkpoint's metadata (same
+    keys). Another world size is a reshard: allowed, with a warning that the
+    continuation is equal within float tolerance, not bitwise.
+    """
     def refuse(reason: str) -> CheckpointError:
         return CheckpointError(f"{path}: {reason}; refusing to resume")
 
@@ -179,10 +207,11 @@ def check_compatible(
     if payload["vocab_size"] != model.config.vocab_size:
         raise refuse(f"vocab_size {payload['vocab_size']} != model's {model.config.vocab_size}")
     # A key the checkpoint lacks predates that field, so it was built with the field's default.
-    saved_model = {**{f.name: f.default for f in fields(ModelConfig)}, **payload["model_config"]}
-    if saved_model != asdict(model.config):
-        changed = sorted(k for k in set(saved_model) | set(asdict(model.config))
-                         if saved_model.get(k) != asdict(model.config).get(k))
+    # Compared in JSON form: a DCP checkpoint's metadata.json holds tuples (e.g. mtp_loss_weights) as lists.
+    saved_model = json.loads(json.dumps({**{f.name: f.default for f in fields(ModelConfig)}, **payload["model_config"]}))
+    current_model = json.loads(json.dumps(asdict(model.config)))
+    if saved_model != current_model:
+        changed = sorted(k for k in set(saved_model) | set(current_model) if saved_model.get(k) != current_model.get(k))
         raise refuse(f"model config differs in {', '.join(changed)}")
     if payload["optimizer_type"] != optimizer_type(optimizer):
         raise refuse(f"optimizer {payload['optimizer_type']} != {optimizer_type(optimizer)}")
@@ -205,13 +234,25 @@ def check_compatible(
         raise refuse(f"corpus manifest digest {str(payload['manifest_digest'])[:12]}… != this corpus's {digest[:12]}…")
     cursor = payload["loaders"]["train"]
     ours = train_loader.state_dict()
-    for key in ("manifest_digest", "split", "seq_len", "seed", "world_size", "batch_size"):
+    # The cursor counts windows of the global batch, so it means the same at any world size.
+    for key in ("manifest_digest", "split", "seq_len", "seed"):
         if cursor.get(key) != ours[key]:
             raise refuse(f"train loader {key} {cursor.get(key)!r} != {ours[key]!r}")
     if {"shard": cursor["shard"], "offset": cursor["offset"]} != _window_at(train_loader, cursor["epoch"], cursor["position"]):
         raise refuse("train loader cursor does not point at the window it recorded")
-    if payload["runtime"] != runtime_signature(model):
-        raise refuse(f"runtime {payload['runtime']} != {runtime_signature(model)} (version, device, dtype, threads or determinism)")
+    saved_runtime, runtime = payload["runtime"], runtime_signature(model)
+    strict = ("torch", "device", "dtype", "deterministic")
+    if any(saved_runtime.get(key) != runtime[key] for key in strict):
+        raise refuse(f"runtime {saved_runtime} != {runtime} (version, device, dtype or determinism)")
+    notes = []
+    if saved_runtime.get("threads") != runtime["threads"]:
+        if config.bitwise_resume:
+            raise refuse(f"thread count {saved_runtime.get('threads')} != {runtime['threads']} and bitwise_resume is on")
+        notes.append(f"thread count {saved_runtime.get('threads')} != {runtime['threads']}")
+    if cursor.get("world_size", 1) != ours["world_size"]:
+        notes.append(f"resharding from {cursor.get('world_size', 1)} to {ours['world_size']} ranks")
+    if notes and warn:
+        warn(f"{path}: {'; '.join(notes)}: the continuation equals the uninterrupted run within float tolerance, not bitwise")
     return state
 
 
@@ -221,11 +262,12 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     config: TrainConfig,
     train_loader: TokenLoader,
+    warn: Callable[[str], None] | None = None,
 ) -> TrainState:
     """Validate everything, then restore weights, optimizer, train cursor and finally RNG; returns the counters."""
     path = Path(path)
     payload = read_checkpoint(path)
-    state = check_compatible(payload, path, model, optimizer, config, train_loader)
+    state = check_compatible(payload, path, model, optimizer, config, train_loader, warn)
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
     optimizer.zero_grad(set_to_none=True)
@@ -234,21 +276,38 @@ def load_checkpoint(
     return state
 
 
+def model_from_config(values: dict[str, Any]) -> Transformer:
+    """The model a checkpoint's model_config describes, freshly initialised."""
+    return Transformer(ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}))
+
+
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Transformer, dict[str, Any]]:
-    """A model for evaluation or sampling, with the payload's metadata (no optimizer, no runtime check)."""
-    payload = read_checkpoint(path)
-    model = Transformer(ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in payload["model_config"].items()}))
-    model.load_state_dict(payload["model"])
+    """A model for evaluation or sampling, with the checkpoint's metadata (no optimizer, no runtime check).
+
+    A DCP directory (written by any number of ranks) loads into one process too.
+    """
+    if Path(path).is_dir():
+        from hymo_core.sharded_checkpoint import load_sharded_model
+
+        model, payload = load_sharded_model(path)
+    else:
+        payload = read_checkpoint(path)
+        model = model_from_config(payload["model_config"])
+        model.load_state_dict(payload["model"])
     model.to(device).eval()
     return model, payload
 
 
 def weights_sha256(model: nn.Module) -> str:
     """sha256 over the state dict's names and raw bytes, in order: equal iff the weights are bitwise equal."""
+    return state_dict_sha256(model.state_dict())
+
+
+def state_dict_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state_dict.items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
@@ -257,16 +316,16 @@ def weights_sha256(model: nn.Module) -> str:
 # ---------------------------------------------------------------- a directory of checkpoints
 
 
-def checkpoint_path(directory: Path, step: int) -> Path:
-    return Path(directory) / f"step-{step:08d}.pt"
+def checkpoint_path(directory: Path, step: int, sharded: bool = False) -> Path:
+    return Path(directory) / (f"step-{step:08d}" if sharded else f"step-{step:08d}.pt")
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:
-    """Published checkpoints (temporary files excluded), oldest first."""
+    """Published checkpoints (temporary files and directories excluded), oldest first."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if CHECKPOINT_RE.match(p.name))
+    return sorted(p for p in directory.iterdir() if CHECKPOINT_RE.match(p.name) and p.is_dir() != p.name.endswith(".pt"))
 
 
 def previous_checkpoint(path: Path) -> Path | None:
@@ -277,9 +336,10 @@ def previous_checkpoint(path: Path) -> Path | None:
 class CheckpointDirectory:
     """Keeps the last `keep_last` checkpoints and the best one by validation loss; an index says which is which."""
 
-    def __init__(self, directory: str | Path, keep_last: int = 2):
+    def __init__(self, directory: str | Path, keep_last: int = 2, writer: bool = True):
         self.directory = Path(directory)
         self.keep_last = keep_last
+        self.writer = writer  # under torchrun every rank saves its shards, rank 0 alone keeps the index
         index = self.directory / INDEX_FILE
         self.index: dict[str, Any] = json.loads(index.read_text(encoding="utf-8")) if index.is_file() else {"best": None}
 
@@ -287,8 +347,12 @@ class CheckpointDirectory:
         found = list_checkpoints(self.directory)
         return found[-1] if found else None
 
-    def save(self, step: int, val_loss: float | None, **objects: Any) -> Path:
-        path = save_checkpoint(checkpoint_path(self.directory, step), **objects)
+    def save(self, step: int, val_loss: float | None, save: Callable[..., Path] | None = None, **objects: Any) -> Path:
+        """`save(path, **objects)` writes one checkpoint (default: the single-file save_checkpoint)."""
+        path = save(checkpoint_path(self.directory, step, sharded=True), **objects) if save else \
+            save_checkpoint(checkpoint_path(self.directory, step), **objects)
+        if not self.writer:
+            return path
         best = self.index.get("best")
         if val_loss is not None and (best is None or val_loss < best["val_loss"] or not (self.directory / best["path"]).exists()):
             self.index["best"] = {"path": path.name, "step": step, "val_loss": val_loss}
@@ -302,7 +366,7 @@ class CheckpointDirectory:
             keep.add(self.index["best"]["path"])
         for path in list_checkpoints(self.directory):
             if path.name not in keep:
-                path.unlink()
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     def _write_index(self) -> None:
         self.index["checkpoints"] = [p.name for p in list_checkpoints(self.directory)]

@@ -257,6 +257,10 @@ class TrainConfig:
     normuon_row_normalisation: bool = True  # the published NorMuon's per-neuron second moment (docs/training.md)
     embed_weight_decay: float = 0.1  # normuon only: embedding and head; other AdamW parameters get 0
     cautious_weight_decay: bool = False  # decay only where grad * param > 0 (both optimizers)
+    # How this session runs, not what it computes (a resume may change them):
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward instead of storing them
+    compile: bool = False  # torch.compile each block (hymo_core/parallelize.py)
+    bitwise_resume: bool = False  # refuse a resume whose thread count differs (it changes float summation order)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "max_steps", "log_interval", "eval_interval", "checkpoint_interval",

@@ -188,8 +188,10 @@ class TokenLoader:
         return {"manifest_digest": self.corpus.digest, "split": self.split, "seq_len": self.seq_len, "batch_size": self.batch_size,
                 "world_size": self.world_size, "seed": self.seed, "epoch": self.epoch, "position": self.position, "shard": shard, "offset": offset}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("manifest_digest", "split", "seq_len", "seed", "world_size"):
+    def load_state_dict(self, state: dict[str, Any], reshard: bool = False) -> None:
+        """`reshard=True` accepts a cursor saved at another world size: positions count global windows."""
+        keys = ("manifest_digest", "split", "seq_len", "seed") + (() if reshard else ("world_size",))
+        for key in keys:
             mine = self.corpus.digest if key == "manifest_digest" else getattr(self, key)
             if state.get(key) != mine:
                 raise CorpusError(f"loader state was saved with {key}={state.get(key)!r}, this loader has {mine!r}; refusing to resume")

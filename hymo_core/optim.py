@@ -157,9 +157,10 @@ def _orthogonalise(update: torch.Tensor, group: dict) -> torch.Tensor:
         m, group["ns_steps"], tuple(group["ns_coefficients"]), group["ns_eps"], NS_DTYPES[group["ns_dtype"]]
     )
     if DTensor is not None and isinstance(update, DTensor):
-        # Gather the full matrix (as Moonlight/torchtitan do), orthogonalise, reshard.
+        # Never orthogonalise a shard: gather the whole matrix (as Moonlight/torchtitan do),
+        # orthogonalise it on every rank (same input, same result), keep this rank's rows.
         full = ns(update.full_tensor()).to(update.dtype)
-        return distribute_tensor(full, update.device_mesh, update.placements)
+        return distribute_tensor(full, update.device_mesh, update.placements, src_data_rank=None)
     return ns(update).to(update.dtype)
 
 
@@ -525,9 +526,10 @@ class NorMuonAdamW(PartitionedOptimizer):
                 rows.append(direction / (second.sqrt() + group["row_eps"]).unsqueeze(1))
             directions = rows
         for param, master, grad, momentum, direction in zip(params, masters, grads, momenta, directions):
+            # Norms of whole matrices: under FSDP2 a shard's norm() is a partial sum until reduced.
             target = (0.2 * math.sqrt(direction.numel()) if group["update_scale"] == "match_rms_adamw"
-                      else float(momentum.norm()))
-            scale = target / max(float(direction.norm()), group["ns_eps"])
+                      else float(_whole(momentum.norm())))
+            scale = target / max(float(_whole(direction.norm())), group["ns_eps"])
             self._decay_(master, grad, group)
             master.add_(direction.to(master.dtype), alpha=-group["lr"] * scale)
             if master is not param:
@@ -543,6 +545,11 @@ class NorMuonAdamW(PartitionedOptimizer):
             param.copy_(master)
 
 
+def _whole(value: torch.Tensor) -> torch.Tensor:
+    """A reduction over a DTensor shard completed over all ranks; plain tensors unchanged."""
+    return value.full_tensor() if DTensor is not None and isinstance(value, DTensor) else value
+
+
 def _orthogonalise_stack(momenta: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
     """Newton-Schulz over same-shape momenta as one stack; FSDP2 shards are gathered whole first."""
     sharded = DTensor is not None and isinstance(momenta[0], DTensor)
@@ -551,7 +558,8 @@ def _orthogonalise_stack(momenta: list[torch.Tensor], group: dict) -> list[torch
                                         group["ns_eps"], NS_DTYPES[group["ns_dtype"]]).to(full[0].dtype)
     directions = list(stacked_NAB.unbind(0))
     if sharded:
-        directions = [distribute_tensor(d, m.device_mesh, m.placements) for d, m in zip(directions, momenta)]
+        # Every rank orthogonalised the same whole matrices: keep this rank's rows, no second communication.
+        directions = [distribute_tensor(d, m.device_mesh, m.placements, src_data_rank=None) for d, m in zip(directions, momenta)]
     return directions
 
 

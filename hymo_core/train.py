@@ -26,7 +26,7 @@ import time
 import tomllib
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -34,10 +34,13 @@ import torch
 from hymo_core.configs import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE  # noqa: F401
 from hymo_core.checkpoint import CheckpointDirectory, CheckpointError, list_checkpoints, load_checkpoint, weights_sha256
 from hymo_core.data import CorpusReader, TokenLoader, ValidationLoader
+from hymo_core.distributed import Runtime, close_runtime, init_runtime
 from hymo_core.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.model import ModelConfig, Transformer
 from hymo_core.presets import model_config_from_table, preset_training
 from hymo_core.optim import build_optimizer
+from hymo_core.parallelize import parallelize
+from hymo_core.sharded_checkpoint import load_sharded_checkpoint, load_single_file_into_shards, save_sharded_checkpoint
 from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, seed_training_rng, train
 
 
@@ -199,59 +202,89 @@ def run_training(
     device: torch.device | None = None,
     progress: bool | None = None,
     log: Any = print,
+    report: Callable[[dict[str, Any]], None] | None = None,
+    runtime: Runtime | None = None,
 ) -> dict[str, Any]:
-    """Train (or continue) to `train_config.max_steps` and write checkpoints, metrics, loss.png and summary.json."""
+    """Train (or continue) to `train_config.max_steps` and write checkpoints, metrics, loss.png and summary.json.
+
+    Under torchrun every rank calls this: the model is sharded with FSDP2, each
+    rank reads its slice of every global batch, checkpoints are DCP directories,
+    and rank 0 alone writes metrics, pictures and the summary (and logs).
+    `report(record)`: called on that rank with every metrics record (train rows at log_interval,
+    evaluations, events) as it is written; how an orchestrator shows training live without this
+    package knowing about it.
+    """
     config = train_config or SAMPLE_TRAIN
+    runtime = runtime or init_runtime(device)
+    device = runtime.device
+    if not runtime.is_writer:
+        log, progress = (lambda *args, **kwargs: None), False
     reader = CorpusReader(corpus)
     model_config = replace(model_config or SAMPLE_MODEL, vocab_size=reader.vocab_size)
     if model_config.max_seq_len < config.seq_len:
         model_config = replace(model_config, max_seq_len=config.seq_len)
-    device = device or default_device()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoints = CheckpointDirectory(checkpoint_dir or out / CHECKPOINT_DIR, config.keep_checkpoints)
+    checkpoints = CheckpointDirectory(checkpoint_dir or out / CHECKPOINT_DIR, config.keep_checkpoints, writer=runtime.is_writer)
     if not resume and list_checkpoints(checkpoints.directory):
         raise FileExistsError(f"{checkpoints.directory} already holds checkpoints; pass --resume or choose another --out")
 
     seed_everything(config.seed)
-    model = Transformer(model_config).to(device)
+    model = parallelize(Transformer(model_config).to(device), runtime, config)
     optimizer = build_optimizer(model, config.optimizer_config(device))
-    train_loader = TokenLoader(reader, "train", config.seq_len, config.batch_size, config.seed)
+    micro_batch, _ = runtime.batch_plan(config)
+    train_loader = TokenLoader(reader, "train", config.seq_len, micro_batch, config.seed, rank=runtime.rank, world_size=runtime.world_size)
     val_loader = ValidationLoader(reader, config.seq_len, config.batch_size, max_batches=config.eval_batches)
     if len(val_loader) == 0:
         log(f"warning: {reader.path}: the validation split has no full batch of {config.batch_size} x {config.seq_len + 1} tokens; no validation")
         val_loader = None
     state, resumed_from = TrainState(), None
     if resume:
-        state, resumed_from = _resume(checkpoints, lambda p: load_checkpoint(p, model, optimizer, config, train_loader), log)
+        state, resumed_from = _resume(checkpoints, lambda p: _load_any(p, model, optimizer, config, train_loader, runtime, log), log)
         if resumed_from:
             log(f"resumed from {resumed_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
 
-    metrics = MetricsLog(out / METRICS_FILE, state.step)
+    metrics = MetricsLog(out / METRICS_FILE, state.step) if runtime.is_writer else None
+
+    def record(row: dict[str, Any]) -> None:
+        if metrics is None:
+            return
+        metrics.write(row)
+        if report is not None:
+            report(row)
+
     last_val: list[float | None] = [None]
     bar = ProgressLine(config.max_steps, state.step, progress)
 
     def on_eval(step: int, val_loss: float) -> None:
         last_val[0] = val_loss
-        metrics.write({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
+        record({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
 
     def on_checkpoint(current: TrainState) -> None:
+        sharded = {"save": save_sharded_checkpoint, "runtime": runtime} if runtime.launched else {}
         checkpoints.save(current.step, last_val[0], model=model, optimizer=optimizer, state=current, config=config,
-                         train_loader=train_loader, val_loader=val_loader)
+                         train_loader=train_loader, val_loader=val_loader, **sharded)
 
     hooks = TrainHooks(
-        on_log=lambda record: metrics.write({"kind": "train", **record}),
+        on_log=lambda row: record({"kind": "train", **row}),
         on_eval=on_eval,
         on_checkpoint=on_checkpoint,
-        on_event=lambda event: metrics.write({"kind": "event", **event}),
+        on_event=lambda event: record({"kind": "event", **event}),
         on_update=lambda current, loss, lr: bar.update(current, loss, lr, config.tokens_per_update),
     )
     started = time.perf_counter()
     try:
-        train(model, optimizer, train_loader, val_loader, config, state, device, hooks)
+        train(model, optimizer, train_loader, val_loader, config, state, device, hooks, runtime)
     finally:
         bar.close()
     seconds = time.perf_counter() - started
+    weights_digest = full_weights_sha256(model)  # a collective under FSDP: every rank takes part
+    tokenizer_entry = reader.manifest.get("tokenizer", {})
+    cloze = None
+    if cloze_path and tokenizer_entry.get("path") and (reader.root / tokenizer_entry["path"]).is_file():
+        cloze = score_cloze(model, load_tokenizer(reader.root / tokenizer_entry["path"]), load_cloze(cloze_path), device)
+    if not runtime.is_writer:
+        return {"final_step": state.step}  # rank 0 holds the full weights, writes and reports
 
     records = metrics.records()
     train_rows = [r for r in records if r.get("kind") == "train"]
@@ -268,7 +301,7 @@ def run_training(
         "final_val_perplexity": val_rows[-1]["val_perplexity"] if val_rows else None,
         "best_val_loss": state.best_val_loss,
         "ln_vocab": math.log(reader.vocab_size),
-        "weights_sha256": weights_sha256(model),
+        "weights_sha256": weights_digest,
         "tokens_seen": state.tokens_seen,
         "skipped_updates": state.skipped_updates,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -281,13 +314,34 @@ def run_training(
         "model_config": asdict(model_config),
         "device": device.type,
         "threads": torch.get_num_threads(),
+        "world_size": runtime.world_size,
     }
-    tokenizer_entry = reader.manifest.get("tokenizer", {})
-    if cloze_path and tokenizer_entry.get("path") and (reader.root / tokenizer_entry["path"]).is_file():
-        cloze = score_cloze(model, load_tokenizer(reader.root / tokenizer_entry["path"]), load_cloze(cloze_path), device)
+    if cloze is not None:
         summary["cloze"] = {k: v for k, v in cloze.items() if k != "per_item"}
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def _load_any(path: Path, model, optimizer, config: TrainConfig, train_loader: TokenLoader, runtime: Runtime, log: Any) -> TrainState:
+    """A DCP directory (any world size, also into one plain process) or a single-file checkpoint (one process)."""
+    if path.is_dir():
+        return load_sharded_checkpoint(path, model, optimizer, config, train_loader, runtime, warn=lambda m: log(f"warning: {m}"))
+    if runtime.launched:  # one process -> W ranks: every rank reads the file and keeps its rows
+        return load_single_file_into_shards(path, model, optimizer, config, train_loader, runtime, warn=lambda m: log(f"warning: {m}"))
+    return load_checkpoint(path, model, optimizer, config, train_loader, warn=lambda m: log(f"warning: {m}"))
+
+
+def full_weights_sha256(model) -> str:
+    """weights_sha256 of the whole model, also when FSDP holds it in shards (then every rank must call this)."""
+    from hymo_core.parallelize import is_sharded
+
+    if not is_sharded(model):
+        return weights_sha256(model)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from hymo_core.checkpoint import state_dict_sha256
+
+    return state_dict_sha256(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -300,21 +354,51 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", required=True, help="run directory, shards stage directory or corpus.json")
     parser.add_argument("--config", help="training TOML with [train] and [model] tables (default: the sample recipe)")
     parser.add_argument("--out", required=True, help="output directory (checkpoints, metrics.jsonl, loss.png, summary.json)")
-    parser.add_argument("--max-steps", type=int, help="override [train] max_steps")
+    parser.add_argument("--max-steps", type=int, help="stop after this many updates; the LR schedule keeps the recipe's horizon")
+    parser.add_argument("--horizon", type=int, help="move the LR schedule's horizon (where decay ends) to this step")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+    parser.add_argument("--cloze", help="cloze JSONL scored into summary.json (default: the bundled sample set)")
+
+
+def session_config(train_config: TrainConfig, max_steps: int | None = None, horizon: int | None = None) -> TrainConfig:
+    """Apply --max-steps / --horizon: stopping early never moves the schedule, only --horizon does."""
+    values = train_config.to_dict()
+    if horizon is not None:
+        values["horizon_steps"] = horizon
+    elif max_steps is not None and not train_config.horizon_steps:
+        values["horizon_steps"] = train_config.max_steps  # the recipe's own horizon, pinned
+    if max_steps is not None:
+        values["max_steps"] = max_steps
+    try:
+        return TrainConfig.from_dict(values)
+    except ValueError as exc:
+        raise ValueError(f"--max-steps {max_steps} / --horizon {horizon}: {exc}") from None
 
 
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    train_config, model_config = load_run_config(args.config)
-    if args.max_steps is not None:
-        train_config = replace(train_config, max_steps=args.max_steps)
-    return run_training(args.corpus, args.out, train_config, model_config, resume=args.resume)
+    return run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE)
 
 
 def main(argv: list[str] | None = None) -> int:
-    summary = train_from_args(build_parser().parse_args(argv))
-    print(json.dumps({k: summary[k] for k in ("final_step", "final_train_loss", "final_val_loss", "weights_sha256")}, indent=2))
+    """Also each rank's entry point under torchrun (`torchrun -m hymo_core.train ...`)."""
+    args = build_parser().parse_args(argv)
+    runtime = init_runtime()
+    try:
+        summary = run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE,
+                               runtime=runtime)
+    except (ValueError, FileExistsError) as exc:  # configuration, corpus and checkpoint errors: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        close_runtime(runtime)
+    if runtime.is_writer:
+        print(json.dumps({k: summary[k] for k in ("final_step", "final_train_loss", "final_val_loss", "weights_sha256")}, indent=2))
     return 0
+
+
+def _configs(args: argparse.Namespace) -> tuple[TrainConfig, ModelConfig]:
+    train_config, model_config = load_run_config(args.config)
+    return session_config(train_config, args.max_steps, getattr(args, "horizon", None)), model_config
 
 
 if __name__ == "__main__":

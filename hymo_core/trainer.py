@@ -38,6 +38,7 @@ import torch.nn as nn
 from hymo_core import planner
 from hymo_core.configs import TrainConfig  # defined torch-free there; part of this module's API
 from hymo_core.data import EndOfEpoch, TokenLoader, ValidationLoader
+from hymo_core.distributed import Runtime, all_reduce_max_, all_reduce_mean, full_value, reduce_expert_load_
 from hymo_core.optim import PartitionedOptimizer
 from hymo_core.schedule import learning_rate_at_step
 
@@ -121,9 +122,11 @@ class QKClip:
     """Per-head max-logit observation and post-update rescaling of query/key weights (MuonClip).
 
     For a head whose largest |q.k|/sqrt(d) in the attempt exceeded tau, gamma =
-    tau / max; each softmax mixer's `qk_clip_` shrinks that head's logits by
-    gamma (layers/attention.py: sqrt(gamma) on q and k rows, or gamma on the
-    query rows alone when GQA shares the key head).
+    tau / max; each softmax mixer's `qk_clip_(gamma_H)` shrinks that head's
+    logits by gamma (heads under tau get 1). Everything stays on the device:
+    one host read per update (the clipped-head count). Under data parallelism
+    the maxima are max-reduced over ranks first, so every rank rescales the
+    same heads of its shard.
     """
 
     def __init__(self, model: nn.Module, threshold: float, enabled: bool):
@@ -136,6 +139,11 @@ class QKClip:
     def observe(self) -> None:
         maxima = self.model.attention_max_logits().detach()
         self.maxima_LH = maxima if self.maxima_LH is None else torch.maximum(self.maxima_LH, maxima)
+
+    def reduce(self) -> None:
+        """Max over ranks (a no-op in one process); call once per update, after the last micro-batch."""
+        if self.maxima_LH is not None:
+            all_reduce_max_(self.maxima_LH)
 
     def max_logit(self) -> float | None:
         return None if self.maxima_LH is None or self.maxima_LH.numel() == 0 else float(self.maxima_LH.max())
@@ -150,13 +158,12 @@ class QKClip:
         """Rescale heads over the threshold; returns how many heads were clipped."""
         if not self.enabled or self.maxima_LH is None:
             return 0
-        clipped = 0
-        for maxima_H, attn in zip(self.maxima_LH.tolist(), self.model.softmax_mixers()):
-            scale_H = [self.threshold / peak if peak > self.threshold else 1.0 for peak in maxima_H]
-            attn.qk_clip_(scale_H)  # the mixer knows which projection rows make a head's logits
-            clipped += sum(scale < 1.0 for scale in scale_H)
+        over_LH = self.maxima_LH > self.threshold
+        gamma_LH = torch.where(over_LH, self.threshold / self.maxima_LH, torch.ones_like(self.maxima_LH))
+        for mixer, gamma_H in zip(self.model.softmax_mixers(), gamma_LH):
+            mixer.qk_clip_(gamma_H)  # the mixer knows which projection rows make a head's logits
         self.maxima_LH = None
-        return clipped
+        return int(over_LH.sum())
 
 
 # ---------------------------------------------------------------- validation
@@ -315,15 +322,21 @@ def train(
     state: TrainState,
     device: torch.device,
     hooks: TrainHooks | None = None,
+    runtime: Runtime | None = None,
 ) -> TrainState:
-    """Run successful updates until `state.step == config.max_steps`; returns the (mutated) state."""
+    """Run successful updates until `state.step == config.max_steps`; returns the (mutated) state.
+
+    `runtime` places this process among the ranks (default: one plain process).
+    The loaders are per rank; each update reads the recipe's global batch.
+    """
     hooks = hooks or TrainHooks()
+    runtime = runtime or Runtime(device=device)
+    _, accumulation = runtime.batch_plan(config)
     validate_setup(model, config, device)
     if config.max_steps < state.step:
         raise ValueError(f"max_steps {config.max_steps} is below the resumed step {state.step}")
     schedule = config.schedule_config()
     model.train()
-    model.set_attention_probe(True)
     optimizer.zero_grad(set_to_none=True)
     scaler = make_scaler(config, device, state)
     qk_clip = QKClip(model, config.qk_clip_threshold, config.qk_clip)
@@ -339,8 +352,11 @@ def train(
             lr = learning_rate_at_step(schedule, step)
             optimizer.set_learning_rate(lr)
             qk_clip.reset()
+            # The probe costs a chunked q.k pass per layer: only when QK-Clip acts or this step is logged.
+            probing = config.qk_clip or step % config.log_interval == 0 or step == config.max_steps
+            model.set_attention_probe(probing)
             update_loss, update_tokens, update_mtp_ce = 0.0, 0, []
-            for _ in range(config.gradient_accumulation_steps):
+            for _ in range(accumulation):
                 x_BT, y_BT = next_training_batch(train_loader, config, state, fixed_batch)
                 x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
                 with autocast(device, config.precision):
@@ -348,33 +364,39 @@ def train(
                 value = loss.item()
                 if not math.isfinite(value):
                     raise FloatingPointError(f"non-finite training loss {value} at step {step}; nothing was back-propagated")
-                qk_clip.observe()
-                scaler.scale(loss / config.gradient_accumulation_steps).backward()
+                if probing:
+                    qk_clip.observe()
+                scaler.scale(loss / accumulation).backward()
                 ce = getattr(model, "last_ce", None)
-                update_loss += float(ce if ce is not None else value) / config.gradient_accumulation_steps
-                mtp_ce = [float(c) / config.gradient_accumulation_steps for c in getattr(model, "last_mtp_ce", [])]
+                update_loss += float(ce if ce is not None else value) / accumulation
+                mtp_ce = [float(c) / accumulation for c in getattr(model, "last_mtp_ce", [])]
                 update_mtp_ce = [a + b for a, b in zip(update_mtp_ce, mtp_ce)] if update_mtp_ce else mtp_ce
-                update_tokens += y_BT.numel()
-                state.tokens_seen += y_BT.numel()
+                update_tokens += y_BT.numel() * runtime.world_size  # every rank reads as many
+                state.tokens_seen += y_BT.numel() * runtime.world_size
+            update_loss = all_reduce_mean(update_loss, device)  # the global batch's loss, the same on every rank
+            update_mtp_ce = [all_reduce_mean(value, device) for value in update_mtp_ce]
+            qk_clip.reduce()
 
             scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
+            grad_norm = full_value(torch.nn.utils.clip_grad_norm_(
                 model.parameters(), config.max_grad_norm or float("inf"), error_if_nonfinite=not scaler.is_enabled()
-            ).item()
+            )).item()
             previous_scale = scaler.get_scale() if scaler.is_enabled() else None
             qk_clip.validate()
             scaler.step(optimizer)
             scaler.update()
             state.grad_scaler_state = scaler.state_dict() if scaler.is_enabled() else None
             skipped = scaler.is_enabled() and scaler.get_scale() < previous_scale
-            max_logit = qk_clip.max_logit()
+            # A host read of the maxima only when the record is written (QK-Clip's own read is its clipped count).
+            max_logit = qk_clip.max_logit() if step % config.log_interval == 0 or step == config.max_steps else None
             clipped_heads, expert_load = 0, {}
             if skipped:
                 qk_clip.reset()  # observations of a discarded update must not rescale weights
                 model.discard_routing_counts()  # nor its MoE token counts move a gate bias
             else:
                 clipped_heads = qk_clip.apply()
-                expert_load = model.after_optimizer_step()  # per-block bookkeeping: MoE gate-bias step, load figures
+                # Per-block bookkeeping: MoE gate-bias step on the token counts of every rank, load figures.
+                expert_load = model.after_optimizer_step(reduce_expert_load_)
             optimizer.zero_grad(set_to_none=True)
 
             if skipped:

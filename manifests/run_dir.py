@@ -34,12 +34,13 @@ def list_stage_dirs(run: Path) -> list[StageDir]:
     return sorted(found, key=lambda s: s.order)
 
 
-def completed_stages(run: Path, verify: bool = False) -> list[tuple[StageDir, StageManifest]]:
-    """Stages whose manifest is complete; an unfinished stage is skipped as if absent."""
+def completed_stages(run: Path, verify: bool = False, full: bool = False) -> list[tuple[StageDir, StageManifest]]:
+    """Stages whose manifest is complete; an unfinished stage is skipped as if absent.
+    `full`: with `verify`, hash every file rather than trust unchanged stats."""
     done = []
     for stage_dir in list_stage_dirs(run):
         try:
-            done.append((stage_dir, read_manifest(stage_dir.path, verify=verify)))
+            done.append((stage_dir, read_manifest(stage_dir.path, verify=verify, full=full)))
         except StageNotComplete:
             continue
     return done

@@ -1,7 +1,9 @@
 """The stage manifest: what a stage produced, from what, under which config.
 
 A stage directory exists for readers only when its `manifest.json` says
-`complete: true` (written last) and every listed file matches its sha256.
+`complete: true` (written last) and every listed file matches its sha256. The
+everyday check trusts a file whose (size, mtime_ns, inode) is the one recorded
+at publish (manifests.file_stats) and hashes the rest; `full` hashes every file.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 from manifests.atomic import atomic_write_text
 from manifests.digest import canonical_json, sha256_bytes, sha256_file
+from manifests.file_stats import file_stat, read_stats
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -95,8 +98,10 @@ def write_manifest(stage_dir: Path, manifest: StageManifest) -> None:
     atomic_write_text(Path(stage_dir) / MANIFEST_NAME, json.dumps(manifest.to_json(), indent=2, ensure_ascii=False) + "\n")
 
 
-def read_manifest(stage_dir: Path, verify: bool = True) -> StageManifest:
-    """Read a stage's manifest; refuse an incomplete stage or (when `verify`) a file whose bytes changed."""
+def read_manifest(stage_dir: Path, verify: bool = True, full: bool = False) -> StageManifest:
+    """Read a stage's manifest; refuse an incomplete stage or (when `verify`) a file whose bytes changed.
+
+    `full`: hash every file instead of trusting the ones whose stat is unchanged since publish."""
     stage_dir = Path(stage_dir)
     path = stage_dir / MANIFEST_NAME
     if not path.is_file():
@@ -128,13 +133,19 @@ def read_manifest(stage_dir: Path, verify: bool = True) -> StageManifest:
     if raw.get("digest") != manifest.digest:
         raise DigestMismatch(f"{path}: recorded digest does not match its output listing")
     if verify:
-        verify_outputs(manifest)
+        verify_outputs(manifest, full)
     return manifest
 
 
-def verify_outputs(manifest: StageManifest) -> None:
+def verify_outputs(manifest: StageManifest, full: bool = False) -> None:
+    recorded = {} if full else read_stats(manifest.directory).get("outputs", {})
     for output in manifest.outputs:
         file_path = manifest.path_of(output)
+        try:
+            if recorded.get(output.path) == file_stat(file_path) and file_path.is_file():
+                continue  # same size, mtime and inode as when published: the bytes hashed then
+        except FileNotFoundError:
+            raise DigestMismatch(f"{file_path}: listed in {manifest.stage} manifest but missing") from None
         if not file_path.is_file():
             raise DigestMismatch(f"{file_path}: listed in {manifest.stage} manifest but missing")
         actual = sha256_file(file_path)
@@ -142,10 +153,14 @@ def verify_outputs(manifest: StageManifest) -> None:
             raise DigestMismatch(f"{file_path}: sha256 {actual[:12]}… but manifest recorded {output.sha256[:12]}…")
 
 
-def is_complete(stage_dir: Path, cache_key: str | None = None, verify: bool = True) -> bool:
+def is_complete(stage_dir: Path, cache_key: str | None = None, verify: bool = True, full: bool = False) -> bool:
     """True when the stage is published (and, if given, under this cache key) with intact files."""
     try:
-        manifest = read_manifest(stage_dir, verify=verify)
+        manifest = read_manifest(stage_dir, verify=False)
+        if cache_key is not None and manifest.cache_key != cache_key:
+            return False  # published under another key: no need to look at its files
+        if verify:
+            verify_outputs(manifest, full)
     except (StageNotComplete, DigestMismatch):
         return False
-    return cache_key is None or manifest.cache_key == cache_key
+    return True

@@ -26,13 +26,14 @@ import pyarrow.parquet as pq
 from prefect import task
 
 from manifests.digest import sha256_file
+from manifests.file_stats import path_stat, read_stats
 from manifests.schema import docs_table
 from manifests.sources import SourceSpec
-from manifests.stage_manifest import StageManifest, is_complete, read_manifest
+from manifests.stage_manifest import StageManifest, StageNotComplete, read_manifest
 from tasks.decoding import decode_payload, strip_controls
 from tasks.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_stream, remote_digest
 from tasks.source_walk import reached_through_link, walk_matching
-from tasks.stage_runner import StageWriter, progress_bar, stage_cache_key
+from tasks.stage_runner import StageWriter, progress_bar, published_under, stage_cache_key
 
 STAGE = "ingest"
 VERSION = "1"
@@ -313,12 +314,31 @@ def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> 
             "detail": {"file": relative_file(spec, path), "uri": uri, "reason": reason, "target": target}}
 
 
-def input_listing(plan: list[tuple[SourceSpec, list[Path]]]) -> list[dict[str, str]]:
-    return [
-        {"source": spec.name, "file": relative_uri(spec, path), "sha256": input_digest(spec, path)}
-        for spec, files in plan
-        for path in files
-    ]
+def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | None = None) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """(sha256 of every source file, their stats). A local file whose stat equals the one recorded when
+    `published` (the previous ingest output) was written keeps its recorded sha256 unread."""
+    known = recorded_inputs(published) if published is not None else {}
+    listing, stats = [], {}
+    for spec, files in plan:
+        for path in files:
+            entry = {"source": spec.name, "file": relative_uri(spec, path)}
+            name = f"{entry['source']}:{entry['file']}"
+            stats[name] = None if isinstance(path, RemoteFile) else path_stat(path)
+            recorded_stat, recorded_sha = known.get(name, (None, None))
+            trusted = stats[name] is not None and recorded_stat == stats[name]
+            entry["sha256"] = recorded_sha if trusted else input_digest(spec, path)
+            listing.append(entry)
+    return listing, stats
+
+
+def recorded_inputs(stage_dir: Path) -> dict[str, tuple[Any, str]]:
+    """source:file -> (stat at publish, sha256) of a published ingest stage; empty when there is none."""
+    try:
+        manifest = read_manifest(stage_dir, verify=False)
+    except StageNotComplete:
+        return {}
+    stats = read_stats(stage_dir).get("inputs", {})
+    return {f"{i['source']}:{i['file']}": (stats.get(f"{i['source']}:{i['file']}"), i["sha256"]) for i in manifest.inputs if "file" in i}
 
 
 def input_digest(spec: SourceSpec, path: Path | RemoteFile) -> str:
@@ -337,11 +357,11 @@ def dir_digest(path: Path) -> str:
 def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> StageManifest:
     """Read every source into shards; a no-op when the same files and config were already ingested."""
     plan, skipped, link_rows = unique_files(specs)
-    inputs = input_listing(plan)
+    inputs, input_stats = input_listing(plan, Path(out_dir))
     settings = {"ingest": asdict(config), "sources": [s.public() for s, _ in plan]}
     key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
-    if is_complete(Path(out_dir), key):
-        return read_manifest(Path(out_dir))
+    if (published := published_under(Path(out_dir), key)) is not None:
+        return published
     writer = StageWriter(STAGE, VERSION, settings, key, inputs, Path(out_dir))
     try:
         shard_index, buffer, audit, buffer_bytes = 0, [], list(link_rows), 0
@@ -361,7 +381,7 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> 
                     advance(1)
         if buffer or audit or shard_index == 0:
             writer.write_shard(shard_index, docs_table(buffer), audit)
-        return writer.publish({"skipped_duplicate_inputs": skipped, "sources": [s.public() for s, _ in plan]})
+        return writer.publish({"skipped_duplicate_inputs": skipped, "sources": [s.public() for s, _ in plan]}, input_stats)
     except BaseException:
         writer.abandon()
         raise

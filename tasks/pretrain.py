@@ -17,7 +17,7 @@ import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hymo_core.configs import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE, ModelConfig, TrainConfig
 from manifests.stage_manifest import StageManifest, read_manifest
@@ -38,6 +38,11 @@ class PretrainConfig:
     train: TrainConfig = field(default_factory=lambda: SAMPLE_TRAIN)
     model: ModelConfig = field(default_factory=lambda: SAMPLE_MODEL)
     cloze: str = ""  # a cloze JSONL scored into summary.json; "" = the bundled sample set
+    nproc: int = 1  # ranks on this machine; > 1 runs the trainer under torchrun (FSDP2, DCP checkpoints)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or self.nproc < 1:
+            raise ValueError(f"[pretrain] nproc must be a positive integer, got {self.nproc!r}")
 
 
 def _cloze_path(config: PretrainConfig) -> str | Path:
@@ -51,10 +56,48 @@ def checkpoint_home(out_dir: Path, shards_dir: Path, config: PretrainConfig) -> 
     return Path(out_dir).parent / CHECKPOINT_ROOT / key[:16]
 
 
-def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
-    from hymo_core.train import run_training  # torch: imported when training runs, not with the pipeline
+def train_in_process_group(config: PretrainConfig, shards_dir: Path, home: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """`nproc` ranks under torchrun; rank 0's lines go to `log` (the Prefect run log: the flow logs prints)."""
+    from hymo_core.launch import launch_training, train_arguments
 
-    summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config))
+    home.mkdir(parents=True, exist_ok=True)
+    recipe = home / "recipe.toml"
+    recipe.write_text(recipe_toml(config.train, config.model), encoding="utf-8")
+    args = train_arguments(shards_dir, home, recipe, resume=True)
+    if config.cloze:
+        args += ["--cloze", str(config.cloze)]
+    launch_training(config.nproc, args, on_line=log)
+    return json.loads((home / SUMMARY_FILE).read_text(encoding="utf-8"))
+
+
+def recipe_toml(train: TrainConfig, model: ModelConfig) -> str:
+    """[train] and [model] tables as `python -m hymo_core.train --config` reads them (JSON scalars are TOML scalars)."""
+    lines = []
+    for table, values in (("train", train.to_dict()), ("model", asdict(model))):
+        lines.append(f"[{table}]")
+        lines += [f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}" for key, value in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _publish_checkpoint(source: Path, target: Path) -> list[str]:
+    """Copy one checkpoint (a file, or a DCP directory) and return its files relative to the target's parent."""
+    if source.is_dir():
+        shutil.copytree(source, target)
+        return [f"{CHECKPOINT_DIR}/{target.name}/{p.relative_to(target)}" for p in sorted(target.rglob("*")) if p.is_file()]
+    shutil.copy2(source, target)
+    return [f"{CHECKPOINT_DIR}/{target.name}"]
+
+
+def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path,
+                   report: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    """`report`: every metrics record while one process trains (under torchrun rank 0's lines go to the run log instead)."""
+    if config.nproc > 1:
+        summary = train_in_process_group(config, shards_dir, home)
+    else:
+        from hymo_core.train import run_training  # torch: imported when training runs, not with the pipeline
+
+        summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config), report=report)
     pictures = [name for name in (LOSS_PICTURE, EXPERT_LOAD_PICTURE) if (home / name).is_file()]
     for name in (METRICS_FILE, *pictures):
         shutil.copy2(home / name, work_dir / name)
@@ -62,8 +105,9 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
     published = {Path(summary["checkpoint"]).name}
     if summary.get("best_checkpoint"):
         published.add(summary["best_checkpoint"])
+    checkpoint_files = []
     for name in sorted(published):
-        shutil.copy2(home / CHECKPOINT_DIR / name, work_dir / CHECKPOINT_DIR / name)
+        checkpoint_files += _publish_checkpoint(home / CHECKPOINT_DIR / name, work_dir / CHECKPOINT_DIR / name)
     # Paths relative to the published stage: the persistent directory goes away after publishing.
     summary["checkpoint"] = f"{CHECKPOINT_DIR}/{Path(summary['checkpoint']).name}"
     if summary.get("best_checkpoint"):
@@ -71,7 +115,7 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
     (work_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     metric_rows = sum(1 for _ in open(work_dir / METRICS_FILE, encoding="utf-8"))
     artifacts = [(SUMMARY_FILE, None), (METRICS_FILE, metric_rows)] + [(name, None) for name in pictures]
-    artifacts += [(f"{CHECKPOINT_DIR}/{name}", None) for name in sorted(published)]
+    artifacts += [(relpath, None) for relpath in checkpoint_files]
     extra = {k: summary.get(k) for k in ("final_step", "final_train_loss", "final_val_loss", "weights_sha256", "tokens_seen",
                                          "skipped_updates", "parameters", "resumed_from")}
     extra["checkpoint"] = summary["checkpoint"]
@@ -80,12 +124,14 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
     return artifacts, extra
 
 
-def run_pretrain(config: PretrainConfig, shards_dir: Path, out_dir: Path) -> StageManifest:
-    """Train on `shards_dir`'s corpus and publish `out_dir`; a no-op when already published under this key."""
+def run_pretrain(config: PretrainConfig, shards_dir: Path, out_dir: Path,
+                 report: Callable[[dict[str, Any]], None] | None = None) -> StageManifest:
+    """Train on `shards_dir`'s corpus and publish `out_dir`; a no-op when already published under this key.
+    `report` receives every metrics record while training (hymo_core.train.run_training)."""
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
     home = checkpoint_home(out_dir, shards_dir, config)
     manifest = run_artifact_stage(STAGE, VERSION, asdict(config), [shards_dir], out_dir,
-                                  lambda work_dir: build_pretrain(config, shards_dir, work_dir, home))
+                                  lambda work_dir: build_pretrain(config, shards_dir, work_dir, home, report))
     shutil.rmtree(home, ignore_errors=True)
     if home.parent.is_dir() and not any(home.parent.iterdir()):
         home.parent.rmdir()

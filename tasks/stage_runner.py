@@ -21,6 +21,7 @@ import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
+from contextvars import ContextVar
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -35,8 +36,9 @@ import pyarrow.parquet as pq
 from manifests.atomic import atomic_write_parquet
 from manifests.digest import cache_key as make_cache_key
 from manifests.digest import config_hash, sha256_file
+from manifests.file_stats import write_stats
 from manifests.schema import AUDIT_SCHEMA, DOC_SCHEMA, audit_table
-from manifests.stage_manifest import OutputFile, StageManifest, is_complete, read_manifest, write_manifest
+from manifests.stage_manifest import DigestMismatch, OutputFile, StageManifest, StageNotComplete, is_complete, read_manifest, write_manifest
 from tasks.code_version import code_version
 from tasks.rule_digest import rule_digest
 
@@ -161,7 +163,10 @@ class StageWriter:
             "routed": dict(sorted(actions["routed"].items())),
         }
 
-    def publish(self, extra: dict[str, Any] | None = None) -> StageManifest:
+    def publish(self, extra: dict[str, Any] | None = None, input_stats: dict[str, Any] | None = None) -> StageManifest:
+        """Manifest (and the outputs' stats, for cheap cache checks) into the work directory, then swap it in.
+
+        `input_stats`: stat fingerprints of source files, so the next run can trust their recorded sha256."""
         results = sorted(self.results, key=lambda r: r.shard)
         outputs = [o for r in results for o in r.outputs] + sorted(self.artifacts, key=lambda o: o.path)
         counts = self.counts()
@@ -182,6 +187,7 @@ class StageWriter:
             wall_time_s=time.perf_counter() - self.started,
             extra=extra or {},
         )
+        write_stats(self.work_dir, [o.path for o in outputs], input_stats)  # renames keep inode and mtime
         write_manifest(self.work_dir, manifest)
         swap_into_place(self.work_dir, self.out_dir)
         manifest.directory = self.out_dir
@@ -338,23 +344,39 @@ def map_on_dask(client: Any, fn: Callable[..., Any], jobs: list[tuple], label: s
             client.cancel(futures)
 
 
+# Where long work also reports how far it is, besides the terminal bar: (label, done, total). The flow
+# sets it to a Prefect progress artifact; stage code stays free of Prefect.
+PROGRESS_SINK: ContextVar[Callable[[str, int, int], None] | None] = ContextVar("hymo_progress_sink", default=None)
+
+
 class progress_bar:
-    """A per-stage progress bar on a terminal; silent elsewhere (CI logs, tests)."""
+    """A per-stage progress bar on a terminal (silent elsewhere: CI logs, tests), and the PROGRESS_SINK if set."""
 
     def __init__(self, label: str, total: int):
         self.label, self.total = label, total
         self.enabled = sys.stderr.isatty() or os.environ.get("HYMO_PROGRESS") == "1"
         self.progress = None
+        self.sink = PROGRESS_SINK.get()
+        self.done = 0
 
     def __enter__(self) -> Callable[[int], None]:
-        if not self.enabled:
-            return lambda n: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        bar = lambda n: None  # noqa: E731
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
-        self.progress.start()
-        task_id = self.progress.add_task(self.label, total=self.total)
-        return lambda n: self.progress.advance(task_id, n)
+            self.progress = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+            self.progress.start()
+            task_id = self.progress.add_task(self.label, total=self.total)
+            bar = lambda n: self.progress.advance(task_id, n)  # noqa: E731
+        if self.sink is None:
+            return bar
+
+        def advance(n: int) -> None:
+            bar(n)
+            self.done += n
+            self.sink(self.label, self.done, self.total)
+
+        return advance
 
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
@@ -365,6 +387,41 @@ def stage_cache_key(stage: str, version: str, config: Any, input_digests: list[s
     """The stage contract: name, version and rule-code digest (tasks/rule_digest.py), config, input digests."""
     rules = rule_digest(stage)
     return make_cache_key(stage, f"{version}+rules.{rules}" if rules else version, config_dict(config), input_digests)
+
+
+class StageWouldRun(Exception):
+    """Raised under `probing()` where a stage would compute: it is not published under `key` with intact files."""
+
+    def __init__(self, key: str, published_key: str | None):
+        super().__init__(f"stage not published under {key[:12]}…")
+        self.key, self.published_key = key, published_key
+
+
+_PROBING: ContextVar[bool] = ContextVar("hymo_probing", default=False)
+
+
+@contextmanager
+def probing() -> Iterator[None]:
+    """Run a stage function only up to its cache check: it returns the published manifest or raises StageWouldRun.
+    The orchestrator learns the stage-contract key this way, from the stage's own key computation."""
+    token = _PROBING.set(True)
+    try:
+        yield
+    finally:
+        _PROBING.reset(token)
+
+
+def published_under(out_dir: Path, key: str) -> StageManifest | None:
+    """The published manifest when `out_dir` holds this key with intact files, else None (the stage computes)."""
+    if is_complete(out_dir, key):
+        return read_manifest(out_dir, verify=False)
+    if _PROBING.get():
+        try:
+            published_key = read_manifest(out_dir, verify=False).cache_key
+        except (StageNotComplete, DigestMismatch):
+            published_key = None
+        raise StageWouldRun(key, published_key)
+    return None
 
 
 def run_prepare(stage: StageDef, upstream: StageManifest, config: Any, work_dir: Path, workers: int) -> Any:
@@ -394,8 +451,8 @@ def plan_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, wor
     external = stage.external_inputs(config) if stage.external_inputs else []
     key = stage_cache_key(stage.name, stage.version, config, [upstream.digest] + [digest for _, digest in external])
     out_dir = Path(out_dir)
-    if is_complete(out_dir, key):
-        return read_manifest(out_dir)
+    if (published := published_under(out_dir, key)) is not None:
+        return published
     inputs = [{"stage_dir": str(Path(input_dir).name), "digest": upstream.digest}] + [{"file": name, "digest": digest} for name, digest in external]
     writer = StageWriter(stage.name, stage.version, config_dict(config), key, inputs, out_dir)
     try:
@@ -475,8 +532,8 @@ def run_artifact_stage(
     upstreams = [read_manifest(Path(d)) for d in input_dirs]
     key = stage_cache_key(name, version, config, [m.digest for m in upstreams])
     out_dir = Path(out_dir)
-    if is_complete(out_dir, key):
-        return read_manifest(out_dir)
+    if (published := published_under(out_dir, key)) is not None:
+        return published
     inputs = [{"stage_dir": Path(d).name, "digest": m.digest} for d, m in zip(input_dirs, upstreams)]
     writer = StageWriter(name, version, config_dict(config), key, inputs, out_dir)
     try:

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import task
 
 from manifests.atomic import atomic_write_text
@@ -102,31 +104,42 @@ def compression(tokenizer, texts: list[str]) -> dict[str, float]:
 
 
 def sample_mixture(split_dir: Path, weights: dict[str, float], config: TokenizerConfig) -> dict[str, tuple[list[str], list[str]]]:
-    """Per source, training documents in seeded order up to its weighted share of `sample_chars`."""
-    docs: dict[str, list[tuple[str, str, str]]] = {}
+    """Per source, training documents in seeded order up to its weighted share of `sample_chars`.
+
+    Two passes over the training side, a shard at a time: ranks and lengths
+    first (no text kept), then only the chosen documents' texts, so memory
+    follows the sample budget, not the corpus.
+    """
+    ranked: dict[str, list[tuple[str, str, int]]] = {}
     for table in iter_split_docs(split_dir, "train", ["id", "source", "text"]):
-        for doc_id, source, text in zip(*(table.column(c).to_pylist() for c in ("id", "source", "text"))):
-            docs.setdefault(source, []).append((seeded_rank(config.seed, doc_id), doc_id, text))
-    chars = {s: sum(len(t) for _, _, t in rows) for s, rows in docs.items()}
+        lengths = pc.utf8_length(table.column("text")).to_pylist()  # code points, as len(str)
+        for doc_id, source, length in zip(table.column("id").to_pylist(), table.column("source").to_pylist(), lengths):
+            ranked.setdefault(source, []).append((seeded_rank(config.seed, doc_id), doc_id, length))
+    chars = {s: sum(length for _, _, length in rows) for s, rows in ranked.items()}
     total = sum(chars.values())
     if weights:
-        given = sum(weights.get(s, 0.0) for s in docs)
-        shares = {s: weights.get(s, 0.0) / given if given else 0.0 for s in docs}
+        given = sum(weights.get(s, 0.0) for s in ranked)
+        shares = {s: weights.get(s, 0.0) / given if given else 0.0 for s in ranked}
     else:
-        shares = {s: chars[s] / total if total else 0.0 for s in docs}
+        shares = {s: chars[s] / total if total else 0.0 for s in ranked}
     budget = min(config.sample_chars, total)
-    sample: dict[str, tuple[list[str], list[str]]] = {}
-    for source, rows in sorted(docs.items()):
+    chosen: dict[str, list[str]] = {}
+    for source, rows in sorted(ranked.items()):
         rows.sort()
-        ids, texts, taken = [], [], 0
-        for _, doc_id, text in rows:
+        ids, taken = [], 0
+        for _, doc_id, length in rows:
             if taken >= shares[source] * budget:
                 break
             ids.append(doc_id)
-            texts.append(text)
-            taken += len(text)
-        sample[source] = (ids, texts)
-    return sample
+            taken += length
+        chosen[source] = ids
+    del ranked
+    wanted = pa.array(sorted(doc_id for ids in chosen.values() for doc_id in ids), pa.string())
+    text_of: dict[str, str] = {}
+    for table in iter_split_docs(split_dir, "train", ["id", "text"]):
+        picked = table.filter(pc.is_in(table.column("id"), value_set=wanted))
+        text_of.update(zip(picked.column("id").to_pylist(), picked.column("text").to_pylist()))
+    return {source: (ids, [text_of[doc_id] for doc_id in ids]) for source, ids in chosen.items()}
 
 
 def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: TokenizerConfig, work_dir: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:

@@ -12,6 +12,9 @@ import torch.nn.functional as F
 
 from hymo_core.kernels.backend import HAVE_TRITON, resolve_backend
 
+if HAVE_TRITON:
+    from hymo_core.kernels.backend import wide_offset
+
 BLOCK = 1024
 
 
@@ -26,7 +29,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _swiglu_forward_kernel(gate_ptr, up_ptr, h_ptr, n, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        offsets = wide_offset(tl.program_id(0), BLOCK) + tl.arange(0, BLOCK)
         mask = offsets < n
         g = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(up_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -35,7 +38,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _swiglu_backward_kernel(dh_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, n, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        offsets = wide_offset(tl.program_id(0), BLOCK) + tl.arange(0, BLOCK)
         mask = offsets < n
         dh = tl.load(dh_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)

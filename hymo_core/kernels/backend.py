@@ -24,6 +24,15 @@ try:  # Triton is optional: CPU-only installs run the references.
 except ImportError:  # pragma: no cover - exercised only where triton is absent
     HAVE_TRITON = False
 
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def wide_offset(index, stride):
+        """index * stride as int64: program ids are int32, and a tensor past 2**31 elements would wrap."""
+        return index.to(tl.int64) * stride
+
 
 def resolve_backend(tensor: torch.Tensor, backend: str | None = None) -> str:
     """Return "triton" or "reference" for an op on `tensor`."""

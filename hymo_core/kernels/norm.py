@@ -12,6 +12,9 @@ import torch.nn.functional as F
 
 from hymo_core.kernels.backend import HAVE_TRITON, program_count, resolve_backend
 
+if HAVE_TRITON:
+    from hymo_core.kernels.backend import wide_offset
+
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Plain PyTorch: normalise in fp32, scale by the fp32 gain, cast back."""
@@ -27,14 +30,15 @@ if HAVE_TRITON:
         x_ptr, weight_ptr, y_ptr, rstd_ptr, row_stride, D, eps, BLOCK_D: tl.constexpr
     ):
         row = tl.program_id(0)
+        start = wide_offset(row, row_stride)
         cols = tl.arange(0, BLOCK_D)
         mask = cols < D
-        x_D = tl.load(x_ptr + row * row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        x_D = tl.load(x_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
         w_D = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(x_D * x_D, axis=0) / D + eps)
         tl.store(rstd_ptr + row, rstd)
         y_D = x_D * rstd * w_D
-        tl.store(y_ptr + row * row_stride + cols, y_D.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + start + cols, y_D.to(y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _rms_norm_backward_kernel(
@@ -46,20 +50,21 @@ if HAVE_TRITON:
         mask = cols < D
         w_D = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         dweight_D = tl.zeros([BLOCK_D], dtype=tl.float32)
-        first = program * rows_per_program
+        first = wide_offset(program, rows_per_program)
         last = tl.minimum(first + rows_per_program, N)
         for row in range(first, last):
-            x_D = tl.load(x_ptr + row * row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            dy_D = tl.load(dy_ptr + row * row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            start = row * row_stride  # row is int64: it counts from `first`
+            x_D = tl.load(x_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            dy_D = tl.load(dy_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
             rstd = tl.load(rstd_ptr + row)
             xhat_D = x_D * rstd
             wdy_D = w_D * dy_D
             # d/dx of x*rstd projects out the component along xhat.
             c = tl.sum(xhat_D * wdy_D, axis=0) / D
             dx_D = (wdy_D - xhat_D * c) * rstd
-            tl.store(dx_ptr + row * row_stride + cols, dx_D.to(dx_ptr.dtype.element_ty), mask=mask)
+            tl.store(dx_ptr + start + cols, dx_D.to(dx_ptr.dtype.element_ty), mask=mask)
             dweight_D += dy_D * xhat_D
-        tl.store(dweight_partial_ptr + program * D + cols, dweight_D, mask=mask)
+        tl.store(dweight_partial_ptr + wide_offset(program, D) + cols, dweight_D, mask=mask)
 
 
 class RMSNormTriton(torch.autograd.Function):

@@ -12,6 +12,9 @@ import torch
 
 from hymo_core.kernels.backend import HAVE_TRITON, resolve_backend
 
+if HAVE_TRITON:
+    from hymo_core.kernels.backend import wide_offset
+
 
 def rope_tables(seq_len: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 (cos_TD2, sin_TD2) with angle t * base^(-2i/head_dim)."""
@@ -45,7 +48,7 @@ if HAVE_TRITON:
         t = (row // H) % T
         cols = tl.arange(0, BLOCK_HALF)
         mask = cols < HALF
-        base = row * 2 * HALF
+        base = wide_offset(row, 2 * HALF)
         x1 = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(x_ptr + base + HALF + cols, mask=mask, other=0.0).to(tl.float32)
         c = tl.load(cos_ptr + t * HALF + cols, mask=mask, other=0.0)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from hymo_core import kernels
 from hymo_core.configs import ModelConfig
+from hymo_core.kernels.logit_probe import causal_max_logits, qk_clip_heads_  # noqa: F401  (the probe other mixers use too)
 from hymo_core.layers.context import MixerContext
 from hymo_core.layers.norm import RMSNorm
 
@@ -41,15 +42,6 @@ def attend(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, ctx
         return F.scaled_dot_product_attention(q_BHTD, k_BKSD, v_BKSD, is_causal=True, scale=scale, enable_gqa=gqa)
     mask_TS = None if T == 1 else ctx.causal_mask(T, q_BHTD.device)  # one new query sees every cached key
     return F.scaled_dot_product_attention(q_BHTD, k_BKSD, v_BKSD, attn_mask=mask_TS, scale=scale, enable_gqa=gqa)
-
-
-@torch.no_grad()
-def causal_max_logits(q_BHTD: torch.Tensor, k_BHTD: torch.Tensor, sqrt_d: float) -> torch.Tensor:
-    """Per query head, the largest |q.k| / sqrt_d over causally visible pairs of the batch (fp32)."""
-    T = q_BHTD.shape[2]
-    scores_BHTT = (q_BHTD.float() @ k_BHTD.float().transpose(-2, -1)).abs() / sqrt_d
-    visible_TT = torch.ones(T, T, dtype=torch.bool, device=q_BHTD.device).tril()
-    return scores_BHTT.masked_fill(~visible_TT, 0.0).amax(dim=(0, 2, 3))
 
 
 class Attention(nn.Module):
@@ -106,27 +98,17 @@ class Attention(nn.Module):
         q_BHTD, k_BKTD, v_BKTD = (t.transpose(1, 2) for t in (q_BTHD, k_BTKD, v_BTKD))
         if ctx.cache is not None:
             k_BKTD, v_BKTD = ctx.cache.append(ctx.start, k_BKTD, v_BKTD)
-        elif self.probe:
-            k_BHTD = k_BKTD.repeat_interleave(H // K, dim=1)
-            self.max_logit_H = causal_max_logits(q_BHTD, k_BHTD, math.sqrt(self.head_dim))
+        elif self.probe:  # chunked, never a full B*H*T*T score tensor beside SDPA
+            self.max_logit_H = causal_max_logits(q_BHTD, k_BKTD, math.sqrt(self.head_dim))
         y_BHTD = attend(q_BHTD, k_BKTD, v_BKTD, ctx)
         return self.o_proj(y_BHTD.transpose(1, 2).reshape(B, T, -1))
 
     @torch.no_grad()
-    def qk_clip_(self, scale_H) -> None:
-        """Shrink head h's logits by scale_H[h] (<= 1) through its q/k projection rows.
+    def qk_clip_(self, scale_H: torch.Tensor) -> None:
+        """Shrink head h's logits by scale_H[h] (<= 1) through its q/k projection rows, all heads in one multiply.
 
         With one key head per query head, both rows are scaled by sqrt(scale).
         Under GQA a key head is shared, so only the query rows are scaled: the
-        other heads of the group keep their logits.
+        other heads of the group keep their logits. Works on FSDP2 shards too.
         """
-        group, d = self.n_heads // self.n_kv_heads, self.head_dim
-        for head, gamma in enumerate(float(s) for s in scale_H):
-            if gamma >= 1.0:
-                continue
-            rows = slice(head * d, (head + 1) * d)
-            if group == 1:
-                self.q_proj.weight[rows].mul_(math.sqrt(gamma))
-                self.k_proj.weight[rows].mul_(math.sqrt(gamma))
-            else:
-                self.q_proj.weight[rows].mul_(gamma)
+        qk_clip_heads_(self.q_proj.weight, self.k_proj.weight, torch.as_tensor(scale_H, dtype=torch.float32), self.n_kv_heads)

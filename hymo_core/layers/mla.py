@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from hymo_core import kernels
 from hymo_core.configs import ModelConfig
+from hymo_core.kernels.logit_probe import scale_rows_
 from hymo_core.layers.attention import attend, causal_max_logits
 from hymo_core.layers.context import MixerContext
 from hymo_core.layers.norm import RMSNorm
@@ -104,12 +105,14 @@ class MultiHeadLatentAttention(nn.Module):
 
     @torch.no_grad()
     def qk_clip_(self, scale_H) -> None:
-        """Shrink head h's logits by scale_H[h] (<= 1): q_nope, k_nope by sqrt, q_rope by the full scale."""
-        q_rows, kv_rows = self.qk_dim, self.nope_dim + self.v_dim
-        for head, gamma in enumerate(float(s) for s in scale_H):
-            if gamma >= 1.0:
-                continue
-            q0, kv0 = head * q_rows, head * kv_rows
-            self.q_b_proj.weight[q0:q0 + self.nope_dim].mul_(math.sqrt(gamma))
-            self.q_b_proj.weight[q0 + self.nope_dim:q0 + q_rows].mul_(gamma)
-            self.kv_b_proj.weight[kv0:kv0 + self.nope_dim].mul_(math.sqrt(gamma))
+        """Shrink head h's logits by scale_H[h] (<= 1): q_nope, k_nope by sqrt, q_rope by the full scale.
+
+        One row factor per projection, applied in one multiply (no per-head host reads; FSDP2 shards too).
+        """
+        scale_H1 = torch.as_tensor(scale_H, dtype=torch.float32).reshape(-1, 1)
+        H = scale_H1.shape[0]
+        root_HN = scale_H1.sqrt().expand(H, self.nope_dim)
+        q_factor = torch.cat((root_HN, scale_H1.expand(H, self.rope_dim)), dim=1)
+        kv_factor = torch.cat((root_HN, torch.ones(H, self.v_dim, device=scale_H1.device)), dim=1)
+        scale_rows_(self.q_b_proj.weight, q_factor.reshape(-1))
+        scale_rows_(self.kv_b_proj.weight, kv_factor.reshape(-1))

@@ -46,14 +46,17 @@ def driver_command(config: Path, run: Path, until: str | None = None) -> list[st
 
 def drive(config_path: str, run: str, until: str | None = None) -> None:
     """The driver: every stage in order (published ones are no-ops), with progress markers on stdout."""
-    from flows.config import load_config
+    from flows.config import RUN_CONFIG, load_config
     from flows.stages import previous_stage_path, stage_path, stages_between
+    from manifests.atomic import atomic_write_text
     from manifests.run_lock import run_lock
 
     config = load_config(config_path)
     run_dir = Path(run)
     target, _, delay = os.environ.get(KILL_ENV, "").partition(":")
     with run_lock(run_dir, wait_s=120):
+        # What `hymo run` records first: stages that find their inputs by name read the run's own stage list from it.
+        atomic_write_text(run_dir / RUN_CONFIG, json.dumps({"config": config.model_dump(mode="json"), "runner": "process"}, indent=2) + "\n")
         for entry in stages_between(None, until, config):
             print(f"start {entry.name}", flush=True)
             if entry.name == target:

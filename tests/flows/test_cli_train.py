@@ -83,6 +83,41 @@ def test_hymo_train_flow_returns_the_summary(tiny_run: Path, tmp_path: Path, pre
     assert again["weights_sha256"] == summary["weights_sha256"] and again["resumed_from"].endswith("step-00000002.pt")
 
 
+def test_max_steps_stops_early_without_moving_the_schedule(tiny_run: Path, tmp_path: Path, capsys):
+    """--max-steps below warmup trains; a resume with more steps is accepted; --horizon moves the decay; one-line errors."""
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE.replace("max_steps = 3", "max_steps = 8").replace("warmup_steps = 1", "warmup_steps = 5"))
+    out = tmp_path / "out"
+    common = ["train", "--corpus", str(tiny_run), "--config", str(recipe), "--out", str(out)]
+    assert main(common + ["--max-steps", "2"]) == 0
+    assert main(common + ["--max-steps", "4", "--resume"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lrs = [max(r["lr"].values()) for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert lrs == pytest.approx([4e-3 * step / 5 for step in (1, 2, 3, 4)])  # still warming up towards step 5 of 8
+    capsys.readouterr()
+    assert main(common + ["--max-steps", "6", "--horizon", "20", "--resume"]) == 1  # another schedule: refused
+    error = capsys.readouterr().err.strip()
+    assert "LR schedule differs" in error and "\n" not in error and "Traceback" not in error
+    assert main(common + ["--horizon", "3"]) == 1  # a horizon inside the warmup
+    assert "horizon_steps must exceed warmup_steps" in capsys.readouterr().err
+
+
+def test_train_nproc_2_under_torchrun_then_eval_the_dcp_checkpoint(tiny_run: Path, tmp_path: Path, capsys):
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE)
+    out = tmp_path / "out"
+    assert main(["train", "--corpus", str(tiny_run), "--config", str(recipe), "--out", str(out), "--nproc", "2"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_step"] == 3
+    assert "step 3: train loss" in capsys.readouterr().out
+    checkpoint = out / "checkpoints" / "step-00000003"
+    assert (checkpoint / "metadata.json").is_file()
+    assert main(["eval", str(checkpoint), "--corpus", str(tiny_run), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["step"] == 3 and result["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-5)
+
+
 def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Path, tiny_run: Path, tmp_path: Path, capsys):
     """`hymo eval CKPT --suite default --limit 50`, offline, on a checkpoint inside its run directory (corpus found by digest)."""
     run = tmp_path / "run"

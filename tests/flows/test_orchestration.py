@@ -108,7 +108,7 @@ def test_failed_stage_retried_like_the_ui_recomputes_only_from_there(reference_r
     states = task_states(flow_run.id)
     for stage in ("ingest", "extract", "dedup_exact", "dedup_fuzzy"):
         assert states[stage][-1] == "Cached", (stage, states[stage])
-    assert states["decontam"][-1] == "Completed" and states["split-publish"][-1] == "Completed"
+    assert states["decontam"][-1] == "Completed" and states["split"][-1] == "Completed"
 
     # Same bytes as an uninterrupted run of the same deployment with the same configuration.
     clean = wait_for_flow_run(create_from_deployment({"config": config, "out": str(tmp_path / "clean")}).id)

@@ -121,15 +121,29 @@ def test_other_corpus_refused_by_manifest_digest(saved, tmp_path):
     assert_unchanged(before, snapshot(model, loader))
 
 
-def test_other_runtime_refused(saved, tiny_corpus):
-    model, optimizer, loader = build(tiny_corpus)
+def test_other_thread_count_warns_and_refuses_only_when_bitwise_resume_is_asked(saved, tiny_corpus):
     threads = torch.get_num_threads()
     torch.set_num_threads(threads + 1)
     try:
-        with pytest.raises(CheckpointError, match="runtime"):
-            load_checkpoint(saved[0], model, optimizer, CONFIG, loader)
+        strict = replace(CONFIG, bitwise_resume=True)
+        model, optimizer, loader = build(tiny_corpus, config=strict)
+        before = snapshot(model, loader)
+        with pytest.raises(CheckpointError, match="thread count .* bitwise_resume"):
+            load_checkpoint(saved[0], model, optimizer, strict, loader)
+        assert_unchanged(before, snapshot(model, loader))
+        model, optimizer, loader = build(tiny_corpus)
+        warnings: list[str] = []
+        state = load_checkpoint(saved[0], model, optimizer, CONFIG, loader, warn=warnings.append)
+        assert state.step == 4 and len(warnings) == 1 and "thread count" in warnings[0] and "not bitwise" in warnings[0]
     finally:
         torch.set_num_threads(threads)
+
+
+def test_other_torch_version_refused(saved, tiny_corpus, monkeypatch):
+    model, optimizer, loader = build(tiny_corpus)
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    with pytest.raises(CheckpointError, match="runtime"):
+        load_checkpoint(saved[0], model, optimizer, CONFIG, loader)
 
 
 def test_truncated_checkpoint_refused_and_previous_offered(saved, tiny_corpus, tmp_path):
@@ -173,3 +187,13 @@ def test_checkpoint_bytes_do_not_depend_on_the_process_global_rngs(tiny_corpus, 
             random.random(), np.random.rand()
         files.append(save_checkpoint(tmp_path / f"run{attempt}" / "step-00000004.pt", model, optimizer, state, CONFIG, loader).read_bytes())
     assert files[0] == files[1]
+
+
+def test_a_resumed_checkpoint_saves_to_the_same_bytes(saved, tiny_corpus, tmp_path):
+    """Equal content, equal bytes: a run resumed from a checkpoint holds unpickled strings where a fresh run
+    holds literals, and pickle's back-references must not depend on that."""
+    path = saved[0]
+    model, optimizer, loader = build(tiny_corpus)
+    state = load_checkpoint(path, model, optimizer, CONFIG, loader)
+    again = save_checkpoint(tmp_path / "again" / path.name, model, optimizer, state, CONFIG, loader)
+    assert again.read_bytes() == path.read_bytes()

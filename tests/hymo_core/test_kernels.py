@@ -223,3 +223,27 @@ def test_gated_delta_rule_triton_fp16(device):
 
     inputs = [x.to(device) for x in gdn_inputs(1, 70, 2, 16, 16, dtype=torch.float16)]
     assert_agree(run("triton", inputs), run("recurrent", inputs), 2e-3)
+
+
+if kernels.HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    from hymo_core.kernels.backend import wide_offset
+
+    @triton.jit
+    def _offsets_kernel(out_ptr, last_row, row_stride):
+        row = tl.program_id(0) + last_row
+        tl.store(out_ptr, wide_offset(row, row_stride))  # what the RMSNorm / RoPE / SwiGLU kernels use
+        tl.store(out_ptr + 1, (row * row_stride).to(tl.int64))  # the int32 arithmetic they used before
+
+
+def test_row_offsets_past_2_31_elements_do_not_wrap(device):
+    """The last row's offset of a 2.2e9-element (rows, 4096) tensor, built without allocating the tensor."""
+    rows, width = 2**31 // 4096 + 1024, 4096
+    out = torch.zeros(2, dtype=torch.int64, device=device)
+    _offsets_kernel[(1,)](out, rows - 1, width)
+    wide, narrow = out.tolist()
+    assert wide == (rows - 1) * width > 2**31
+    assert narrow != wide  # int32 wraps: the bug the helper removes
+

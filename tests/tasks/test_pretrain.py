@@ -61,6 +61,30 @@ def test_killed_pretrain_resumes_from_its_checkpoint_then_publishes(tiny_run: Pa
     assert again.digest == read_manifest(out).digest == manifest.digest
 
 
+def test_pretrain_stage_with_nproc_2_runs_torchrun_and_publishes_the_dcp_checkpoint(tiny_run: Path, tmp_path: Path, capsys):
+    from dataclasses import replace
+
+    from flows.config import load_config
+    from hymo_core.checkpoint import load_model
+
+    toml = tmp_path / "pipeline.toml"
+    toml.write_text("[pretrain]\nnproc = 2\n")
+    assert load_config(toml).pretrain.nproc == 2
+    config = replace(TINY, nproc=2)
+    out = tmp_path / "run" / "08_pretrain"
+    out.parent.mkdir()
+    manifest = run_pretrain(config, tiny_run / "07_shards", out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_step"] == 4 and summary["checkpoint"] == "checkpoints/step-00000004"
+    paths = {o.path for o in manifest.files("artifact")}
+    assert {"checkpoints/step-00000004/metadata.json", "checkpoints/step-00000004/__0_0.distcp",
+            "checkpoints/step-00000004/__1_0.distcp", "checkpoints/step-00000004/.metadata"} <= paths
+    assert '"final_step": 4' in capsys.readouterr().out  # rank 0's lines reach the caller's log (Prefect logs prints)
+    model, metadata = load_model(out / summary["checkpoint"])
+    assert metadata["world_size"] == 2 and sum(p.numel() for p in model.parameters()) == summary["parameters"]
+    assert not (tmp_path / "run" / CHECKPOINT_ROOT).exists()
+
+
 def test_pretrain_stage_trains_and_publishes_the_hybrid(tiny_run: Path, tmp_path: Path):
     """GDN + MLA layers through the same stage: checkpoint, summary, curve; the checkpoint reloads as the hybrid."""
     from dataclasses import replace

@@ -59,3 +59,42 @@ def test_stage_publishes_tokenizer_with_hash_and_compression_per_source(tiny_run
     assert stats["prose"]["chars_per_token"] > stats["mixed"]["chars_per_token"]
 
 
+
+
+def test_tokenizer_sample_reads_texts_only_of_chosen_documents_and_matches_the_in_memory_rule(tmp_path):
+    """Ranks and lengths first, then the chosen texts: the sample equals 'sort every training doc by seeded rank, take
+    until the source's share of the budget' computed over all texts in memory."""
+    import json
+    import random
+
+    import pyarrow as pa
+
+    from manifests.schema import DOC_SCHEMA
+    from tasks.split import seeded_rank
+    from tasks.stage_runner import StageWriter
+    from tasks.tokenizer import sample_mixture
+
+    rng = random.Random(3)
+    docs = [(f"d{i:04d}", rng.choice(["web", "code"]), "word " * rng.randint(5, 400), rng.random() < 0.1) for i in range(300)]
+    writer = StageWriter("split", "test", {}, "test-split", [], tmp_path / "split")
+    for shard in range(3):
+        part = docs[shard::3]
+        n = len(part)
+        writer.write_shard(shard, pa.table({"id": [d[0] for d in part], "text": [d[2] for d in part], "source": [d[1] for d in part],
+                                            "url": [d[0] for d in part], "lang": pa.nulls(n, pa.string()), "lang_score": pa.nulls(n, pa.float32()),
+                                            "meta": [json.dumps({"split": "validation" if d[3] else "train"}) for d in part]},
+                                           schema=DOC_SCHEMA), [])
+    writer.publish()
+    config = TokenizerConfig(sample_chars=20_000, seed=7)
+    weights = {"web": 3.0, "code": 1.0}
+    sample = sample_mixture(tmp_path / "split", weights, config)
+    train = [d for d in docs if not d[3]]
+    budget = min(config.sample_chars, sum(len(d[2]) for d in train))
+    for source, weight in weights.items():
+        ordered = sorted((seeded_rank(config.seed, d[0]), d[0], d[2]) for d in train if d[1] == source)
+        ids, texts, taken = [], [], 0
+        for _, doc_id, text in ordered:
+            if taken >= weight / sum(weights.values()) * budget:
+                break
+            ids, texts, taken = ids + [doc_id], texts + [text], taken + len(text)
+        assert sample[source] == (ids, texts) and 0 < len(ids) < len(ordered)

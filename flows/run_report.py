@@ -1,0 +1,130 @@
+"""What long work shows while it runs: a progress artifact per stage, the training curve in the run log
+and in a live markdown artifact.
+
+Stage code and hymo_core know nothing of Prefect: they report through tasks.stage_runner.PROGRESS_SINK
+and run_training's `report` hook; this module turns those calls into Prefect artifacts and log lines,
+throttled so that a fast stage pays nothing and a long one costs a request a second at most.
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import time
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.context import FlowRunContext, TaskRunContext
+
+from flows.artifacts import artifact_key
+
+SHOW_AFTER_S = 3.0  # a stage that ends sooner gets no progress artifact ($HYMO_PROGRESS_AFTER_S overrides)
+UPDATE_EVERY_S = 1.0
+TRAINING_ROWS = 20  # latest logged steps in the training artifact
+
+
+class StageProgress:
+    """The PROGRESS_SINK of one stage: (label, done, total) calls become one Prefect progress artifact.
+
+    The artifact appears once the stage has run SHOW_AFTER_S (a timer, so a long global pass that reports
+    nothing still shows the stage as running), then follows the latest fraction at most once a second.
+    """
+
+    def __init__(self, stage: str) -> None:
+        self.stage, self.key = stage, artifact_key("hymo", stage, "progress")
+        self.label, self.fraction, self.sent_at = "running", 0.0, 0.0
+        self.artifact_id = None
+        self.lock = threading.Lock()
+        after_s = float(os.environ.get("HYMO_PROGRESS_AFTER_S", SHOW_AFTER_S))
+        self.timer = threading.Timer(after_s, contextvars.copy_context().run, args=(self.show,))
+        self.timer.daemon = True
+
+    def __enter__(self) -> "StageProgress":
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.timer.cancel()
+        with self.lock:
+            if self.artifact_id is not None and exc[0] is None:
+                update_progress_artifact(self.artifact_id, 100.0, description=f"{self.stage}: done")
+
+    def show(self) -> None:
+        with self.lock:
+            if self.artifact_id is None:
+                self.artifact_id = create_progress_artifact(100.0 * self.fraction, key=self.key, description=self.describe())
+                self.sent_at = time.monotonic()
+
+    def describe(self) -> str:
+        return f"{self.stage}: {self.label}"
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        self.label, self.fraction = label, min(1.0, done / total) if total else 1.0
+        with self.lock:
+            if self.artifact_id is None or time.monotonic() - self.sent_at < UPDATE_EVERY_S:
+                return
+            update_progress_artifact(self.artifact_id, 100.0 * self.fraction, description=self.describe())
+            self.sent_at = time.monotonic()
+
+
+def training_report(max_steps: int) -> "TrainingReport | None":
+    """The pretrain stage's `report` hook inside a Prefect run (None elsewhere, e.g. a plain loop or a probe)."""
+    from tasks.stage_runner import PROGRESS_SINK
+
+    if TaskRunContext.get() is None and FlowRunContext.get() is None:
+        return None
+    sink = PROGRESS_SINK.get()
+    return TrainingReport(max_steps, sink if isinstance(sink, StageProgress) else None)
+
+
+class TrainingReport:
+    """run_training's `report` hook: each logged step to the run log, and a markdown artifact updated in place
+    (latest steps, validation losses) plus the stage's progress artifact in training steps."""
+
+    def __init__(self, max_steps: int, progress: StageProgress | None = None) -> None:
+        self.max_steps, self.progress = max_steps, progress
+        self.logger = get_run_logger()
+        self.rows: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+        self.artifact_id = None
+        self.sent_at = 0.0
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind == "train":
+            lr = max(record["lr"].values()) if isinstance(record.get("lr"), dict) and record["lr"] else record.get("lr", 0.0)
+            row = {"step": record["step"], "loss": record["loss"], "lr": lr, "tokens_per_s": record.get("tokens_per_s", 0.0)}
+            self.rows = (self.rows + [row])[-TRAINING_ROWS:]
+            self.logger.info("train step %d/%d loss %.4f lr %.3g tokens/s %.0f", row["step"], self.max_steps, row["loss"], lr, row["tokens_per_s"])
+            if self.progress is not None:
+                self.progress("training steps", record["step"], self.max_steps)
+        elif kind == "eval":
+            self.evals.append({"step": record["step"], "val_loss": record["val_loss"]})
+            self.logger.info("validation step %d loss %.4f", record["step"], record["val_loss"])
+        elif kind == "event":
+            self.logger.warning("training event: %s", {k: v for k, v in record.items() if k != "kind"})
+            return
+        final = record.get("step") == self.max_steps
+        if final or time.monotonic() - self.sent_at >= 2 * UPDATE_EVERY_S:
+            self.publish()
+
+    def markdown(self) -> str:
+        lines = [f"### pretrain: {self.rows[-1]['step'] if self.rows else 0} / {self.max_steps} steps", "",
+                 "| step | loss | lr | tokens/s |", "|---|---|---|---|"]
+        lines += [f"| {r['step']} | {r['loss']:.4f} | {r['lr']:.3g} | {r['tokens_per_s']:,.0f} |" for r in self.rows]
+        if self.evals:
+            lines += ["", "| step | validation loss |", "|---|---|"] + [f"| {e['step']} | {e['val_loss']:.4f} |" for e in self.evals[-TRAINING_ROWS:]]
+        return "\n".join(lines)
+
+    def publish(self) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import ArtifactUpdate
+
+        if self.artifact_id is None:
+            self.artifact_id = create_markdown_artifact(self.markdown(), key=artifact_key("hymo", "pretrain", "training"),
+                                                        description="pretrain: loss, learning rate and throughput, updated while it trains")
+        else:
+            with get_client(sync_client=True) as client:
+                client.update_artifact(self.artifact_id, ArtifactUpdate(data=self.markdown()))
+        self.sent_at = time.monotonic()

@@ -1,0 +1,124 @@
+"""The flow as Prefect users expect it, checked through the Prefect API of a real server: the 13 stages
+as a chain of task runs with shard batches nested under their stage, Prefect's own Cached state and
+refresh_cache keyed by the stage contract, link artifacts to the audit logs, progress artifacts, and
+training loss in the run log and a live artifact."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.config import load_config
+from flows.pipeline import hymo_pipeline
+from flows.stage_flow import hymo_stage
+from flows.stages import pipeline_stages, stage_path
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def task_runs(flow_run_id) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+
+def flow_artifacts(flow_run_id) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
+def stage_runs(runs: list, names: list[str]) -> dict:
+    return {r.name: r for r in runs if r.name in names}
+
+
+@pytest.fixture(scope="module")
+def names(tiny_config: Path) -> list[str]:
+    """The stages of the tiny config, in order (13: no optional stage, no user filter)."""
+    return [entry.name for entry in pipeline_stages(load_config(str(tiny_config)))]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, tiny_config: Path, monkeypatch_module) -> tuple[Path, object]:
+    monkeypatch_module.setenv("HYMO_PROGRESS_AFTER_S", "0")  # every stage shows progress, however short
+    run = tmp_path_factory.mktemp("conventions") / "run"
+    state = hymo_pipeline(config=load_config(str(tiny_config)), out=str(run), return_state=True)
+    assert state.is_completed()
+    return run, state.state_details.flow_run_id
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_stages_form_a_chain_with_shard_batches_nested_under_their_stage(first_run, names: list[str]) -> None:
+    _, flow_run_id = first_run
+    runs = task_runs(flow_run_id)
+    stages = stage_runs(runs, names)
+    assert set(stages) == set(names) and len(names) == 13
+    for before, after in zip(names, names[1:]):
+        upstream = {i.id for i in stages[after].task_inputs.get("wait_for", [])}
+        assert upstream == {stages[before].id}, (after, stages[after].task_inputs)
+    batches = [r for r in runs if "-shards-" in r.name]
+    assert {r.name.split("-shards-")[0] for r in batches} >= {"langid", "quality", "pii", "dedup_exact", "dedup_fuzzy", "decontam", "split"}
+    for batch in batches:
+        parents = {i.id for i in batch.task_inputs.get("__parents__", [])}
+        assert parents == {stages[batch.name.split("-shards-")[0]].id}, batch.name
+
+
+def test_second_run_is_cached_by_prefect_and_runs_no_shard_batch(first_run, tiny_config: Path, names: list[str]) -> None:
+    run, _ = first_run
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("manifest.json")}
+    state = hymo_pipeline(config=load_config(str(tiny_config)), out=str(run), return_state=True)
+    runs = task_runs(state.state_details.flow_run_id)
+    assert {name: r.state.name for name, r in stage_runs(runs, names).items()} == {name: "Cached" for name in names}
+    assert not [r for r in runs if "-shards-" in r.name]
+    keys = {a.key for a in flow_artifacts(state.state_details.flow_run_id)}
+    assert keys == {"hymo-run-summary"}  # no stage did work, so none re-read its audit log for samples
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("manifest.json")} == before
+
+
+def test_refresh_cache_recomputes_that_stage_and_later_stages_stay_cached(first_run, names: list[str]) -> None:
+    run, _ = first_run
+    split_manifest = stage_path(run, "split") / "manifest.json"
+    before = json.loads(split_manifest.read_text())
+    stamp = split_manifest.stat().st_ino
+    state = hymo_stage(run=str(run), stage="split", force=True, until="tokenizer", return_state=True)
+    states = {name: r.state.name for name, r in stage_runs(task_runs(state.state_details.flow_run_id), names).items()}
+    assert states == {"split": "Completed", "tokenizer": "Cached"}
+    assert split_manifest.stat().st_ino != stamp  # republished...
+    assert json.loads(split_manifest.read_text())["digest"] == before["digest"]  # ...with the same bytes
+
+
+def test_audit_logs_are_link_artifacts_and_long_work_shows_progress(first_run) -> None:
+    run, flow_run_id = first_run
+    artifacts = flow_artifacts(flow_run_id)
+    links = [a for a in artifacts if a.key and a.key.endswith("-audit")]  # Prefect stores a link artifact as markdown
+    assert {a.key for a in links} >= {"hymo-extract-audit", "hymo-dedup-fuzzy-audit"}
+    for artifact in links:
+        stage = artifact.key.removeprefix("hymo-").removesuffix("-audit").replace("-", "_")
+        audit_dir = stage_path(run, stage) / "audit"
+        assert artifact.data == f"[{audit_dir.parent.name}/audit/]({audit_dir.resolve().as_uri()})"
+    progress = {a.key: a.data for a in artifacts if a.type == "progress"}
+    assert progress.get("hymo-pretrain-progress") == 100.0 and progress.get("hymo-dedup-fuzzy-progress") == 100.0
+
+
+def test_training_loss_reaches_the_run_log_and_a_live_artifact(first_run) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    _, flow_run_id = first_run
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
+    steps = [log.message for log in logs if log.message.startswith("train step ")]
+    assert [m.split()[2] for m in steps] == ["1/4", "2/4", "3/4", "4/4"]  # log_interval = 1 in the tiny config
+    assert all(" loss " in m and " lr " in m and " tokens/s " in m for m in steps)
+    training = [a for a in flow_artifacts(flow_run_id) if a.key == "hymo-pretrain-training"]
+    assert training and "| 4 |" in training[-1].data and "validation loss" in training[-1].data
