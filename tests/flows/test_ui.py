@@ -38,17 +38,34 @@ def runs_of_full_deployment() -> set:
     return {r.id for r in runs}
 
 
-def visible_button(label: str, browser, timeout_s: float = 60):
-    """The page renders in steps; wait for the button rather than take whatever is there yet."""
-    from selenium.webdriver.common.by import By
+def click_when_ready(find, what: str, browser, timeout_s: float = 60) -> None:
+    """The page renders in steps and re-renders under our feet: wait until `find(browser)` returns
+    an element, and look it up again when the one found a moment ago went stale before the click."""
+    from selenium.common.exceptions import StaleElementReferenceException
 
     deadline = time.monotonic() + timeout_s
     while True:
-        buttons = [b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == label]
-        if buttons:
-            return buttons[0]
-        assert time.monotonic() < deadline, f"no {label!r} button on {browser.current_url}"
+        try:
+            element = find(browser)
+            if element is not None:
+                element.click()
+                return
+        except StaleElementReferenceException:
+            pass
+        assert time.monotonic() < deadline, f"no {what} on {browser.current_url}"
         time.sleep(0.5)
+
+
+def button(label: str):
+    from selenium.webdriver.common.by import By
+
+    return lambda browser: next((b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == label), None)
+
+
+def last_with_text(text: str):
+    from selenium.webdriver.common.by import By
+
+    return lambda browser: (browser.find_elements(By.XPATH, f"//*[normalize-space(.)='{text}']") or [None])[-1]
 
 
 def test_quick_run_from_the_ui_reaches_completed(served, browser) -> None:
@@ -58,8 +75,8 @@ def test_quick_run_from_the_ui_reaches_completed(served, browser) -> None:
     browser.get(f"{served['ui_url']}/deployments")
     browser.find_element(By.LINK_TEXT, "full").click()
     assert "hymo-pipeline" in browser.find_element(By.TAG_NAME, "body").text
-    visible_button("Run", browser).click()
-    browser.find_elements(By.XPATH, "//*[normalize-space(.)='Quick run']")[-1].click()
+    click_when_ready(button("Run"), "'Run' button", browser)
+    click_when_ready(last_with_text("Quick run"), "'Quick run' item", browser)
 
     deadline = time.monotonic() + 60
     while not (new := runs_of_full_deployment() - before):
