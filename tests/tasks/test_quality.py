@@ -482,3 +482,21 @@ def test_duplicate_lines_can_count_content_lines_only():
     repeated = good_prose() + "\n" + "\n".join(["Click here to read the full story now."] * 12)
     check(q.gopher_duplicate_lines, repeated, keep=False, config=content)
     check(q.gopher_duplicate_line_chars, repeated, keep=False, config=content)
+
+
+def test_documentation_profile_on_labelled_bench_pages():
+    """A 1/16 slice of the bench corpus (tests/fixtures/docs_labelled): the documentation profile's figure, not yet the 1 % bar."""
+    import gzip
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "docs_labelled" / "docs.jsonl.gz"
+    documentation = q.profile_configs(CONFIG)["documentation"]
+    removed = {"good": 0, "junk": 0}
+    totals = {"good": 0, "junk": 0}
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        for record in map(json.loads, lines):
+            kind = "good" if record["label"] in ("clean", "exact_copy", "near_copy") else "junk"
+            totals[kind] += 1
+            removed[kind] += not q.evaluate(record["text"], "en", documentation).keep
+    assert totals == {"good": 176, "junk": 63}
+    assert removed["junk"] == 63
+    assert removed["good"] <= 13  # 7.4 %; 32 (18.2 %) with the profile before issue 16 part 3 (bench/clean_prose.py)
