@@ -69,7 +69,7 @@ from tasks.removal_map import RemovalContext, apply_removals, map_upstream_shard
 from tasks.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, sorted_set, tokens
 from tasks.signature_filter import agreeing_pairs, fingerprints, minimum_agreement
 from tasks.spill_reader import SpillFiles
-from tasks.stage_runner import StageDef, run_stage
+from tasks.stage_runner import StageDef, counted, report_progress, run_stage
 
 STAGE = "dedup_fuzzy"
 VERSION = "2"  # 2: every pair of a bucket is a candidate (signature-filtered), not first/neighbour beyond 64 members
@@ -446,9 +446,10 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
             spill.verify(shard["bands_file"], shard["bands_sha256"])
         ranks = Ranks([shard.pop("ids") for shard in shards])  # popped: the ids are held once, concatenated
         band_ranks = [shard_ranks[np.diff(shard["offsets"]) > 0] for shard_ranks, shard in zip(ranks.by_shard(), shards)]
-        buckets_by_band = (band_buckets(shards, band_ranks, band, spill) for band in range(config.bands))
+        buckets_by_band = (band_buckets(shards, band_ranks, band, spill) for band in counted("candidate bands", range(config.bands), config.bands))
         prints_NK = fingerprints_by_rank(shards, band_ranks, config.num_hashes, len(ranks), spill)
         links = link_near_duplicates(config, buckets_by_band, ShingleSets(shards, ranks, spill), prints_NK, len(ranks), ranks.dtype)
+        report_progress("clusters")
         clusters_table, removals, cluster_count = cluster_outputs(links, ranks, config.jaccard_threshold)
         atomic_write_parquet(Path(work_dir) / CLUSTERS_FILE, clusters_table)
         finished = time.perf_counter()
