@@ -40,10 +40,8 @@ def test_extraction_reports_every_page_inside_a_shard_and_writes_the_same_bytes(
 def test_fuzzy_dedup_names_the_phases_of_its_global_pass(upstream) -> None:
     texts = {f"d{i}": PROSE[i % 3] + f" Copy {i // 3}." for i in range(24)}
     previous = upstream(texts, shards=3)
-    config = DedupFuzzyConfig()
-    manifest, reports = listened(run_dedup_fuzzy, config, previous, previous.parent / "08_dedup_fuzzy", workers=1)
+    manifest, reports = listened(run_dedup_fuzzy, DedupFuzzyConfig(), previous, previous.parent / "08_dedup_fuzzy", workers=1)
     phases = [label for i, (label, _, _) in enumerate(reports) if i == 0 or reports[i - 1][0] != label]
-    assert phases == ["minhash", "candidate bands", "clusters", "dedup_fuzzy"]
-    bands = [(done, total) for label, done, total in reports if label == "candidate bands"]
-    assert bands[-1] == (config.bands, config.bands) and [d for d, _ in bands] == list(range(config.bands + 1))
+    assert phases == ["minhash", "lsh buckets", "verify pairs", "clusters", "dedup_fuzzy"]
+    assert [(done, total) for label, done, total in reports if label == "minhash"][-1] == (24, 24)
     assert read_manifest(manifest.directory).counts["removed"]  # the copies were found: the pass did its work
