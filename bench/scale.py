@@ -4,8 +4,12 @@
 
 The corpus is synthetic but keeps real word statistics: unigram frequencies
 and document lengths are read from --word-source (the anchor harness's
-labelled corpus by default), documents are drawn from them, and 10 % are near
-copies (3 % of words replaced) of a recent document. It is written as one
+labelled documentation corpus by default, so the source is declared with the
+documentation profile), document lengths are the source's page lengths times
+--length-scale (default 1/4: about 260 words, section-sized like the harness's
+large.jsonl and like extracted web pages), documents are drawn from them, a paragraph ends after
+a sentence-final word with probability 1/4, and 10 % are near copies (3 % of
+words replaced) of a recent document. It is written as one
 JSONL source, streamed, never held in memory. Each size runs every stage up
 to `shards` in a fresh child process (the stage functions in a plain loop, as
 bench/orchestration.py's "plain" side) while a sampler records the peak RSS of
@@ -29,9 +33,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 WORK = Path(os.environ.get("HYMO_BENCH_WORK", "/tmp/hymo-bench-scale"))
-DEFAULT_WORD_SOURCE = Path("/work/scratch/bench/corpus/large.jsonl")
+DEFAULT_WORD_SOURCE = Path("/work/scratch/bench/corpus/small.jsonl")
 TITLE = "Data half at scale (`python bench/scale.py`)"
 NEAR_COPY_SHARE, EDIT_RATE, RECENT = 0.10, 0.03, 4096
+PARAGRAPH_END = 0.25  # chance that a word ending a sentence also ends a paragraph
 
 
 def word_statistics(path: Path, docs: int = 20_000) -> tuple[list[str], list[float], list[int]]:
@@ -50,7 +55,13 @@ def word_statistics(path: Path, docs: int = 20_000) -> tuple[list[str], list[flo
     return list(words), [f / total for f in freq], lengths
 
 
-def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, chunk: int = 10_000) -> None:
+def paragraphs(words: list[str], rng) -> str:
+    """Words joined by spaces, with a newline instead after some sentence-final words (pages have paragraphs)."""
+    breaks = (rng.random(len(words)) < PARAGRAPH_END).tolist()
+    return "".join(w + ("\n" if b and w.endswith((".", "!", "?")) else " ") for w, b in zip(words, breaks)).rstrip()
+
+
+def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, chunk: int = 10_000, length_scale: float = 0.25) -> None:
     """`count` documents as JSONL, written a chunk at a time; 10 % near copies of a recent document."""
     import numpy as np
 
@@ -62,7 +73,7 @@ def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, ch
     with open(tmp, "w", encoding="utf-8") as handle:
         for start in range(0, count, chunk):
             size = min(chunk, count - start)
-            doc_lengths = rng.choice(lengths, size=size)
+            doc_lengths = np.maximum(1, np.round(rng.choice(lengths, size=size) * length_scale)).astype(np.int64)
             drawn = vocab[rng.choice(len(vocab), size=int(doc_lengths.sum()), p=probabilities)].tolist()
             copies = rng.random(size) < NEAR_COPY_SHARE
             offset = 0
@@ -76,7 +87,7 @@ def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, ch
                 recent.append(doc)
                 if len(recent) > RECENT:
                     recent.pop(int(rng.integers(0, RECENT)))
-                handle.write(json.dumps({"text": " ".join(doc), "url": f"https://synthetic.example/{start + i}"}) + "\n")
+                handle.write(json.dumps({"text": paragraphs(doc, rng), "url": f"https://synthetic.example/{start + i}"}) + "\n")
     tmp.replace(path)
 
 
@@ -84,7 +95,7 @@ def write_config(root: Path, corpus: Path, workers: int) -> Path:
     spec = root / "synthetic.toml"
     spec.write_text("\n".join([
         'name = "synthetic"', 'kind = "jsonl"', f'path = "{corpus}"', 'origin = "bench/scale.py"',
-        'snapshot = "generated"', 'license = "CC0-1.0"']) + "\n", encoding="utf-8")
+        'snapshot = "generated"', 'license = "CC0-1.0"', 'profile = "documentation"']) + "\n", encoding="utf-8")
     config = root / "pipeline.toml"
     config.write_text(f'[run]\nsources = ["{spec}"]\nworkers = {workers}\n\n[quality_model]\nenabled = false\n', encoding="utf-8")
     return config
@@ -172,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--word-source", type=Path, default=DEFAULT_WORD_SOURCE)
+    parser.add_argument("--length-scale", type=float, default=0.25, help="document length = a word-source page's length times this")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child", type=Path)
     parser.add_argument("--run", type=Path)
@@ -188,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         corpus = root / "synthetic.jsonl"
-        write_corpus(corpus, count, args.word_source)
+        write_corpus(corpus, count, args.word_source, length_scale=args.length_scale)
         config = write_config(root, corpus, args.workers)
         result = root / "result.json"
         started = time.perf_counter()
@@ -207,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                                 for t, n in zip(totals, sizes))))
     table = markdown_table(["stage", *(f"{n:,} docs: wall / largest process / on disk" for n in sizes)], rows)
     note = (f"x86_64 with {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end, {args.workers} workers; "
-            f"synthetic documents with the word statistics of {args.word_source.name}, 10 % near copies. Plot: docs/scale.png.")
+            f"synthetic documents with the word statistics of {args.word_source.name} (page lengths x {args.length_scale:g}, "
+            f"documentation profile, paragraphs), 10 % near copies. Plot: docs/scale.png.")
     print(f"\n{note}\n\n{table}")
     if not args.no_write:
         plot(results, REPO / "docs" / "scale.png")
