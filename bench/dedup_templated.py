@@ -113,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(site.ids)} documents: {args.pages} pages whose boilerplate is 60–85 % of their words, "
             f"{len(site.planted_copy)} planted copies (J 0.80–0.95) and {len(site.planted_variant)} variants (J 0.60–0.78) that must stay. "
             f"Exact all-pairs truth ({truth_seconds:.1f} s): {len(truth_pairs)} pairs with J ≥ 0.8, {len(truth)} removals; "
-            f"{near_pairs:,} pairs with J ≥ 0.6. Candidate pairs are all pairs of every bucket not already one cluster; "
+            f"{near_pairs:,} pairs with J ≥ 0.6. Candidate pairs are all pairs of every bucket (this checkout: of every band, counted "
+            "before pairs proposed by several bands are merged; older code: of buckets not already one cluster); "
             "buckets of ≥ 64 members are counted exactly in bulk (tasks/pair_jaccard.py), smaller ones through the "
             "signature filter, and 'verified pairs' are the pair-by-pair exact checks. Recall short of 1 is a pair that shares "
-            "no band at all (14 × 8 catches J = 0.8 with P = 0.92); 'before' linked buckets over 64 members "
-            "first/neighbour only and lost pairs that did share a bucket. Seconds are wall time on a shared machine.")
+            "no band at all (14 × 8 catches J = 0.8 with P = 0.92). Seconds are wall time on a shared machine.")
     print(f"\n{note}\n\n{table}")
     if not args.no_write:
         write_section(TITLE, table, note)

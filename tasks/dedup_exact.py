@@ -31,7 +31,7 @@ from manifests.stage_manifest import StageManifest
 from tasks.lazy_task import lazy_task
 from tasks.removal_map import RemovalContext, apply_removals, map_upstream_shards, removal_table, write_removal_table
 from tasks.shingles import normalise
-from tasks.stage_runner import StageDef, run_stage
+from tasks.stage_runner import StageDef, counted, run_stage
 
 STAGE = "dedup_exact"
 VERSION = "1"
@@ -151,7 +151,7 @@ def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, wor
     removed_ids: list[str] = []
     kept_ids: list[str] = []
     different_texts = 0
-    for batch in group_batches(groups, key_chars, COLLIDING_TEXT_BATCH_CHARS):
+    for batch in counted("colliding groups", group_batches(groups, key_chars, COLLIDING_TEXT_BATCH_CHARS), len(groups), size=len):
         for by_text in read_group_texts(paths, shard_of, row_of, batch, config):
             different_texts += len(by_text) > 1
             for doc_id, kept_id in keepers_of_texts(by_text).items():

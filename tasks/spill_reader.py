@@ -4,11 +4,15 @@ A memory-mapped spill file keeps every page it ever touched in the process's
 resident set until it is unmapped: verification touching documents all over
 800 MB of shingle hashes looked like 800 MB of memory. Reading exactly the
 bytes needed with `os.pread` into a fresh array keeps resident memory at what
-the pass holds on purpose. Each file's sha256 is still checked once, before
-its first read.
+the pass holds on purpose. Each file's sha256 is still checked once per
+process, before its first read (the pass's tasks run in long-lived workers:
+a file every task reads is hashed once per worker, not once per task). A
+file written in partition slices is checked slice by slice instead, each
+reader hashing exactly the bytes it reads.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -16,9 +20,10 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
-from tasks.minhash import read_checked_array
+from tasks.minhash import ChecksumMismatch, read_checked_array
 
 OPEN_FILES = 64  # spill files kept open at once (a corpus may have thousands of shards)
+VERIFIED: set[tuple[str, str]] = set()  # (path, sha256) this process has checked; a rewritten file has a new digest
 
 
 def npy_layout(path: Path) -> tuple[int, np.dtype, tuple[int, ...]]:
@@ -42,7 +47,9 @@ class SpillFiles:
     def verify(self, path: str, expected_sha256: str) -> None:
         """Check the file's digest (raises ChecksumMismatch) and remember its layout; nothing stays mapped."""
         if path not in self.layouts:
-            read_checked_array(Path(path), expected_sha256)  # raises ChecksumMismatch; the map it returns is dropped
+            if (path, expected_sha256) not in VERIFIED:
+                read_checked_array(Path(path), expected_sha256)  # raises ChecksumMismatch; the map it returns is dropped
+                VERIFIED.add((path, expected_sha256))
             self.layouts[path] = npy_layout(Path(path))
 
     def shape(self, path: str) -> tuple[int, ...]:
@@ -58,6 +65,19 @@ class SpillFiles:
         if len(payload) != count * dtype.itemsize:
             raise OSError(f"{path}: spill file ended early (wanted {count} values from element {start})")
         return np.frombuffer(payload, dtype=dtype)
+
+    def read_checked_slice(self, path: str, start: int, stop: int, expected_sha256: str) -> np.ndarray:
+        """Elements [start, stop) of a file written in slices, checked against the digest recorded for that slice."""
+        if path not in self.layouts:
+            if not Path(path).is_file():
+                raise ChecksumMismatch(f"{path}: intermediate file is missing")
+            self.layouts[path] = npy_layout(Path(path))
+        values = self.read(path, start, stop)
+        actual = hashlib.sha256(values.tobytes()).hexdigest()
+        if actual != expected_sha256:
+            raise ChecksumMismatch(f"{path}: sha256 of elements [{start}, {stop}) is {actual[:12]}… but its writer recorded "
+                                   f"{expected_sha256[:12]}…; the intermediate file is corrupt, nothing was published")
+        return values
 
     def row(self, path: str, row: int) -> np.ndarray:
         """Row `row` of a 2-D spill file."""

@@ -329,7 +329,11 @@ def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, 
     with progress_bar(label, sum(sizes)) as advance:
         if workers <= 1 or len(jobs) <= 1:
             for job, size in zip(jobs, sizes):
-                result = fn(*job)
+                token = JOB_PROGRESS.set(advance.within)  # a job run here may report how far into it it is
+                try:
+                    result = fn(*job)
+                finally:
+                    JOB_PROGRESS.reset(token)
                 advance(size)
                 yield result
             return
@@ -369,7 +373,11 @@ PROGRESS_SINK: ContextVar[Callable[[str, int, int], None] | None] = ContextVar("
 
 
 class progress_bar:
-    """A per-stage progress bar on a terminal (silent elsewhere: CI logs, tests), and the PROGRESS_SINK if set."""
+    """A per-stage progress bar on a terminal (silent elsewhere: CI logs, tests), and the PROGRESS_SINK if set.
+
+    `with progress_bar(label, total) as advance`: `advance(n)` after n items are done; `advance.within(n)`
+    while the job that runs now has done n of its items (extraction's pages inside a shard).
+    """
 
     def __init__(self, label: str, total: int):
         self.label, self.total = label, total
@@ -377,29 +385,62 @@ class progress_bar:
         self.progress = None
         self.sink = PROGRESS_SINK.get()
         self.done = 0
+        self.show: Callable[[int], None] = lambda done: None
 
-    def __enter__(self) -> Callable[[int], None]:
-        bar = lambda n: None  # noqa: E731
+    def __enter__(self) -> "progress_bar":
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.progress = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
             self.progress.start()
             task_id = self.progress.add_task(self.label, total=self.total)
-            bar = lambda n: self.progress.advance(task_id, n)  # noqa: E731
-        if self.sink is None:
-            return bar
+            self.show = lambda done: self.progress.update(task_id, completed=done)
+        return self
 
-        def advance(n: int) -> None:
-            bar(n)
-            self.done += n
-            self.sink(self.label, self.done, self.total)
+    def __call__(self, n: int) -> None:
+        self.done += n
+        self.report(self.done)
 
-        return advance
+    def within(self, n: int) -> None:
+        self.report(self.done + n)
+
+    def report(self, done: int) -> None:
+        self.show(done)
+        if self.sink is not None:
+            self.sink(self.label, done, self.total)
 
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+# Set while map_shards runs one job in its own thread: how that job reports n of its own items done.
+JOB_PROGRESS: ContextVar[Callable[[int], None] | None] = ContextVar("hymo_job_progress", default=None)
+
+
+def job_progress() -> Callable[[int], None]:
+    """The running job's within-job progress callback (a no-op where nothing listens: worker processes, Dask)."""
+    return JOB_PROGRESS.get() or (lambda n: None)
+
+
+def report_progress(label: str, done: int = 0, total: int = 0) -> None:
+    """A global pass says which phase it is in (and how far, when countable); free without a sink."""
+    sink = PROGRESS_SINK.get()
+    if sink is not None:
+        sink(label, done, total)
+
+
+def counted(label: str, items: Iterable[Any], total: int, size: Callable[[Any], int] = lambda item: 1) -> Iterator[Any]:
+    """`items` unchanged, with (label, done so far, total) reported as each is taken; an item counts `size(item)`."""
+    sink = PROGRESS_SINK.get()
+    done = 0
+    for item in items:
+        if sink is not None:
+            sink(label, done, total)
+        yield item
+        done += size(item)
+    if sink is not None:
+        sink(label, done, total)
 
 
 def stage_cache_key(stage: str, version: str, config: Any, input_digests: list[str]) -> str:

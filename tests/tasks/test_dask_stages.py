@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from dask_faults import signature_shard_killing_its_worker_once
+from dask_faults import link_key_partition_killing_its_worker_once, signature_shard_killing_its_worker_once
 
 import tasks.dedup_fuzzy as dedup_fuzzy
 from bench.templated_site import templated_site
@@ -25,7 +25,7 @@ def client():
 
 @pytest.fixture(scope="module")
 def corpus():
-    site = templated_site(pages=150, copies=12, variants=12, seed=9)
+    site = templated_site(pages=280, copies=12, variants=12, seed=9)  # a bucket of ≥ 64 pages: bulk exact path
     texts = dict(zip(site.ids, site.texts))
     texts |= {f"zz-exact-{i}": texts[site.ids[i]] for i in range(5)}  # exact copies for dedup_exact
     return texts
@@ -35,25 +35,39 @@ def outputs(stage_dir) -> dict[str, str]:
     return {o.path: o.sha256 for o in read_manifest(stage_dir).outputs}
 
 
-def test_dedup_stages_on_dask_give_the_process_pools_bytes(tmp_path, upstream, corpus, client):
+def test_dedup_stages_give_the_same_bytes_on_any_runner_and_partition_count(tmp_path, upstream, corpus, client, monkeypatch):
+    """Process pool (2 workers, 4 key/rank partitions), one worker in-process (1 partition), Dask with 3 workers (6, then 9)."""
     source = upstream(corpus, shards=5)
     run_dedup_exact(DedupExactConfig(), source, tmp_path / "exact-local", workers=2)
-    run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-local", tmp_path / "fuzzy-local", workers=2)
+    local = run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-local", tmp_path / "fuzzy-local", workers=2)
+    monkeypatch.setattr(dedup_fuzzy, "PARTITIONS_PER_WORKER", 1)
+    run_dedup_exact(DedupExactConfig(), source, tmp_path / "exact-one", workers=1)
+    one = run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-one", tmp_path / "fuzzy-one", workers=1)
     with on_dask_cluster(client):
         assert default_workers() == cluster_workers(client) == 3
         run_dedup_exact(DedupExactConfig(), source, tmp_path / "exact-dask", workers=1)
-        fuzzy = run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-dask", tmp_path / "fuzzy-dask", workers=1)
-    assert outputs(tmp_path / "exact-dask") == outputs(tmp_path / "exact-local")
-    assert outputs(tmp_path / "fuzzy-dask") == outputs(tmp_path / "fuzzy-local") and fuzzy.counts["removed"]
+        for per_worker in (2, 3):
+            monkeypatch.setattr(dedup_fuzzy, "PARTITIONS_PER_WORKER", per_worker)
+            dask = run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-dask", tmp_path / f"fuzzy-dask-{per_worker}", workers=1)
+            assert dask.extra["context"]["partitions"] == 3 * per_worker
+    assert [local.extra["context"]["partitions"], one.extra["context"]["partitions"]] == [4, 1]
+    assert outputs(tmp_path / "exact-dask") == outputs(tmp_path / "exact-local") == outputs(tmp_path / "exact-one")
+    fuzzy = outputs(tmp_path / "fuzzy-local")
+    assert outputs(tmp_path / "fuzzy-one") == outputs(tmp_path / "fuzzy-dask-2") == outputs(tmp_path / "fuzzy-dask-3") == fuzzy
+    stats = dask.extra["context"]
+    assert local.counts["removed"] and stats["largest_bucket"] >= 64 and stats["bulk_exact_pairs"] and stats["verified_pairs"]
 
 
 def test_a_worker_killed_during_dedup_fuzzy_changes_nothing(tmp_path, upstream, corpus, client, monkeypatch):
+    """One worker dies in a signature task, another in a bucket-partition task: Dask reruns both, the bytes are the same."""
     source = upstream(corpus, shards=5)
     run_dedup_fuzzy(DedupFuzzyConfig(), source, tmp_path / "fuzzy-local", workers=1)
     monkeypatch.setattr(dedup_fuzzy, "signature_shard", signature_shard_killing_its_worker_once)
+    monkeypatch.setattr(dedup_fuzzy, "link_key_partition", link_key_partition_killing_its_worker_once)
     with on_dask_cluster(client):
         run_dedup_fuzzy(DedupFuzzyConfig(), source, tmp_path / "fuzzy-dask", workers=3)
-    assert any(tmp_path.glob("**/killed-a-worker"))  # the fault did happen, on a Dask worker
+    killed = sorted(p.name for p in tmp_path.glob("**/killed-a-worker-*"))  # the faults did happen, on Dask workers
+    assert killed == ["killed-a-worker-in-buckets", "killed-a-worker-in-signatures"]
     assert outputs(tmp_path / "fuzzy-dask") == outputs(tmp_path / "fuzzy-local")
 
 

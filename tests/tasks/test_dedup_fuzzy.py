@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tasks.dedup_fuzzy as dedup_fuzzy
+import tasks.near_dup_files as near_dup_files
 from manifests.stage_manifest import read_manifest
 from tasks.dedup_fuzzy import DedupFuzzyConfig, fallback_pairs, run_dedup_fuzzy
 from tasks.minhash import ChecksumMismatch
@@ -115,14 +116,16 @@ def test_hundred_thousand_identical_documents_form_one_cluster(tmp_path, upstrea
     manifest = run_dedup_fuzzy(DedupFuzzyConfig(), upstream(texts, shards=4), tmp_path / "fuzzy", workers=2)
     assert manifest.counts["kept"] == 1 and read_stage_docs(tmp_path / "fuzzy").column("id").to_pylist() == ["page-000000"]
     stats = manifest.extra["context"]
-    assert stats["clusters"] == 1 and stats["verified_pairs"] == 99_999  # every later pair is skipped, not re-verified
+    assert stats["clusters"] == 1 and stats["verified_pairs"] == 0  # identical sets are folded, never paired
+    # checked once per key partition that holds one of the 14 bands' buckets, not once per band
+    assert 99_999 <= stats["folded_identical"] <= min(stats["partitions"], 14) * 99_999 and stats["partitions"] < 14
 
 
 def test_corrupt_band_file_fails_clearly_and_publishes_nothing(tmp_path, upstream, corpus, monkeypatch):
     original = dedup_fuzzy.signature_shard
 
-    def corrupting(shard_path, shard, config, spill_dir):
-        result = original(shard_path, shard, config, spill_dir)
+    def corrupting(shard_path, shard, config, spill_dir, partitions):
+        result = original(shard_path, shard, config, spill_dir, partitions)
         with open(result["bands_file"], "r+b") as handle:
             handle.seek(-8, 2)
             handle.write(b"\x00" * 8)
@@ -143,7 +146,7 @@ def test_memory_bounds_do_not_change_the_result(tmp_path, upstream, corpus, monk
     """Tiny hashing batches and a shingle-set cache of one entry give the same removals as the defaults."""
     default = run_dedup_fuzzy(DedupFuzzyConfig(), upstream(corpus, 3, "default"), tmp_path / "default", workers=1)
     monkeypatch.setattr(dedup_fuzzy, "SIGNATURE_BATCH_ROWS", 3)
-    monkeypatch.setattr(dedup_fuzzy, "SHINGLE_SET_CACHE_BYTES", 1)
+    monkeypatch.setattr(near_dup_files, "SHINGLE_SET_CACHE_BYTES", 1)
     bounded = run_dedup_fuzzy(DedupFuzzyConfig(), upstream(corpus, 3, "bounded"), tmp_path / "bounded", workers=1)
     assert removed_rows(tmp_path / "bounded") == removed_rows(tmp_path / "default") and default.counts["removed"]
     assert bounded.extra["context"]["verified_pairs"] == default.extra["context"]["verified_pairs"]
