@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.report import markdown_table  # noqa: E402
+from bench.report import markdown_table, publish  # noqa: E402
 
 from flows.config import load_config  # noqa: E402
 from manifests.stage_manifest import is_complete  # noqa: E402
@@ -173,24 +173,7 @@ def main() -> int:
     if confusions:
         out += ["Most frequent confusions (label -> predicted): " + ", ".join(f"{a}->{b} {n}" for (a, b), n in confusions.most_common(10)), ""]
 
-    text = "\n".join(out)
-    print(text)
-    if args.write:
-        write_section(Path(args.write), SECTION, text)
-    return 0
-
-
-def write_section(path: Path, heading: str, body: str) -> None:
-    """Replace (or append) one `## ` section of a Markdown file, leaving the others untouched."""
-    existing = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    start = existing.find(heading + "\n")
-    if start == -1:
-        updated = existing.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
-    else:
-        end = existing.find("\n## ", start + len(heading))
-        updated = existing[:start] + body.rstrip("\n") + "\n" + (existing[end:] if end != -1 else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(updated, encoding="utf-8")
+    return publish(out, SECTION, args.write)
 
 
 if __name__ == "__main__":
