@@ -264,6 +264,12 @@ def cluster_workers(client: Any) -> int:
     return max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
 
 
+def runner_workers(workers: int) -> int:
+    """Workers the runner really has: on a Dask cluster the scheduler's count, else `workers` (partition counts follow it)."""
+    client = dask_client()
+    return cluster_workers(client) if client is not None else max(1, workers)
+
+
 def default_workers() -> int:
     client = dask_client()
     if client is not None:
