@@ -18,6 +18,7 @@ import inspect
 import os
 import shutil
 import sys
+import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -289,8 +290,23 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     would otherwise pay it at every map.
     """
     if workers not in _POOLS:
-        _POOLS[workers] = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+        _POOLS[workers] = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                              initializer=exit_with_parent, initargs=(os.getpid(),))
     return _POOLS[workers]
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """In a pool worker: end this process once its parent is gone, even SIGKILLed (an idle worker would wait forever).
+
+    A polling thread rather than PR_SET_PDEATHSIG: that signal follows the
+    parent *thread*, and pools are created from short-lived task threads.
+    """
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def shutdown_worker_pools() -> None:
