@@ -28,13 +28,17 @@ class StageProgress:
     """The PROGRESS_SINK of one stage: (label, done, total) calls become one Prefect progress artifact.
 
     The artifact appears once the stage has run SHOW_AFTER_S (a timer, so a long global pass that reports
-    nothing still shows the stage as running), then follows the latest fraction at most once a second.
+    nothing still shows the stage as running), then follows the latest report at most once a second. A
+    report names a phase (a label: extraction's documents, a global pass's "candidate bands", "training
+    steps") and how far into it the stage is; total 0 is a phase with no count. Each new phase is also one
+    line in the run log, so what a stage spent its time on stays readable after it ended.
     """
 
     def __init__(self, stage: str) -> None:
         self.stage, self.key = stage, artifact_key("hymo", stage, "progress")
-        self.label, self.fraction, self.sent_at = "running", 0.0, 0.0
+        self.label, self.done, self.total, self.fraction, self.sent_at = "running", 0, 0, 0.0, 0.0
         self.artifact_id = None
+        self.logger = get_run_logger()  # bound here, in the stage's task run: reports may come from other threads
         self.lock = threading.Lock()
         after_s = float(os.environ.get("HYMO_PROGRESS_AFTER_S", SHOW_AFTER_S))
         self.timer = threading.Timer(after_s, contextvars.copy_context().run, args=(self.show,))
@@ -56,11 +60,18 @@ class StageProgress:
                 self.artifact_id = create_progress_artifact(100.0 * self.fraction, key=self.key, description=self.describe())
                 self.sent_at = time.monotonic()
 
+    def phase(self, label: str) -> str:
+        return "documents" if label == self.stage else label  # a stage's own shard map counts documents
+
     def describe(self) -> str:
-        return f"{self.stage}: {self.label}"
+        return f"{self.stage}: {self.phase(self.label)} {self.done:,}/{self.total:,}" if self.total else f"{self.stage}: {self.phase(self.label)}"
 
     def __call__(self, label: str, done: int, total: int) -> None:
-        self.label, self.fraction = label, min(1.0, done / total) if total else 1.0
+        if label != self.label:
+            self.logger.info("%s phase: %s%s", self.stage, self.phase(label), f" ({total:,} to do)" if total else "")
+        self.label, self.done, self.total = label, done, total
+        if total:
+            self.fraction = min(1.0, done / total)
         with self.lock:
             if self.artifact_id is None or time.monotonic() - self.sent_at < UPDATE_EVERY_S:
                 return

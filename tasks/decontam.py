@@ -38,7 +38,7 @@ from tasks.lazy_task import lazy_task
 from tasks.minhash import read_checked_array, write_checked_array
 from tasks.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards, write_removals
 from tasks.shingles import TokenHashCache, batch_ngram_hashes, tokens
-from tasks.stage_runner import StageDef, run_stage
+from tasks.stage_runner import StageDef, counted, report_progress, run_stage
 
 STAGE = "decontam"
 VERSION = "1"
@@ -125,12 +125,13 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
     """Global pass: index the benchmarks, match every shard in parallel, cap common n-grams, list removals."""
     if config.ngram_size < 1 or config.min_matching_ngrams < 1:
         raise ValueError(f"decontam: ngram_size and min_matching_ngrams must be ≥ 1, got {config}")
+    report_progress("indexing benchmarks")
     index = build_index(config)
     spill_dir = Path(work_dir) / SPILL_DIR
     try:
         index_file = spill_dir / "benchmark_ngrams.npy"
         index_sha256 = write_checked_array(index_file, index.hashes)
-        shards = map_upstream_shards(match_shard, upstream, (config, str(index_file), index_sha256), workers, "decontam")
+        shards = map_upstream_shards(match_shard, upstream, (config, str(index_file), index_sha256), workers, "matching n-grams")
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
     docs_per_ngram: Counter[int] = Counter(h for shard in shards for found in shard["matches"].values() for h, _ in found)
@@ -138,7 +139,7 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
     removals: dict[str, Removal] = {}
     rows: dict[str, list] = {"id": [], "benchmark": [], "item_id": [], "ngram": [], "matched_ngrams": []}
     items_hit: dict[str, set[str]] = defaultdict(set)
-    for shard in shards:
+    for shard in counted("listing removals", shards, len(shards)):
         for doc_id, found in shard["matches"].items():
             evidence = [(h, text) for h, text in found if h not in common]
             if len(evidence) < config.min_matching_ngrams:

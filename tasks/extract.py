@@ -22,7 +22,7 @@ from prefect import task
 from manifests.schema import docs_table
 from manifests.stage_manifest import StageManifest
 from tasks.extract_page import extract_page, repair_mojibake
-from tasks.stage_runner import ShardOutcome, StageDef, dask_client, default_workers, run_stage
+from tasks.stage_runner import ShardOutcome, StageDef, dask_client, default_workers, job_progress, run_stage
 from tasks.watchdog import ERROR, OK, TIMEOUT, SupervisedPool
 
 STAGE = "extract"
@@ -93,10 +93,11 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
             jobs.append(page_job(row["text"], row["url"], config))
             job_rows.append(row)
             sizes.append(size)
+    progress, skipped = job_progress(), len(rows) - len(jobs)  # documents of this shard done: skipped ones, then pages
     if not jobs:
         outcomes = []
     elif pool is not None:
-        outcomes = pool.map(jobs, costs=sizes)
+        outcomes = pool.map(jobs, costs=sizes, on_answer=lambda pages: progress(skipped + pages))
     else:
         with extraction_pool(config, children or default_workers()) as own:
             outcomes = own.map(jobs, costs=sizes)

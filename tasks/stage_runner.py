@@ -237,10 +237,29 @@ def write_shard_files(work_dir: Path, stage: str, shard: str, kept: pa.Table, au
     )
 
 
+SHARD_BATCH_DOCS = 2048  # documents a stage function sees at once: its per-document Python objects stay bounded
+
+
 def _run_one_shard(stage: StageDef, config: Any, context: Any, in_path: str, shard: str, work_dir: str) -> ShardResult:
-    docs = read_shard(Path(in_path))
-    outcome = stage.process_shard(docs, config, context)
-    return write_shard_files(Path(work_dir), stage.name, shard, outcome.kept, outcome.audit, docs.column("id").combine_chunks())
+    """One input shard through `stage.process_shard`, SHARD_BATCH_DOCS documents at a time.
+
+    A stage function turns its documents into Python objects (texts, rows), so
+    it is fed bounded batches, never a whole shard; the results are Arrow
+    tables, concatenated and written once (the same bytes as one call would give).
+    """
+    kept, audits, ids = [], [], []
+    for batch in pq.ParquetFile(in_path).iter_batches(batch_size=SHARD_BATCH_DOCS):
+        docs = pa.Table.from_batches([batch])
+        docs = docs.cast(DOC_SCHEMA) if docs.schema != DOC_SCHEMA else docs
+        outcome = stage.process_shard(docs, config, context)
+        audit = outcome.audit if isinstance(outcome.audit, pa.Table) else audit_table([{**row, "stage": stage.name} for row in outcome.audit])
+        kept.append(outcome.kept.cast(DOC_SCHEMA) if outcome.kept.schema != DOC_SCHEMA else outcome.kept)
+        audits.append(audit.cast(AUDIT_SCHEMA) if audit.schema != AUDIT_SCHEMA else audit)
+        ids.append(docs.column("id").combine_chunks())
+    kept_table = pa.concat_tables([DOC_SCHEMA.empty_table(), *kept]).combine_chunks()
+    audit_rows = pa.concat_tables([AUDIT_SCHEMA.empty_table(), *audits]).combine_chunks()
+    ids_in = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+    return write_shard_files(Path(work_dir), stage.name, shard, kept_table, audit_rows, ids_in)
 
 
 _DASK_CLIENT: list[Any] = []  # the cluster this process maps onto while a flow runs with the Dask runner
@@ -332,7 +351,11 @@ def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, 
     with progress_bar(label, sum(sizes)) as advance:
         if workers <= 1 or len(jobs) <= 1:
             for job, size in zip(jobs, sizes):
-                result = fn(*job)
+                token = JOB_PROGRESS.set(advance.within)  # a job run here may report how far into it it is
+                try:
+                    result = fn(*job)
+                finally:
+                    JOB_PROGRESS.reset(token)
                 advance(size)
                 yield result
             return
@@ -372,7 +395,11 @@ PROGRESS_SINK: ContextVar[Callable[[str, int, int], None] | None] = ContextVar("
 
 
 class progress_bar:
-    """A per-stage progress bar on a terminal (silent elsewhere: CI logs, tests), and the PROGRESS_SINK if set."""
+    """A per-stage progress bar on a terminal (silent elsewhere: CI logs, tests), and the PROGRESS_SINK if set.
+
+    `with progress_bar(label, total) as advance`: `advance(n)` after n items are done; `advance.within(n)`
+    while the job that runs now has done n of its items (extraction's pages inside a shard).
+    """
 
     def __init__(self, label: str, total: int):
         self.label, self.total = label, total
@@ -380,29 +407,62 @@ class progress_bar:
         self.progress = None
         self.sink = PROGRESS_SINK.get()
         self.done = 0
+        self.show: Callable[[int], None] = lambda done: None
 
-    def __enter__(self) -> Callable[[int], None]:
-        bar = lambda n: None  # noqa: E731
+    def __enter__(self) -> "progress_bar":
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.progress = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
             self.progress.start()
             task_id = self.progress.add_task(self.label, total=self.total)
-            bar = lambda n: self.progress.advance(task_id, n)  # noqa: E731
-        if self.sink is None:
-            return bar
+            self.show = lambda done: self.progress.update(task_id, completed=done)
+        return self
 
-        def advance(n: int) -> None:
-            bar(n)
-            self.done += n
-            self.sink(self.label, self.done, self.total)
+    def __call__(self, n: int) -> None:
+        self.done += n
+        self.report(self.done)
 
-        return advance
+    def within(self, n: int) -> None:
+        self.report(self.done + n)
+
+    def report(self, done: int) -> None:
+        self.show(done)
+        if self.sink is not None:
+            self.sink(self.label, done, self.total)
 
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+# Set while map_shards runs one job in its own thread: how that job reports n of its own items done.
+JOB_PROGRESS: ContextVar[Callable[[int], None] | None] = ContextVar("hymo_job_progress", default=None)
+
+
+def job_progress() -> Callable[[int], None]:
+    """The running job's within-job progress callback (a no-op where nothing listens: worker processes, Dask)."""
+    return JOB_PROGRESS.get() or (lambda n: None)
+
+
+def report_progress(label: str, done: int = 0, total: int = 0) -> None:
+    """A global pass says which phase it is in (and how far, when countable); free without a sink."""
+    sink = PROGRESS_SINK.get()
+    if sink is not None:
+        sink(label, done, total)
+
+
+def counted(label: str, items: Iterable[Any], total: int, size: Callable[[Any], int] = lambda item: 1) -> Iterator[Any]:
+    """`items` unchanged, with (label, done so far, total) reported as each is taken; an item counts `size(item)`."""
+    sink = PROGRESS_SINK.get()
+    done = 0
+    for item in items:
+        if sink is not None:
+            sink(label, done, total)
+        yield item
+        done += size(item)
+    if sink is not None:
+        sink(label, done, total)
 
 
 def stage_cache_key(stage: str, version: str, config: Any, input_digests: list[str]) -> str:

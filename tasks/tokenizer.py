@@ -28,7 +28,7 @@ from manifests.digest import sha256_file
 from tasks.encoding import encode_texts
 from manifests.stage_manifest import StageManifest
 from tasks.split import iter_split_docs, seeded_rank
-from tasks.stage_runner import run_artifact_stage
+from tasks.stage_runner import report_progress, run_artifact_stage
 
 STAGE = "tokenizer"
 VERSION = "1"
@@ -143,16 +143,20 @@ def sample_mixture(split_dir: Path, weights: dict[str, float], config: Tokenizer
 
 
 def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: TokenizerConfig, work_dir: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    report_progress("sampling documents")
     sample = sample_mixture(split_dir, weights, config)
     texts = [t for _, source_texts in sample.values() for t in source_texts]
     if not texts:
         raise ValueError(f"{split_dir}: no training documents to train a tokenizer on")
+    report_progress("training BPE")
     tokenizer = build_tokenizer(texts, config)
+    report_progress("round-trip check")
     failed = round_trip_failures(tokenizer, [i for ids, _ in sample.values() for i in ids], texts)
     if failed:
         raise ValueError(f"tokenizer round trip changed {len(failed)} sampled documents, e.g. {failed[:3]}")
     tokenizer_path = work_dir / TOKENIZER_FILE
     tokenizer.save(str(tokenizer_path))
+    report_progress("compression")
     per_source = {source: compression(tokenizer, source_texts) for source, (_, source_texts) in sample.items()}
     identity = {
         "path": TOKENIZER_FILE,

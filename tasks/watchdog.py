@@ -119,14 +119,18 @@ class SupervisedPool:
     def _spawn(self) -> None:
         self.children.append(_Child(self.fn, self.warmup))
 
-    def map(self, items: Iterable[Any], costs: list[float] | None = None) -> list[tuple[str, Any]]:
+    def map(self, items: Iterable[Any], costs: list[float] | None = None,
+            on_answer: Callable[[int], None] | None = None) -> list[tuple[str, Any]]:
         """[(OK, result) | (ERROR, message) | (TIMEOUT, None)] in item order; no item runs longer than timeout_s.
 
         With `costs` (e.g. page sizes) the costliest items are handed out first, so the
         map does not end with one child finishing a big item while the others idle.
+        `on_answer(n)` after each item's outcome is known, n the outcomes so far (progress).
         """
         items = list(items)
         results: list[tuple[str, Any] | None] = [None] * len(items)
+        answered = 0
+        settle = on_answer or (lambda n: None)
         order = range(len(items)) if costs is None else sorted(range(len(items)), key=lambda i: -costs[i])
         pending = deque(order)
         while len(self.children) < min(self.workers, len(items)):
@@ -149,18 +153,22 @@ class SupervisedPool:
                             child.item, child.since = index, time.monotonic()
                         except OSError:
                             results[index] = (ERROR, "worker process died before taking the item")
+                            answered += 1
+                            settle(answered)
                 deadlines = [c.since + (self.timeout_s if c.ready else STARTUP_TIMEOUT_S) for c in children]
                 wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
-                answered = wait([c.conn for c in children], timeout=wait_s)
+                ready = wait([c.conn for c in children], timeout=wait_s)
                 now = time.monotonic()
                 for child in list(children):
-                    if child.conn in answered:
+                    if child.conn in ready:
                         try:
                             message = child.conn.recv()
                         except (EOFError, OSError):
                             # The child died (a C-level crash, out of memory) on this item.
                             if child.item is not None:
                                 results[child.item] = (ERROR, "worker process died")
+                                answered += 1
+                                settle(answered)
                             elif not child.ready:
                                 raise RuntimeError("extraction worker died while starting")
                             replace(child)
@@ -170,10 +178,14 @@ class SupervisedPool:
                         else:
                             results[child.item] = message
                             child.item = None
+                            answered += 1
+                            settle(answered)
                     elif not child.ready and now - child.since > STARTUP_TIMEOUT_S:
                         raise RuntimeError(f"worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
                     elif child.item is not None and now - child.since > self.timeout_s:
                         results[child.item] = (TIMEOUT, None)
+                        answered += 1
+                        settle(answered)
                         replace(child)
         except BaseException:
             self.close()

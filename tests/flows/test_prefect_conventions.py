@@ -33,6 +33,18 @@ def flow_artifacts(flow_run_id) -> list:
         return client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
 
 
+def run_log(flow_run_id) -> list[str]:
+    """Every log message of a flow run, oldest first (the API hands out 200 at a time)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    messages: list[str] = []
+    with get_client(sync_client=True) as client:
+        while page := client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200, offset=len(messages)):
+            messages += [log.message for log in page]
+    return messages
+
+
 def stage_runs(runs: list, names: list[str]) -> dict:
     return {r.name: r for r in runs if r.name in names}
 
@@ -110,14 +122,29 @@ def test_audit_logs_are_link_artifacts_and_long_work_shows_progress(first_run) -
     assert progress.get("hymo-pretrain-progress") == 100.0 and progress.get("hymo-dedup-fuzzy-progress") == 100.0
 
 
-def test_training_loss_reaches_the_run_log_and_a_live_artifact(first_run) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
+def test_long_stages_report_their_phases_to_the_run_log_and_a_progress_artifact(first_run) -> None:
+    """Extraction counts documents (page by page inside a shard: tests/tasks/test_stage_progress.py), the
+    global passes and the tokenizer name each phase once in the run log; every progress artifact ends at 100 %."""
     _, flow_run_id = first_run
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
-    steps = [log.message for log in logs if log.message.startswith("train step ")]
+    phases: dict[str, list[str]] = {}
+    for message in run_log(flow_run_id):
+        stage, _, phase = message.partition(" phase: ")
+        if phase:
+            phases.setdefault(stage, []).append(phase.split(" (")[0])
+    assert phases["extract"][0] == "documents"
+    assert phases["dedup_exact"][:3] == ["exact digests", "colliding groups", "shard batches"]
+    assert phases["dedup_fuzzy"][:5] == ["minhash", "lsh buckets", "verify pairs", "clusters", "shard batches"]
+    assert phases["decontam"][:4] == ["indexing benchmarks", "matching n-grams", "listing removals", "shard batches"]
+    assert phases["tokenizer"] == ["sampling documents", "training BPE", "round-trip check", "compression"]
+    assert phases["pretrain"] == ["training steps"]
+    progress = {a.key: (a.data, a.description) for a in flow_artifacts(flow_run_id) if a.type == "progress"}
+    for stage in ("extract", "dedup-exact", "dedup-fuzzy", "decontam", "tokenizer"):
+        assert progress[f"hymo-{stage}-progress"] == (100.0, f"{stage.replace('-', '_')}: done")
+
+
+def test_training_loss_reaches_the_run_log_and_a_live_artifact(first_run) -> None:
+    _, flow_run_id = first_run
+    steps = [message for message in run_log(flow_run_id) if message.startswith("train step ")]
     assert [m.split()[2] for m in steps] == ["1/4", "2/4", "3/4", "4/4"]  # log_interval = 1 in the tiny config
     assert all(" loss " in m and " lr " in m and " tokens/s " in m for m in steps)
     training = [a for a in flow_artifacts(flow_run_id) if a.key == "hymo-pretrain-training"]
