@@ -167,11 +167,11 @@ def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, wor
             read_jobs.append((paths[shard], names[shard], row_of[positions[mine]], group_of[mine], config, partitions, len(groups), str(spill_dir)))
             read_sizes.append(int(mine.sum()))
         by_range: dict[int, list[tuple[str, str]]] = defaultdict(list)
-        for written in map_shards(key_text_shard, read_jobs, workers, "exact read-back", read_sizes):
+        for written in map_shards(key_text_shard, read_jobs, workers, "colliding texts", read_sizes):
             for part, path, sha256 in written:
                 by_range[part].append((path, sha256))
         compare_jobs = [(sorted(by_range[part]),) for part in sorted(by_range)]
-        decided = list(map_shards(keepers_of_group_range, compare_jobs, workers, "exact compare", [len(job[0]) for job in compare_jobs]))
+        decided = list(map_shards(keepers_of_group_range, compare_jobs, workers, "comparing texts", [len(job[0]) for job in compare_jobs]))
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
     removed_ids = [doc_id for removed, _, _ in decided for doc_id in removed]
