@@ -70,9 +70,11 @@ PASSING_FAULTS = {"BrokenProcessPool", "KilledWorker", "CommClosedError"}  # a w
 def may_pass_on_retry(exc: BaseException) -> bool:
     """Whether running the same stage again may succeed: a worker that died, an I/O or network error; not a
     user's mistake (bad input, config, permissions, a full disk), not a bug's (wrong counts, a changed file)."""
-    if any(cls.__name__ in PASSING_FAULTS for cls in type(exc).__mro__):
+    if any(cls.__name__ in PASSING_FAULTS for cls in type(exc).__mro__) or isinstance(exc, TimeoutError):
         return True
-    return isinstance(exc, OSError) and exc.errno not in NEEDS_A_PERSON_ERRNOS
+    if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError, IsADirectoryError)):
+        return False  # also when raised with a message only (no errno), e.g. a benchmark file that is not there
+    return isinstance(exc, OSError) and exc.errno is not None and exc.errno not in NEEDS_A_PERSON_ERRNOS
 
 
 def explain(exc: BaseException) -> str:

@@ -187,6 +187,7 @@ def test_only_faults_a_retry_may_clear_are_retried() -> None:
     from concurrent.futures.process import BrokenProcessPool
 
     from flows.errors import may_pass_on_retry
+    from manifests.benchmark_sets import BenchmarkNotFound
     from manifests.stage_manifest import DigestMismatch
     from tasks.source_fs import InputFileError
 
@@ -194,5 +195,6 @@ def test_only_faults_a_retry_may_clear_are_retried() -> None:
     assert may_pass_on_retry(ConnectionResetError(errno.ECONNRESET, "reset")) and may_pass_on_retry(TimeoutError())
     for user_error in (OSError(errno.ENOSPC, "No space left on device"), FileNotFoundError(errno.ENOENT, "gone"),
                        PermissionError(errno.EACCES, "denied"), ValueError("config: bad"), InputFileError("x.warc: truncated"),
-                       DigestMismatch("changed")):
+                       DigestMismatch("changed"), BenchmarkNotFound("decontam: benchmark 'x' is not bundled"),
+                       ConnectionError("http://prefect.invalid:4200/api does not answer")):
         assert not may_pass_on_retry(user_error), user_error
