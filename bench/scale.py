@@ -1,16 +1,22 @@
 """The data half (ingest → shards) at growing document counts: wall time, peak memory, bytes on disk per stage.
 
-    python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--word-source corpus/large.jsonl]
+    python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--reuse] [--no-write]
 
 The corpus is synthetic but keeps real word statistics: unigram frequencies
 and document lengths are read from --word-source (the anchor harness's
-labelled corpus by default), documents are drawn from them, and 10 % are near
-copies (3 % of words replaced) of a recent document. It is written as one
+labelled documentation corpus by default, so the source is declared with the
+documentation profile), document lengths are the source's page lengths times
+--length-scale (default 1/4: about 260 words, section-sized like the harness's
+large.jsonl and like extracted web pages), documents are drawn from them, a paragraph ends after
+a sentence-final word with probability 1/4, and 10 % are near copies (3 % of
+words replaced) of a recent document. It is written as one
 JSONL source, streamed, never held in memory. Each size runs every stage up
 to `shards` in a fresh child process (the stage functions in a plain loop, as
 bench/orchestration.py's "plain" side) while a sampler records the peak RSS of
-the whole process tree and of its largest process every 100 ms. Writes a table
-and docs/scale.png, and a section of docs/benchmarks.md.
+the whole process tree and of its largest process, and the tree's CPU
+seconds, every 100 ms. `--reuse` takes a size's stored result when it ran on
+the same commit with the same settings (a 1M run is long; sizes can run apart).
+Writes a table and docs/scale.png, and a section of docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -29,9 +35,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 WORK = Path(os.environ.get("HYMO_BENCH_WORK", "/tmp/hymo-bench-scale"))
-DEFAULT_WORD_SOURCE = Path("/work/scratch/bench/corpus/large.jsonl")
+DEFAULT_WORD_SOURCE = Path("/work/scratch/bench/corpus/small.jsonl")
 TITLE = "Data half at scale (`python bench/scale.py`)"
 NEAR_COPY_SHARE, EDIT_RATE, RECENT = 0.10, 0.03, 4096
+PARAGRAPH_END = 0.25  # chance that a word ending a sentence also ends a paragraph
 
 
 def word_statistics(path: Path, docs: int = 20_000) -> tuple[list[str], list[float], list[int]]:
@@ -50,7 +57,13 @@ def word_statistics(path: Path, docs: int = 20_000) -> tuple[list[str], list[flo
     return list(words), [f / total for f in freq], lengths
 
 
-def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, chunk: int = 10_000) -> None:
+def paragraphs(words: list[str], rng) -> str:
+    """Words joined by spaces, with a newline instead after some sentence-final words (pages have paragraphs)."""
+    breaks = (rng.random(len(words)) < PARAGRAPH_END).tolist()
+    return "".join(w + ("\n" if b and w.endswith((".", "!", "?")) else " ") for w, b in zip(words, breaks)).rstrip()
+
+
+def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, chunk: int = 10_000, length_scale: float = 0.25) -> None:
     """`count` documents as JSONL, written a chunk at a time; 10 % near copies of a recent document."""
     import numpy as np
 
@@ -62,7 +75,7 @@ def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, ch
     with open(tmp, "w", encoding="utf-8") as handle:
         for start in range(0, count, chunk):
             size = min(chunk, count - start)
-            doc_lengths = rng.choice(lengths, size=size)
+            doc_lengths = np.maximum(1, np.round(rng.choice(lengths, size=size) * length_scale)).astype(np.int64)
             drawn = vocab[rng.choice(len(vocab), size=int(doc_lengths.sum()), p=probabilities)].tolist()
             copies = rng.random(size) < NEAR_COPY_SHARE
             offset = 0
@@ -76,7 +89,7 @@ def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, ch
                 recent.append(doc)
                 if len(recent) > RECENT:
                     recent.pop(int(rng.integers(0, RECENT)))
-                handle.write(json.dumps({"text": " ".join(doc), "url": f"https://synthetic.example/{start + i}"}) + "\n")
+                handle.write(json.dumps({"text": paragraphs(doc, rng), "url": f"https://synthetic.example/{start + i}"}) + "\n")
     tmp.replace(path)
 
 
@@ -84,40 +97,62 @@ def write_config(root: Path, corpus: Path, workers: int) -> Path:
     spec = root / "synthetic.toml"
     spec.write_text("\n".join([
         'name = "synthetic"', 'kind = "jsonl"', f'path = "{corpus}"', 'origin = "bench/scale.py"',
-        'snapshot = "generated"', 'license = "CC0-1.0"']) + "\n", encoding="utf-8")
+        'snapshot = "generated"', 'license = "CC0-1.0"', 'profile = "documentation"']) + "\n", encoding="utf-8")
     config = root / "pipeline.toml"
     config.write_text(f'[run]\nsources = ["{spec}"]\nworkers = {workers}\n\n[quality_model]\nenabled = false\n', encoding="utf-8")
     return config
 
 
 class TreeSampler:
-    """Peak RSS of this process tree and of its largest process, every 100 ms."""
+    """Peak RSS of this process tree and of its largest process, and the tree's CPU seconds, every 100 ms.
+
+    CPU seconds (user + system, summed over every process seen) are what a
+    stage costs whatever else the machine runs; wall seconds stretch with the
+    load. A process that exits between two samples loses at most 100 ms.
+    """
 
     def __init__(self) -> None:
+        import psutil
+
         self.tree_mb = self.largest_mb = 0.0
+        self.me = psutil.Process()
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
-    def run(self) -> None:
+    def sample(self) -> None:
         import psutil
 
-        me = psutil.Process()
-        while not self.stop.wait(0.1):
-            sizes = []
-            for process in [me, *me.children(recursive=True)]:
-                try:
+        sizes = []
+        for process in [self.me, *self.me.children(recursive=True)]:
+            try:
+                with process.oneshot():
                     sizes.append(process.memory_info().rss / 2**20)
-                except psutil.Error:
-                    pass
-            self.tree_mb, self.largest_mb = max(self.tree_mb, sum(sizes)), max(self.largest_mb, max(sizes, default=0.0))
+                    times = process.cpu_times()
+                    self.last[process.pid] = times.user + times.system
+            except psutil.Error:
+                pass
+        self.tree_mb, self.largest_mb = max(self.tree_mb, sum(sizes)), max(self.largest_mb, max(sizes, default=0.0))
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1):
+            self.sample()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(cpu - self.first.get(pid, 0.0) for pid, cpu in self.last.items())
 
     def __enter__(self) -> "TreeSampler":
+        self.sample()
+        self.first = dict(self.last)
         self.thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join()
+        self.sample()
 
 
 def dir_bytes(path: Path) -> int:
@@ -140,8 +175,8 @@ def child(config_path: Path, run: Path, result: Path) -> None:
             started = time.perf_counter()
             entry.run(config, run, previous_stage_path(run, entry.name, config), out)
             seconds = time.perf_counter() - started
-        rows.append({"stage": entry.name, "seconds": seconds, "tree_mb": sampler.tree_mb, "largest_mb": sampler.largest_mb,
-                     "bytes": dir_bytes(out)})
+        rows.append({"stage": entry.name, "seconds": seconds, "cpu_seconds": sampler.cpu_seconds, "tree_mb": sampler.tree_mb,
+                     "largest_mb": sampler.largest_mb, "bytes": dir_bytes(out), "load": os.getloadavg()[0]})
         result.write_text(json.dumps(rows))
     shutdown_worker_pools()
 
@@ -172,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--word-source", type=Path, default=DEFAULT_WORD_SOURCE)
+    parser.add_argument("--length-scale", type=float, default=0.25, help="document length = a word-source page's length times this")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--reuse", action="store_true", help="take a size's stored result when it ran on this same commit with the same settings")
     parser.add_argument("--child", type=Path)
     parser.add_argument("--run", type=Path)
     parser.add_argument("--result", type=Path)
@@ -180,39 +217,73 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args.child, args.run, args.result)
         return 0
-    from bench.report import markdown_table, write_section
+    from bench.report import write_section
 
+    commit = code_commit()
     results: dict[int, list[dict]] = {}
+    runs: dict[int, dict] = {}
     for count in args.docs:
         root = WORK / f"{count}"
+        meta = {"docs": count, "length_scale": args.length_scale, "workers": args.workers, "word_source": str(args.word_source), "commit": commit}
+        if args.reuse and (root / "run.json").exists() and json.loads((root / "run.json").read_text())["meta"] == meta:
+            runs[count] = json.loads((root / "run.json").read_text())
+            results[count] = json.loads((root / "result.json").read_text())
+            print(f"{count} documents: reused the run of {runs[count]['date']} on {commit}", flush=True)
+            continue
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         corpus = root / "synthetic.jsonl"
-        write_corpus(corpus, count, args.word_source)
+        write_corpus(corpus, count, args.word_source, length_scale=args.length_scale)
         config = write_config(root, corpus, args.workers)
         result = root / "result.json"
-        started = time.perf_counter()
+        load_start, started = os.getloadavg()[0], time.perf_counter()
         subprocess.run([sys.executable, __file__, "--child", str(config), "--run", str(root / "run"), "--result", str(result)], check=True)
         results[count] = json.loads(result.read_text())
-        total = time.perf_counter() - started
-        print(f"{count} documents: {total:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+        runs[count] = {"meta": meta, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": load_start,
+                       "load_end": os.getloadavg()[0], "seconds": time.perf_counter() - started}
+        (root / "run.json").write_text(json.dumps(runs[count]))
+        print(f"{count} documents: {runs[count]['seconds']:.0f} s, load {load_start:.1f} -> {runs[count]['load_end']:.1f}", flush=True)
         shutil.rmtree(root / "run", ignore_errors=True)
-    sizes = sorted(results)
-    rows = []
-    for stage in [row["stage"] for row in results[sizes[0]]]:
-        cells = [next(r for r in results[n] if r["stage"] == stage) for n in sizes]
-        rows.append((stage, *(f"{c['seconds']:.1f} s / {c['largest_mb']:.0f} MB / {c['bytes'] / 2**20:.1f} MB" for c in cells)))
-    totals = [sum(r["seconds"] for r in results[n]) for n in sizes]
-    rows.append(("all stages", *(f"{t:.1f} s ({t / n * 1e6:.0f} µs/doc) / {max(r['tree_mb'] for r in results[n]):.0f} MB tree"
-                                for t, n in zip(totals, sizes))))
-    table = markdown_table(["stage", *(f"{n:,} docs: wall / largest process / on disk" for n in sizes)], rows)
-    note = (f"x86_64 with {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end, {args.workers} workers; "
-            f"synthetic documents with the word statistics of {args.word_source.name}, 10 % near copies. Plot: docs/scale.png.")
+        corpus.unlink()
+    table = scale_table(results)
+    loads = "; ".join(f"{n:,}: {runs[n]['date']}, load {runs[n]['load_start']:.1f} -> {runs[n]['load_end']:.1f}" for n in sorted(runs))
+    note = (f"x86_64 with {os.cpu_count()} CPUs, {args.workers} workers, code {commit}; synthetic documents with the word statistics of "
+            f"{args.word_source.name} (page lengths x {args.length_scale:g}, documentation profile, paragraphs), 10 % near copies. "
+            f"Runs ({loads}). Cells: wall s / CPU s of the process tree / largest process / bytes on disk. CPU seconds are the "
+            f"cost measure when the runs saw different loads (wall stretches with the load, CPU much less). Plot: docs/scale.png.")
     print(f"\n{note}\n\n{table}")
     if not args.no_write:
         plot(results, REPO / "docs" / "scale.png")
         write_section(TITLE, table, note)
     return 0
+
+
+def code_commit() -> str:
+    """The checked-out commit, marked when the tree has local changes: a reused run must come from the same code."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return head + ("+changes" if dirty else "")
+
+
+def scale_table(results: dict[int, list[dict]]) -> str:
+    """Per stage and size: wall / CPU / largest process / on disk; then totals and per-document cost against the smallest size."""
+    from bench.report import markdown_table
+
+    sizes = sorted(results)
+    rows = []
+    for stage in [row["stage"] for row in results[sizes[0]]]:
+        cells = [next(r for r in results[n] if r["stage"] == stage) for n in sizes]
+        rows.append((stage, *(f"{c['seconds']:.1f} s / {c.get('cpu_seconds', float('nan')):.1f} s / {c['largest_mb']:.0f} MB / "
+                              f"{c['bytes'] / 2**20:.1f} MB" for c in cells)))
+    wall = {n: sum(r["seconds"] for r in results[n]) for n in sizes}
+    cpu = {n: sum(r.get("cpu_seconds", float("nan")) for r in results[n]) for n in sizes}
+    rows.append(("all stages", *(f"{wall[n]:.0f} s ({wall[n] / n * 1e6:.0f} µs/doc) / {cpu[n]:.0f} s ({cpu[n] / n * 1e6:.0f} µs/doc) / "
+                                 f"{max(r['largest_mb'] for r in results[n]):.0f} MB largest, {max(r['tree_mb'] for r in results[n]):.0f} MB tree / "
+                                 f"{sum(r['bytes'] for r in results[n]) / 2**30:.2f} GB" for n in sizes)))
+    base = sizes[0]
+    rows.append((f"per-document cost vs {base:,}", *(f"wall {wall[n] / n / (wall[base] / base):.2f}x, CPU {cpu[n] / n / (cpu[base] / base):.2f}x"
+                                                      for n in sizes)))
+    return markdown_table(["stage", *(f"{n:,} docs: wall / CPU / largest process / on disk" for n in sizes)], rows)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+UINT16_LIMIT = 1 << 16
 BATCH_CHARS = 500_000  # characters per encode call: every core has work, the pipeline overlaps, memory stays small
 PIECE_CHARS = 1 << 16  # longer documents are cut into pieces of about this many characters
 
@@ -103,6 +104,11 @@ def encoded_batches(tokenizer, tables: Iterable[pa.Table], column: str = "text")
             pending = (batch, future)
         if pending is not None:
             yield pending[0], pending[1].result()
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id (added tokens included) is below 65,536 (seed 001), else uint32; little-endian."""
+    return np.dtype("<u2") if vocab_size <= UINT16_LIMIT else np.dtype("<u4")
 
 
 def ids_with_eos(ids: list[list[int]], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

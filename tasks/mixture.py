@@ -22,19 +22,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import task
 
 from manifests.atomic import atomic_write_parquet, atomic_write_text
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.encoding import encoded_batches
+from tasks.encoding import encoded_batches, ids_with_eos, token_dtype
 from tasks.split import iter_split_docs, seeded_rank
 from tasks.stage_runner import run_artifact_stage
-from tasks.tokenizer import TOKENIZER_FILE, load_tokenizer
+from tasks.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
 
 STAGE = "mixture"
-VERSION = "1"
-PLAN_FILE = "plan.parquet"
+VERSION = "2"  # 2: the training side's tokens are written once here (train_tokens.bin) and laid out by shards
+PLAN_FILE = "plan.parquet"  # id, source, lang, tokens, repeats, offset (into TOKENS_FILE)
+TOKENS_FILE = "train_tokens.bin"  # every training document's ids + EOS, in plan order: the shards stage's input
 TABLE_FILE = "mixture.json"
 UNKNOWN_LANG = "und"
 
@@ -88,50 +91,74 @@ def group_targets(unique: dict[tuple[str, str], int], weights: dict[str, float],
     return {g: t * shares[g[1]] / natural[g[1]] if natural[g[1]] else 0.0 for g, t in targets.items()}
 
 
-def repeats_for_group(docs: list[tuple[str, int]], target: float, max_epochs: float, seed: int) -> tuple[dict[str, int], float]:
-    """Per-document repeat counts meeting `target` tokens as closely as whole documents allow, capped."""
-    unique = sum(n for _, n in docs)
+def seeded_ranks(ids: list[str], seed: int) -> np.ndarray:
+    """Each id's `seeded_rank` as an unsigned 64-bit integer: the same order as its fixed-width hex string."""
+    return np.fromiter((int(seeded_rank(seed, doc_id), 16) for doc_id in ids), dtype=np.uint64, count=len(ids))
+
+
+def repeats_for_group(ranks: np.ndarray, tokens: np.ndarray, target: float, max_epochs: float) -> tuple[np.ndarray, float]:
+    """Per-document repeat counts meeting `target` tokens as closely as whole documents allow, capped.
+
+    Every document gets ⌊e⌋ repeats; then, in seeded-rank order, documents get
+    one more while the tokens already given one stay below the fraction's share.
+    """
+    unique = int(tokens.sum())
     epochs = min(target / unique, max_epochs) if unique else 0.0
     full = math.floor(epochs)
-    extra_tokens = (epochs - full) * unique
-    repeats, taken = {}, 0
-    for doc_id, n in sorted(docs, key=lambda d: seeded_rank(seed, d[0])):
-        bonus = 1 if taken < extra_tokens else 0
-        taken += n * bonus
-        repeats[doc_id] = full + bonus
+    order = np.argsort(ranks, kind="stable")
+    taken_before = np.cumsum(tokens[order]) - tokens[order]
+    repeats = np.full(len(tokens), full, dtype=np.int32)
+    repeats[order[taken_before < (epochs - full) * unique]] += 1
     return repeats, epochs
 
 
-def count_tokens(split_dir: Path, tokenizer) -> list[dict[str, Any]]:
-    """Tokens per training document, EOS included (what it occupies in the stream)."""
-    rows = []
-    for batch, ids in encoded_batches(tokenizer, iter_split_docs(split_dir, "train", ["id", "source", "lang", "text"])):
-        for doc_id, source, lang, doc_ids in zip(batch.column("id").to_pylist(), batch.column("source").to_pylist(), batch.column("lang").to_pylist(), ids):
-            rows.append({"id": doc_id, "source": source, "lang": lang or UNKNOWN_LANG, "tokens": len(doc_ids) + 1})
-    return rows
+COUNT_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("lang", pa.string()), ("tokens", pa.int64())])
 
 
-def plan_mixture(docs: list[dict[str, Any]], config: MixtureConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Repeat count per document and the realised table (per source and per language)."""
-    groups: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
-    for doc in docs:
-        groups[(doc["source"], doc["lang"])].append((doc["id"], doc["tokens"]))
-    unique = {g: sum(n for _, n in members) for g, members in groups.items()}
+def encode_training_side(split_dir: Path, tokenizer, tokens_path: Path) -> pa.Table:
+    """Tokenise every training document once, its ids + EOS appended to `tokens_path`; the per-document counts.
+
+    `tokens` counts EOS too (what a document occupies in the stream). The token
+    file is what the shards stage lays out, so no document is tokenised twice.
+    """
+    dtype = token_dtype(vocab_size_of(tokenizer))
+    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    tables = [COUNT_SCHEMA.empty_table()]
+    with open(tokens_path, "wb") as handle:
+        for batch, ids in encoded_batches(tokenizer, iter_split_docs(split_dir, "train", ["id", "source", "lang", "text"])):
+            flat, lengths = ids_with_eos(ids, eos_id, dtype)
+            handle.write(flat.tobytes())
+            lang = pc.fill_null(batch.column("lang"), UNKNOWN_LANG)
+            lang = pc.if_else(pc.equal(lang, ""), UNKNOWN_LANG, lang)
+            tables.append(pa.table([batch.column("id"), batch.column("source"), lang, pa.array(lengths, pa.int64())], schema=COUNT_SCHEMA))
+    return pa.concat_tables(tables).combine_chunks()
+
+
+def plan_mixture(counts: pa.Table, config: MixtureConfig) -> tuple[pa.Table, dict[str, Any]]:
+    """`counts` (id, source, lang, tokens) with a `repeats` column added, and the realised table."""
+    source = pc.dictionary_encode(counts.column("source")).combine_chunks()
+    lang = pc.dictionary_encode(counts.column("lang")).combine_chunks()
+    group_of = source.indices.to_numpy().astype(np.int64) * max(len(lang.dictionary), 1) + lang.indices.to_numpy()
+    names = {code: (source.dictionary[code // max(len(lang.dictionary), 1)].as_py(), lang.dictionary[code % max(len(lang.dictionary), 1)].as_py())
+             for code in np.unique(group_of).tolist()}
+    tokens = counts.column("tokens").to_numpy()
+    members = {names[code]: np.flatnonzero(group_of == code) for code in names}
+    unique = {g: int(tokens[m].sum()) for g, m in members.items()}
     unique_by_source: dict[str, int] = defaultdict(int)
-    for (source, _), u in unique.items():
-        unique_by_source[source] += u
+    for (src, _), u in unique.items():
+        unique_by_source[src] += u
     weights = source_weights(dict(unique_by_source), dict(config.weights))
     total = float(config.total_tokens if config.total_tokens is not None else sum(unique.values()))
     targets = group_targets(unique, weights, total, config.temperature_alpha)
-    repeats: dict[str, int] = {}
+    ranks = seeded_ranks(counts.column("id").to_pylist(), config.seed)
+    repeats = np.zeros(len(tokens), dtype=np.int32)
     realised: dict[tuple[str, str], dict[str, float]] = {}
-    for g in sorted(groups):
-        group_repeats, epochs = repeats_for_group(groups[g], targets[g], config.max_epochs, config.seed)
-        repeats.update(group_repeats)
-        contributed = sum(group_repeats[i] * n for i, n in groups[g])
-        realised[g] = {"target": targets[g], "contributed": contributed, "capped": unique[g] > 0 and targets[g] / unique[g] > config.max_epochs}
-    plan = [{**doc, "repeats": repeats[doc["id"]]} for doc in docs]
-    return plan, realised_table(unique, weights, realised, total, config)
+    for g in sorted(members):
+        m = members[g]
+        repeats[m], _ = repeats_for_group(ranks[m], tokens[m], targets[g], config.max_epochs)
+        realised[g] = {"target": targets[g], "contributed": int(repeats[m].astype(np.int64) @ tokens[m]),
+                       "capped": unique[g] > 0 and targets[g] / unique[g] > config.max_epochs}
+    return counts.append_column("repeats", pa.array(repeats, pa.int32())), realised_table(unique, weights, realised, total, config)
 
 
 def realised_table(unique, weights, realised, total, config: MixtureConfig) -> dict[str, Any]:
@@ -168,14 +195,14 @@ def realised_table(unique, weights, realised, total, config: MixtureConfig) -> d
 
 
 def build_mixture_files(split_dir: Path, tokenizer_dir: Path, config: MixtureConfig, work_dir: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
-    tokenizer_manifest = read_manifest(tokenizer_dir)
-    tokenizer = load_tokenizer(tokenizer_manifest.directory / TOKENIZER_FILE)
-    docs = count_tokens(split_dir, tokenizer)
-    plan, table = plan_mixture(docs, config)
-    plan_table = pa.Table.from_pylist(plan, schema=pa.schema([("id", pa.string()), ("source", pa.string()), ("lang", pa.string()), ("tokens", pa.int64()), ("repeats", pa.int32())]))
-    atomic_write_parquet(work_dir / PLAN_FILE, plan_table)
+    tokenizer = load_tokenizer(read_manifest(tokenizer_dir).directory / TOKENIZER_FILE)
+    counts = encode_training_side(split_dir, tokenizer, work_dir / TOKENS_FILE)
+    plan, table = plan_mixture(counts, config)
+    tokens = plan.column("tokens").to_numpy()
+    plan = plan.append_column("offset", pa.array(np.cumsum(tokens) - tokens, pa.int64()))
+    atomic_write_parquet(work_dir / PLAN_FILE, plan)
     atomic_write_text(work_dir / TABLE_FILE, json.dumps(table, indent=2, ensure_ascii=False) + "\n")
-    return [(PLAN_FILE, len(plan)), (TABLE_FILE, len(table["sources"]))], {"mixture": table}
+    return [(PLAN_FILE, plan.num_rows), (TABLE_FILE, len(table["sources"])), (TOKENS_FILE, int(tokens.sum()))], {"mixture": table}
 
 
 def run_mixture(config: MixtureConfig, split_dir: Path, tokenizer_dir: Path, out_dir: Path) -> StageManifest:

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 from prefect import task
 
-from manifests.schema import docs_table
+from manifests.schema import docs_table, dumps_json
 from manifests.stage_manifest import StageManifest
 from tasks.stage_runner import ShardOutcome, StageDef, run_stage
 
@@ -37,21 +37,32 @@ VERSION = "1"
 
 
 def _default_profiles() -> dict[str, dict[str, Any]]:
-    """Per-source rule sets: field overrides applied to the base config for documents of that profile."""
+    """Per-source rule sets: field overrides applied to the base config for documents of that profile (docs/quality.md)."""
     # Line-shape rules misfire on prose that is a list (filmographies, parish lists, "see also" sections): on the
     # labelled sample and bench corpus FineWeb's terminal-punctuation and short-line rules catch no junk that
     # another rule misses, yet removed 1.7 % of the clean sample prose; C4's removal of unpunctuated lines then
-    # leaves such sections without sentences. FineWeb runs C4 without that line removal, so do we (docs/quality.md).
+    # leaves such sections without sentences. FineWeb runs C4 without that line removal, so do we.
     line_shape = {"c4_drop_unpunctuated_lines": False, "skip_rules": ("fineweb_too_few_terminal_punct_lines", "fineweb_too_many_short_lines")}
     return {
-        "prose": dict(line_shape),
+        # FineWeb's duplicate-line limit as its paper states it (§3.6: >= 0.1 of characters; datatrove's code default
+        # is 0.01). The alphabetic-words rule only reports: in prose its removals were list sections whose entries
+        # carry a year or ISBN, and every junk page it caught on both labelled sets fails another rule too.
+        "prose": {**line_shape, "max_fineweb_duplicate_line_char_fraction": 0.1, "report_rules": ("gopher_too_few_alphabetic_words",)},
         # Code samples make words without letters and braces normal (seed 001 warns both rules delete them),
         # and C4's line filter would cut every code line and heading (64 % of the characters of the sample's
-        # documentation pages); reference pages repeat lines ("Changed in version 3.2.") and phrases by design,
-        # so the FineWeb duplicate-line rule is off and duplicated n-gram limits are doubled (docs/benchmarks.md).
+        # documentation pages). Reference pages are terse, tabular and repetitive by design: parameter lists
+        # (one short line each), API names and formulas as "words", table cells and doctest output repeated
+        # line after line, type phrases ("array_like of shape") repeated, articles dropped ("Return copy of
+        # index."). So: duplicate lines are counted among content lines (C4's line: >= 5 words); the line-count
+        # form of Gopher's duplicate-line rule, FineWeb's newline density and the long-mean-word-length rule only
+        # report; the n-gram limits are doubled and one stop word suffices. Measured in docs/quality.md.
         "documentation": {
             "c4_drop_unpunctuated_lines": False,
             "skip_rules": ("gopher_too_few_alphabetic_words", "c4_curly_bracket", C4_LINE_FILTER, "fineweb_duplicate_line_chars") + line_shape["skip_rules"],
+            "report_rules": ("gopher_duplicate_lines", "fineweb_too_many_newlines_per_word", "gopher_mean_word_length_too_long"),
+            "duplicate_line_min_words": 5,
+            "min_stop_words": 1,
+            "max_top_ngram_char_fraction": ((2, 0.40), (3, 0.36), (4, 0.32)),
             "max_duplicate_ngram_char_fraction": ((5, 0.30), (6, 0.28), (7, 0.26), (8, 0.24), (9, 0.22), (10, 0.20)),
         },
         # Source code: prose-shape rules (stop words, terminal punctuation, C4 lines) do not apply at all.
@@ -81,6 +92,7 @@ class QualityConfig:
     max_duplicate_paragraph_fraction: float = 0.3
     max_duplicate_line_char_fraction: float = 0.2
     max_duplicate_paragraph_char_fraction: float = 0.2
+    duplicate_line_min_words: int = 1  # lines shorter than this are not counted by the duplicate-line rules (Gopher: every line)
     max_top_ngram_char_fraction: tuple[tuple[int, float], ...] = ((2, 0.20), (3, 0.18), (4, 0.16))
     max_duplicate_ngram_char_fraction: tuple[tuple[int, float], ...] = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
     # C4 (TFDS c4_utils.clean_page: 5 words per line, 3 sentences; datatrove swaps the two numbers).
@@ -111,6 +123,9 @@ class QualityConfig:
     profiles: dict[str, dict[str, Any]] = field(default_factory=_default_profiles)
     default_profile: str = "prose"
     skip_rules: tuple[str, ...] = ()  # rule names or fnmatch patterns (e.g. "c4_*") not applied
+    # Report-only rules: evaluated on every document, never remove it; a kept document they fail carries
+    # them in meta.quality_flags as [rule, value, threshold] (C4's page rules cannot be report-only).
+    report_rules: tuple[str, ...] = ()
     all_rules: bool = False  # evaluate every rule and list every failure in the audit detail (analysis)
 
 
@@ -232,6 +247,15 @@ class TextView:
         """Non-empty lines, stripped (blank lines carry no content and would all be 'duplicates')."""
         return [line for line in (raw.strip() for raw in self.text.splitlines()) if line]
 
+    def content_lines(self, min_words: int) -> list[str]:
+        """The non-empty lines of at least `min_words` whitespace words (all of them when min_words <= 1)."""
+        if min_words <= 1:
+            return self.lines
+        cache = self.__dict__.setdefault("_content_lines", {})
+        if min_words not in cache:
+            cache[min_words] = [line for line in self.lines if len(line.split()) >= min_words]
+        return cache[min_words]
+
     @cached_property
     def paragraphs(self) -> list[str]:
         return [p for p in (raw.strip() for raw in PARAGRAPH_BREAK.split(self.text.strip())) if p]
@@ -330,8 +354,9 @@ def gopher_too_few_stop_words(view: TextView, config: QualityConfig) -> Verdict:
 
 # ---------------------------------------------------------------- Gopher repetition
 def gopher_duplicate_lines(view: TextView, config: QualityConfig) -> Verdict:
-    duplicates, _ = duplicate_counts(view.lines)
-    return _verdict_above("gopher_duplicate_lines", duplicates / max(1, len(view.lines)), config.max_duplicate_line_fraction)
+    lines = view.content_lines(config.duplicate_line_min_words)
+    duplicates, _ = duplicate_counts(lines)
+    return _verdict_above("gopher_duplicate_lines", duplicates / max(1, len(lines)), config.max_duplicate_line_fraction)
 
 
 def gopher_duplicate_paragraphs(view: TextView, config: QualityConfig) -> Verdict:
@@ -340,7 +365,7 @@ def gopher_duplicate_paragraphs(view: TextView, config: QualityConfig) -> Verdic
 
 
 def gopher_duplicate_line_chars(view: TextView, config: QualityConfig) -> Verdict:
-    _, chars = duplicate_counts(view.lines)
+    _, chars = duplicate_counts(view.content_lines(config.duplicate_line_min_words))
     return _verdict_above("gopher_duplicate_line_chars", chars / max(1, len(view.text)), config.max_duplicate_line_char_fraction)
 
 
@@ -546,13 +571,22 @@ class QualityDecision:
     rule_set: str  # "whitespace" | "spaceless"
     skipped: list[str]
     c4: C4Cleaning | None
+    flags: list[Verdict] = field(default_factory=list)  # report-only rules that failed; they removed nothing
 
 
-_PLANS: dict[int, tuple[QualityConfig, dict[tuple[bool, str | None], tuple[list[Rule], list[str]]]]] = {}
+@dataclass(frozen=True)
+class RulePlan:
+    removing: list[Rule]  # in order; the first failure removes the document
+    reporting: list[Rule]  # report-only: evaluated, recorded, never remove
+    skipped: list[str]
 
 
-def rule_plan(config: QualityConfig, lang: str | None, spaceless: bool) -> tuple[list[Rule], list[str]]:
-    """(rules to run, names skipped by the profile) for this config and language; built once, then reused."""
+C4_PAGE_RULES = ("c4_lorem_ipsum", "c4_curly_bracket")  # they end C4's line pass, so they cannot be report-only
+_PLANS: dict[int, tuple[QualityConfig, dict[tuple[bool, str | None], RulePlan]]] = {}
+
+
+def rule_plan(config: QualityConfig, lang: str | None, spaceless: bool) -> RulePlan:
+    """The rules to run for this config and language, split into removing and report-only; built once, then reused."""
     cached = _PLANS.get(id(config))
     if cached is None or cached[0] is not config:
         if len(_PLANS) > 64:
@@ -560,12 +594,17 @@ def rule_plan(config: QualityConfig, lang: str | None, spaceless: bool) -> tuple
         cached = _PLANS[id(config)] = (config, {})
     key = (spaceless, lang)
     if key not in cached[1]:
+        blocked = [name for name in C4_PAGE_RULES if rule_skipped(name, config.report_rules)]
+        if blocked:
+            raise ValueError(f"quality.report_rules: {blocked} end C4's line pass and cannot be report-only; put them in skip_rules")
         candidates = spaceless_rules(config, lang) if spaceless else whitespace_rules(config, lang)
-        active = [rule for rule in candidates if not rule_skipped(rule.__name__, config.skip_rules)]
         skipped = [rule.__name__ for rule in candidates if rule_skipped(rule.__name__, config.skip_rules)]
+        applied = [rule for rule in candidates if rule.__name__ not in skipped]
+        reporting = [rule for rule in applied if rule_skipped(rule.__name__, config.report_rules)]
+        removing = [rule for rule in applied if rule not in reporting]
         if not spaceless and rule_skipped(C4_LINE_FILTER, config.skip_rules):
             skipped.append(C4_LINE_FILTER)
-        cached[1][key] = (active, skipped)
+        cached[1][key] = RulePlan(removing, reporting, skipped)
     return cached[1][key]
 
 
@@ -576,18 +615,19 @@ def evaluate(text: str, lang: str | None, config: QualityConfig) -> QualityDecis
     if not empty.keep:
         return QualityDecision(False, [empty], "none", [], None)
     spaceless = uses_spaceless_rules(view, lang, config)
-    rules, skipped = rule_plan(config, lang, spaceless)
+    plan = rule_plan(config, lang, spaceless)
     failures: list[Verdict] = []
-    for rule in rules:
+    for rule in plan.removing:
         verdict = rule(view, config)
         if not verdict.keep:
             failures.append(verdict)
             if not config.all_rules:
                 break
+    flags = [verdict for verdict in (rule(view, config) for rule in plan.reporting) if not verdict.keep]
     c4 = None
-    if not failures and not spaceless and C4_LINE_FILTER not in skipped:
+    if not failures and not spaceless and C4_LINE_FILTER not in plan.skipped:
         c4 = _c4(view, config)
-    return QualityDecision(not failures, failures, "spaceless" if spaceless else "whitespace", skipped, c4)
+    return QualityDecision(not failures, failures, "spaceless" if spaceless else "whitespace", plan.skipped, c4, flags)
 
 
 def profile_configs(config: QualityConfig) -> dict[str, QualityConfig]:
@@ -599,8 +639,9 @@ def profile_configs(config: QualityConfig) -> dict[str, QualityConfig]:
         if unknown:
             raise ValueError(f"quality.profiles.{profile}: unknown fields {sorted(unknown)}; known: {sorted(known)}")
         values = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v for k, v in overrides.items()}
-        if "skip_rules" in values:
-            values["skip_rules"] = tuple(config.skip_rules) + tuple(values["skip_rules"])
+        for listed in ("skip_rules", "report_rules"):  # a profile adds to the base lists
+            if listed in values:
+                values[listed] = tuple(getattr(config, listed)) + tuple(values[listed])
         resolved[profile] = replace(config, **values)
     return resolved
 
@@ -619,6 +660,9 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
         detail: dict[str, Any] = {"profile": profile, "rule_set": decision.rule_set, "lang": row["lang"]}
         if decision.skipped:
             detail["skipped_rules"] = decision.skipped
+        flags = [[v.rule, round(v.value, 6), v.threshold] for v in decision.flags]
+        if flags:
+            detail["report_only_failures"] = flags
         if not decision.keep:
             first = decision.failures[0]
             if config.all_rules:
@@ -634,6 +678,8 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
                               "detail": {**detail, "removed_by_reason": cleaning.removed_lines, "citations_removed": cleaning.citations_removed,
                                          "lines_before": lines_before, "lines_after": len(cleaning.kept_lines), "chars_before": len(row["text"]), "chars_after": len(new_text)}})
                 row["text"] = new_text
+        if flags:
+            row["meta"] = dumps_json({**meta, "quality_flags": flags})
         kept.append(row)
     return ShardOutcome(docs_table(kept), audit)
 

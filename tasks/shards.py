@@ -3,8 +3,10 @@
 Seed 001 (packing; shards and loaders): documents joined with EOS into one
 stream (windows may later cross an EOS, as in Lab 2), stored as flat arrays of
 token ids, uint16 when every id fits in 65,536, else uint32 (little-endian
-here, whatever the machine). Each unique document is tokenised once
-(tasks.encoding: batches on every core); its mixture repeats are copies, placed in
+here, whatever the machine). Each unique document is tokenised once: the
+training side by the mixture stage, which had to count its tokens anyway
+(its train_tokens.bin, read here by memmap), the validation side here
+(tasks.encoding: batches on every core). Mixture repeats are copies, placed in
 epoch-major seeded order so a repeat never sits beside its original. A shard
 holds at most `tokens_per_shard` tokens; a document crossing a boundary gets
 one index row in each shard. Index rows (doc_id, offset, length, doc_start,
@@ -20,7 +22,6 @@ from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import task
 
@@ -30,15 +31,14 @@ from manifests.corpus import (CORPUS_FILE, filters_by_source, ingested_by_source
 from manifests.digest import sha256_file
 from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.encoding import encoded_batches, ids_with_eos
-from tasks.mixture import PLAN_FILE, TABLE_FILE
+from tasks.encoding import encoded_batches, ids_with_eos, token_dtype
+from tasks.mixture import PLAN_FILE, TABLE_FILE, TOKENS_FILE
 from tasks.split import HELD_OUT_RULE, VALIDATION, iter_split_docs, seeded_rank
 from tasks.stage_runner import run_artifact_stage
 from tasks.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
 
 STAGE = "shards"
 VERSION = "1"
-UINT16_LIMIT = 1 << 16
 INDEX_SCHEMA = pa.schema([
     ("doc_id", pa.string()),
     ("offset", pa.int64()),  # first token of this piece inside the shard
@@ -54,68 +54,72 @@ class ShardsConfig:
     seed: int = 0  # order of document occurrences in the stream
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    """uint16 while every id (added tokens included) is below 65,536 (seed 001), else uint32; little-endian."""
-    return np.dtype("<u2") if vocab_size <= UINT16_LIMIT else np.dtype("<u4")
+@dataclass
+class SideTokens:
+    """One side's documents, each tokenised once: ids, where each starts in `tokens` and how long it is (EOS included)."""
+    ids: list[str]
+    starts: np.ndarray
+    lengths: np.ndarray
+    tokens: np.ndarray
 
 
-class TokenCache:
-    """Every needed document's tokens, once, in a flat file: repeats and shuffles read from it by memmap."""
-
-    def __init__(self, path: Path, dtype: np.dtype):
-        self.path, self.dtype = path, dtype
-        self.spans: dict[str, tuple[int, int]] = {}
-        self.size = 0
-        self.handle = open(path, "wb")
-
-    def add_batch(self, doc_ids: list[str], flat: np.ndarray, lengths: np.ndarray) -> None:
-        """Documents laid end to end in `flat`, `lengths` tokens each."""
-        self.handle.write(flat.tobytes())
-        starts = (self.size + np.cumsum(lengths) - lengths).tolist()
-        self.spans.update(zip(doc_ids, zip(starts, lengths.tolist())))
-        self.size += len(flat)
-
-    def freeze(self) -> np.ndarray:
-        self.handle.close()
-        return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.size,)) if self.size else np.zeros(0, self.dtype)
+def encode_side(tables: Iterable[pa.Table], tokenizer, eos_id: int, dtype: np.dtype, path: Path) -> SideTokens:
+    """Tokenise documents in order into a flat file at `path` (a side the mixture stage did not tokenise)."""
+    ids: list[str] = []
+    lengths = [np.zeros(0, np.int64)]
+    with open(path, "wb") as handle:
+        for batch, batch_ids in encoded_batches(tokenizer, tables):
+            flat, batch_lengths = ids_with_eos(batch_ids, eos_id, dtype)
+            handle.write(flat.tobytes())
+            ids += batch.column("id").to_pylist()
+            lengths.append(batch_lengths)
+    all_lengths = np.concatenate(lengths)
+    size = int(all_lengths.sum())
+    tokens = np.memmap(path, dtype=dtype, mode="r", shape=(size,)) if size else np.zeros(0, dtype)
+    return SideTokens(ids, np.cumsum(all_lengths) - all_lengths, all_lengths, tokens)
 
 
-def fill_cache(tables: Iterable[pa.Table], wanted: set[str] | None, tokenizer, eos_id: int, cache: TokenCache) -> None:
-    if wanted is not None:
-        wanted_ids = pa.array(sorted(wanted), type=pa.string())
-        tables = (table.filter(pc.is_in(table.column("id"), value_set=wanted_ids)) for table in tables)
-    for batch, ids in encoded_batches(tokenizer, tables):
-        cache.add_batch(batch.column("id").to_pylist(), *ids_with_eos(ids, eos_id, cache.dtype))
+def planned_side(plan: pa.Table, tokens_path: Path, dtype: np.dtype) -> tuple[SideTokens, np.ndarray]:
+    """The training side as the mixture stage tokenised it, and each document's repeats."""
+    lengths = plan.column("tokens").to_numpy()
+    size = int(lengths.sum())
+    tokens = np.memmap(tokens_path, dtype=dtype, mode="r", shape=(size,)) if size else np.zeros(0, dtype)
+    side = SideTokens(plan.column("id").to_pylist(), plan.column("offset").to_numpy(), lengths, tokens)
+    return side, plan.column("repeats").to_numpy()
 
 
-def occurrence_order(repeats: dict[str, int], seed: int) -> list[tuple[str, int]]:
-    """(doc id, repeat k) in epoch-major seeded order: all first occurrences shuffled, then all second ones, ..."""
-    occurrences = [(k, seeded_rank(seed, f"{doc_id}\x00{k}"), doc_id) for doc_id, n in repeats.items() for k in range(n)]
-    occurrences.sort()
-    return [(doc_id, k) for k, _, doc_id in occurrences]
+def occurrence_order(ids: list[str], repeats: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(document index, repeat k) of every occurrence in epoch-major seeded order: all first occurrences shuffled, then all second ones, ..."""
+    doc = np.repeat(np.arange(len(ids)), repeats)
+    k = np.arange(len(doc)) - np.repeat(np.cumsum(repeats) - repeats, repeats)
+    rank = np.fromiter((int(seeded_rank(seed, f"{ids[d]}\x00{r}"), 16) for d, r in zip(doc.tolist(), k.tolist())), dtype=np.uint64, count=len(doc))
+    order = np.lexsort((rank, k))
+    return doc[order], k[order]
 
 
-def write_stream(occurrences: list[tuple[str, int]], cache: TokenCache, tokens: np.ndarray, tokens_per_shard: int, out_dir: Path, prefix: str) -> list[dict[str, Any]]:
+def write_stream(side: SideTokens, doc: np.ndarray, repeat: np.ndarray, tokens_per_shard: int, out_dir: Path, prefix: str) -> list[dict[str, Any]]:
     """Cut the occurrence stream into bounded shards; one .bin and one .idx.parquet per shard."""
     shards: list[dict[str, Any]] = []
-    buffer = np.empty(tokens_per_shard, dtype=cache.dtype)
-    fill, index_rows = 0, []
+    buffer = np.empty(tokens_per_shard, dtype=side.tokens.dtype)
+    fill = 0
+    index: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
 
     def flush() -> None:
-        nonlocal fill, index_rows
+        nonlocal fill, index
         name = f"{prefix}-{len(shards):05d}"
         atomic_write_bytes(out_dir / f"{name}.bin", buffer[:fill].tobytes())
-        atomic_write_parquet(out_dir / f"{name}.idx.parquet", pa.Table.from_pylist(index_rows, schema=INDEX_SCHEMA))
-        shards.append({"name": name, "tokens": fill, "documents": len(index_rows)})
-        fill, index_rows = 0, []
+        atomic_write_parquet(out_dir / f"{name}.idx.parquet", pa.table(index, schema=INDEX_SCHEMA))
+        shards.append({"name": name, "tokens": fill, "documents": len(index["doc_id"])})
+        fill, index = 0, {name: [] for name in INDEX_SCHEMA.names}
 
-    for doc_id, repeat in occurrences:
-        start, length = cache.spans[doc_id]
+    for d, k in zip(doc.tolist(), repeat.tolist()):
+        start, length = int(side.starts[d]), int(side.lengths[d])
         done = 0
         while done < length:
             piece = min(length - done, tokens_per_shard - fill)
-            buffer[fill:fill + piece] = tokens[start + done:start + done + piece]
-            index_rows.append({"doc_id": doc_id, "offset": fill, "length": piece, "doc_start": done, "repeat": repeat})
+            buffer[fill:fill + piece] = side.tokens[start + done:start + done + piece]
+            for column, value in zip(INDEX_SCHEMA.names, (side.ids[d], fill, piece, done, k)):
+                index[column].append(value)
             fill += piece
             done += piece
             if fill == tokens_per_shard:
@@ -125,26 +129,15 @@ def write_stream(occurrences: list[tuple[str, int]], cache: TokenCache, tokens: 
     return shards
 
 
-def pack_side(tables: Iterable[pa.Table], repeats: dict[str, int] | None, tokenizer, eos_id: int, dtype: np.dtype,
-              config: ShardsConfig, work_dir: Path, side: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Tokenise one side of the split once, lay out its occurrences, write its shards.
-
-    `repeats` = the mixture plan (train); None = every document once (validation).
-    Returns the shard listing for the corpus manifest and the tokens of each document.
-    """
-    cache = TokenCache(work_dir / f".{side}.cache", dtype)
-    fill_cache(tables, None if repeats is None else set(repeats), tokenizer, eos_id, cache)
-    tokens = cache.freeze()
-    order = occurrence_order(repeats if repeats is not None else {i: 1 for i in cache.spans}, config.seed)
-    written = write_stream(order, cache, tokens, config.tokens_per_shard, work_dir / "tokens", side)
-    del tokens
-    cache.path.unlink()
+def pack_side(side: SideTokens, repeats: np.ndarray, config: ShardsConfig, work_dir: Path, prefix: str) -> list[dict[str, Any]]:
+    """Lay out one side's occurrences and write its shards; the shard listing for the corpus manifest."""
+    written = write_stream(side, *occurrence_order(side.ids, repeats, config.seed), config.tokens_per_shard, work_dir / "tokens", prefix)
     listing = []
     for shard in written:
         bin_rel, idx_rel = f"tokens/{shard['name']}.bin", f"tokens/{shard['name']}.idx.parquet"
         listing.append({"path": bin_rel, "sha256": sha256_file(work_dir / bin_rel), "tokens": shard["tokens"], "documents": shard["documents"],
                         "index_path": idx_rel, "index_sha256": sha256_file(work_dir / idx_rel)})
-    return listing, {doc_id: n for doc_id, (_, n) in cache.spans.items()}
+    return listing
 
 
 def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config: ShardsConfig, work_dir: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
@@ -155,11 +148,16 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
     dtype = token_dtype(vocab_size)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     plan = pq.read_table(mixture_manifest.directory / PLAN_FILE)
-    repeats = {i: r for i, r in zip(plan.column("id").to_pylist(), plan.column("repeats").to_pylist()) if r > 0}
     (work_dir / "tokens").mkdir()
 
-    train, _ = pack_side(iter_split_docs(split_dir, "train", ["id", "text"]), repeats, tokenizer, eos_id, dtype, config, work_dir, "train")
-    validation, validation_tokens = pack_side(iter_split_docs(split_dir, VALIDATION, ["id", "text"]), None, tokenizer, eos_id, dtype, config, work_dir, VALIDATION)
+    train_side, repeats = planned_side(plan, mixture_manifest.directory / TOKENS_FILE, dtype)
+    train = pack_side(train_side, repeats, config, work_dir, "train")
+    cache = work_dir / f".{VALIDATION}.cache"
+    validation_side = encode_side(iter_split_docs(split_dir, VALIDATION, ["id", "text"]), tokenizer, eos_id, dtype, cache)
+    validation = pack_side(validation_side, np.ones(len(validation_side.ids), np.int64), config, work_dir, VALIDATION)
+    validation_tokens = dict(zip(validation_side.ids, validation_side.lengths.tolist()))
+    del validation_side
+    cache.unlink()
     validation_by_source = _by_source(validation_tokens)
 
     mixture_table = json.loads((mixture_manifest.directory / TABLE_FILE).read_text(encoding="utf-8"))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -34,6 +35,7 @@ VERSION = "1"
 VALIDATION = "validation"
 HELD_OUT_RULE = "held_out"
 CLUSTERS_ARTIFACT = "clusters.parquet"
+SPLIT_DOCS_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("n_bytes", pa.int64())])
 
 
 @dataclass(frozen=True)
@@ -94,18 +96,20 @@ def duplicate_relations(run: Path) -> Iterable[tuple[str, str]]:
             yield from zip(table.column("id").to_pylist(), table.column("kept_id").to_pylist())
 
 
-def families_of(doc_ids: list[str], relations: Iterable[tuple[str, str]]) -> tuple[dict[str, str], dict[str, int]]:
-    """Family id of each surviving document, and each family's size counting removed members."""
+def families_of(doc_ids: list[str], relations: Iterable[tuple[str, str]]) -> tuple[list[str], list[int]]:
+    """Family id and family size (removed members counted) of each surviving document, in `doc_ids` order.
+
+    Only documents that take part in a duplicate relation enter the union-find;
+    every other document is a family of one, named after itself.
+    """
     links = UnionFind()
-    for doc_id in doc_ids:
-        links.find(doc_id)
     for member, kept in relations:
         links.union(member, kept)
     sizes: dict[str, int] = defaultdict(int)
     for item in list(links.parent):
         sizes[links.find(item)] += 1
-    family = {doc_id: links.find(doc_id) for doc_id in doc_ids}
-    return family, {root: sizes[root] for root in set(family.values())}
+    family = [links.find(doc_id) if doc_id in links.parent else doc_id for doc_id in doc_ids]
+    return family, [sizes.get(root, 1) for root in family]
 
 
 def seeded_rank(seed: int, key: str) -> str:
@@ -113,37 +117,40 @@ def seeded_rank(seed: int, key: str) -> str:
     return hashlib.blake2b(f"{seed}\x00{key}".encode("utf-8"), digest_size=8).hexdigest()
 
 
-def choose_validation(docs: list[dict[str, Any]], family: dict[str, str], config: SplitConfig) -> set[str]:
+def choose_validation(docs: pa.Table, family: list[str], config: SplitConfig) -> set[str]:
     """Per source, whole families in seeded order until the fraction (or token budget) is reached.
 
-    `docs` rows need id, source and n_bytes. A family is assigned to the source of
-    its smallest surviving id, so a family never splits across sources either.
+    `docs` has columns id, source and n_bytes. A family is assigned to the source
+    of its smallest surviving id, so a family never splits across sources either.
+    Columnar: one row per document, one array entry per family, no object per document.
     """
-    members: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for doc in docs:
-        members[family[doc["id"]]].append(doc)
-    by_source: dict[str, list[str]] = defaultdict(list)
-    for root, rows in members.items():
-        by_source[min(rows, key=lambda r: r["id"])["source"]].append(root)
-    chosen: set[str] = set()
-    for source, roots in sorted(by_source.items()):
-        if len(roots) < 2:
+    table = docs.append_column("family", pa.array(family, pa.string())).sort_by([("family", "ascending"), ("id", "ascending")])
+    roots_by_doc = table.column("family").to_numpy(zero_copy_only=False)
+    if not len(roots_by_doc):
+        return set()
+    starts = np.flatnonzero(np.r_[True, roots_by_doc[1:] != roots_by_doc[:-1]])
+    roots = roots_by_doc[starts]
+    doc_counts = np.diff(np.r_[starts, len(roots_by_doc)])
+    family_bytes = np.add.reduceat(table.column("n_bytes").to_numpy().astype(np.int64), starts)
+    family_source = table.column("source").to_numpy(zero_copy_only=False)[starts]  # the source of each family's smallest id
+    chosen_roots: list[str] = []
+    for source in sorted(set(family_source.tolist())):
+        members = np.flatnonzero(family_source == source)
+        if len(members) < 2:
             continue  # one family cannot be on both sides; it trains
-        roots.sort(key=lambda root: seeded_rank(config.seed, root))
-        source_docs = sum(len(members[r]) for r in roots)
-        taken_docs, taken_tokens = 0, 0.0
-        for root in roots[:-1]:  # at least one family stays in training
-            if config.validation_tokens_per_source is not None:
-                done = taken_tokens >= config.validation_tokens_per_source
-            else:
-                done = taken_docs >= config.validation_fraction * source_docs
-            if done and taken_docs >= config.min_validation_docs_per_source:
-                break
-            for doc in members[root]:
-                chosen.add(doc["id"])
-                taken_docs += 1
-                taken_tokens += doc["n_bytes"] / config.bytes_per_token_estimate
-    return chosen
+        ranks = np.array([int(seeded_rank(config.seed, root), 16) for root in roots[members].tolist()], dtype=np.uint64)
+        ordered = members[np.argsort(ranks, kind="stable")][:-1]  # at least one family stays in training
+        docs_before = np.cumsum(doc_counts[ordered]) - doc_counts[ordered]
+        if config.validation_tokens_per_source is not None:
+            tokens_before = (np.cumsum(family_bytes[ordered]) - family_bytes[ordered]) / config.bytes_per_token_estimate
+            reached = tokens_before >= config.validation_tokens_per_source
+        else:
+            reached = docs_before >= config.validation_fraction * doc_counts[members].sum()
+        done = reached & (docs_before >= config.min_validation_docs_per_source)
+        stop = int(np.argmax(done)) if done.any() else len(ordered)
+        chosen_roots += roots[ordered[:stop]].tolist()
+    chosen = table.filter(pc.is_in(table.column("family"), value_set=pa.array(chosen_roots, pa.string())))
+    return set(chosen.column("id").to_pylist())
 
 
 @dataclass
@@ -159,16 +166,19 @@ class SplitPlan:
 
 
 def plan_split(upstream: StageManifest, config: SplitConfig, work_dir: Path) -> SplitPlan:
-    docs = []
+    """Families and the validation choice from ids, sources and byte sizes, read one shard at a time."""
+    tables = [SPLIT_DOCS_SCHEMA.empty_table()]
     for data_file in upstream.files("data"):
         table = pq.read_table(upstream.path_of(data_file), columns=["id", "source", "text"])
-        sizes = pc.binary_length(table.column("text").cast(pa.binary())).to_pylist()
-        docs.extend({"id": i, "source": s, "n_bytes": n} for i, s, n in zip(table.column("id").to_pylist(), table.column("source").to_pylist(), sizes))
-    run = Path(upstream.directory).parent
-    family, sizes = families_of([d["id"] for d in docs], duplicate_relations(run))
+        n_bytes = pc.binary_length(table.column("text").cast(pa.binary())).cast(pa.int64())
+        tables.append(pa.table([table.column("id"), table.column("source"), n_bytes], schema=SPLIT_DOCS_SCHEMA))
+    docs = pa.concat_tables(tables).combine_chunks()
+    doc_ids = docs.column("id").to_pylist()
+    family, sizes = families_of(doc_ids, duplicate_relations(Path(upstream.directory).parent))
     chosen = choose_validation(docs, family, config)
-    detail = {doc_id: {"family_id": family[doc_id], "family_size": sizes[family[doc_id]], "seed": config.seed} for doc_id in sorted(chosen)}
-    return SplitPlan(detail, len(sizes), len(docs))
+    detail = {doc_id: {"family_id": root, "family_size": size, "seed": config.seed}
+              for doc_id, root, size in zip(doc_ids, family, sizes) if doc_id in chosen}
+    return SplitPlan(dict(sorted(detail.items())), len(set(family)), len(doc_ids))
 
 
 def split_shard(docs: pa.Table, config: SplitConfig, plan: SplitPlan) -> ShardOutcome:

@@ -236,10 +236,29 @@ def write_shard_files(work_dir: Path, stage: str, shard: str, kept: pa.Table, au
     )
 
 
+SHARD_BATCH_DOCS = 2048  # documents a stage function sees at once: its per-document Python objects stay bounded
+
+
 def _run_one_shard(stage: StageDef, config: Any, context: Any, in_path: str, shard: str, work_dir: str) -> ShardResult:
-    docs = read_shard(Path(in_path))
-    outcome = stage.process_shard(docs, config, context)
-    return write_shard_files(Path(work_dir), stage.name, shard, outcome.kept, outcome.audit, docs.column("id").combine_chunks())
+    """One input shard through `stage.process_shard`, SHARD_BATCH_DOCS documents at a time.
+
+    A stage function turns its documents into Python objects (texts, rows), so
+    it is fed bounded batches, never a whole shard; the results are Arrow
+    tables, concatenated and written once (the same bytes as one call would give).
+    """
+    kept, audits, ids = [], [], []
+    for batch in pq.ParquetFile(in_path).iter_batches(batch_size=SHARD_BATCH_DOCS):
+        docs = pa.Table.from_batches([batch])
+        docs = docs.cast(DOC_SCHEMA) if docs.schema != DOC_SCHEMA else docs
+        outcome = stage.process_shard(docs, config, context)
+        audit = outcome.audit if isinstance(outcome.audit, pa.Table) else audit_table([{**row, "stage": stage.name} for row in outcome.audit])
+        kept.append(outcome.kept.cast(DOC_SCHEMA) if outcome.kept.schema != DOC_SCHEMA else outcome.kept)
+        audits.append(audit.cast(AUDIT_SCHEMA) if audit.schema != AUDIT_SCHEMA else audit)
+        ids.append(docs.column("id").combine_chunks())
+    kept_table = pa.concat_tables([DOC_SCHEMA.empty_table(), *kept]).combine_chunks()
+    audit_rows = pa.concat_tables([AUDIT_SCHEMA.empty_table(), *audits]).combine_chunks()
+    ids_in = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+    return write_shard_files(Path(work_dir), stage.name, shard, kept_table, audit_rows, ids_in)
 
 
 _DASK_CLIENT: list[Any] = []  # the cluster this process maps onto while a flow runs with the Dask runner

@@ -1,11 +1,14 @@
+import numpy as np
+import pyarrow as pa
 import pytest
 
-from tasks.mixture import MixtureConfig, plan_mixture, repeats_for_group, source_weights, temperature_shares
+from tasks.mixture import COUNT_SCHEMA, MixtureConfig, plan_mixture, repeats_for_group, seeded_ranks, source_weights, temperature_shares
 
 
 def corpus(sizes):
     """sizes: {(source, lang): (n_docs, tokens_per_doc)}"""
-    return [{"id": f"{s}-{l}-{i}", "source": s, "lang": l, "tokens": n} for (s, l), (count, n) in sizes.items() for i in range(count)]
+    rows = [{"id": f"{s}-{l}-{i}", "source": s, "lang": l, "tokens": n} for (s, l), (count, n) in sizes.items() for i in range(count)]
+    return pa.Table.from_pylist(rows, schema=COUNT_SCHEMA)
 
 
 def test_epochs_follow_w_d_over_u():
@@ -15,7 +18,7 @@ def test_epochs_follow_w_d_over_u():
     assert rows["a"]["epochs"] == 3.0 and rows["a"]["tokens_contributed"] == 3000
     assert rows["b"]["epochs"] == 1.0 and rows["b"]["tokens_contributed"] == 1000
     assert table["shortfall_tokens"] == 0
-    assert sum(p["repeats"] * p["tokens"] for p in plan) == 4000
+    assert sum(p["repeats"] * p["tokens"] for p in plan.to_pylist()) == 4000
 
 
 def test_epochs_capped_and_shortfall_reported():
@@ -28,12 +31,17 @@ def test_epochs_capped_and_shortfall_reported():
 
 
 def test_fractional_epochs_are_deterministic_and_whole_documents():
-    docs = [(f"d{i}", 10) for i in range(20)]
-    first, epochs = repeats_for_group(docs, target=300, max_epochs=4, seed=3)
+    ids, tokens = [f"d{i}" for i in range(20)], np.full(20, 10)
+
+    def repeats(order, seed):
+        counts, epochs = repeats_for_group(seeded_ranks([ids[i] for i in order], seed), tokens[order], target=300, max_epochs=4)
+        return {ids[i]: int(c) for i, c in zip(order, counts)}, epochs
+
+    first, epochs = repeats(list(range(20)), seed=3)
     assert epochs == 1.5
-    assert first == repeats_for_group(list(reversed(docs)), target=300, max_epochs=4, seed=3)[0]
+    assert first == repeats(list(reversed(range(20))), seed=3)[0]
     assert sorted(set(first.values())) == [1, 2] and sum(first.values()) * 10 == 300
-    assert first != repeats_for_group(docs, target=300, max_epochs=4, seed=4)[0]
+    assert first != repeats(list(range(20)), seed=4)[0]
 
 
 def test_natural_weights_when_none_given():

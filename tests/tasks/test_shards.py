@@ -6,7 +6,8 @@ import pytest
 
 from manifests.corpus import read_corpus_manifest
 from manifests.stage_manifest import read_manifest
-from tasks.shards import ShardsConfig, occurrence_order, run_shards, token_dtype, trace_token
+from tasks.encoding import token_dtype
+from tasks.shards import ShardsConfig, occurrence_order, run_shards, trace_token
 from tasks.split import iter_split_docs
 from tasks.tokenizer import load_tokenizer, vocab_size_of
 
@@ -25,10 +26,16 @@ def test_dtype_boundary_at_65536_ids():
 
 
 def test_occurrences_are_epoch_major_and_seeded():
-    order = occurrence_order({"a": 2, "b": 1, "c": 3}, seed=0)
-    assert Counter(d for d, _ in order) == {"a": 2, "b": 1, "c": 3}
-    assert [k for _, k in order] == sorted(k for _, k in order)
-    assert order == occurrence_order({"c": 3, "b": 1, "a": 2}, seed=0)
+    def order(repeats):
+        ids = list(repeats)
+        doc, k = occurrence_order(ids, np.array(list(repeats.values())), seed=0)
+        return [(ids[d], r) for d, r in zip(doc.tolist(), k.tolist())]
+
+    first = order({"a": 2, "b": 1, "c": 3, "z": 0})
+    assert Counter(d for d, _ in first) == {"a": 2, "b": 1, "c": 3}
+    assert [k for _, k in first] == sorted(k for _, k in first)
+    assert sorted(first) == [("a", 0), ("a", 1), ("b", 0), ("c", 0), ("c", 1), ("c", 2)]
+    assert first == order({"c": 3, "z": 0, "b": 1, "a": 2})
 
 
 def read_stream(run, side):
@@ -92,21 +99,20 @@ def test_trace_names_document_and_position_across_a_shard_boundary(tiny_run):
         trace_token(tiny_run, 99, 0)
 
 
-def small_cache(tmp_path, docs):
-    from tasks.shards import TokenCache
+def small_side(docs):
+    from tasks.shards import SideTokens
 
-    cache = TokenCache(tmp_path / "cache", np.dtype("<u2"))
-    for doc_id, n in docs:
-        cache.add_batch([doc_id], np.arange(n, dtype="<u2"), np.array([n]))
-    return cache, cache.freeze()
+    lengths = np.array([n for _, n in docs])
+    tokens = np.concatenate([np.arange(n, dtype="<u2") for _, n in docs])
+    return SideTokens([d for d, _ in docs], np.cumsum(lengths) - lengths, lengths, tokens)
 
 
 def test_stream_splits_documents_at_the_shard_bound_and_indexes_each_piece(tmp_path):
     from tasks.shards import write_stream
 
-    cache, tokens = small_cache(tmp_path, [("a", 5), ("b", 7), ("c", 4)])  # 16 tokens, shards of 6
+    side = small_side([("a", 5), ("b", 7), ("c", 4)])  # 16 tokens, shards of 6
     (tmp_path / "out").mkdir()
-    shards = write_stream([("a", 0), ("b", 0), ("c", 0)], cache, tokens, 6, tmp_path / "out", "train")
+    shards = write_stream(side, np.array([0, 1, 2]), np.array([0, 0, 0]), 6, tmp_path / "out", "train")
     assert [s["tokens"] for s in shards] == [6, 6, 4]
     rows = [r for s in shards for r in pq.read_table(tmp_path / "out" / f"{s['name']}.idx.parquet").to_pylist()]
     assert [(r["doc_id"], r["offset"], r["length"], r["doc_start"]) for r in rows] == [
@@ -118,9 +124,9 @@ def test_stream_splits_documents_at_the_shard_bound_and_indexes_each_piece(tmp_p
 def test_document_longer_than_a_shard_spans_several(tmp_path):
     from tasks.shards import write_stream
 
-    cache, tokens = small_cache(tmp_path, [("long", 13)])
+    side = small_side([("long", 13)])
     (tmp_path / "out").mkdir()
-    shards = write_stream([("long", 0), ("long", 1)], cache, tokens, 5, tmp_path / "out", "train")
+    shards = write_stream(side, np.array([0, 0]), np.array([0, 1]), 5, tmp_path / "out", "train")
     assert [s["tokens"] for s in shards] == [5, 5, 5, 5, 5, 1]
     last = pq.read_table(tmp_path / "out" / "train-00005.idx.parquet").to_pylist()
     assert last == [{"doc_id": "long", "offset": 0, "length": 1, "doc_start": 12, "repeat": 1}]

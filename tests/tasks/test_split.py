@@ -1,8 +1,9 @@
 import json
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.split import SplitConfig, choose_validation, families_of, iter_split_docs
+from tasks.split import SPLIT_DOCS_SCHEMA, SplitConfig, choose_validation, families_of, iter_split_docs
 from tasks.stage_runner import read_stage_audit, read_stage_docs
 
 
@@ -10,21 +11,24 @@ def docs_of(n, source="s"):
     return [{"id": f"{source}-{i:03d}", "source": source, "n_bytes": 400} for i in range(n)]
 
 
+def choose(docs, links, config):
+    family, _ = families_of([d["id"] for d in docs], links)
+    return choose_validation(pa.Table.from_pylist(docs, schema=SPLIT_DOCS_SCHEMA), family, config)
+
+
 def test_families_union_exact_and_fuzzy_relations_through_a_removed_member():
     survivors = ["a", "b", "c", "d"]
     # x was removed as an exact copy of a, and fuzzy-clustered with b: a and b are one family of 3
     family, sizes = families_of(survivors, [("x", "a"), ("x", "b")])
-    assert family["a"] == family["b"] != family["c"]
-    assert sizes[family["a"]] == 3
-    assert sizes[family["d"]] == 1
+    assert family[0] == family[1] == "a" != family[2]
+    assert sizes == [3, 3, 1, 1]
 
 
 def test_family_never_crosses_sides():
     docs = docs_of(40)
     links = [(f"s-{i:03d}", f"s-{i + 1:03d}") for i in range(0, 40, 4)]  # families of two
-    family, _ = families_of([d["id"] for d in docs], links)
     for seed in range(5):
-        chosen = choose_validation(docs, family, SplitConfig(validation_fraction=0.3, seed=seed))
+        chosen = choose(docs, links, SplitConfig(validation_fraction=0.3, seed=seed))
         assert chosen
         for member, kept in links:
             assert (member in chosen) == (kept in chosen)
@@ -32,17 +36,15 @@ def test_family_never_crosses_sides():
 
 def test_split_is_seeded_and_respects_fraction():
     docs = docs_of(100)
-    family, _ = families_of([d["id"] for d in docs], [])
-    first = choose_validation(docs, family, SplitConfig(validation_fraction=0.1, seed=1))
-    assert first == choose_validation(list(reversed(docs)), family, SplitConfig(validation_fraction=0.1, seed=1))
+    first = choose(docs, [], SplitConfig(validation_fraction=0.1, seed=1))
+    assert first == choose(list(reversed(docs)), [], SplitConfig(validation_fraction=0.1, seed=1))
     assert len(first) == 10
-    assert first != choose_validation(docs, family, SplitConfig(validation_fraction=0.1, seed=2))
+    assert first != choose(docs, [], SplitConfig(validation_fraction=0.1, seed=2))
 
 
 def test_token_budget_per_source():
     docs = docs_of(50, "a") + docs_of(50, "b")
-    family, _ = families_of([d["id"] for d in docs], [])
-    chosen = choose_validation(docs, family, SplitConfig(validation_tokens_per_source=1000, bytes_per_token_estimate=4.0))
+    chosen = choose(docs, [], SplitConfig(validation_tokens_per_source=1000, bytes_per_token_estimate=4.0))
     # 100 estimated tokens per document: 10 documents reach 1,000 tokens in each source
     assert sum(i.startswith("a-") for i in chosen) == 10
     assert sum(i.startswith("b-") for i in chosen) == 10
@@ -50,8 +52,7 @@ def test_token_budget_per_source():
 
 def test_single_family_source_stays_in_training():
     docs = docs_of(3)
-    family, _ = families_of([d["id"] for d in docs], [("s-000", "s-001"), ("s-001", "s-002")])
-    assert choose_validation(docs, family, SplitConfig(validation_fraction=0.5)) == set()
+    assert choose(docs, [("s-000", "s-001"), ("s-001", "s-002")], SplitConfig(validation_fraction=0.5)) == set()
 
 
 def test_stage_routes_validation_documents_and_keeps_all(tiny_run):

@@ -139,3 +139,20 @@ def test_worker_processes_give_the_same_bytes(tmp_path: Path) -> None:
     run_stage(DROP, DropOddConfig(), upstream, tmp_path / "serial", workers=1)
     run_stage(DROP, DropOddConfig(), upstream, tmp_path / "parallel", workers=2)
     assert file_bytes(tmp_path / "serial") == file_bytes(tmp_path / "parallel")
+
+
+def test_a_shard_is_fed_in_bounded_batches_with_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage functions never see a whole shard at once, and how it is cut does not show in the output."""
+    upstream = make_input_stage(tmp_path / "01_ingest", shards=2, per_shard=9)
+    whole = run_stage(DROP, DropOddConfig(), upstream, tmp_path / "whole", workers=1)
+    seen: list[int] = []
+
+    def counting(docs: pa.Table, config: DropOddConfig, context: object) -> ShardOutcome:
+        seen.append(docs.num_rows)
+        return drop_short(docs, config, context)
+
+    monkeypatch.setattr(stage_runner, "SHARD_BATCH_DOCS", 4)
+    batched = run_stage(StageDef("drop_short", "1", counting), DropOddConfig(), upstream, tmp_path / "batched", workers=1)
+    assert seen == [4, 4, 1, 4, 4, 1]
+    assert file_bytes(tmp_path / "batched") == file_bytes(tmp_path / "whole")
+    assert batched.counts == whole.counts
