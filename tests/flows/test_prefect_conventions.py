@@ -132,7 +132,7 @@ def test_long_stages_report_their_phases_to_the_run_log_and_a_progress_artifact(
         if phase:
             phases.setdefault(stage, []).append(phase.split(" (")[0])
     assert phases["extract"][0] == "documents"
-    assert phases["dedup_exact"][:3] == ["exact digests", "colliding groups", "shard batches"]
+    assert phases["dedup_exact"][:2] == ["exact digests", "shard batches"]  # the sample has no exact copies: no texts to read back
     assert phases["dedup_fuzzy"][:5] == ["minhash", "lsh buckets", "verify pairs", "clusters", "shard batches"]
     assert phases["decontam"][:4] == ["indexing benchmarks", "matching n-grams", "listing removals", "shard batches"]
     assert phases["tokenizer"] == ["sampling documents", "training BPE", "round-trip check", "compression"]
