@@ -25,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -195,10 +195,10 @@ def run_forked_driver(request: dict, out_fd: int) -> None:
     code = 1
     try:
         os.setsid()
-        stderr = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, source in ((0, os.open(os.devnull, os.O_RDONLY)), (2, os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))):
+            os.dup2(source, fd)
+            os.close(source)
         os.dup2(out_fd, 1)
-        os.dup2(stderr, 2)
         os.environ.update(request["env"])
         random.seed()
         np.random.seed()
