@@ -41,6 +41,10 @@ class PipelineConfig(BaseModel):
     )
     config_dir: str | None = Field(None, description="Directory that relative source-spec paths resolve against.")
     workers: int | None = Field(None, ge=1, le=256, description="Worker processes per stage (default: all cores).")
+    task_retries: int = Field(1, ge=0, le=10, description=(
+        "Prefect retries of a stage task that failed with a fault a retry may clear (a worker process that died, an I/O or "
+        "network error); user errors and a full disk fail at once. Safe: a stage recomputes into a fresh work directory."))
+    task_retry_delay_s: float = Field(10.0, ge=0, le=3600, description="Seconds before a stage task's retry.")
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
     langid: LangIdConfig = Field(default_factory=LangIdConfig)

@@ -61,6 +61,22 @@ def fix_for(exc: BaseException) -> str:
     return f"see the message above; {DEBUG_HINT}"
 
 
+# Errors that say what the user must change; retrying the stage would only fail again, later.
+NEEDS_A_PERSON_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                         errno.ENAMETOOLONG, errno.ELOOP}
+PASSING_FAULTS = {"BrokenProcessPool", "KilledWorker", "CommClosedError"}  # a worker died, a connection dropped
+
+
+def may_pass_on_retry(exc: BaseException) -> bool:
+    """Whether running the same stage again may succeed: a worker that died, an I/O or network error; not a
+    user's mistake (bad input, config, permissions, a full disk), not a bug's (wrong counts, a changed file)."""
+    if any(cls.__name__ in PASSING_FAULTS for cls in type(exc).__mro__) or isinstance(exc, TimeoutError):
+        return True
+    if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError, IsADirectoryError)):
+        return False  # also when raised with a message only (no errno), e.g. a benchmark file that is not there
+    return isinstance(exc, OSError) and exc.errno is not None and exc.errno not in NEEDS_A_PERSON_ERRNOS
+
+
 def explain(exc: BaseException) -> str:
     """One line: `hymo: [stage S failed: ][FILE: ]message — fix: ...`."""
     stage = stage_of(exc)

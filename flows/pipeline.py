@@ -31,6 +31,7 @@ from tasks.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, 
 
 from flows.artifacts import BackgroundPublisher, draw_funnel, publish_run_summary, publish_stage_artifacts
 from flows.config import RUN_CONFIG, PipelineConfig, load_run_config  # noqa: F401 (load_run_config: re-exported)
+from flows.errors import may_pass_on_retry
 from flows.run_report import StageProgress
 from flows.shard_batch import shard_batch
 from flows.stage_cache import STAGE_CONTRACT, record_dir
@@ -85,6 +86,18 @@ def stage_task(name: str, config: PipelineConfig, run: str) -> dict[str, Any]:
     # Only a call here: shard batches submitted inside this task carry its context, and with it this
     # function pickled by value; run_stage_in_task is pickled by reference.
     return run_stage_in_task(name, config, Path(run))
+
+
+def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition for stage tasks: only a fault a second attempt may clear (flows.errors.may_pass_on_retry).
+    A retry is safe: the failed attempt published nothing, and the stage recomputes into a fresh work directory."""
+    exc = state.data if isinstance(state.data, BaseException) else None
+    if exc is None:
+        return False
+    if may_pass_on_retry(exc):
+        get_run_logger().warning("%s failed with %s: %s; Prefect retries it", task_run.name, type(exc).__name__, exc)
+        return True
+    return False
 
 
 def run_stage_in_task(name: str, config: PipelineConfig, run_dir: Path) -> dict[str, Any]:
@@ -200,7 +213,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                     artifacts.submit(draw_funnel, run)
                     funnel_drawn = True
                 out = stage_path(run, entry.name, config)
-                options: dict[str, Any] = {"result_storage": record_dir(run, entry.name, config)}
+                options: dict[str, Any] = {"result_storage": record_dir(run, entry.name, config), "retries": config.task_retries,
+                                           "retry_delay_seconds": config.task_retry_delay_s, "retry_condition_fn": retry_if_transient}
                 if entry.name == refresh:
                     options["refresh_cache"] = True
                 state = stage_task.with_options(**options)(

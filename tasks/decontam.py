@@ -23,6 +23,7 @@ import json
 import shutil
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +102,15 @@ def build_index(config: DecontamConfig) -> BenchmarkIndex:
     return BenchmarkIndex(hashes[keep], benchmark_of[items[keep]], items[keep], item_ids, list(config.benchmarks), per_benchmark)
 
 
+@lru_cache(maxsize=2)
+def benchmark_index(index_file: str, index_sha256: str) -> np.ndarray:
+    """The n-gram index file, checked and read once per worker process (every shard task of the pass uses it)."""
+    return np.asarray(read_checked_array(Path(index_file), index_sha256, mmap=False))
+
+
 def match_shard(shard_path: str, shard: str, config: DecontamConfig, index_file: str, index_sha256: str) -> dict[str, Any]:
     """Worker: for each document, the benchmark n-grams it contains (hash, first matching text), in order of appearance."""
-    index = np.asarray(read_checked_array(Path(index_file), index_sha256, mmap=False))
+    index = benchmark_index(index_file, index_sha256)
     table = pq.read_table(shard_path, columns=["id", "text"])
     doc_ids = table.column("id").to_pylist()
     doc_tokens = [tokens(text, fold_numbers=False) for text in table.column("text").to_pylist()]

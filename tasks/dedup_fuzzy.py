@@ -76,7 +76,7 @@ from tasks.removal_map import RemovalContext, apply_removals, map_upstream_shard
 from tasks.shingles import TokenHashCache, batch_ngram_hashes, tokens
 from tasks.signature_filter import fingerprints, minimum_agreement
 from tasks.spill_reader import SpillFiles
-from tasks.stage_runner import StageDef, cluster_workers, dask_client, map_shards, run_stage
+from tasks.stage_runner import StageDef, map_shards, run_stage, runner_workers
 
 STAGE = "dedup_fuzzy"
 VERSION = "3"  # 3: outcome defined order-free (all verified pairs; best edge = highest Jaccard, then smallest id); partitioned tasks
@@ -202,8 +202,7 @@ def write_corpus_files(shards: list[dict[str, Any]], ranks: Ranks, num_hashes: i
 
 def partition_count(workers: int) -> int:
     """Key and rank ranges: a multiple of the workers the runner really has (on Dask, the scheduler's count)."""
-    client = dask_client()
-    return PARTITIONS_PER_WORKER * (cluster_workers(client) if client is not None else max(1, workers))
+    return PARTITIONS_PER_WORKER * runner_workers(workers)
 
 
 def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work_dir: Path, workers: int = 1) -> RemovalContext:

@@ -8,6 +8,17 @@ A source path may be an fsspec URL (s3://bucket/prefix, gs://, hf://, ...):
 its files are listed and streamed through fsspec (tasks/source_fs.py), and a
 file's path inside the source, hence every id, is the same as from a local copy.
 A source whose glob matches no file is an error, not an empty stage.
+
+How it runs: every source file is a task of the runner (process pool, or
+Dask tasks on a cluster; sources are streamed by whoever runs the task, so
+local paths must be on shared storage there, fsspec URLs need not be), which
+writes the file's documents and audit rows, in record order, to intermediate
+Parquet files in the stage's work directory. The planning process then cuts
+the concatenated record stream into shards exactly where one sequential pass
+would (after the record that reaches `docs_per_shard` documents or
+`bytes_per_shard` characters), and one task per shard copies its slices into
+the shard: the same bytes as reading everything in one process, for any
+number of workers. Source digests (for the cache key) are tasks too.
 """
 from __future__ import annotations
 
@@ -16,6 +27,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,20 +35,22 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from prefect import task
 
 from manifests.digest import sha256_file
 from manifests.file_stats import path_stat, read_stats
-from manifests.schema import docs_table
+from manifests.schema import AUDIT_SCHEMA, DOC_SCHEMA, audit_table, docs_table
 from manifests.sources import SourceSpec
 from manifests.stage_manifest import StageManifest, StageNotComplete, read_manifest
+from tasks.lazy_task import lazy_task
 from tasks.decoding import decode_payload, strip_controls
 from tasks.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_stream, remote_digest
 from tasks.source_walk import reached_through_link, walk_matching
-from tasks.stage_runner import StageWriter, progress_bar, published_under, stage_cache_key
+from tasks.stage_runner import StageWriter, default_workers, map_shards, published_under, shard_name, stage_cache_key, write_shard_files
 
 STAGE = "ingest"
 VERSION = "1"
+FILE_PARTS_DIR = "_files"  # under the work directory: each source file's documents and audit rows
+FILE_BATCH_ROWS = 256  # rows per row group of those files: a shard task reads only the groups it needs
 
 
 @dataclass(frozen=True)
@@ -314,21 +328,31 @@ def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> 
             "detail": {"file": relative_file(spec, path), "uri": uri, "reason": reason, "target": target}}
 
 
-def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | None = None) -> tuple[list[dict[str, str]], dict[str, Any]]:
+def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | None = None,
+                  workers: int = 1) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """(sha256 of every source file, their stats). A local file whose stat equals the one recorded when
-    `published` (the previous ingest output) was written keeps its recorded sha256 unread."""
+    `published` (the previous ingest output) was written keeps its recorded sha256 unread; the others
+    are hashed by runner tasks."""
     known = recorded_inputs(published) if published is not None else {}
-    listing, stats = [], {}
+    listing, stats, jobs = [], {}, []
     for spec, files in plan:
         for path in files:
             entry = {"source": spec.name, "file": relative_uri(spec, path)}
             name = f"{entry['source']}:{entry['file']}"
             stats[name] = None if isinstance(path, RemoteFile) else path_stat(path)
             recorded_stat, recorded_sha = known.get(name, (None, None))
-            trusted = stats[name] is not None and recorded_stat == stats[name]
-            entry["sha256"] = recorded_sha if trusted else input_digest(spec, path)
+            if stats[name] is not None and recorded_stat == stats[name]:
+                entry["sha256"] = recorded_sha
+            else:
+                jobs.append((len(listing), spec, path))
             listing.append(entry)
+    for index, digest in map_shards(indexed_digest, jobs, workers, "ingest digests", [1] * len(jobs)):
+        listing[index]["sha256"] = digest
     return listing, stats
+
+
+def indexed_digest(index: int, spec: SourceSpec, path: Path | RemoteFile) -> tuple[int, str]:
+    return index, input_digest(spec, path)
 
 
 def recorded_inputs(stage_dir: Path) -> dict[str, tuple[Any, str]]:
@@ -354,39 +378,125 @@ def dir_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> StageManifest:
+@dataclass(frozen=True)
+class FileRecords:
+    """What one source file gave, in record order: per record (documents 0/1, text characters, audit rows), and where."""
+
+    index: int
+    docs_path: str
+    audit_path: str
+    records: Any  # numpy int64, records × 3
+
+
+def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str) -> FileRecords:
+    """Task: one source file's documents and audit rows, streamed into two Parquet files of FILE_BATCH_ROWS-row groups."""
+    import numpy as np
+
+    docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.parquet", Path(parts_dir) / f"{index:06d}.audit.parquet"
+    docs_path.parent.mkdir(parents=True, exist_ok=True)
+    records: list[tuple[int, int, int]] = []
+    docs, audit = [], []
+    tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
+    with pq.ParquetWriter(tmp_docs, DOC_SCHEMA) as doc_writer, pq.ParquetWriter(tmp_audit, AUDIT_SCHEMA) as audit_writer:
+        for raw in iter_source(spec, [path], config):
+            doc, rows = to_document(spec, raw)
+            records.append((doc is not None, len(doc["text"]) if doc is not None else 0, len(rows)))
+            audit.extend({**row, "stage": STAGE} for row in rows)
+            if doc is not None:
+                docs.append(doc)
+            if len(docs) >= FILE_BATCH_ROWS:
+                doc_writer.write_table(docs_table(docs[:FILE_BATCH_ROWS]))
+                docs = docs[FILE_BATCH_ROWS:]
+            if len(audit) >= FILE_BATCH_ROWS:
+                audit_writer.write_table(audit_table(audit[:FILE_BATCH_ROWS]))
+                audit = audit[FILE_BATCH_ROWS:]
+        if docs:
+            doc_writer.write_table(docs_table(docs))
+        if audit:
+            audit_writer.write_table(audit_table(audit))
+    os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites both from the start
+    os.replace(tmp_audit, audit_path)
+    return FileRecords(index, str(docs_path), str(audit_path), np.asarray(records, dtype=np.int64).reshape(-1, 3))
+
+
+def shard_pieces(files: list[FileRecords], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
+    """Cut the record stream of all files, in order, where one sequential pass would start a new shard.
+
+    A shard ends after the record that brings it to `docs_per_shard`
+    documents or `bytes_per_shard` characters; the audit rows of a record
+    belong to the shard it falls in. Returns per shard its pieces
+    (file, first document, last + 1, first audit row, last + 1).
+    """
+    shards: list[list[tuple[int, int, int, int, int]]] = [[]]
+    shard_docs = shard_chars = 0
+    for file in files:
+        doc_at = audit_at = doc_from = audit_from = 0
+        for has_doc, chars, audit_rows in file.records.tolist():
+            doc_at += has_doc
+            audit_at += audit_rows
+            shard_docs += has_doc
+            shard_chars += chars
+            if shard_docs >= config.docs_per_shard or shard_chars >= config.bytes_per_shard:
+                shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
+                shards.append([])
+                doc_from, audit_from, shard_docs, shard_chars = doc_at, audit_at, 0, 0
+        if doc_at > doc_from or audit_at > audit_from:
+            shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
+    return shards
+
+
+def read_rows(path: str, start: int, stop: int, schema: pa.Schema) -> pa.Table:
+    """Rows [start, stop) of an intermediate file, reading only the row groups that hold them."""
+    if stop <= start:
+        return schema.empty_table()
+    parquet = pq.ParquetFile(path)
+    groups = list(range(start // FILE_BATCH_ROWS, (stop - 1) // FILE_BATCH_ROWS + 1))
+    table = parquet.read_row_groups(groups, use_threads=False)
+    rows = table.slice(start - groups[0] * FILE_BATCH_ROWS, stop - start)
+    if rows.num_rows != stop - start:
+        raise InputFileError(f"{path}: intermediate file has {table.num_rows} rows where {stop - start} were expected; nothing was published")
+    return rows
+
+
+def write_ingest_shard(index: int, pieces: list[tuple[int, int, int, int, int]], files: dict[int, tuple[str, str]],
+                       link_rows: list[dict[str, Any]], work_dir: str) -> Any:
+    """Task: one output shard from its slices of the files' documents and audit rows."""
+    docs = [read_rows(files[file][0], doc_from, doc_to, DOC_SCHEMA) for file, doc_from, doc_to, _, _ in pieces]
+    audit = [audit_table([{**row, "stage": STAGE} for row in link_rows])] if link_rows else []
+    audit += [read_rows(files[file][1], audit_from, audit_to, AUDIT_SCHEMA) for file, _, _, audit_from, audit_to in pieces]
+    kept = pa.concat_tables(docs).combine_chunks() if docs else DOC_SCHEMA.empty_table()
+    rows = pa.concat_tables(audit).combine_chunks() if audit else AUDIT_SCHEMA.empty_table()
+    return write_shard_files(Path(work_dir), STAGE, shard_name(index), kept, rows, None)
+
+
+def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, workers: int | None = None) -> StageManifest:
     """Read every source into shards; a no-op when the same files and config were already ingested."""
+    workers = workers or default_workers()
     plan, skipped, link_rows = unique_files(specs)
-    inputs, input_stats = input_listing(plan, Path(out_dir))
+    inputs, input_stats = input_listing(plan, Path(out_dir), workers)
     settings = {"ingest": asdict(config), "sources": [s.public() for s, _ in plan]}
     key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
     if (published := published_under(Path(out_dir), key)) is not None:
         return published
     writer = StageWriter(STAGE, VERSION, settings, key, inputs, Path(out_dir))
+    parts_dir = writer.work_dir / FILE_PARTS_DIR
     try:
-        shard_index, buffer, audit, buffer_bytes = 0, [], list(link_rows), 0
-        total = sum(len(files) for _, files in plan)
-        with progress_bar(STAGE, total) as advance:
-            for spec, files in plan:
-                for path in files:
-                    for raw in iter_source(spec, [path], config):
-                        doc, rows = to_document(spec, raw)
-                        audit.extend(rows)
-                        if doc is not None:
-                            buffer.append(doc)
-                            buffer_bytes += len(doc["text"])
-                        if len(buffer) >= config.docs_per_shard or buffer_bytes >= config.bytes_per_shard:
-                            writer.write_shard(shard_index, docs_table(buffer), audit)
-                            shard_index, buffer, audit, buffer_bytes = shard_index + 1, [], [], 0
-                    advance(1)
-        if buffer or audit or shard_index == 0:
-            writer.write_shard(shard_index, docs_table(buffer), audit)
+        jobs = [(index, spec, path, config, str(parts_dir)) for index, (spec, path) in enumerate((s, p) for s, files in plan for p in files)]
+        files = sorted(map_shards(ingest_file, jobs, workers, STAGE, [1] * len(jobs)), key=lambda f: f.index)
+        pieces = shard_pieces(files, config)
+        if len(pieces) > 1 and not pieces[-1]:
+            pieces.pop()  # the stream ended exactly at a cut: no empty last shard (unless it is the only one)
+        paths = {f.index: (f.docs_path, f.audit_path) for f in files}
+        shard_jobs = [(index, shard, {file: paths[file] for file, *_ in shard}, link_rows if index == 0 else [], str(writer.work_dir))
+                      for index, shard in enumerate(pieces)]
+        sizes = [sum(doc_to - doc_from for _, doc_from, doc_to, _, _ in shard) for shard in pieces]
+        for result in map_shards(write_ingest_shard, shard_jobs, workers, "ingest shards", sizes):
+            writer.add_result(result)
+        shutil.rmtree(parts_dir)
         return writer.publish({"skipped_duplicate_inputs": skipped, "sources": [s.public() for s, _ in plan]}, input_stats)
     except BaseException:
         writer.abandon()
         raise
 
 
-@task(name="ingest", task_run_name="ingest")
-def ingest_task(specs: list[SourceSpec], config: IngestConfig, out_dir: Path) -> StageManifest:
-    return run_ingest(specs, config, out_dir)
+ingest_task = lazy_task(run_ingest, name="ingest", task_run_name="ingest")  # source-file tasks' workers never import Prefect

@@ -18,6 +18,7 @@ import inspect
 import os
 import shutil
 import sys
+import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -283,6 +284,12 @@ def cluster_workers(client: Any) -> int:
     return max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
 
 
+def runner_workers(workers: int) -> int:
+    """Workers the runner really has: on a Dask cluster the scheduler's count, else `workers` (partition counts follow it)."""
+    client = dask_client()
+    return cluster_workers(client) if client is not None else max(1, workers)
+
+
 def default_workers() -> int:
     client = dask_client()
     if client is not None:
@@ -302,8 +309,23 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     would otherwise pay it at every map.
     """
     if workers not in _POOLS:
-        _POOLS[workers] = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+        _POOLS[workers] = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                              initializer=exit_with_parent, initargs=(os.getpid(),))
     return _POOLS[workers]
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """In a pool worker: end this process once its parent is gone, even SIGKILLed (an idle worker would wait forever).
+
+    A polling thread rather than PR_SET_PDEATHSIG: that signal follows the
+    parent *thread*, and pools are created from short-lived task threads.
+    """
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def shutdown_worker_pools() -> None:

@@ -8,6 +8,13 @@ workers, extraction children) a random part of the target stage's reference
 time after that stage starts. The next driver finds the earlier stages
 published, recomputes the killed one, and is killed in its turn.
 
+Killed drivers are forked from one launcher process that has imported the
+pipeline (Prefect, pyarrow, torch) once: a fresh interpreter per kill spent
+most of each kill importing. A forked driver starts its own session, reseeds
+the global generators and holds no thread of the launcher's, so what it runs
+is what a fresh `hymo` process runs. The reference run and the run that
+finishes afterwards are fresh interpreters (a different hash seed too).
+
 Equality afterwards: every published file byte-identical, every manifest equal
 except its timing. Pretraining writes wall-clock throughput into its metrics,
 summary and loss picture, and says whether it resumed; there its checkpoints
@@ -24,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -104,15 +112,121 @@ class ChaosLog:
     launches: int = 0
 
 
-def kill_during(config: Path, run: Path, stage: str, delay_s: float, until: str | None, log: ChaosLog) -> bool:
-    """A driver whose process group is SIGKILLed `delay_s` after it starts `stage`; True if the stage was still running."""
-    with open(run.parent / f"{run.name}-drivers.log", "ab") as stderr:
-        done = subprocess.run(driver_command(config, run, until), stdout=subprocess.PIPE, stderr=stderr, text=True,
-                              env={**child_env(), KILL_ENV: f"{stage}:{delay_s}"}, cwd=REPO, start_new_session=True, timeout=DRIVER_TIMEOUT_S)
+class Launcher:
+    """A process that has imported the pipeline once and forks one driver per kill (see the module docstring).
+
+    Requests and answers are JSON lines over its stdin/stdout; a driver's own stdout goes to a file the
+    launcher hands back, its stderr to the drivers' log.
+    """
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, str(DRIVER), "--launcher"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, env=child_env(), cwd=REPO)
+        ready = self.process.stdout.readline()
+        if ready.strip() != "ready":
+            raise RuntimeError(f"chaos launcher did not start ({self.process.wait()}): {ready!r}")
+
+    def drive(self, argv: list[str], env: dict[str, str], stderr: Path) -> tuple[int, str]:
+        """(exit status as subprocess reports it: -9 for SIGKILL, the driver's stdout)."""
+        self.process.stdin.write(json.dumps({"argv": argv, "env": env, "stderr": str(stderr)}) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"chaos launcher ended ({self.process.wait()})")
+        done = json.loads(answer)
+        return done["returncode"], done["stdout"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+    def __enter__(self) -> "Launcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self.process.kill()
+            self.process.wait()
+
+
+def serve_launches() -> None:
+    """The launcher: import what a driver imports, then fork a driver for each request on stdin."""
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    import flows.config  # noqa: F401
+    import flows.stages  # noqa: F401
+    import manifests.run_lock  # noqa: F401
+    import tasks.pretrain  # noqa: F401
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        with tempfile.TemporaryFile() as out:
+            sys.stdout.flush()
+            pid = os.fork()
+            if pid == 0:
+                run_forked_driver(request, out.fileno())
+            status = wait_or_kill(pid, DRIVER_TIMEOUT_S)
+            out.seek(0)
+            answer = {"returncode": os.waitstatus_to_exitcode(status), "stdout": out.read().decode(errors="replace")}
+        print(json.dumps(answer), flush=True)
+
+
+def wait_or_kill(pid: int, timeout_s: float) -> int:
+    """The wait status of driver `pid`; a driver still running after `timeout_s` has its process group killed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+            return os.waitpid(pid, 0)[1]
+        time.sleep(0.02)
+
+
+def run_forked_driver(request: dict, out_fd: int) -> None:
+    """In the forked child: own session (its process group is what gets killed), own stdio, fresh generators; never returns."""
+    import numpy as np
+
+    code = 1
+    try:
+        os.setsid()
+        for fd, source in ((0, os.open(os.devnull, os.O_RDONLY)), (2, os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))):
+            os.dup2(source, fd)
+            os.close(source)
+        os.dup2(out_fd, 1)
+        os.environ.update(request["env"])
+        random.seed()
+        np.random.seed()
+        drive(*request["argv"])
+        code = 0
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            import atexit
+
+            atexit._run_exitfuncs()  # what a normal exit runs: e.g. the shard worker pool's shutdown
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def kill_during(config: Path, run: Path, stage: str, delay_s: float, log: ChaosLog, launcher: Launcher) -> bool:
+    """A driver that runs up to `stage` and SIGKILLs its process group `delay_s` after starting it; True if the stage was still running."""
+    drivers_log = run.parent / f"{run.name}-drivers.log"
+    returncode, stdout = launcher.drive([str(config), str(run), stage], {KILL_ENV: f"{stage}:{delay_s}"}, drivers_log)
     log.launches += 1
-    if f"start {stage}" not in done.stdout.splitlines():
-        raise RuntimeError(f"driver ended ({done.returncode}) before stage {stage} started; see {run.parent / f'{run.name}-drivers.log'}")
-    landed = done.returncode == -signal.SIGKILL and f"done {stage}" not in done.stdout
+    if f"start {stage}" not in stdout.splitlines():
+        raise RuntimeError(f"driver ended ({returncode}) before stage {stage} started; see {drivers_log}")
+    landed = returncode == -signal.SIGKILL and f"done {stage}" not in stdout
     log.kills.append(KillRecord(stage, delay_s, landed))
     return landed
 
@@ -125,15 +239,16 @@ def chaos_run(config: Path, run: Path, reference_s: dict[str, float], kills_per_
 
     pipeline = load_config(config)
     log = ChaosLog()
-    for stage in stages or list(reference_s):
-        for _ in range(kills_per_stage):
-            window = 0.8 * reference_s[stage]
-            for _attempt in range(MAX_ATTEMPTS):
-                if kill_during(config, run, stage, rng.uniform(0.0, window), until, log):
-                    break
-                # The stage finished first (it ran faster than in the reference): unpublish it and aim earlier.
-                shutil.rmtree(stage_path(run, stage, pipeline), ignore_errors=True)
-                window /= 2
+    with Launcher() as launcher:
+        for stage in stages or list(reference_s):
+            for _ in range(kills_per_stage):
+                window = 0.8 * reference_s[stage]
+                for _attempt in range(MAX_ATTEMPTS):
+                    if kill_during(config, run, stage, rng.uniform(0.0, window), log, launcher):
+                        break
+                    # The stage finished first (it ran faster than in the reference): unpublish it and aim earlier.
+                    shutil.rmtree(stage_path(run, stage, pipeline), ignore_errors=True)
+                    window /= 2
     run_clean(config, run, until)
     log.launches += 1
     return log
@@ -191,4 +306,7 @@ def differences(reference: Path, candidate: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    drive(*sys.argv[1:])
+    if sys.argv[1:] == ["--launcher"]:
+        serve_launches()
+    else:
+        drive(*sys.argv[1:])

@@ -3,8 +3,10 @@ ENOSPC, and a killed `hymo run` that must leave no process behind. `bench/chaos.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +64,57 @@ def test_a_failing_write_publishes_nothing_and_says_so_in_one_line(tmp_path: Pat
     again = run_pii(PiiConfig(), ingest, tmp_path / "05_pii", workers=1)
     clean = run_pii(PiiConfig(), ingest, tmp_path / "clean", workers=1)
     assert [(o.path, o.sha256) for o in again.outputs] == [(o.path, o.sha256) for o in clean.outputs]
+
+
+FULL_DISK_SCRIPT = """
+import json, subprocess, sys
+from pathlib import Path
+from flows.errors import explain
+from tasks.pii import PiiConfig, run_pii
+
+upstream, run = Path(sys.argv[1]), Path(sys.argv[2])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(run)], check=True)
+try:
+    run_pii(PiiConfig(), upstream, run / "05_pii", workers=1)
+    line = None
+except OSError as exc:
+    line = explain(exc)
+left = sorted(p.name for p in run.iterdir())
+subprocess.run(["mount", "-o", "remount,size=16m", str(run)], check=True)  # space again
+again = run_pii(PiiConfig(), upstream, run / "05_pii", workers=1)
+print(json.dumps({"line": line, "left": left, "outputs": [[o.path, o.sha256] for o in again.outputs]}))
+"""
+
+
+def test_a_really_full_filesystem_publishes_nothing_and_the_rerun_completes(tmp_path: Path, upstream) -> None:
+    """A real 48 KiB tmpfs under the run directory, in a private mount namespace (no root needed where user
+    namespaces are allowed): ENOSPC comes from the kernel, not from a mock."""
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True, text=True) \
+        if shutil.which("unshare") else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here (unshare --user --map-root-user --mount: {probe.stderr.strip() if probe else 'not installed'})")
+    rng = random.Random(SEED)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(4000)]
+    texts = {f"d{i}": " ".join(rng.choice(words) for _ in range(600)) + f" Mail person{i}@example.org." for i in range(40)}
+    ingest = upstream(texts, shards=2)
+    run = tmp_path / "tmpfs-run"
+    run.mkdir()
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-c", FULL_DISK_SCRIPT, str(ingest), str(run)],
+                          capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    line = result["line"]
+    assert line and "\n" not in line and "stage pii failed" in line and "No space left on device" in line and "free disk space" in line
+    assert str(run) in line  # the file it could not write
+    assert result["left"] == []  # no 05_pii, no .partial, no .old
+    clean = run_pii_outputs(ingest, tmp_path / "clean")
+    assert [tuple(o) for o in result["outputs"]] == clean
+
+
+def run_pii_outputs(ingest: Path, out: Path) -> list[tuple[str, str]]:
+    from tasks.pii import PiiConfig, run_pii
+
+    return [(o.path, o.sha256) for o in run_pii(PiiConfig(), ingest, out, workers=1).outputs]
 
 
 def descendants(pid: int) -> set[int]:

@@ -46,10 +46,10 @@ def test_same_removals_for_one_and_seven_shards(tmp_path, upstream):
     assert removed(tmp_path / "e1") == removed(tmp_path / "e7") and len(removed(tmp_path / "e1")) == 25
 
 
-def test_colliding_texts_read_back_in_small_batches_give_the_same_removals(tmp_path, upstream, monkeypatch):
+def test_colliding_texts_read_back_in_small_batches_and_many_group_ranges_give_the_same_removals(tmp_path, upstream, monkeypatch):
     texts = {f"d{i:02d}": f"text number {i % 4}" + " padding" * (i % 3) for i in range(40)}
     run_dedup_exact(DedupExactConfig(), upstream(texts, 3, "whole"), tmp_path / "whole", workers=1)
-    monkeypatch.setattr(dedup_exact, "COLLIDING_TEXT_BATCH_CHARS", 1)  # every digest group its own batch
+    monkeypatch.setattr(dedup_exact, "PARTITIONS_PER_WORKER", 7)  # more group ranges than groups
     monkeypatch.setattr(dedup_exact, "READ_BATCH_ROWS", 2)
     run_dedup_exact(DedupExactConfig(), upstream(texts, 3, "batched"), tmp_path / "batched", workers=1)
     assert removed(tmp_path / "batched") == removed(tmp_path / "whole") and len(removed(tmp_path / "whole")) == 28

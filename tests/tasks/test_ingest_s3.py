@@ -10,7 +10,7 @@ from conftest import SAMPLE, write_spec
 
 from manifests.sources import load_spec_file
 from tasks.ingest import IngestConfig, InputFileError, run_ingest
-from tasks.stage_runner import read_stage_audit, read_stage_docs
+from tasks.stage_runner import read_stage_audit, read_stage_docs, shutdown_worker_pools
 
 BUCKET = "hymo-sources"
 WARC = SAMPLE / "warc" / "sample.warc.gz"
@@ -44,6 +44,7 @@ def s3(s3_endpoint, monkeypatch):
                         "AWS_ENDPOINT_URL_S3": s3_endpoint}.items():
         monkeypatch.setenv(name, value)
     s3fs.S3FileSystem.clear_instance_cache()
+    shutdown_worker_pools()  # ingest tasks run in pool workers: new ones see these variables, as a worker started with them would
     fs = s3fs.S3FileSystem()
     if not fs.exists(BUCKET):
         fs.mkdir(BUCKET)
