@@ -118,13 +118,16 @@ class BucketLinker:
         prints = np.ascontiguousarray(self.prints_NK[members])
         _, group_of = np.unique(prints.view(np.dtype((np.void, prints.shape[1]))).ravel(), return_inverse=True)
         first_of_group: dict[int, int] = {}
+        raw_of_first: dict[int, np.ndarray] = {}  # read once per group, compared with every later member
         kept, folded = [], []
         for member, group in zip(members.tolist(), group_of.ravel().tolist()):
             first = first_of_group.setdefault(group, member)
             if first != member:
                 if self.identical_to.get(member) == first:
                     continue  # checked in another band's bucket: its edge is already out
-                if self.shingle_sets.identical(first, member):
+                if group not in raw_of_first:
+                    raw_of_first[group] = self.shingle_sets.raw(first)
+                if self.shingle_sets.identical(first, member, raw_of_first[group]):
                     self.identical_to[member] = first
                     folded.append((first, member))
                     continue

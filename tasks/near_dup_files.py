@@ -137,13 +137,13 @@ class ShingleSets:
 
     def __init__(self, files: CorpusFiles, spill: SpillFiles):
         self.files, self.spill = files, spill
-        self.spans = files.array("spans.npy", spill)
+        self.spans = np.array(files.array("spans.npy", spill))  # 24 bytes a document, read per lookup: in memory
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self.cached_bytes = 0
 
     def raw(self, rank: int) -> np.ndarray:
         """The document's shingle hashes in text order (repeats included)."""
-        shard, start, stop = (int(v) for v in self.spans[rank])
+        shard, start, stop = self.spans[rank].tolist()
         path, sha256 = self.files.shingle_files[shard]
         self.spill.verify(path, sha256)
         return self.spill.read(path, start, stop)
@@ -160,8 +160,9 @@ class ShingleSets:
             self.cached_bytes -= self.cache.popitem(last=False)[1].nbytes
         return shingle_set
 
-    def identical(self, a: int, b: int) -> bool:
-        raw_a, raw_b = self.raw(a), self.raw(b)
+    def identical(self, a: int, b: int, raw_a: np.ndarray | None = None) -> bool:
+        """Whether the two documents have the same shingle set (`raw_a`: a's raw hashes when the caller holds them)."""
+        raw_a, raw_b = self.raw(a) if raw_a is None else raw_a, self.raw(b)
         if len(raw_a) == len(raw_b) and np.array_equal(raw_a, raw_b):
             return True  # same shingle sequence, same set: skip the sort
         return jaccard_of_sets(self.of(a), self.of(b)) == 1.0
