@@ -329,6 +329,19 @@ def test_profiles_skip_rules_and_say_so():
     assert code.keep and code.c4 is None and "c4_too_few_sentences" in code.skipped and "c4_line_filter" in code.skipped
 
 
+def test_documentation_profile_keeps_a_name_dense_api_stub_and_flags_its_two_sentences():
+    """Round 2 of issue 16 part 3: words counted by identifier names; C4's sentence count reports only."""
+    names = [f"scipy.linalg.{name}_{part}(x)" for name, part in zip(words(8), words(8, start=50))]  # 8 tokens, 40 words
+    short_lines = [" ".join(names[i: i + 4]) for i in (0, 4)] + [" ".join(words(4, start=300 + i)) for i in range(0, 20, 4)]
+    stub = "Compute the routine for the given input with bounds.\nParameters and return values of the wrapper, one per line.\n"
+    stub += "\n".join(short_lines)  # lines under C4's 5 words: two sentences in all
+    assert len(stub.split()) < 50 <= TextView(stub).word_count("identifiers")
+    configs = q.profile_configs(CONFIG)
+    assert evaluate(stub, "en", configs["prose"]).failures[0].rule == "gopher_too_few_words"
+    documentation = evaluate(stub, "en", configs["documentation"])
+    assert documentation.keep and "c4_too_few_sentences" in [v.rule for v in documentation.flags]
+
+
 def test_unknown_profile_field_is_a_clear_error():
     with pytest.raises(ValueError, match="quality.profiles.documentation: unknown fields"):
         q.profile_configs(replace(CONFIG, profiles={"documentation": {"min_wordz": 3}}))
