@@ -12,8 +12,8 @@ decided looking at half A only, half B is the held-out check.
 Per rule, with every rule evaluated (`all_rules`): good documents it fails,
 junk it fails, and junk it alone fails (no other removing rule would catch
 it). Report-only rules are listed with what they would remove. Totals compare
-the profiles before issue 16's part 3, after its first round, and the current
-defaults. The cost of the documentation profile's word count (word_split =
+the profiles before issue 16's part 3, after its first and second rounds, and
+the current defaults; the junk pages the defaults keep are listed. The cost of the documentation profile's word count (word_split =
 "identifiers") is measured per document on the bench corpus.
 """
 from __future__ import annotations
@@ -55,6 +55,12 @@ BEFORE = {
 ROUND_1 = {"prose": QualityConfig().profiles["prose"], "documentation": {
     **BEFORE["documentation"], "report_rules": ("gopher_duplicate_lines", "fineweb_too_many_newlines_per_word", "gopher_mean_word_length_too_long"),
     "duplicate_line_min_words": 5, "min_stop_words": 1, "max_top_ngram_char_fraction": ((2, 0.40), (3, 0.36), (4, 0.32))}}
+# After its second round: words counted by identifier names, C4 sentences and duplicated n-grams (at Gopher's numbers)
+# report-only; stop words still removing and Gopher's 50-word floor.
+ROUND_2 = {"prose": ROUND_1["prose"], "documentation": {
+    **{field: value for field, value in ROUND_1["documentation"].items() if field != "max_duplicate_ngram_char_fraction"},
+    "report_rules": ROUND_1["documentation"]["report_rules"] + ("c4_too_few_sentences", "gopher_duplicate_*gram_coverage"),
+    "word_split": "identifiers"}}
 
 
 def half(doc_id: str) -> str:
@@ -81,6 +87,17 @@ def totals(docs: list[dict], config: QualityConfig) -> dict[str, dict[str, int]]
             out[h][kind] += 1
             out[h][kind + "_removed"] += removed
     return out
+
+
+def junk_kept(docs: list[dict], config: QualityConfig, earlier: QualityConfig) -> list[list]:
+    """Rows: every junk document the config keeps, with its identifier-word count and what the earlier config removed it for."""
+    rows = []
+    for doc in docs:
+        if doc["label"] in JUNK and evaluate(doc["text"], "en", config).keep:
+            before = evaluate(doc["text"], "en", earlier)
+            rows.append([f"`{doc['id']}`", half(doc["id"]), doc["label"], TextView(doc["text"]).word_count("identifiers"),
+                         "kept" if before.keep else f"`{before.failures[0].rule}`"])
+    return rows
 
 
 def per_rule(docs: list[dict], config: QualityConfig) -> list[list]:
@@ -144,6 +161,7 @@ def main() -> int:
     now = profile_configs(QualityConfig())
     before = profile_configs(QualityConfig(profiles=BEFORE))
     round_1 = profile_configs(QualityConfig(profiles=ROUND_1))
+    round_2 = profile_configs(QualityConfig(profiles=ROUND_2))
     sets = [("sample `generated`", "prose", sample_docs())]
     corpus = Path(args.corpus)
     if corpus.exists():
@@ -151,12 +169,16 @@ def main() -> int:
 
     summary, details = [], []
     for name, profile, docs in sets:
-        steps = [totals(docs, configs[profile]) for configs in (before, round_1, now)]
+        steps = [totals(docs, configs[profile]) for configs in (before, round_1, round_2, now)]
         for h in HALVES + ("all",):
             summary.append([name, profile, h] + [share(t[h]["good_removed"], t[h]["good"]) for t in steps]
                            + [share(t[h]["junk_removed"], t[h]["junk"]) for t in steps])
         details += [f"### {name}, {profile} profile: every rule evaluated", "",
                     markdown_table(["rule", "good failing (A)", "good failing (B)", "junk failing", "junk failing only this rule"], per_rule(docs, now[profile])), ""]
+        kept = junk_kept(docs, now[profile], round_2[profile])
+        if kept:
+            details += [f"Junk the {profile} profile keeps ({len(kept)}), and what round 2 removed it for:", "",
+                        markdown_table(["id", "half", "label", "words (identifier names)", "round 2"], kept), ""]
     if corpus.exists():
         texts = [doc["text"] for doc in sets[-1][2]]
         details += ["### Cost of the documentation profile's word count", "",
@@ -169,9 +191,10 @@ def main() -> int:
            f"({len(os.sched_getaffinity(0))} cores). `python bench/clean_prose.py --write docs/benchmarks.md`. Halves: xxh64(id) % 2; "
            "profile changes were decided on half A. Good = clean + exact/near copies; junk = navigation, spam, repeated_line, short. "
            "Before = the profiles before issue 16 part 3; round 1 = after its first round (whitespace words; C4 sentences and duplicated "
-           "n-grams removing); now = the defaults (docs/quality.md, 'Clean prose kept').", "",
-           markdown_table(["labelled set", "profile", "half", "good removed before", "round 1", "now",
-                           "junk caught before", "round 1", "now"], summary), ""]
+           "n-grams removing); round 2 = after its second (stop words removing, 50-word floor); now = the defaults (docs/quality.md, "
+           "'Clean prose kept').", "",
+           markdown_table(["labelled set", "profile", "half", "good removed before", "round 1", "round 2", "now",
+                           "junk caught before", "round 1", "round 2", "now"], summary), ""]
     out += details
     return publish(out, SECTION, args.write)
 

@@ -342,6 +342,29 @@ def test_documentation_profile_keeps_a_name_dense_api_stub_and_flags_its_two_sen
     assert documentation.keep and "c4_too_few_sentences" in [v.rule for v in documentation.flags]
 
 
+def test_documentation_profile_keeps_a_short_api_stub_without_stop_words_and_flags_it():
+    """Round 3 of issue 16 part 3: stop words report only (langid has decided the language) and the floor is 30 names."""
+    args = words(4, start=100)
+    stub = "\n".join(["scipy.linalg.lapack.qwrap", f"qwrap({', '.join(args)})", "Wrapper for qwrap.", "Parameters"]
+                     + [f"{a} : rank-1 array, {b}" for a, b in zip(args, words(4, start=200))]
+                     + ["Returns", f"{' '.join(words(3, start=400))}."])
+    assert TextView(stub).word_count("identifiers") == 37  # no stop word: the flag says 0
+    configs = q.profile_configs(CONFIG)
+    assert evaluate(stub, "en", configs["prose"]).failures[0].rule == "gopher_too_few_words"
+    documentation = evaluate(stub, "en", configs["documentation"])
+    assert documentation.keep
+    assert [(v.rule, v.value, v.threshold) for v in documentation.flags] == [("gopher_too_few_stop_words", 0, 1)]
+
+
+@pytest.mark.parametrize("n, keep", [(10, False), (29, False), (30, True)])
+def test_documentation_profile_still_removes_fragments_under_30_names(n, keep):
+    fragment = " ".join(words(n - 3, start=500)) + " and the end."  # n words, two of them stop words
+    decision = evaluate(fragment, "en", q.profile_configs(CONFIG)["documentation"])
+    assert decision.keep is keep
+    if not keep:
+        assert (decision.failures[0].rule, decision.failures[0].value, decision.failures[0].threshold) == ("gopher_too_few_words", n, 30)
+
+
 def test_unknown_profile_field_is_a_clear_error():
     with pytest.raises(ValueError, match="quality.profiles.documentation: unknown fields"):
         q.profile_configs(replace(CONFIG, profiles={"documentation": {"min_wordz": 3}}))
@@ -531,6 +554,7 @@ def test_documentation_profile_on_labelled_bench_pages():
             removed[kind] += not q.evaluate(record["text"], "en", documentation).keep
     assert totals == {"good": 176, "junk": 63}
     assert removed["junk"] == 63
-    # 3 (1.7 %): API stubs under 50 words even counted by name; 13 (7.4 %) before identifier words, report-only C4
-    # sentences and duplicated n-grams; 32 (18.2 %) with the profile before issue 16 part 3 (bench/clean_prose.py)
-    assert removed["good"] <= 3
+    # 0 since report-only stop words and the 30-name floor; 3 (1.7 %) before, API stubs under 50 words even counted by
+    # name; 13 (7.4 %) before identifier words, report-only C4 sentences and duplicated n-grams; 32 (18.2 %) with the
+    # profile before issue 16 part 3 (bench/clean_prose.py)
+    assert removed["good"] == 0
