@@ -130,7 +130,8 @@ def main() -> int:
         rows.append([source, profile, n, f"{100 * (n - own['pass']) / n:.1f} %", top, f"{100 * (n - prose['pass']) / n:.1f} %", top_prose])
     out += ["### Quality rejection per source (quality rules only, before langid)", "",
             "Own profile = the source's profile rule set (documentation: no alphabetic-words rule, no C4 brace rule or line filter, no FineWeb "
-            "duplicate-line rule, duplicated-n-gram limits doubled; code also skips the prose-shape rules; docs/quality.md);",
+            "duplicate-line rule; words counted by identifier names with a 30-word floor; stop words, C4 sentences and duplicated n-grams "
+            "report-only; code also skips the prose-shape rules; docs/quality.md);",
             "prose rules = what the same documents get without that choice.", "",
             markdown_table(["source", "profile", "docs", "rejected (own profile)", "first failing rules (own profile)", "rejected (prose rules)", "top rules (prose rules)"], rows), ""]
 
