@@ -81,8 +81,9 @@ def write_removal_table(work_dir: Path, table: pa.Table, stats: dict[str, Any],
 
 
 @lru_cache(maxsize=2)
-def load_removals(path: str, expected_sha256: str) -> pa.Table:
-    """The removal table, read once per worker process and checked against its digest; kept as Arrow columns."""
+def load_checked_table(path: str, expected_sha256: str) -> pa.Table:
+    """A table a global pass wrote for every shard job (removals, the validation choice), read once per worker
+    process and checked against its digest; kept as Arrow columns."""
     actual = sha256_file(Path(path))
     if actual != expected_sha256:
         raise ChecksumMismatch(f"{path}: sha256 {actual[:12]}… but the global pass wrote {expected_sha256[:12]}…")
@@ -91,7 +92,7 @@ def load_removals(path: str, expected_sha256: str) -> pa.Table:
 
 def apply_removals(docs: pa.Table, config: Any, context: RemovalContext) -> ShardOutcome:
     """Keep the documents the global pass did not remove; one audit row per removed document, in shard order."""
-    removals = load_removals(context.removals_path, context.removals_sha256)
+    removals = load_checked_table(context.removals_path, context.removals_sha256)
     row_of_doc = pc.index_in(docs.column("id"), value_set=removals.column("id"))
     is_removed = pc.is_valid(row_of_doc)
     if not pc.any(is_removed).as_py():

@@ -25,9 +25,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import task
 
+from manifests.atomic import atomic_write_parquet
+from manifests.digest import sha256_file
 from manifests.run_dir import find_stage
 from manifests.schema import DOC_SCHEMA, docs_table
 from manifests.stage_manifest import StageManifest
+from tasks.removal_map import load_checked_table
 from tasks.stage_runner import ShardOutcome, StageDef, run_stage
 
 STAGE = "split"
@@ -35,6 +38,7 @@ VERSION = "1"
 VALIDATION = "validation"
 HELD_OUT_RULE = "held_out"
 CLUSTERS_ARTIFACT = "clusters.parquet"
+VALIDATION_FILE = "validation.parquet"  # the held-out choice: what every shard job reads (once per worker process)
 SPLIT_DOCS_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("n_bytes", pa.int64())])
 
 
@@ -155,14 +159,20 @@ def choose_validation(docs: pa.Table, family: list[str], config: SplitConfig) ->
 
 @dataclass
 class SplitPlan:
-    """The prepare pass's decision, shipped to every shard worker."""
+    """The prepare pass's decision, handed to every shard job as a path to it, not as the map itself:
+    a corpus of thousands of shards would otherwise pickle the whole choice into every job."""
 
-    validation: dict[str, dict[str, Any]]  # id -> audit detail
+    validation_path: str  # VALIDATION_FILE: id, family_id, family_size of every validation document, sorted by id
+    validation_sha256: str
+    validation_documents: int
     families: int
     documents: int
 
     def summary(self) -> dict[str, Any]:
-        return {"validation_documents": len(self.validation), "documents": self.documents, "families": self.families}
+        return {"validation_documents": self.validation_documents, "documents": self.documents, "families": self.families}
+
+    def artifacts(self) -> list[tuple[str, int | None]]:
+        return [(VALIDATION_FILE, self.validation_documents)]
 
 
 def plan_split(upstream: StageManifest, config: SplitConfig, work_dir: Path) -> SplitPlan:
@@ -176,22 +186,32 @@ def plan_split(upstream: StageManifest, config: SplitConfig, work_dir: Path) -> 
     doc_ids = docs.column("id").to_pylist()
     family, sizes = families_of(doc_ids, duplicate_relations(Path(upstream.directory).parent))
     chosen = choose_validation(docs, family, config)
-    detail = {doc_id: {"family_id": root, "family_size": size, "seed": config.seed}
-              for doc_id, root, size in zip(doc_ids, family, sizes) if doc_id in chosen}
-    return SplitPlan(dict(sorted(detail.items())), len(set(family)), len(doc_ids))
+    rows = sorted((doc_id, root, size) for doc_id, root, size in zip(doc_ids, family, sizes) if doc_id in chosen)
+    table = pa.table([pa.array([r[i] for r in rows], type) for i, type in enumerate((pa.string(), pa.string(), pa.int64()))],
+                     names=["id", "family_id", "family_size"])
+    path = Path(work_dir) / VALIDATION_FILE
+    atomic_write_parquet(path, table)
+    return SplitPlan(str(path), sha256_file(path), table.num_rows, len(set(family)), len(doc_ids))
 
 
 def split_shard(docs: pa.Table, config: SplitConfig, plan: SplitPlan) -> ShardOutcome:
+    validation = load_checked_table(plan.validation_path, plan.validation_sha256)
+    row_of_doc = pc.index_in(docs.column("id"), value_set=validation.column("id"))
+    chosen = pc.is_valid(row_of_doc)
+    if not pc.any(chosen).as_py():
+        return ShardOutcome(docs, [])
+    details = {row["id"]: row for row in validation.take(pc.filter(row_of_doc, chosen)).to_pylist()}
     rows = docs.to_pylist()
     audit = []
     for row in rows:
-        detail = plan.validation.get(row["id"])
-        if detail is None:
+        held = details.get(row["id"])
+        if held is None:
             continue
         meta = json.loads(row["meta"])
         meta["split"] = VALIDATION
         row["meta"] = meta
-        audit.append({"id": row["id"], "action": "routed", "rule": HELD_OUT_RULE, "value": detail["family_size"], "threshold": None, "detail": detail})
+        detail = {"family_id": held["family_id"], "family_size": held["family_size"], "seed": config.seed}
+        audit.append({"id": row["id"], "action": "routed", "rule": HELD_OUT_RULE, "value": held["family_size"], "threshold": None, "detail": detail})
     return ShardOutcome(docs_table(rows), audit)
 
 

@@ -17,3 +17,22 @@ def wait_for_flow_run(flow_run_id, timeout_s: float = 600):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {flow_run_id} still {flow_run.state.name if flow_run.state else None}")
             time.sleep(1)
+
+
+def task_runs(flow_run_id, settle_s: float = 30.0) -> list:
+    """The flow run's task runs once every one of them shows a final state.
+
+    Prefect 3 clients report task-run states as events that the server stores
+    asynchronously, so right after a flow returns a task run may still read as
+    Running; poll (bounded) instead of reading once.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + settle_s
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            if all(r.state is not None and r.state.is_final() for r in runs) or time.monotonic() > deadline:
+                return runs
+            time.sleep(0.5)

@@ -15,7 +15,7 @@ from flows.pipeline import Runner, hymo_pipeline
 from flows.stages import stage_path
 from manifests.run_dir import completed_stages
 
-from prefect_runs import wait_for_flow_run
+from prefect_runs import task_runs, wait_for_flow_run
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -35,11 +35,7 @@ def digests(run: Path) -> dict[str, dict[str, str]]:
 
 
 def task_states(flow_run_id) -> dict[str, list[str]]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    runs = task_runs(flow_run_id)
     states: dict[str, list[str]] = {}
     for task_run in sorted(runs, key=lambda t: t.expected_start_time or t.created):
         states.setdefault(task_run.name, []).append(task_run.state.name if task_run.state else "?")

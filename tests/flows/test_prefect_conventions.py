@@ -13,16 +13,9 @@ from flows.config import load_config
 from flows.pipeline import hymo_pipeline
 from flows.stage_flow import hymo_stage
 from flows.stages import pipeline_stages, stage_path
+from prefect_runs import task_runs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-def task_runs(flow_run_id) -> list:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
 
 
 def flow_artifacts(flow_run_id) -> list:

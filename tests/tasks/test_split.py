@@ -69,3 +69,17 @@ def test_stage_routes_validation_documents_and_keeps_all(tiny_run):
     assert held_out_originals  # seed 0 holds out at least one original whose near copy was removed
     for row in held_out_originals:
         assert json.loads(row["detail"])["family_size"] == 2  # the removed copy counts in the family
+
+
+def test_shard_jobs_carry_the_path_of_the_choice_not_the_choice(tiny_run, tmp_path):
+    """Pickled into every shard job: its size must not grow with the corpus (thousands of shards at 1M documents)."""
+    import pickle
+
+    from manifests.stage_manifest import read_manifest
+    from tasks.split import plan_split
+
+    plan = plan_split(read_manifest(tiny_run / "03_dedup_fuzzy"), SplitConfig(validation_fraction=0.5), tmp_path)
+    chosen = pq.read_table(plan.validation_path)
+    assert plan.validation_documents == chosen.num_rows > 10
+    assert chosen.column("id").to_pylist() == sorted(chosen.column("id").to_pylist())
+    assert len(pickle.dumps(plan)) < 600
