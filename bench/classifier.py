@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.filters import load_corpus, write_shards  # noqa: E402
-from bench.lab1_filters import extracted_docs, write_section  # noqa: E402
-from bench.report import markdown_table  # noqa: E402
+from bench.lab1_filters import extracted_docs  # noqa: E402
+from bench.report import markdown_table, publish  # noqa: E402
 
 from tasks.fasttext_model import load_fasttext, one_line  # noqa: E402
 from tasks.quality import QualityConfig, evaluate, profile_configs  # noqa: E402
@@ -120,11 +120,7 @@ def main() -> int:
            markdown_table(header, rows), "",
            "### Speed per core", "", f"Bench corpus documents, mean {mean_kb:.1f} KB; CPU seconds of this process.", "",
            markdown_table(["what", "docs", "CPU s", "docs/s/core", "of bare speed"], speed), ""]
-    text = "\n".join(out)
-    print(text)
-    if args.write:
-        write_section(Path(args.write), SECTION, text)
-    return 0
+    return publish(out, SECTION, args.write)
 
 
 if __name__ == "__main__":

@@ -181,14 +181,10 @@ def main() -> int:
                  f"n-gram that occurs once (HyMo requires a repeat) and {short_docs} have fewer than {config.min_words} words, so in the chain "
                  "gopher_too_few_words removes them first."]
     out += examples + [""]
-    text = "\n".join(out)
-    print(text)
     print(f"kept by HyMo stage: {manifest.counts['kept']} / {n}; removed {manifest.counts['removed']}", file=sys.stderr)
-    if args.write:
-        from bench.lab1_filters import write_section
+    from bench.report import publish
 
-        write_section(Path(args.write), SECTION, text)
-    return 0
+    return publish(out, SECTION, args.write)
 
 
 if __name__ == "__main__":

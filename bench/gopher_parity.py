@@ -25,8 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.filters import family_config, load_corpus  # noqa: E402
-from bench.lab1_filters import write_section  # noqa: E402
-from bench.report import markdown_table  # noqa: E402
+from bench.report import markdown_table, publish  # noqa: E402
 
 from tasks.quality import QualityConfig, evaluate  # noqa: E402
 
@@ -126,11 +125,7 @@ def main() -> int:
         short = sum(int(e.split("; ")[1].split()[0]) < QualityConfig().min_words for _, e in unique)
         out += [f"Top n-gram class: in all {len(unique)} documents datatrove's most common n-gram occurs exactly once; "
                 f"{short} of them have fewer than {QualityConfig().min_words} words (Gopher's length rule removes them in the chain anyway).", ""]
-    text = "\n".join(out)
-    print(text)
-    if args.write:
-        write_section(Path(args.write), SECTION, text)
-    return 0
+    return publish(out, SECTION, args.write)
 
 
 if __name__ == "__main__":

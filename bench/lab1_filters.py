@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.report import markdown_table  # noqa: E402
+from bench.report import markdown_table, publish  # noqa: E402
 
 from flows.config import load_config  # noqa: E402
 from manifests.stage_manifest import is_complete  # noqa: E402
@@ -130,7 +130,8 @@ def main() -> int:
         rows.append([source, profile, n, f"{100 * (n - own['pass']) / n:.1f} %", top, f"{100 * (n - prose['pass']) / n:.1f} %", top_prose])
     out += ["### Quality rejection per source (quality rules only, before langid)", "",
             "Own profile = the source's profile rule set (documentation: no alphabetic-words rule, no C4 brace rule or line filter, no FineWeb "
-            "duplicate-line rule, duplicated-n-gram limits doubled; code also skips the prose-shape rules; docs/quality.md);",
+            "duplicate-line rule; words counted by identifier names with a 30-word floor; stop words, C4 sentences and duplicated n-grams "
+            "report-only; code also skips the prose-shape rules; docs/quality.md);",
             "prose rules = what the same documents get without that choice.", "",
             markdown_table(["source", "profile", "docs", "rejected (own profile)", "first failing rules (own profile)", "rejected (prose rules)", "top rules (prose rules)"], rows), ""]
 
@@ -173,24 +174,7 @@ def main() -> int:
     if confusions:
         out += ["Most frequent confusions (label -> predicted): " + ", ".join(f"{a}->{b} {n}" for (a, b), n in confusions.most_common(10)), ""]
 
-    text = "\n".join(out)
-    print(text)
-    if args.write:
-        write_section(Path(args.write), SECTION, text)
-    return 0
-
-
-def write_section(path: Path, heading: str, body: str) -> None:
-    """Replace (or append) one `## ` section of a Markdown file, leaving the others untouched."""
-    existing = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    start = existing.find(heading + "\n")
-    if start == -1:
-        updated = existing.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
-    else:
-        end = existing.find("\n## ", start + len(heading))
-        updated = existing[:start] + body.rstrip("\n") + "\n" + (existing[end:] if end != -1 else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(updated, encoding="utf-8")
+    return publish(out, SECTION, args.write)
 
 
 if __name__ == "__main__":

@@ -22,3 +22,25 @@ def write_section(title: str, table: str, note: str = "") -> None:
 def markdown_table(header: list[str], rows: list[tuple]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
+
+
+def replace_section(path: Path, heading: str, body: str) -> None:
+    """Replace (or append) one `## ` section of a Markdown file, leaving the others untouched."""
+    existing = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    start = existing.find(heading + "\n")
+    if start == -1:
+        updated = existing.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
+    else:
+        end = existing.find("\n## ", start + len(heading))
+        updated = existing[:start] + body.rstrip("\n") + "\n" + (existing[end:] if end != -1 else "")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(updated, encoding="utf-8")
+
+
+def publish(lines: list[str], heading: str, write_to: str | None) -> int:
+    """The end of a bench main() whose section starts with `heading`: print it, and with --write replace it in that file."""
+    text = "\n".join(lines)
+    print(text)
+    if write_to:
+        replace_section(Path(write_to), heading, text)
+    return 0
