@@ -9,9 +9,11 @@ its files are listed and streamed through fsspec (tasks/source_fs.py), and a
 file's path inside the source, hence every id, is the same as from a local copy.
 A source whose glob matches no file is an error, not an empty stage.
 
-How it runs: every source file is a task of the runner (process pool, or
-Dask tasks on a cluster; sources are streamed by whoever runs the task, so
-local paths must be on shared storage there, fsspec URLs need not be), which
+How it runs: every source file, and every JSONL_SPLIT_BYTES byte range of an
+uncompressed JSONL file (its lines numbered from a first pass of newline-count
+tasks), is a task of the runner (process pool, or Dask tasks on a cluster;
+sources are streamed by whoever runs the task, so local paths must be on
+shared storage there, fsspec URLs need not be), which
 writes the file's documents and audit rows, in record order, to intermediate
 Parquet files in the stage's work directory. The planning process then cuts
 the concatenated record stream into shards exactly where one sequential pass
@@ -50,6 +52,7 @@ from tasks.stage_runner import StageWriter, default_workers, map_shards, publish
 STAGE = "ingest"
 VERSION = "1"
 FILE_PARTS_DIR = "_files"  # under the work directory: each source file's documents and audit rows
+JSONL_SPLIT_BYTES = 64 << 20  # an uncompressed JSONL file larger than this is read as byte ranges of this size, in parallel
 FILE_BATCH_ROWS = 256  # rows per row group of those files: a shard task reads only the groups it needs
 
 
@@ -135,11 +138,12 @@ def open_maybe_gzip(path: Path | RemoteFile, source: str = ""):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def read_jsonl(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
+def read_jsonl(spec: SourceSpec, path: Path, byte_range: tuple[int, int, int] | None = None) -> Iterator[RawRecord]:
+    """The records of a JSONL file, or of the lines starting in byte_range = (start, stop, newlines before start)."""
     base_uri = relative_uri(spec, path)
     try:
-        with open_maybe_gzip(path, spec.name) as handle:
-            for line_no, line in enumerate(handle, start=1):
+        with open_maybe_gzip(path, spec.name) if byte_range is None else open_plain(path, spec.name) as handle:
+            for line_no, line in enumerate(handle, start=1) if byte_range is None else range_lines(handle, *byte_range):
                 if not line.strip():
                     continue
                 try:
@@ -158,6 +162,58 @@ def read_jsonl(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
                 yield RawRecord(str(uri), line_no, text, content_type, meta, relative_file(spec, path))
     except (EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated ({exc})") from exc
+
+
+def open_plain(path: Path | RemoteFile, source: str):
+    """A seekable binary handle on an uncompressed file."""
+    return open_stream(path, source) if isinstance(path, RemoteFile) else open(path, "rb")
+
+
+def splittable(spec: SourceSpec, path: Path | RemoteFile) -> int:
+    """The size of an uncompressed JSONL file big enough to be read as several byte ranges, else 0."""
+    if spec.kind != "jsonl" or path.suffix in (".gz", ".zst"):
+        return 0
+    try:
+        size = path.fs.size(path.path) if isinstance(path, RemoteFile) else path.stat().st_size
+    except Exception as exc:  # each filesystem client raises its own types
+        raise InputFileError(f"source {spec.name}: cannot read the size of {path} ({exc})") from exc
+    return size if size > JSONL_SPLIT_BYTES else 0
+
+
+def count_newlines(spec: SourceSpec, path: Path | RemoteFile, start: int, stop: int) -> int:
+    """Task: newlines in bytes [start, stop) of a plain file (numbering the lines of the next range)."""
+    count = 0
+    with open_plain(path, spec.name) as handle:
+        handle.seek(start)
+        while start < stop and (chunk := handle.read(min(8 << 20, stop - start))):
+            count += chunk.count(b"\n")
+            start += len(chunk)
+    return count
+
+
+def range_lines(handle, start: int, stop: int, newlines_before: int) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of the lines that start in [start, stop), numbered as a whole-file pass numbers them.
+
+    `newlines_before`: newlines in [0, start). Line n starts after the (n-1)-th
+    newline, so the first line starting at or after `start` is number
+    newlines_before + 1 when the byte before `start` is a newline; otherwise
+    the line holding `start` began earlier (it belongs to the range before)
+    and the first line of this range is the one after it.
+    """
+    line_no, position = 1, start
+    if start > 0:
+        handle.seek(start - 1)
+        line_no = newlines_before + 1
+        if handle.read(1) != b"\n":
+            position += len(handle.readline())  # the rest of a line that started before `start`
+            line_no += 1
+    while position < stop:
+        line = handle.readline()
+        if not line:
+            return
+        yield line_no, line
+        line_no += 1
+        position += len(line)
 
 
 def read_parquet(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
@@ -388,8 +444,9 @@ class FileRecords:
     records: Any  # numpy int64, records × 3
 
 
-def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str) -> FileRecords:
-    """Task: one source file's documents and audit rows, streamed into two Parquet files of FILE_BATCH_ROWS-row groups."""
+def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str,
+                byte_range: tuple[int, int, int] | None = None) -> FileRecords:
+    """Task: one source file's (or byte range's) documents and audit rows, streamed into two Parquet files of FILE_BATCH_ROWS-row groups."""
     import numpy as np
 
     docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.parquet", Path(parts_dir) / f"{index:06d}.audit.parquet"
@@ -398,7 +455,7 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
     docs, audit = [], []
     tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
     with pq.ParquetWriter(tmp_docs, DOC_SCHEMA) as doc_writer, pq.ParquetWriter(tmp_audit, AUDIT_SCHEMA) as audit_writer:
-        for raw in iter_source(spec, [path], config):
+        for raw in iter_source(spec, [path], config) if byte_range is None else read_jsonl(spec, path, byte_range):
             doc, rows = to_document(spec, raw)
             records.append((doc is not None, len(doc["text"]) if doc is not None else 0, len(rows)))
             audit.extend({**row, "stage": STAGE} for row in rows)
@@ -469,6 +526,35 @@ def write_ingest_shard(index: int, pieces: list[tuple[int, int, int, int, int]],
     return write_shard_files(Path(work_dir), STAGE, shard_name(index), kept, rows, None)
 
 
+def file_jobs(plan: list[tuple[SourceSpec, list[Path]]], config: IngestConfig, parts_dir: str, workers: int) -> list[tuple]:
+    """`ingest_file` jobs in stream order: one per file, or per byte range of a large uncompressed JSONL file."""
+    pieces = []  # (spec, path, None) or (spec, path, (start, stop))
+    for spec, files in plan:
+        for path in files:
+            size = splittable(spec, path)
+            starts = list(range(0, size, JSONL_SPLIT_BYTES)) if size else [None]
+            pieces.extend((spec, path, (start, min(start + JSONL_SPLIT_BYTES, size)) if size else None) for start in starts)
+    ranged = [(spec, path, *span) for spec, path, span in pieces if span is not None]
+    counts = [0] * len(ranged)
+    for index, count in map_shards(indexed_newlines, list(enumerate(ranged)), workers, "ingest line counts", [1] * len(ranged)):
+        counts[index] = count
+    jobs, before, ranged_index, last_path = [], 0, 0, None
+    for index, (spec, path, span) in enumerate(pieces):
+        if span is None:
+            jobs.append((index, spec, path, config, parts_dir))
+            continue
+        if path is not last_path:
+            before, last_path = 0, path
+        jobs.append((index, spec, path, config, parts_dir, (span[0], span[1], before)))
+        before += counts[ranged_index]
+        ranged_index += 1
+    return jobs
+
+
+def indexed_newlines(index: int, job: tuple) -> tuple[int, int]:
+    return index, count_newlines(*job)
+
+
 def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, workers: int | None = None) -> StageManifest:
     """Read every source into shards; a no-op when the same files and config were already ingested."""
     workers = workers or default_workers()
@@ -481,7 +567,7 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, wor
     writer = StageWriter(STAGE, VERSION, settings, key, inputs, Path(out_dir))
     parts_dir = writer.work_dir / FILE_PARTS_DIR
     try:
-        jobs = [(index, spec, path, config, str(parts_dir)) for index, (spec, path) in enumerate((s, p) for s, files in plan for p in files)]
+        jobs = file_jobs(plan, config, str(parts_dir), workers)
         files = sorted(map_shards(ingest_file, jobs, workers, STAGE, [1] * len(jobs)), key=lambda f: f.index)
         pieces = shard_pieces(files, config)
         if len(pieces) > 1 and not pieces[-1]:

@@ -83,12 +83,16 @@ def test_a_worker_killed_during_dedup_fuzzy_changes_nothing(tmp_path, upstream, 
     assert outputs(tmp_path / "fuzzy-dask") == outputs(tmp_path / "fuzzy-local")
 
 
-def test_ingest_gives_the_same_bytes_on_any_runner(tmp_path, client):
-    """Source files mapped as tasks, shards cut where one sequential pass cuts them: process pool, 1 worker, Dask."""
+def test_ingest_gives_the_same_bytes_on_any_runner(tmp_path, client, monkeypatch):
+    """Source files (the JSONL one as 4 byte ranges) mapped as tasks, shards cut where one sequential pass cuts them:
+    process pool, 1 worker, Dask."""
     from conftest import SAMPLE, write_spec
 
+    import tasks.ingest as ingest_module
     from manifests.sources import load_spec_file
     from tasks.ingest import IngestConfig, run_ingest
+
+    monkeypatch.setattr(ingest_module, "JSONL_SPLIT_BYTES", 300_000)  # enwiki.jsonl is 1.1 MB
 
     specs = [load_spec_file(write_spec(tmp_path, "crawl", "warc", str(SAMPLE / "warc" / "sample.warc.gz"))),
              load_spec_file(write_spec(tmp_path, "prose", "jsonl", str(SAMPLE / "prose-enwiki")))]

@@ -138,3 +138,19 @@ def test_truncated_gzip_jsonl_and_unreadable_parquet_fail_the_stage(tmp_path: Pa
 def test_missing_source_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(InputFileError, match="does not exist"):
         ingest(tmp_path, [write_spec(tmp_path, "gone", "html_dir", "nowhere")])
+
+
+def test_a_large_jsonl_file_read_as_byte_ranges_gives_the_same_bytes(tmp_path: Path, monkeypatch) -> None:
+    """Ranges cut mid-line, blank and malformed lines, no final newline: ids (line numbers) and shards as one pass gives."""
+    import tasks.ingest as ingest_module
+
+    lines = ['{"text": "first document here"}', "", "   ", "not json", '{"text": "after blanks", "url": "https://x.org/1"}',
+             '{"text": 3}', '{"text": "long ' + "word " * 40 + '"}'] * 6 + ['{"text": "no final newline"}']
+    (tmp_path / "big.jsonl").write_text("\n".join(lines))
+    specs = [load_spec_file(write_spec(tmp_path, "big", "jsonl", str(tmp_path / "big.jsonl")))]
+    whole = run_ingest(specs, IngestConfig(docs_per_shard=5), tmp_path / "whole", workers=1)
+    for split, workers in ((9, 1), (64, 2), (1000, 2)):
+        monkeypatch.setattr(ingest_module, "JSONL_SPLIT_BYTES", split)
+        ranged = run_ingest(specs, IngestConfig(docs_per_shard=5), tmp_path / f"ranges-{split}", workers=workers)
+        assert [(o.path, o.sha256) for o in ranged.outputs] == [(o.path, o.sha256) for o in whole.outputs]
+    assert whole.counts["kept"] == 19 and whole.counts["removed"] == {"ingest_malformed_record": 12}

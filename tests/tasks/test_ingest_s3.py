@@ -65,8 +65,9 @@ def specs_at(directory: Path, warc: str, jsonl: str, **jsonl_extra: str) -> list
     return [write_spec(directory, "crawl", "warc", warc), write_spec(directory, "prose", "jsonl", jsonl, **jsonl_extra)]
 
 
-def test_s3_sources_give_the_local_runs_documents_ids_included(tmp_path, s3):
+def test_s3_sources_give_the_local_runs_documents_ids_included(tmp_path, s3, monkeypatch):
     local_docs, local_audit = ingest(tmp_path, specs_at(tmp_path / "local", str(WARC), str(JSONL)), "local")
+    monkeypatch.setattr("tasks.ingest.JSONL_SPLIT_BYTES", 300_000)  # the remote JSONL (1.1 MB) read as 4 ranged streams
     remote_docs, remote_audit = ingest(tmp_path, specs_at(tmp_path / "s3", f"s3://{BUCKET}/crawl/sample.warc.gz",
                                                           f"s3://{BUCKET}/prose/enwiki.jsonl"), "s3")
     assert remote_docs.num_rows > 100 and remote_docs.equals(local_docs)
