@@ -1,6 +1,6 @@
 """The data half (ingest → shards) at growing document counts: wall time, peak memory, bytes on disk per stage.
 
-    python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--reuse] [--no-write]
+    python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--reuse] [--include OTHER_WORK_DIR] [--no-write]
 
 The corpus is synthetic but keeps real word statistics: unigram frequencies
 and document lengths are read from --word-source (the anchor harness's
@@ -210,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length-scale", type=float, default=0.25, help="document length = a word-source page's length times this")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--reuse", action="store_true", help="take a size's stored result when it ran on this same commit with the same settings")
+    parser.add_argument("--include", action="append", default=[], type=Path,
+                        help="also show every stored size under this work directory (e.g. a 1M run on an earlier commit)")
     parser.add_argument("--child", type=Path)
     parser.add_argument("--run", type=Path)
     parser.add_argument("--result", type=Path)
@@ -245,12 +247,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{count} documents: {runs[count]['seconds']:.0f} s, load {load_start:.1f} -> {runs[count]['load_end']:.1f}", flush=True)
         shutil.rmtree(root / "run", ignore_errors=True)
         corpus.unlink()
-    table = scale_table(results)
-    loads = "; ".join(f"{n:,}: {runs[n]['date']}, load {runs[n]['load_start']:.1f} -> {runs[n]['load_end']:.1f}" for n in sorted(runs))
-    note = (f"x86_64 with {os.cpu_count()} CPUs, {args.workers} workers, code {commit}; synthetic documents with the word statistics of "
+    columns = [(runs[n]["meta"]["commit"], n, results[n], runs[n]) for n in sorted(results)]
+    for directory in args.include:
+        for root in sorted(Path(directory).iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+            if (root / "run.json").exists() and (root / "result.json").exists():
+                stored = json.loads((root / "run.json").read_text())
+                columns.append((stored["meta"]["commit"], stored["meta"]["docs"], json.loads((root / "result.json").read_text()), stored))
+    table = scale_table(columns)
+    loads = "; ".join(f"{n:,} at {c}: {r['date']}, load {r['load_start']:.1f} -> {r['load_end']:.1f}" for c, n, _, r in columns)
+    note = (f"x86_64 with {os.cpu_count()} CPUs, {args.workers} workers; synthetic documents with the word statistics of "
             f"{args.word_source.name} (page lengths x {args.length_scale:g}, documentation profile, paragraphs), 10 % near copies. "
-            f"Runs ({loads}). Cells: wall s / CPU s of the process tree / largest process / bytes on disk. CPU seconds are the "
-            f"cost measure when the runs saw different loads (wall stretches with the load, CPU much less). Plot: docs/scale.png.")
+            f"Runs ({loads}). Cells: wall s / CPU s of the process tree / largest process / bytes on disk; a column's per-document "
+            f"cost is compared with the smallest size run on the same code. CPU seconds are the cost measure when runs saw different "
+            f"loads (wall stretches with the load, CPU much less). Plot (this invocation's runs): docs/scale.png.")
     print(f"\n{note}\n\n{table}")
     if not args.no_write:
         plot(results, REPO / "docs" / "scale.png")
@@ -265,25 +274,28 @@ def code_commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
-def scale_table(results: dict[int, list[dict]]) -> str:
-    """Per stage and size: wall / CPU / largest process / on disk; then totals and per-document cost against the smallest size."""
+def scale_table(columns: list[tuple[str, int, list[dict], dict]]) -> str:
+    """Per stage and (code, size): wall / CPU / largest process / on disk; totals; per-document cost against the
+    smallest size run on the same code."""
     from bench.report import markdown_table
 
-    sizes = sorted(results)
     rows = []
-    for stage in [row["stage"] for row in results[sizes[0]]]:
-        cells = [next(r for r in results[n] if r["stage"] == stage) for n in sizes]
-        rows.append((stage, *(f"{c['seconds']:.1f} s / {c.get('cpu_seconds', float('nan')):.1f} s / {c['largest_mb']:.0f} MB / "
-                              f"{c['bytes'] / 2**20:.1f} MB" for c in cells)))
-    wall = {n: sum(r["seconds"] for r in results[n]) for n in sizes}
-    cpu = {n: sum(r.get("cpu_seconds", float("nan")) for r in results[n]) for n in sizes}
-    rows.append(("all stages", *(f"{wall[n]:.0f} s ({wall[n] / n * 1e6:.0f} µs/doc) / {cpu[n]:.0f} s ({cpu[n] / n * 1e6:.0f} µs/doc) / "
-                                 f"{max(r['largest_mb'] for r in results[n]):.0f} MB largest, {max(r['tree_mb'] for r in results[n]):.0f} MB tree / "
-                                 f"{sum(r['bytes'] for r in results[n]) / 2**30:.2f} GB" for n in sizes)))
-    base = sizes[0]
-    rows.append((f"per-document cost vs {base:,}", *(f"wall {wall[n] / n / (wall[base] / base):.2f}x, CPU {cpu[n] / n / (cpu[base] / base):.2f}x"
-                                                      for n in sizes)))
-    return markdown_table(["stage", *(f"{n:,} docs: wall / CPU / largest process / on disk" for n in sizes)], rows)
+    for stage in [row["stage"] for row in columns[0][2]]:
+        cells = [next((r for r in rows_of if r["stage"] == stage), None) for _, _, rows_of, _ in columns]
+        rows.append((stage, *("-" if c is None else f"{c['seconds']:.1f} s / {c.get('cpu_seconds', float('nan')):.1f} s / "
+                              f"{c['largest_mb']:.0f} MB / {c['bytes'] / 2**20:.1f} MB" for c in cells)))
+    wall = [sum(r["seconds"] for r in rows_of) / n for _, n, rows_of, _ in columns]
+    cpu = [sum(r.get("cpu_seconds", float("nan")) for r in rows_of) / n for _, n, rows_of, _ in columns]
+    rows.append(("all stages", *(f"{w * n:.0f} s ({w * 1e6:.0f} µs/doc) / {c * n:.0f} s ({c * 1e6:.0f} µs/doc) / "
+                                 f"{max(r['largest_mb'] for r in rows_of):.0f} MB largest, {max(r['tree_mb'] for r in rows_of):.0f} MB tree / "
+                                 f"{sum(r['bytes'] for r in rows_of) / 2**30:.2f} GB" for w, c, (_, n, rows_of, _) in zip(wall, cpu, columns))))
+    ratios = []
+    for commit, n, _, _ in columns:
+        base = min(i for i, (other, m, _, _) in enumerate(columns) if other == commit and m == min(k for o, k, _, _ in columns if o == commit))
+        i = next(i for i, (other, m, _, _) in enumerate(columns) if other == commit and m == n)
+        ratios.append(f"wall {wall[i] / wall[base]:.2f}x, CPU {cpu[i] / cpu[base]:.2f}x vs {columns[base][1]:,}")
+    rows.append(("per-document cost", *ratios))
+    return markdown_table(["stage", *(f"{n:,} docs @{commit}: wall / CPU / largest / on disk" for commit, n, _, _ in columns)], rows)
 
 
 if __name__ == "__main__":

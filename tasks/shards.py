@@ -5,7 +5,7 @@ stream (windows may later cross an EOS, as in Lab 2), stored as flat arrays of
 token ids, uint16 when every id fits in 65,536, else uint32 (little-endian
 here, whatever the machine). Each unique document is tokenised once: the
 training side by the mixture stage, which had to count its tokens anyway
-(its train_tokens.bin, read here by memmap), the validation side here
+(its train_tokens.bin, read here piece by piece), the validation side here
 (tasks.encoding: batches on every core). Mixture repeats are copies, placed in
 epoch-major seeded order so a repeat never sits beside its original. A shard
 holds at most `tokens_per_shard` tokens; a document crossing a boundary gets
@@ -15,6 +15,7 @@ repeat) let `trace_token` name the document of any training token.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,11 +57,17 @@ class ShardsConfig:
 
 @dataclass
 class SideTokens:
-    """One side's documents, each tokenised once: ids, where each starts in `tokens` and how long it is (EOS included)."""
+    """One side's documents, each tokenised once: ids, where each starts in the token file and how long it is (EOS included).
+
+    The token file is read with pread, piece by piece, not memory-mapped: at a
+    million documents a mapping's touched pages (hundreds of MB) would count as
+    this process's resident memory.
+    """
     ids: list[str]
     starts: np.ndarray
     lengths: np.ndarray
-    tokens: np.ndarray
+    path: Path
+    dtype: np.dtype
 
 
 def encode_side(tables: Iterable[pa.Table], tokenizer, eos_id: int, dtype: np.dtype, path: Path) -> SideTokens:
@@ -74,17 +81,12 @@ def encode_side(tables: Iterable[pa.Table], tokenizer, eos_id: int, dtype: np.dt
             ids += batch.column("id").to_pylist()
             lengths.append(batch_lengths)
     all_lengths = np.concatenate(lengths)
-    size = int(all_lengths.sum())
-    tokens = np.memmap(path, dtype=dtype, mode="r", shape=(size,)) if size else np.zeros(0, dtype)
-    return SideTokens(ids, np.cumsum(all_lengths) - all_lengths, all_lengths, tokens)
+    return SideTokens(ids, np.cumsum(all_lengths) - all_lengths, all_lengths, path, dtype)
 
 
 def planned_side(plan: pa.Table, tokens_path: Path, dtype: np.dtype) -> tuple[SideTokens, np.ndarray]:
     """The training side as the mixture stage tokenised it, and each document's repeats."""
-    lengths = plan.column("tokens").to_numpy()
-    size = int(lengths.sum())
-    tokens = np.memmap(tokens_path, dtype=dtype, mode="r", shape=(size,)) if size else np.zeros(0, dtype)
-    side = SideTokens(plan.column("id").to_pylist(), plan.column("offset").to_numpy(), lengths, tokens)
+    side = SideTokens(plan.column("id").to_pylist(), plan.column("offset").to_numpy(), plan.column("tokens").to_numpy(), tokens_path, dtype)
     return side, plan.column("repeats").to_numpy()
 
 
@@ -100,7 +102,8 @@ def occurrence_order(ids: list[str], repeats: np.ndarray, seed: int) -> tuple[np
 def write_stream(side: SideTokens, doc: np.ndarray, repeat: np.ndarray, tokens_per_shard: int, out_dir: Path, prefix: str) -> list[dict[str, Any]]:
     """Cut the occurrence stream into bounded shards; one .bin and one .idx.parquet per shard."""
     shards: list[dict[str, Any]] = []
-    buffer = np.empty(tokens_per_shard, dtype=side.tokens.dtype)
+    buffer = np.empty(tokens_per_shard, dtype=side.dtype)
+    item = side.dtype.itemsize
     fill = 0
     index: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
 
@@ -112,18 +115,22 @@ def write_stream(side: SideTokens, doc: np.ndarray, repeat: np.ndarray, tokens_p
         shards.append({"name": name, "tokens": fill, "documents": len(index["doc_id"])})
         fill, index = 0, {name: [] for name in INDEX_SCHEMA.names}
 
-    for d, k in zip(doc.tolist(), repeat.tolist()):
-        start, length = int(side.starts[d]), int(side.lengths[d])
-        done = 0
-        while done < length:
-            piece = min(length - done, tokens_per_shard - fill)
-            buffer[fill:fill + piece] = side.tokens[start + done:start + done + piece]
-            for column, value in zip(INDEX_SCHEMA.names, (side.ids[d], fill, piece, done, k)):
-                index[column].append(value)
-            fill += piece
-            done += piece
-            if fill == tokens_per_shard:
-                flush()
+    tokens = os.open(side.path, os.O_RDONLY)
+    try:
+        for d, k in zip(doc.tolist(), repeat.tolist()):
+            start, length = int(side.starts[d]), int(side.lengths[d])
+            done = 0
+            while done < length:
+                piece = min(length - done, tokens_per_shard - fill)
+                buffer[fill:fill + piece] = np.frombuffer(os.pread(tokens, piece * item, (start + done) * item), dtype=side.dtype)
+                for column, value in zip(INDEX_SCHEMA.names, (side.ids[d], fill, piece, done, k)):
+                    index[column].append(value)
+                fill += piece
+                done += piece
+                if fill == tokens_per_shard:
+                    flush()
+    finally:
+        os.close(tokens)
     if fill:
         flush()
     return shards

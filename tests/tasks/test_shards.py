@@ -99,18 +99,18 @@ def test_trace_names_document_and_position_across_a_shard_boundary(tiny_run):
         trace_token(tiny_run, 99, 0)
 
 
-def small_side(docs):
+def small_side(tmp_path, docs):
     from tasks.shards import SideTokens
 
     lengths = np.array([n for _, n in docs])
-    tokens = np.concatenate([np.arange(n, dtype="<u2") for _, n in docs])
-    return SideTokens([d for d, _ in docs], np.cumsum(lengths) - lengths, lengths, tokens)
+    np.concatenate([np.arange(n, dtype="<u2") for _, n in docs]).tofile(tmp_path / "tokens.bin")
+    return SideTokens([d for d, _ in docs], np.cumsum(lengths) - lengths, lengths, tmp_path / "tokens.bin", np.dtype("<u2"))
 
 
 def test_stream_splits_documents_at_the_shard_bound_and_indexes_each_piece(tmp_path):
     from tasks.shards import write_stream
 
-    side = small_side([("a", 5), ("b", 7), ("c", 4)])  # 16 tokens, shards of 6
+    side = small_side(tmp_path, [("a", 5), ("b", 7), ("c", 4)])  # 16 tokens, shards of 6
     (tmp_path / "out").mkdir()
     shards = write_stream(side, np.array([0, 1, 2]), np.array([0, 0, 0]), 6, tmp_path / "out", "train")
     assert [s["tokens"] for s in shards] == [6, 6, 4]
@@ -124,7 +124,7 @@ def test_stream_splits_documents_at_the_shard_bound_and_indexes_each_piece(tmp_p
 def test_document_longer_than_a_shard_spans_several(tmp_path):
     from tasks.shards import write_stream
 
-    side = small_side([("long", 13)])
+    side = small_side(tmp_path, [("long", 13)])
     (tmp_path / "out").mkdir()
     shards = write_stream(side, np.array([0, 0]), np.array([0, 1]), 5, tmp_path / "out", "train")
     assert [s["tokens"] for s in shards] == [5, 5, 5, 5, 5, 1]
