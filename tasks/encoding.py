@@ -119,3 +119,13 @@ def ids_with_eos(ids: list[list[int]], eos_id: int, dtype: np.dtype) -> tuple[np
     is_text[np.cumsum(lengths) - 1] = False
     flat[is_text] = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(is_text.sum()))
     return flat, lengths
+
+
+def encode_to_file(tokenizer, tables: Iterable[pa.Table], eos_id: int, dtype: np.dtype, path) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    """Tokenise documents in order, each one's ids then EOS appended to the flat file at `path`;
+    yields (batch, each document's length in the file) as the batches are written."""
+    with open(path, "wb") as handle:
+        for batch, ids in encoded_batches(tokenizer, tables):
+            flat, lengths = ids_with_eos(ids, eos_id, dtype)
+            handle.write(flat.tobytes())
+            yield batch, lengths

@@ -29,7 +29,7 @@ from prefect import task
 
 from manifests.atomic import atomic_write_parquet, atomic_write_text
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.encoding import encoded_batches, ids_with_eos, token_dtype
+from tasks.encoding import encode_to_file, token_dtype
 from tasks.split import iter_split_docs, seeded_rank
 from tasks.stage_runner import run_artifact_stage
 from tasks.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
@@ -121,16 +121,12 @@ def encode_training_side(split_dir: Path, tokenizer, tokens_path: Path) -> pa.Ta
     `tokens` counts EOS too (what a document occupies in the stream). The token
     file is what the shards stage lays out, so no document is tokenised twice.
     """
-    dtype = token_dtype(vocab_size_of(tokenizer))
-    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    docs = iter_split_docs(split_dir, "train", ["id", "source", "lang", "text"])
     tables = [COUNT_SCHEMA.empty_table()]
-    with open(tokens_path, "wb") as handle:
-        for batch, ids in encoded_batches(tokenizer, iter_split_docs(split_dir, "train", ["id", "source", "lang", "text"])):
-            flat, lengths = ids_with_eos(ids, eos_id, dtype)
-            handle.write(flat.tobytes())
-            lang = pc.fill_null(batch.column("lang"), UNKNOWN_LANG)
-            lang = pc.if_else(pc.equal(lang, ""), UNKNOWN_LANG, lang)
-            tables.append(pa.table([batch.column("id"), batch.column("source"), lang, pa.array(lengths, pa.int64())], schema=COUNT_SCHEMA))
+    for batch, lengths in encode_to_file(tokenizer, docs, tokenizer.token_to_id(EOS_TOKEN), token_dtype(vocab_size_of(tokenizer)), tokens_path):
+        lang = pc.fill_null(batch.column("lang"), UNKNOWN_LANG)
+        lang = pc.if_else(pc.equal(lang, ""), UNKNOWN_LANG, lang)
+        tables.append(pa.table([batch.column("id"), batch.column("source"), lang, pa.array(lengths, pa.int64())], schema=COUNT_SCHEMA))
     return pa.concat_tables(tables).combine_chunks()
 
 

@@ -32,7 +32,7 @@ from manifests.corpus import (CORPUS_FILE, filters_by_source, ingested_by_source
 from manifests.digest import sha256_file
 from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.encoding import encoded_batches, ids_with_eos, token_dtype
+from tasks.encoding import encode_to_file, token_dtype
 from tasks.mixture import PLAN_FILE, TABLE_FILE, TOKENS_FILE
 from tasks.split import HELD_OUT_RULE, VALIDATION, iter_split_docs, seeded_rank
 from tasks.stage_runner import run_artifact_stage
@@ -74,12 +74,9 @@ def encode_side(tables: Iterable[pa.Table], tokenizer, eos_id: int, dtype: np.dt
     """Tokenise documents in order into a flat file at `path` (a side the mixture stage did not tokenise)."""
     ids: list[str] = []
     lengths = [np.zeros(0, np.int64)]
-    with open(path, "wb") as handle:
-        for batch, batch_ids in encoded_batches(tokenizer, tables):
-            flat, batch_lengths = ids_with_eos(batch_ids, eos_id, dtype)
-            handle.write(flat.tobytes())
-            ids += batch.column("id").to_pylist()
-            lengths.append(batch_lengths)
+    for batch, batch_lengths in encode_to_file(tokenizer, tables, eos_id, dtype, path):
+        ids += batch.column("id").to_pylist()
+        lengths.append(batch_lengths)
     all_lengths = np.concatenate(lengths)
     return SideTokens(ids, np.cumsum(all_lengths) - all_lengths, all_lengths, path, dtype)
 
