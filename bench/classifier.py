@@ -31,10 +31,11 @@ from bench.filters import load_corpus, write_shards  # noqa: E402
 from bench.lab1_filters import extracted_docs  # noqa: E402
 from bench.report import markdown_table, publish  # noqa: E402
 
-from tasks.fasttext_model import load_fasttext, one_line  # noqa: E402
-from tasks.quality import QualityConfig, evaluate, profile_configs  # noqa: E402
-from tasks.quality_classifier import is_heldout, positive_scores  # noqa: E402
-from tasks.quality_model import QualityModelConfig, model_file, run_quality_model  # noqa: E402
+from tasks.filters.fasttext_model import load_fasttext, one_line  # noqa: E402
+from tasks.filters.quality import evaluate, profile_configs
+from tasks.filters.quality_config import QualityConfig
+from tasks.filters.quality_classifier import is_heldout, positive_scores  # noqa: E402
+from tasks.filters.quality_model import QualityModelConfig, model_file, run_quality_model  # noqa: E402
 
 SECTION = "## Quality classifier (bench/classifier.py)"
 GOOD = ("clean", "exact_copy", "near_copy")

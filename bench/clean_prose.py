@@ -35,7 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.report import markdown_table, publish  # noqa: E402
 
 from manifests.sources import load_source  # noqa: E402
-from tasks.quality import QualityConfig, TextView, evaluate, profile_configs, rule_plan  # noqa: E402
+from tasks.filters.quality import evaluate, profile_configs, rule_plan
+from tasks.filters.quality_config import QualityConfig
+from tasks.filters.text_view import TextView
 
 SECTION = "## Quality stages: clean text kept (bench/clean_prose.py)"
 GOOD = ("clean", "exact_copy", "near_copy")

@@ -49,7 +49,7 @@ def prepare_input(source: str, out_dir: Path, shards: int) -> None:
     import pyarrow as pa
 
     from manifests.schema import DOC_SCHEMA
-    from tasks.stage_runner import StageWriter
+    from tasks.runner.stage_runner import StageWriter
 
     if source.startswith("synthetic:"):
         ids, texts = synthetic_corpus(int(source.split(":")[1]))
@@ -146,7 +146,7 @@ class RssSplitSampler:
 
 def hymo_worker(upstream: Path, workdir: Path, workers: int, result: Path) -> None:
     """Child: time dedup_exact then dedup_fuzzy on a published stage; write removed ids, stage stats, anon/file RSS peaks."""
-    from tasks.stage_runner import read_stage_audit
+    from tasks.runner.stage_runner import read_stage_audit
 
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -158,8 +158,8 @@ def hymo_worker(upstream: Path, workdir: Path, workers: int, result: Path) -> No
 
 
 def run_both_stages(upstream: Path, workdir: Path, workers: int) -> dict:
-    from tasks.dedup_exact import DedupExactConfig, run_dedup_exact
-    from tasks.dedup_fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
+    from tasks.dedup.exact import DedupExactConfig, run_dedup_exact
+    from tasks.dedup.fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
 
     started = time.perf_counter()
     exact = run_dedup_exact(DedupExactConfig(), upstream, workdir / "exact", workers)
@@ -259,8 +259,8 @@ def signature_engines(args: argparse.Namespace) -> int:
     import numpy as np
     from datasketch import MinHash
 
-    from tasks.minhash import HashFamily, signatures
-    from tasks.shingles import TokenHashCache, batch_ngram_hashes, tokens
+    from tasks.dedup.minhash import HashFamily, signatures
+    from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
 
     common = harness(args.bench_dir)
     texts = [r["text"] for r in common.load_corpus(args.scale)]

@@ -42,8 +42,8 @@ def child(code: Path, upstream: Path, out: Path, workers: int, result: Path) -> 
     sys.path.insert(0, str(code))
     import shutil
 
-    from tasks.dedup_fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
-    from tasks.stage_runner import read_stage_audit
+    from tasks.dedup.fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
+    from tasks.runner.stage_runner import read_stage_audit
 
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Exact all-pairs truth ({truth_seconds:.1f} s): {len(truth_pairs)} pairs with J ≥ 0.8, {len(truth)} removals; "
             f"{near_pairs:,} pairs with J ≥ 0.6. Candidate pairs are all pairs of every bucket (this checkout: of every band, counted "
             "before pairs proposed by several bands are merged; older code: of buckets not already one cluster); "
-            "buckets of ≥ 64 members are counted exactly in bulk (tasks/pair_jaccard.py), smaller ones through the "
+            "buckets of ≥ 64 members are counted exactly in bulk (tasks/dedup/pair_jaccard.py), smaller ones through the "
             "signature filter, and 'verified pairs' are the pair-by-pair exact checks. Recall short of 1 is a pair that shares "
             "no band at all (14 × 8 catches J = 0.8 with P = 0.92). Seconds are wall time on a shared machine.")
     print(f"\n{note}\n\n{table}")

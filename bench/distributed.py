@@ -36,12 +36,13 @@ def worker(args: argparse.Namespace) -> None:
     """One rank (or the plain process): time `steps` updates after 2 warm-up updates; rank 0 prints JSON."""
     import torch
 
-    from hymo_core.configs import ModelConfig, TrainConfig
-    from hymo_core.distributed import all_reduce_mean, close_runtime, init_runtime
-    from hymo_core.model import Transformer
-    from hymo_core.optim import build_optimizer
-    from hymo_core.parallelize import parallelize
-    from hymo_core.trainer import QKClip, autocast, model_flops_per_token, reference_flops
+    from hymo_core.models.configs import ModelConfig
+    from hymo_core.train.config import TrainConfig
+    from hymo_core.distributed.process_group import all_reduce_mean, close_runtime, init_runtime
+    from hymo_core.models.model import Transformer
+    from hymo_core.train.optim import build_optimizer
+    from hymo_core.distributed.parallelize import parallelize
+    from hymo_core.train.trainer import QKClip, autocast, model_flops_per_token, reference_flops
 
     shape = json.loads(args.shape)
     config = TrainConfig(batch_size=args.batch, seq_len=args.seq_len, gradient_accumulation_steps=args.accum, max_steps=10,

@@ -2,7 +2,7 @@
 
     python bench/exact_resume.py --corpus runs/sample [--steps 20] [--write]
 
-Same recipe as the pretrain stage (hymo_core.train.SAMPLE_*), horizon fixed at N so both sessions see
+Same recipe as the pretrain stage (hymo_core.train.run.SAMPLE_*), horizon fixed at N so both sessions see
 the same LR schedule. The control resumes the same weights, data cursor and RNG with a fresh optimizer.
 """
 from __future__ import annotations
@@ -22,12 +22,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hymo_core.checkpoint import _rng_from_payload, read_checkpoint, weights_sha256  # noqa: E402
-from hymo_core.data import CorpusReader, TokenLoader  # noqa: E402
-from hymo_core.model import ModelConfig, Transformer  # noqa: E402
-from hymo_core.optim import build_optimizer  # noqa: E402
-from hymo_core.train import SAMPLE_MODEL, SAMPLE_TRAIN, run_training  # noqa: E402
-from hymo_core.trainer import TrainHooks, TrainState, restore_rng, train  # noqa: E402
+from hymo_core.checkpoint.common import rng_from_payload, weights_sha256
+from hymo_core.checkpoint.single import read_checkpoint
+from hymo_core.train.data import CorpusReader, TokenLoader  # noqa: E402
+from hymo_core.models.model import ModelConfig, Transformer  # noqa: E402
+from hymo_core.train.optim import build_optimizer  # noqa: E402
+from hymo_core.train.config import SAMPLE_TRAIN
+from hymo_core.train.run import SAMPLE_MODEL, run_training
+from hymo_core.train.trainer import TrainHooks, TrainState, restore_rng, train  # noqa: E402
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = build_optimizer(model, config.optimizer_config(torch.device("cpu")))
     loader = TokenLoader(CorpusReader(args.corpus), "train", config.seq_len, config.batch_size, config.seed)
     loader.load_state_dict(payload["loaders"]["train"])
-    restore_rng(_rng_from_payload(payload["rng"]))
+    restore_rng(rng_from_payload(payload["rng"]))
     control: dict[int, float] = {}
     train(model, optimizer, loader, None, config, TrainState.from_dict(payload["state"]), torch.device("cpu"),
           TrainHooks(on_update=lambda s, loss, lr: control.__setitem__(s.step, loss)))
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from bench.report import write_section
 
-        write_section("Exact resume (bench/exact_resume.py; CI: tests/hymo_core/test_resume.py)", table,
+        write_section("Exact resume (bench/exact_resume.py; CI: tests/hymo_core/checkpoint/test_resume.py)", table,
                       f"Sample recipe ({sum(p.numel() for p in model.parameters()):,} parameters, {config.batch_size} x {config.seq_len} tokens "
                       f"per update) on the sample corpus, CPU fp32, {torch.get_num_threads()} threads; Lab 2's criterion is a maximum loss "
                       "error of 0. Machine: 2-core x86_64 CPU (shared).")

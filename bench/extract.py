@@ -19,10 +19,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from manifests.sources import SourceSpec  # noqa: E402
-from tasks.extract import ExtractConfig, run_extract  # noqa: E402
-from tasks.extract_page import extract_main_text  # noqa: E402
-from tasks.ingest import IngestConfig, run_ingest  # noqa: E402
-from tasks.stage_runner import default_workers  # noqa: E402
+from tasks.ingest.extract import ExtractConfig, run_extract  # noqa: E402
+from tasks.ingest.extract_page import extract_main_text  # noqa: E402
+from tasks.ingest.ingest import IngestConfig, run_ingest  # noqa: E402
+from tasks.runner.stage_runner import default_workers  # noqa: E402
 
 from bench.report import markdown_table, write_section  # noqa: E402
 
@@ -86,7 +86,7 @@ def main() -> None:
         note = (f"Pages: {spec.origin}. Machine: {os.cpu_count()}-core {platform.machine()}, Python {platform.python_version()}. "
                 "The stage time includes starting its supervised children, encoding repair (ftfy) of every text and writing Parquet; "
                 "the loop only extracts. What makes the stage fast: one set of children serves every shard, each child is a fresh "
-                "interpreter importing only tasks/extract_page.py (ready in ~2 s instead of ~4 s), pages go out largest first.")
+                "interpreter importing only tasks/ingest/extract_page.py (ready in ~2 s instead of ~4 s), pages go out largest first.")
         write_section("Extraction (bench/extract.py)", table, note)
 
 

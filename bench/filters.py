@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.report import markdown_table  # noqa: E402
 
 from manifests.schema import docs_table  # noqa: E402
-from tasks.quality import QualityConfig, evaluate, run_quality, whitespace_rules  # noqa: E402
-from tasks.stage_runner import StageWriter  # noqa: E402
+from tasks.filters.quality import evaluate, run_quality, whitespace_rules
+from tasks.filters.quality_config import QualityConfig
+from tasks.runner.stage_runner import StageWriter  # noqa: E402
 
 SECTION = "## Quality stages: speed vs datatrove"
 FAMILIES = {

@@ -87,7 +87,7 @@ def cpu_section(lengths: list[int], repeats: int) -> None:
 def gpu_section(repeats: int) -> None:
     if not torch.cuda.is_available():
         write_section(GPU_TITLE, "No GPU available in this session: the Triton kernel was checked for correctness "
-                      "under TRITON_INTERPRET=1 only (tests/hymo_core/test_kernels.py); its speed against fla is "
+                      "under TRITON_INTERPRET=1 only (tests/hymo_core/kernels/test_kernels.py); its speed against fla is "
                       "unmeasured.", "")
         print("no GPU: GPU section records that")
         return

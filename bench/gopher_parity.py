@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.filters import family_config, load_corpus  # noqa: E402
 from bench.report import markdown_table, publish  # noqa: E402
 
-from tasks.quality import QualityConfig, evaluate  # noqa: E402
+from tasks.filters.quality import evaluate
+from tasks.filters.quality_config import QualityConfig
 
 SECTION = "## Gopher repetition: every disagreement with datatrove (bench/gopher_parity.py)"
 

@@ -21,9 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import markdown_table, write_section  # noqa: E402
-from hymo_core.configs import ModelConfig, TrainConfig  # noqa: E402
-from hymo_core.presets import PRESET_TRAINING, PRESETS  # noqa: E402
-from hymo_core.train import SAMPLE_MODEL, SAMPLE_TRAIN, run_training  # noqa: E402
+from hymo_core.models.configs import ModelConfig
+from hymo_core.train.config import TrainConfig
+from hymo_core.models.presets import PRESET_TRAINING, PRESETS  # noqa: E402
+from hymo_core.train.config import SAMPLE_TRAIN
+from hymo_core.train.run import SAMPLE_MODEL, run_training
 
 PICTURE = Path(__file__).resolve().parent.parent / "docs" / "hybrid_vs_dense_loss.png"
 TITLE = "hymo_core III: hymo-tiny hybrid vs dense sample model (bench/hybrid_vs_dense.py)"

@@ -27,11 +27,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from manifests.schema import docs_table  # noqa: E402
-from tasks.dedup_exact import DedupExactConfig, run_dedup_exact  # noqa: E402
-from tasks.dedup_fuzzy import DedupFuzzyConfig, run_dedup_fuzzy  # noqa: E402
-from tasks.minhash import HashFamily, band_keys, candidate_probability, signatures  # noqa: E402
-from tasks.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, sorted_set, tokens  # noqa: E402
-from tasks.stage_runner import StageWriter, read_stage_audit  # noqa: E402
+from tasks.dedup.exact import DedupExactConfig, run_dedup_exact  # noqa: E402
+from tasks.dedup.fuzzy import DedupFuzzyConfig, run_dedup_fuzzy  # noqa: E402
+from tasks.dedup.minhash import HashFamily, band_keys, candidate_probability, signatures  # noqa: E402
+from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, sorted_set, tokens  # noqa: E402
+from tasks.runner.stage_runner import StageWriter, read_stage_audit  # noqa: E402
 
 DEFAULT_INPUT = Path(__file__).resolve().parent.parent / "manifests" / "sample" / "generated.jsonl"
 BIN_EDGES = [0, .4, .5, .6, .7, .8, .9, 1.000001]  # the seed's bins

@@ -4,8 +4,8 @@
   python bench/lab1_filters.py [--work /tmp/hymo-lab1] [--write docs/benchmarks.md]
 
 Runs ingest and extract (no Prefect) into --work, then applies the langid and
-quality decisions exactly as the stages do (tasks.langid.langid_decision,
-tasks.quality.evaluate with each document's profile). Prints the tables and,
+quality decisions exactly as the stages do (tasks.filters.langid.langid_decision,
+tasks.filters.quality.evaluate with each document's profile). Prints the tables and,
 with --write, replaces the "## Quality stages: Lab 1 on the sample" section of
 the given Markdown file.
 """
@@ -23,13 +23,13 @@ from bench.report import markdown_table, publish  # noqa: E402
 
 from flows.config import load_config  # noqa: E402
 from manifests.stage_manifest import is_complete  # noqa: E402
-from tasks.extract import run_extract  # noqa: E402
-from tasks.ingest import run_ingest  # noqa: E402
-from tasks.langid import langid_decision, load_model  # noqa: E402
+from tasks.ingest.extract import run_extract  # noqa: E402
+from tasks.ingest.ingest import run_ingest  # noqa: E402
+from tasks.filters.langid import langid_decision, load_model  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
-from tasks.quality import evaluate, profile_configs  # noqa: E402
-from tasks.stage_runner import read_stage_docs  # noqa: E402
+from tasks.filters.quality import evaluate, profile_configs  # noqa: E402
+from tasks.runner.stage_runner import read_stage_docs  # noqa: E402
 
 SECTION = "## Quality stages: Lab 1 on the sample"
 LABEL_ORDER = ["clean", "exact_copy", "near_copy", "navigation", "spam", "repeated_line", "short"]

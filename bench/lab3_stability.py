@@ -1,6 +1,6 @@
 """Lab 3 (seed 001) on HyMo's trainer: at a high learning rate, does the max attention logit explode, and what bounds it?
 
-Each condition is a fresh small model trained by `hymo_core.trainer.train`
+Each condition is a fresh small model trained by `hymo_core.train.trainer.train`
 (MuonAdamW, the real loop) on the same corpus windows. As in the lab,
 interventions are added one at a time at the high rate; cross-entropy is
 reported without the z-loss term (`model.last_ce`). "|attn logit|" is the
@@ -21,10 +21,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hymo_core.data import CorpusReader, TokenLoader  # noqa: E402
-from hymo_core.model import ModelConfig, Transformer  # noqa: E402
-from hymo_core.optim import build_optimizer  # noqa: E402
-from hymo_core.trainer import TrainConfig, TrainHooks, TrainState, train  # noqa: E402
+from hymo_core.train.data import CorpusReader, TokenLoader  # noqa: E402
+from hymo_core.models.model import ModelConfig, Transformer  # noqa: E402
+from hymo_core.train.optim import build_optimizer  # noqa: E402
+from hymo_core.train.config import TrainConfig
+from hymo_core.train.trainer import TrainHooks, TrainState, train
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hymo_core.configs import SAMPLE_MODEL, SAMPLE_TRAIN  # noqa: E402
+from hymo_core.models.configs import SAMPLE_MODEL
+from hymo_core.train.config import SAMPLE_TRAIN
 
 GENERAL_SOURCES = ["prose-enwiki", "multilingual", "generated"]
 DOMAIN_SOURCES = ["python-docs", "python-docs-warc"]
@@ -50,14 +51,14 @@ def corpus_from_sources(sample: Path, sources: list[str], work: Path, name: str)
         config = work / f"{name}.toml"
         config.write_text(f"[run]\nsources = {json.dumps(sources)}\n", encoding="utf-8")
         hymo("run", "--config", str(config), "--out", str(run), "--until", "split")
-        from tasks.retokenize import retokenize
+        from tasks.corpus.retokenize import retokenize
 
         retokenize(run, sample, corpus)
     return corpus
 
 
 def train_base(general: Path, work: Path) -> Path:
-    from hymo_core.train import run_training
+    from hymo_core.train.run import run_training
 
     out = work / "base"
     checkpoint = out / "checkpoints" / f"step-{SAMPLE_TRAIN.max_steps:08d}.pt"
@@ -67,7 +68,7 @@ def train_base(general: Path, work: Path) -> Path:
 
 
 def run_conditions(base: Path, domain: Path, general: Path, work: Path) -> dict:
-    from hymo_core.cpt import CptConfig, run_cpt
+    from hymo_core.cpt.run import CptConfig, run_cpt
 
     results = {}
     for name, replay_ratio, peak in CONDITIONS:

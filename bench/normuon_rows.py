@@ -1,6 +1,6 @@
 """NorMuon's per-neuron (row) normalisation on vs off, with MuonAdamW as the baseline, on the sample.
 
-Every variant trains the sample recipe (hymo_core.configs SAMPLE_TRAIN / SAMPLE_MODEL: same steps,
+Every variant trains the sample recipe (hymo_core.models.configs SAMPLE_TRAIN / SAMPLE_MODEL: same steps,
 seed, data order, LR schedule) and differs only in the optimizer switches. The table goes into
 docs/benchmarks.md; docs/training.md states the default chosen from it.
 
@@ -21,8 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import markdown_table, write_section  # noqa: E402
-from hymo_core.configs import SAMPLE_MODEL, SAMPLE_TRAIN, ModelConfig  # noqa: E402
-from hymo_core.train import run_training  # noqa: E402
+from hymo_core.models.configs import SAMPLE_MODEL, ModelConfig
+from hymo_core.train.config import SAMPLE_TRAIN
+from hymo_core.train.run import run_training  # noqa: E402
 
 TITLE = "NorMuon row normalisation on the sample (bench/normuon_rows.py)"
 BASELINE = {"MuonAdamW (Nesterov, quintic NS, decoupled WD)": dict(optimizer="muon_adamw")}

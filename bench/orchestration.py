@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 def plain_loop(config, run: Path) -> float:
     from flows.stages import pipeline_stages, previous_stage_path, stage_path
-    from tasks.stage_runner import shutdown_worker_pools
+    from tasks.runner.stage_runner import shutdown_worker_pools
 
     shutdown_worker_pools()  # fresh workers, as a new `hymo run` process has
     started = time.perf_counter()

@@ -2,7 +2,7 @@
 
     python bench/pretrain_sample.py --corpus runs/sample --out /tmp/pretrain-sample [--reuse] [--write]
 
-Trains with `hymo_core.train.SAMPLE_TRAIN` / `SAMPLE_MODEL` (what `hymo run`'s pretrain stage uses),
+Trains with `hymo_core.train.run.SAMPLE_TRAIN` / `SAMPLE_MODEL` (what `hymo run`'s pretrain stage uses),
 or with --reuse reads an existing OUT/summary.json of that recipe. --write puts the table into
 docs/benchmarks.md and the picture into docs/pretrain_sample_loss.png.
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hymo_core.train import SAMPLE_MODEL, SAMPLE_TRAIN, run_training  # noqa: E402
+from hymo_core.train.config import SAMPLE_TRAIN
+from hymo_core.train.run import SAMPLE_MODEL, run_training
 
 PICTURE = Path(__file__).resolve().parent.parent / "docs" / "pretrain_sample_loss.png"
 

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.normuon_rows import train_variants  # noqa: E402
 from bench.report import markdown_table, write_section  # noqa: E402
-from hymo_core.configs import SAMPLE_TRAIN  # noqa: E402
-from hymo_core.presets import PRESET_TRAINING, PRESETS  # noqa: E402
+from hymo_core.train.config import SAMPLE_TRAIN
+from hymo_core.models.presets import PRESET_TRAINING, PRESETS  # noqa: E402
 
 TITLE = "hymo-tiny recipe ablation (bench/recipe_ablation.py)"
 FULL, FULL_TRAIN = PRESETS["hymo-tiny"], PRESET_TRAINING["hymo-tiny"]

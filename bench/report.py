@@ -10,13 +10,9 @@ HEADER = "# Benchmarks\n\nMeasured with the scripts in `bench/`; each section na
 
 
 def write_section(title: str, table: str, note: str = "") -> None:
-    text = DOC.read_text(encoding="utf-8") if DOC.exists() else HEADER
+    """This benchmark's `## title` section of docs/benchmarks.md, stamped with today's date."""
     stamp = datetime.date.today().isoformat()
-    body = f"## {title}\n\nMeasured {stamp}. {note}\n\n{table}\n"
-    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: body + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(text, encoding="utf-8")
+    replace_section(DOC, f"## {title}", f"## {title}\n\nMeasured {stamp}. {note}\n\n{table}\n")
 
 
 def markdown_table(header: list[str], rows: list[tuple]) -> str:
@@ -26,8 +22,9 @@ def markdown_table(header: list[str], rows: list[tuple]) -> str:
 
 def replace_section(path: Path, heading: str, body: str) -> None:
     """Replace (or append) one `## ` section of a Markdown file, leaving the others untouched."""
-    existing = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    start = existing.find(heading + "\n")
+    existing = path.read_text(encoding="utf-8") if path.exists() else HEADER
+    found = re.search(rf"^{re.escape(heading)}$", existing, re.M)
+    start = found.start() if found else -1
     if start == -1:
         updated = existing.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
     else:

@@ -163,7 +163,7 @@ def child(config_path: Path, run: Path, result: Path) -> None:
     """Every stage up to `shards`, in order, timed and sampled one stage at a time."""
     from flows.config import load_config
     from flows.stages import pipeline_stages, previous_stage_path, stage_path
-    from tasks.stage_runner import shutdown_worker_pools
+    from tasks.runner.stage_runner import shutdown_worker_pools
 
     config = load_config(config_path)
     rows = []

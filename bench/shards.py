@@ -35,15 +35,15 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from bench.report import markdown_table, write_section  # noqa: E402
-from hymo_core.data import CorpusReader, EndOfEpoch, TokenLoader  # noqa: E402
+from hymo_core.train.data import CorpusReader, EndOfEpoch, TokenLoader  # noqa: E402
 from manifests.corpus import source_of_id  # noqa: E402
 from manifests.run_dir import find_stage  # noqa: E402
 from manifests.stage_manifest import read_manifest  # noqa: E402
-from tasks.mixture import PLAN_FILE, MixtureConfig, run_mixture  # noqa: E402
-from tasks.shards import ShardsConfig, build_shards, token_dtype  # noqa: E402
-from tasks.split import VALIDATION, iter_split_docs  # noqa: E402
-from tasks.stage_runner import StageWriter  # noqa: E402
-from tasks.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of  # noqa: E402
+from tasks.corpus.mixture import PLAN_FILE, MixtureConfig, run_mixture  # noqa: E402
+from tasks.corpus.shards import ShardsConfig, build_shards, token_dtype  # noqa: E402
+from tasks.corpus.split import VALIDATION, iter_split_docs  # noqa: E402
+from tasks.runner.stage_runner import StageWriter  # noqa: E402
+from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of  # noqa: E402
 
 TITLE = "Shards stage: tokenisation and token loader (bench/shards.py)"
 GOAL = 1.8  # issue 5: shards-stage tokens/s vs a single-process encode loop, on 2 cores
@@ -177,7 +177,7 @@ def main() -> int:
                    f"{corpus.vocab_size}. Fastest of {args.rounds} interleaved rounds per path (this machine's speed varies "
                    f"by up to 2x between identical rounds). Mixture + shards together {verdict} the >= {GOAL}x goal: {speedup:.2f}x; "
                    f"each document is tokenised once (the mixture stage writes the training side's tokens, shards lays them out). "
-                   f"Why it is faster than a loop on 2 cores: tasks/encoding.py encodes with `encode_batch_fast` on the Rust "
+                   f"Why it is faster than a loop on 2 cores: tasks/corpus/encoding.py encodes with `encode_batch_fast` on the Rust "
                    f"thread pool (no character offsets), in batches cut by characters with long documents cut at exact "
                    f"pre-token boundaries, and encodes the next batch while Python writes the previous one.")
         write_section(TITLE, table, reading)

@@ -7,7 +7,7 @@ a bucket and a true near-copy pair can sit anywhere in it. Planted on top:
 near copies of some pages (edited until their exact Jaccard with the page
 lies in 0.80–0.95, to be removed) and looser variants (0.60–0.78, to stay).
 
-Truth is the exact Jaccard of every pair of documents (tasks/pair_jaccard.py,
+Truth is the exact Jaccard of every pair of documents (tasks/dedup/pair_jaccard.py,
 checked against pair-by-pair jaccard_of_sets in the tests): the 16M pairs of
 5,700 documents took 9–23 s here under load, not hours of a Python loop.
 """
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.minhash import UnionFind
-from tasks.pair_jaccard import pairs_at_least as exact_pairs
-from tasks.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, sorted_set, tokens
+from tasks.dedup.minhash import UnionFind
+from tasks.dedup.pair_jaccard import pairs_at_least as exact_pairs
+from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, sorted_set, tokens
 
 @dataclass(frozen=True)
 class TemplatedSite:

@@ -6,7 +6,7 @@ backward and optimizer step. Rows:
 
   * reference  - the plain-PyTorch decoder below (fused qkv projection,
                  interleaved RoPE, F.rms_norm, eager SwiGLU), torch AdamW;
-  * hymo_core  - hymo_core.model.Transformer with the same torch AdamW, so
+  * hymo_core  - hymo_core.models.model.Transformer with the same torch AdamW, so
                  the ratio compares models, not optimizers;
   * hymo_core + MuonAdamW - the real recipe (Newton-Schulz in bf16 / fp32);
 
@@ -42,8 +42,10 @@ import torch.nn.functional as F
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hymo_core.model import ModelConfig, Transformer  # noqa: E402
-from hymo_core.optim import MuonAdamW, NorMuonAdamW, NorMuonConfig, OptimizerConfig, newton_schulz, newton_schulz_batched  # noqa: E402
+from hymo_core.models.model import ModelConfig, Transformer  # noqa: E402
+from hymo_core.train.optim import MuonAdamW, NorMuonAdamW, newton_schulz, newton_schulz_batched
+from hymo_core.train.optim_config import NorMuonConfig, OptimizerConfig
+from bench.report import replace_section  # noqa: E402
 
 HEADING = "## hymo_core I: training step (bench/train_step.py)"
 OPTIMIZER_HEADING = "## hymo_core IV: optimizer step, NorMuon vs MuonAdamW (bench/train_step.py --optimizer-only)"
@@ -275,7 +277,8 @@ def main() -> int:
         section = render_optimizer(optimizer_rows(args.steps, with_bf16=False), args)
         print()
         print(section)
-        write_section(args.output, section, OPTIMIZER_HEADING)
+        replace_section(args.output, OPTIMIZER_HEADING, section)
+        print(f"wrote {args.output}")
         return 0
 
     def build_reference():
@@ -305,7 +308,7 @@ def main() -> int:
     section = render(rows, optimizer_rows(args.steps), args)
     print()
     print(section)
-    write_section(args.output, section, HEADING)
+    replace_section(args.output, HEADING, section)
     return 0
 
 
@@ -360,20 +363,6 @@ def render(rows, optimizer_rows, args) -> str:
     lines += [""] + optimizer_table(optimizer_rows, args.steps)
     lines.append("")
     return "\n".join(lines)
-
-
-def write_section(path: Path, section: str, heading: str) -> None:
-    """Replace this benchmark's section in docs/benchmarks.md, keeping everyone else's."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if heading in text:
-        start = text.index(heading)
-        following = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + (text[following + 1:] if following != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text if text.endswith("\n") else text + "\n")
-    print(f"wrote {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""An example user-defined filter stage (README, "Your own filter stages"; used by tests/tasks/test_user_filter.py).
+"""An example user-defined filter stage (README, "Your own filter stages"; used by tests/tasks/filters/test_user_filter.py).
 
 Enable it in a pipeline TOML:
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from tasks.user_filter import Decision
+from tasks.filters.user_filter import Decision
 
 LOREM = re.compile(r"\blorem\s+ipsum\b", re.IGNORECASE)
 MAX_LOREM_PER_1000_WORDS = 1.0  # a single quoted "lorem ipsum" in a long article is fine; filler text is not

@@ -7,16 +7,15 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from rich.console import Console
 from rich.table import Table
 
 from manifests.audit_query import decisions_for, funnel, sample_removed
 from manifests.run_dir import completed_stages
 
 from flows import cli_classifier, cli_cpt, cli_trace, cli_train, serve
+from flows.console import console
 from flows.prefect_env import apply_prefect_defaults
 
-console = Console()
 DEFAULT_RUN = "runs/sample"
 
 # Sub-command modules outside this file register here: add_commands(subparsers).

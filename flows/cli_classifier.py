@@ -7,7 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from tasks.quality_classifier import ClassifierTrainConfig, reproduce_command, train_classifier
+from tasks.filters.quality_classifier import ClassifierTrainConfig, reproduce_command, train_classifier
 
 SAMPLE_COMMAND = ("hymo classifier train --positives prose-enwiki --negatives python-docs "
                   "--negatives 'generated?label=navigation,spam,repeated_line,short' "

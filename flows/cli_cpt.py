@@ -11,7 +11,7 @@ console = Console()
 
 def gate_from_args(args: argparse.Namespace):
     """--gate FILE, else the criteria the flags give (Lab 5's gate by default)."""
-    from hymo_core.gate import Criterion
+    from hymo_core.cpt.gate import Criterion
 
     if args.gate:
         return args.gate
@@ -22,8 +22,8 @@ def gate_from_args(args: argparse.Namespace):
 
 
 def cmd_cpt(args: argparse.Namespace) -> int:
-    from hymo_core.cpt import CptConfig, run_cpt, verdict_lines
-    from hymo_core.train import default_device
+    from hymo_core.cpt.run import CptConfig, run_cpt, verdict_lines
+    from hymo_core.train.run import default_device
 
     config = CptConfig(replay_ratio=args.replay, peak_lr=args.peak_lr, steps=args.steps, warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio,
                        eval_interval=args.eval_interval, eval_batches=args.eval_batches, sampler_seed=args.sampler_seed, seed=args.seed)
@@ -37,7 +37,7 @@ def cmd_cpt(args: argparse.Namespace) -> int:
 
 
 def cmd_retokenize(args: argparse.Namespace) -> int:
-    from tasks.retokenize import retokenize
+    from tasks.corpus.retokenize import retokenize
 
     manifest = retokenize(args.run, args.tokenizer_from, args.out)
     console.print(f"wrote {args.out}/02_shards ({manifest.counts})", markup=False)
@@ -45,7 +45,7 @@ def cmd_retokenize(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    from hymo_core.cpt import CptConfig
+    from hymo_core.cpt.run import CptConfig
 
     defaults = CptConfig()
     cpt = sub.add_parser("cpt", help="continue a checkpoint on a domain corpus with general replay; verdict from a gate written before training")

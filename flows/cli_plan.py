@@ -1,6 +1,6 @@
 """`hymo plan ...`: planning calculators. `hymo plan lsh` sizes MinHash-LSH bands (seed 001, "推导 LSH 分带").
 
-`hymo plan model` comes from hymo_core.planner (its `add_cli(plan_subparsers)`),
+`hymo plan model` comes from hymo_core.planner.planner (its `add_cli(plan_subparsers)`),
 imported only when that module exists.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import importlib.util
 from typing import Any
 
-from tasks.minhash import approximate_threshold, candidate_probability, feasible_band_layouts
+from tasks.dedup.minhash import approximate_threshold, candidate_probability, feasible_band_layouts
 
 SIMILARITIES = (0.5, 0.6, 0.7, 0.8, 0.9)  # the seed's S-curve table columns
 SEED_LAYOUTS = ((16, 8), (14, 8), (32, 4), (8, 16))
@@ -63,10 +63,10 @@ def add_lsh(plan_subparsers: Any) -> None:
 
 
 def add_commands(subparsers: Any) -> None:
-    plan = subparsers.add_parser("plan", help="planning calculators (lsh; model when hymo_core.planner is present)")
+    plan = subparsers.add_parser("plan", help="planning calculators (lsh; model when hymo_core.planner.planner is present)")
     plan_subparsers = plan.add_subparsers(dest="plan_command", required=True)
     add_lsh(plan_subparsers)
-    if importlib.util.find_spec("hymo_core.planner") is not None:
-        from hymo_core.planner import add_cli
+    if importlib.util.find_spec("hymo_core.planner.planner") is not None:
+        from hymo_core.planner.cli import add_cli
 
         add_cli(plan_subparsers)

@@ -28,7 +28,7 @@ def document_record(run: Path, doc_id: str) -> dict[str, Any]:
 
 
 def trace(run: Path, shard: int, offset: int, split: str, window: int) -> dict[str, Any]:
-    from tasks.shards import trace_token
+    from tasks.corpus.shards import trace_token
 
     found = trace_token(run, shard, offset, split, window)
     document = document_record(run, found["doc_id"])
@@ -38,7 +38,7 @@ def trace(run: Path, shard: int, offset: int, split: str, window: int) -> dict[s
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from flows.cli import console
+    from flows.console import console
 
     try:
         found = trace(Path(args.run), args.shard, args.offset, args.split, args.window)
@@ -64,7 +64,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def print_corpus_table(run: Path) -> None:
     """The per-source corpus table, when the run has reached the shards stage."""
-    from flows.cli import console
+    from flows.console import console
 
     try:
         path = locate_corpus_manifest(run)

@@ -12,7 +12,7 @@ console = Console()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from hymo_core.train import train_from_args
+    from hymo_core.train.run import train_from_args
 
     summary = launch_from_args(args) if args.nproc else train_from_args(args)  # errors: one line from flows.cli.main
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
@@ -26,8 +26,8 @@ def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """`--nproc N`: the same run under torchrun, rank 0's lines streamed here; the summary it wrote."""
     from pathlib import Path
 
-    from hymo_core.configs import SUMMARY_FILE
-    from hymo_core.launch import LaunchError, launch_training, train_arguments
+    from hymo_core.train.config import SUMMARY_FILE
+    from hymo_core.distributed.launch import LaunchError, launch_training, train_arguments
 
     try:
         train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume)
@@ -40,11 +40,11 @@ def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None, cloze: str | None = None) -> dict[str, Any]:
     """Validation loss / perplexity on the corpus's fixed validation prefix, and cloze accuracy."""
-    from hymo_core.checkpoint import load_model
-    from hymo_core.data import CorpusReader, ValidationLoader
-    from hymo_core.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
-    from hymo_core.train import default_device
-    from hymo_core.trainer import evaluate
+    from hymo_core.checkpoint.load import load_model
+    from hymo_core.train.data import CorpusReader, ValidationLoader
+    from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
+    from hymo_core.train.run import default_device
+    from hymo_core.train.trainer import evaluate
 
     device = default_device()
     model, payload = load_model(checkpoint, device)
@@ -66,8 +66,8 @@ def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None
 def cmd_eval_suite(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hymo_core.eval_report import EVAL_MD, default_out, run_suite
-    from hymo_core.train import default_device
+    from hymo_core.eval.report import EVAL_MD, default_out, run_suite
+    from hymo_core.train.run import default_device
 
     out = Path(args.out) if args.out else default_out(args.checkpoint)
     result = run_suite(args.checkpoint, args.suite, args.corpus, args.limit, out, default_device(), args.mmlu_format,
@@ -102,10 +102,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from hymo_core.checkpoint import load_model
-    from hymo_core.data import CorpusReader
-    from hymo_core.evaluation import generate, load_tokenizer
-    from hymo_core.train import default_device
+    from hymo_core.checkpoint.load import load_model
+    from hymo_core.train.data import CorpusReader
+    from hymo_core.eval.evaluation import generate, load_tokenizer
+    from hymo_core.train.run import default_device
 
     device = default_device()
     model, _ = load_model(args.checkpoint, device)
@@ -122,7 +122,7 @@ def export_safetensors(checkpoint: str, target: str) -> dict[str, Any]:
 
     from safetensors.torch import save_file
 
-    from hymo_core.checkpoint import load_model
+    from hymo_core.checkpoint.load import load_model
 
     model, payload = load_model(checkpoint)
     tensors = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
@@ -140,7 +140,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    from hymo_core.train import add_train_arguments
+    from hymo_core.train.run import add_train_arguments
 
     train = sub.add_parser("train", help="pretrain on a corpus: checkpoints, metrics.jsonl, loss.png, summary.json")
     add_train_arguments(train)

@@ -12,21 +12,21 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from manifests.sources import PACKAGE_DIR, SourceSpec, load_source
-from tasks.decontam import DecontamConfig
-from tasks.dedup_exact import DedupExactConfig
-from tasks.dedup_fuzzy import DedupFuzzyConfig
-from tasks.extract import ExtractConfig
-from tasks.ingest import IngestConfig
-from tasks.langid import LangIdConfig
-from tasks.mixture import MixtureConfig
-from tasks.pii import PiiConfig
+from tasks.dedup.decontam import DecontamConfig
+from tasks.dedup.exact import DedupExactConfig
+from tasks.dedup.fuzzy import DedupFuzzyConfig
+from tasks.ingest.extract import ExtractConfig
+from tasks.ingest.ingest import IngestConfig
+from tasks.filters.langid import LangIdConfig
+from tasks.corpus.mixture import MixtureConfig
+from tasks.filters.pii import PiiConfig
 from tasks.pretrain import PretrainConfig
-from tasks.quality import QualityConfig
-from tasks.quality_model import QualityModelConfig
-from tasks.shards import ShardsConfig
-from tasks.split import SplitConfig
-from tasks.tokenizer import TokenizerConfig
-from tasks.user_filter import UserFilterConfig
+from tasks.filters.quality_config import QualityConfig
+from tasks.filters.quality_model import QualityModelConfig
+from tasks.corpus.shards import ShardsConfig
+from tasks.corpus.split import SplitConfig
+from tasks.corpus.tokenizer import TokenizerConfig
+from tasks.filters.user_filter import UserFilterConfig
 
 SAMPLE_CONFIG = PACKAGE_DIR / "configs" / "sample.toml"
 RUN_CONFIG = "config.json"  # the config a run was started with, in its directory
@@ -79,8 +79,8 @@ def load_config(path: str | Path | None = None) -> PipelineConfig:
     values.setdefault("config_dir", str(path.parent.resolve()))
     pretrain = values.get("pretrain")
     if isinstance(pretrain, dict) and isinstance(pretrain.get("model"), dict):  # `preset = "hymo-tiny"`
-        from hymo_core.configs import SAMPLE_TRAIN
-        from hymo_core.presets import expand_preset, preset_training
+        from hymo_core.train.config import SAMPLE_TRAIN
+        from hymo_core.models.presets import expand_preset, preset_training
 
         train = pretrain.get("train", {})
         preset_train = preset_training(pretrain["model"])

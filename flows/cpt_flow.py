@@ -5,8 +5,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from hymo_core.cpt import CptConfig, run_cpt, verdict_lines
-from hymo_core.gate import Criterion
+from hymo_core.cpt.run import CptConfig, run_cpt, verdict_lines
+from hymo_core.cpt.gate import Criterion
 
 
 @flow(name="hymo-cpt", log_prints=True)

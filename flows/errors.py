@@ -40,7 +40,7 @@ def fix_for(exc: BaseException) -> str:
     """What the user should do about `exc`, in a few words."""
     from manifests.run_lock import RunLocked
     from manifests.stage_manifest import DigestMismatch, StageNotComplete
-    from tasks.ingest import InputFileError
+    from tasks.ingest.ingest import InputFileError
 
     if isinstance(exc, RunLocked):
         return "wait for the other run, stop it, or choose another --out"

@@ -27,7 +27,7 @@ from prefect.futures import as_completed
 from manifests.atomic import atomic_write_text
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan
+from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan
 
 from flows.artifacts import BackgroundPublisher, draw_funnel, publish_run_summary, publish_stage_artifacts
 from flows.config import RUN_CONFIG, PipelineConfig, load_run_config  # noqa: F401 (load_run_config: re-exported)

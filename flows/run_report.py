@@ -1,7 +1,7 @@
 """What long work shows while it runs: a progress artifact per stage, the training curve in the run log
 and in a live markdown artifact.
 
-Stage code and hymo_core know nothing of Prefect: they report through tasks.stage_runner.PROGRESS_SINK
+Stage code and hymo_core know nothing of Prefect: they report through tasks.runner.stage_runner.PROGRESS_SINK
 and run_training's `report` hook; this module turns those calls into Prefect artifacts and log lines,
 throttled so that a fast stage pays nothing and a long one costs a request a second at most.
 """
@@ -81,7 +81,7 @@ class StageProgress:
 
 def training_report(max_steps: int) -> "TrainingReport | None":
     """The pretrain stage's `report` hook inside a Prefect run (None elsewhere, e.g. a plain loop or a probe)."""
-    from tasks.stage_runner import PROGRESS_SINK
+    from tasks.runner.stage_runner import PROGRESS_SINK
 
     if TaskRunContext.get() is None and FlowRunContext.get() is None:
         return None

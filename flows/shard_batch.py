@@ -10,7 +10,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stage_runner import run_shard_jobs
+from tasks.runner.stage_runner import run_shard_jobs
 
 
 @task(task_run_name="{name}-shards-{first}", cache_policy=NO_CACHE)

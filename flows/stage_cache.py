@@ -24,7 +24,7 @@ from typing import Any
 
 from prefect.cache_policies import CachePolicy
 
-from tasks.stage_runner import StageWouldRun, probing
+from tasks.runner.stage_runner import StageWouldRun, probing
 
 from flows.stages import previous_stage_path, stage_entry, stage_path
 

@@ -17,22 +17,22 @@ from typing import Any, Callable
 
 from manifests.run_dir import stage_dir_name
 from manifests.stage_manifest import StageManifest
-from tasks.decontam import DECONTAM, run_decontam
-from tasks.dedup_exact import DEDUP_EXACT, run_dedup_exact
-from tasks.dedup_fuzzy import DEDUP_FUZZY, run_dedup_fuzzy
-from tasks.extract import run_extract
-from tasks.ingest import run_ingest
-from tasks.langid import LANGID, run_langid
-from tasks.mixture import run_mixture
-from tasks.pii import PII, run_pii
-from tasks.quality import QUALITY, run_quality
-from tasks.quality_model import QUALITY_MODEL, run_quality_model
+from tasks.dedup.decontam import DECONTAM, run_decontam
+from tasks.dedup.exact import DEDUP_EXACT, run_dedup_exact
+from tasks.dedup.fuzzy import DEDUP_FUZZY, run_dedup_fuzzy
+from tasks.ingest.extract import run_extract
+from tasks.ingest.ingest import run_ingest
+from tasks.filters.langid import LANGID, run_langid
+from tasks.corpus.mixture import run_mixture
+from tasks.filters.pii import PII, run_pii
+from tasks.filters.quality import QUALITY, run_quality
+from tasks.filters.quality_model import QUALITY_MODEL, run_quality_model
 from tasks.pretrain import run_pretrain
-from tasks.shards import run_shards
-from tasks.split import SPLIT, run_split
-from tasks.stage_runner import StageDef, run_stage
-from tasks.tokenizer import run_tokenizer
-from tasks.user_filter import UserFilterConfig, UserFilterError, load_function, plugin_path_default, user_filter_stage
+from tasks.corpus.shards import run_shards
+from tasks.corpus.split import SPLIT, run_split
+from tasks.runner.stage_runner import StageDef, run_stage
+from tasks.corpus.tokenizer import run_tokenizer
+from tasks.filters.user_filter import UserFilterConfig, UserFilterError, load_function, plugin_path_default, user_filter_stage
 
 from flows.config import PipelineConfig, saved_run_config
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from hymo_core.train import load_run_config, run_training, session_config
+from hymo_core.train.run import load_run_config, run_training, session_config
 
 
 def default_out(corpus: str) -> Path:

@@ -7,7 +7,7 @@ epochs; the tokenizer's file, sha256 and vocab size; the token dtype; every
 shard with its sha256 and token count (train and validation apart); the
 validation split; and `digest`, the sha256 of the canonical JSON of everything
 else, which the trainer stores in its checkpoints to refuse a resume on a
-different corpus. `hymo_core.data` recomputes the same digest without
+different corpus. `hymo_core.train.data` recomputes the same digest without
 importing this module (hymo_core stays free of the pipeline).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Pretrain stage: the last task of the pipeline, training the sample model on the shards stage's corpus.
 
-An artifact stage (tasks.stage_runner.run_artifact_stage): cache key over
+An artifact stage (tasks.runner.stage_runner.run_artifact_stage): cache key over
 this config and the shards manifest's digest, published atomically with
 summary.json, metrics.jsonl, loss.png and the final (and best) checkpoint.
 
@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from hymo_core.configs import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_MODEL, SAMPLE_TRAIN, SUMMARY_FILE, ModelConfig, TrainConfig
+from hymo_core.models.configs import SAMPLE_MODEL, ModelConfig
+from hymo_core.train.config import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_TRAIN, SUMMARY_FILE, TrainConfig
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.stage_runner import run_artifact_stage, stage_cache_key
+from tasks.runner.stage_runner import run_artifact_stage, stage_cache_key
 
 STAGE = "pretrain"
 VERSION = "1"
@@ -31,7 +32,7 @@ CHECKPOINT_ROOT = ".pretrain_ckpt"
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """Seed 002's TrainConfig and the model shape (default: the sample recipe, hymo_core.train.SAMPLE_*);
+    """Seed 002's TrainConfig and the model shape (default: the sample recipe, hymo_core.train.run.SAMPLE_*);
     the vocabulary size always comes from the corpus. `train.max_steps` is the knob for a shorter run.
     A `[pretrain.model]` table is a whole ModelConfig: keys it omits take ModelConfig's (Lab 2) defaults."""
 
@@ -46,7 +47,7 @@ class PretrainConfig:
 
 
 def _cloze_path(config: PretrainConfig) -> str | Path:
-    from hymo_core.evaluation import SAMPLE_CLOZE
+    from hymo_core.eval.evaluation import SAMPLE_CLOZE
 
     return config.cloze or SAMPLE_CLOZE
 
@@ -58,7 +59,7 @@ def checkpoint_home(out_dir: Path, shards_dir: Path, config: PretrainConfig) -> 
 
 def train_in_process_group(config: PretrainConfig, shards_dir: Path, home: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """`nproc` ranks under torchrun; rank 0's lines go to `log` (the Prefect run log: the flow logs prints)."""
-    from hymo_core.launch import launch_training, train_arguments
+    from hymo_core.distributed.launch import launch_training, train_arguments
 
     home.mkdir(parents=True, exist_ok=True)
     recipe = home / "recipe.toml"
@@ -95,7 +96,7 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
     if config.nproc > 1:
         summary = train_in_process_group(config, shards_dir, home)
     else:
-        from hymo_core.train import run_training  # torch: imported when training runs, not with the pipeline
+        from hymo_core.train.run import run_training  # torch: imported when training runs, not with the pipeline
 
         summary = run_training(shards_dir, home, config.train, config.model, resume=True, cloze_path=_cloze_path(config), report=report)
     pictures = [name for name in (LOSS_PICTURE, EXPERT_LOAD_PICTURE) if (home / name).is_file()]
@@ -127,7 +128,7 @@ def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, hom
 def run_pretrain(config: PretrainConfig, shards_dir: Path, out_dir: Path,
                  report: Callable[[dict[str, Any]], None] | None = None) -> StageManifest:
     """Train on `shards_dir`'s corpus and publish `out_dir`; a no-op when already published under this key.
-    `report` receives every metrics record while training (hymo_core.train.run_training)."""
+    `report` receives every metrics record while training (hymo_core.train.run.run_training)."""
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
     home = checkpoint_home(out_dir, shards_dir, config)
     manifest = run_artifact_stage(STAGE, VERSION, asdict(config), [shards_dir], out_dir,

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hymo_core.data import _canonical_digest
+from hymo_core.train.data import _canonical_digest
 from manifests.schema import DOC_SCHEMA
-from tasks.stage_runner import StageWriter
+from tasks.runner.stage_runner import StageWriter
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HYMO_PROGRESS", "0")
@@ -119,7 +119,7 @@ def stand_in_dedup_fuzzy(previous: Path, out: Path) -> None:
     """What dedup_fuzzy publishes (contract of the dedup issue): removed near copies + clusters.parquet."""
     from manifests.schema import docs_table
     from manifests.stage_manifest import read_manifest
-    from tasks.stage_runner import StageWriter, read_stage_docs
+    from tasks.runner.stage_runner import StageWriter, read_stage_docs
 
     docs = read_stage_docs(previous).to_pylist()
     by_url = {d["url"]: d["id"] for d in docs}
@@ -142,12 +142,12 @@ def stand_in_dedup_fuzzy(previous: Path, out: Path) -> None:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     from manifests.sources import load_spec_file
-    from tasks.extract import ExtractConfig, run_extract
-    from tasks.ingest import IngestConfig, run_ingest
-    from tasks.mixture import MixtureConfig, run_mixture
-    from tasks.shards import ShardsConfig, run_shards
-    from tasks.split import SplitConfig, run_split
-    from tasks.tokenizer import TokenizerConfig, run_tokenizer
+    from tasks.ingest.extract import ExtractConfig, run_extract
+    from tasks.ingest.ingest import IngestConfig, run_ingest
+    from tasks.corpus.mixture import MixtureConfig, run_mixture
+    from tasks.corpus.shards import ShardsConfig, run_shards
+    from tasks.corpus.split import SplitConfig, run_split
+    from tasks.corpus.tokenizer import TokenizerConfig, run_tokenizer
 
     root = tmp_path_factory.mktemp("tiny")
     specs = [load_spec_file(p) for p in write_sources(root / "sources")]

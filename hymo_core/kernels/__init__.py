@@ -2,7 +2,10 @@
 
 Every op takes `backend=None|"auto"|"triton"|"reference"`; see `backend.py`
 for the dispatch rule (CUDA -> Triton, CPU -> reference, `HYMO_KERNELS`
-overrides). Importing this package never requires Triton.
+overrides). Importing this package never requires Triton. The GDN op (gdn.py) keeps its three forms
+side by side: recurrent reference, chunked PyTorch, chunked Triton.
+
+May import: nothing else of HyMo (layers call kernels, never the reverse).
 """
 
 from hymo_core.kernels.backend import BACKENDS, HAVE_TRITON, resolve_backend

@@ -19,8 +19,6 @@ from hymo_core.kernels.backend import resolve_backend
 from hymo_core.kernels.gdn_chunk import gated_delta_rule_chunked
 from hymo_core.kernels.gdn_reference import gated_delta_rule_recurrent
 
-GDN_BACKENDS = ("auto", "triton", "reference", "recurrent")
-
 
 def gated_delta_rule(
     q_BTHK: torch.Tensor, k_BTHK: torch.Tensor, v_BTHV: torch.Tensor, g_BTH: torch.Tensor, beta_BTH: torch.Tensor,

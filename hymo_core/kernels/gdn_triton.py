@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 
 from hymo_core.kernels.backend import HAVE_TRITON
-
-CHUNK = 64  # a multiple of 16 with C / 16 <= 4 (the inverse's series stops at N^3)
+from hymo_core.kernels.gdn_chunk import CHUNK  # a multiple of 16 with C / 16 <= 4 (the inverse's series stops at N^3)
 
 if HAVE_TRITON:
     import triton

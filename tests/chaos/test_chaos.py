@@ -35,7 +35,7 @@ def test_a_failing_write_publishes_nothing_and_says_so_in_one_line(tmp_path: Pat
     from flows.errors import explain
     from manifests import atomic
     from manifests.stage_manifest import StageNotComplete, read_manifest
-    from tasks.pii import PiiConfig, run_pii
+    from tasks.filters.pii import PiiConfig, run_pii
 
     ingest = upstream({f"d{i}": f"Mail person{i}@example.org about the mill and the river. " * 4 for i in range(30)}, shards=4)
     real_write, real_fsync, writes = atomic.atomic_write_bytes, os.fsync, []
@@ -70,7 +70,7 @@ FULL_DISK_SCRIPT = """
 import json, subprocess, sys
 from pathlib import Path
 from flows.errors import explain
-from tasks.pii import PiiConfig, run_pii
+from tasks.filters.pii import PiiConfig, run_pii
 
 upstream, run = Path(sys.argv[1]), Path(sys.argv[2])
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(run)], check=True)
@@ -112,7 +112,7 @@ def test_a_really_full_filesystem_publishes_nothing_and_the_rerun_completes(tmp_
 
 
 def run_pii_outputs(ingest: Path, out: Path) -> list[tuple[str, str]]:
-    from tasks.pii import PiiConfig, run_pii
+    from tasks.filters.pii import PiiConfig, run_pii
 
     return [(o.path, o.sha256) for o in run_pii(PiiConfig(), ingest, out, workers=1).outputs]
 

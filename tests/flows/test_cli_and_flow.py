@@ -48,7 +48,7 @@ def test_flow_run_then_audit_why_for_removed_and_kept(tiny_run: Path, capsys: py
     assert [s["decision"] for s in why["stages"]] == ["kept", "removed"]
 
     from manifests.run_dir import find_stage
-    from tasks.stage_runner import read_stage_docs
+    from tasks.runner.stage_runner import read_stage_docs
 
     kept_id = read_stage_docs(find_stage(tiny_run, "extract")[0].path).column("id")[0].as_py()
     assert main(["audit", "why", str(tiny_run), kept_id]) == 0

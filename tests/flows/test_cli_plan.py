@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from flows.cli import main
-from tasks.minhash import candidate_probability, feasible_band_layouts
+from tasks.dedup.minhash import candidate_probability, feasible_band_layouts
 
 
 def test_s_curve_reproduces_the_seed_table(capsys):

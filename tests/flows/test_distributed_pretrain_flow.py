@@ -12,7 +12,7 @@ from conftest import REPO, write_pipeline_config
 
 
 def test_hymo_run_with_pretrain_nproc_2_trains_on_two_ranks(prefect_harness: str, tmp_path: Path) -> None:
-    from hymo_core.checkpoint import load_model
+    from hymo_core.checkpoint.load import load_model
 
     config = write_pipeline_config(tmp_path / "config", extra="[pretrain]\nnproc = 2\n")
     out = tmp_path / "run"

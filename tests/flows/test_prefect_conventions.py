@@ -116,7 +116,7 @@ def test_audit_logs_are_link_artifacts_and_long_work_shows_progress(first_run) -
 
 
 def test_long_stages_report_their_phases_to_the_run_log_and_a_progress_artifact(first_run) -> None:
-    """Extraction counts documents (page by page inside a shard: tests/tasks/test_stage_progress.py), the
+    """Extraction counts documents (page by page inside a shard: tests/tasks/runner/test_stage_progress.py), the
     global passes and the tokenizer name each phase once in the run log; every progress artifact ends at 100 %."""
     _, flow_run_id = first_run
     phases: dict[str, list[str]] = {}
@@ -182,7 +182,7 @@ def test_only_faults_a_retry_may_clear_are_retried() -> None:
     from flows.errors import may_pass_on_retry
     from manifests.benchmark_sets import BenchmarkNotFound
     from manifests.stage_manifest import DigestMismatch
-    from tasks.source_fs import InputFileError
+    from tasks.ingest.source_fs import InputFileError
 
     assert may_pass_on_retry(BrokenProcessPool("a worker died")) and may_pass_on_retry(OSError(errno.EIO, "I/O error"))
     assert may_pass_on_retry(ConnectionResetError(errno.ECONNRESET, "reset")) and may_pass_on_retry(TimeoutError())

@@ -11,7 +11,7 @@ from conftest import write_sources
 from flows.cli import main
 from flows.config import PipelineConfig
 from flows.pipeline import hymo_pipeline
-from tasks.user_filter import UserFilterConfig, UserFilterError
+from tasks.filters.user_filter import UserFilterConfig, UserFilterError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LOREM = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore. " * 5

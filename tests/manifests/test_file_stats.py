@@ -8,10 +8,10 @@ import pytest
 from conftest import publish_docs, write_sources
 
 import manifests.stage_manifest as stage_manifest
-import tasks.ingest as ingest
+import tasks.ingest.ingest as ingest
 from manifests.sources import load_spec_file
 from manifests.stage_manifest import DigestMismatch, is_complete, read_manifest
-from tasks.ingest import IngestConfig, run_ingest
+from tasks.ingest.ingest import IngestConfig, run_ingest
 
 
 @pytest.fixture

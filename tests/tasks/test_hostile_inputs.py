@@ -12,11 +12,11 @@ from conftest import PROSE, page, write_spec
 
 from manifests.schema import docs_table
 from manifests.sources import load_spec_file
-from tasks.decoding import decode_payload, strip_controls
-from tasks.extract import ExtractConfig, extract_shard
-from tasks.extract_page import visible_text
-from tasks.ingest import IngestConfig, run_ingest
-from tasks.stage_runner import read_stage_audit, read_stage_docs
+from tasks.ingest.decoding import decode_payload, strip_controls
+from tasks.ingest.extract import ExtractConfig, extract_shard
+from tasks.ingest.extract_page import visible_text
+from tasks.ingest.ingest import IngestConfig, run_ingest
+from tasks.runner.stage_runner import read_stage_audit, read_stage_docs
 
 FRENCH = "Le café était plein de monde ce matin-là ; Élodie a commandé une crème brûlée près de la fenêtre, à côté du piano."
 RUSSIAN = "Река тихо текла мимо старой мельницы, где дочь мельника проводила каждое лето своего детства."

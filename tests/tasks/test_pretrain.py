@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hymo_core.checkpoint import CheckpointDirectory
-from hymo_core.model import ModelConfig
-from hymo_core.trainer import TrainConfig
+from hymo_core.checkpoint.single import CheckpointDirectory
+from hymo_core.models.model import ModelConfig
+from hymo_core.train.config import TrainConfig
 from manifests.stage_manifest import read_manifest
 from tasks.pretrain import CHECKPOINT_ROOT, PretrainConfig, checkpoint_home, run_pretrain
 
@@ -65,7 +65,7 @@ def test_pretrain_stage_with_nproc_2_runs_torchrun_and_publishes_the_dcp_checkpo
     from dataclasses import replace
 
     from flows.config import load_config
-    from hymo_core.checkpoint import load_model
+    from hymo_core.checkpoint.load import load_model
 
     toml = tmp_path / "pipeline.toml"
     toml.write_text("[pretrain]\nnproc = 2\n")
@@ -89,7 +89,7 @@ def test_pretrain_stage_trains_and_publishes_the_hybrid(tiny_run: Path, tmp_path
     """GDN + MLA layers through the same stage: checkpoint, summary, curve; the checkpoint reloads as the hybrid."""
     from dataclasses import replace
 
-    from hymo_core.checkpoint import load_model
+    from hymo_core.checkpoint.load import load_model
 
     config = replace(TINY, model=replace(TINY.model, n_layers=2, layer_pattern="GM"))
     out = tmp_path / "run" / "08_pretrain"

@@ -1,0 +1,5 @@
+"""Continued pretraining: the gate file written before training and its verdict (gate), replay of
+the general corpus (replay), and the run that trains and judges (run).
+
+May import: `hymo_core.train`, `hymo_core.checkpoint`, `hymo_core.eval`, `manifests`.
+"""

@@ -1,0 +1,312 @@
+"""Continued pretraining from a base checkpoint on a domain corpus with general replay, judged by a gate fixed in advance.
+
+Seed 001 (CPT section, Lab 5). In order:
+
+1. the gate file is written into OUT (or copied there) and parsed; the base
+   checkpoint, both corpora and their shared tokenizer are checked;
+2. the base is measured: per-sequence loss on fixed domain and general
+   held-out batches (the first `eval_batches` validation batches of each),
+   and, if the gate asks, per-item correctness on the first N task items;
+3. `cpt_manifest.json` records the gate's sha256, the lineage (base file
+   and weights digests, corpus digests) and the recipe; only then
+4. training starts: a fresh optimizer (the base's moments are not reused),
+   warmup then cosine to `min_lr_ratio * peak_lr`, batches from
+   `ReplayLoader`, held-out losses logged every `eval_interval` updates,
+   the gate's hash re-checked at each of those and at the end;
+5. the same measurements on the result go to `measurements.json`, and the
+   verdict is computed from the gate file (re-hashed) and those numbers only,
+   into `summary.json` with the lineage base → CPT checkpoint → verdict.
+
+The trainer's loop (`hymo_core.train.trainer.train`) runs the updates unchanged;
+this module only wires loaders, hooks and bookkeeping around it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hymo_core.checkpoint.common import weights_sha256
+from hymo_core.checkpoint.load import load_model
+from hymo_core.checkpoint.single import save_checkpoint
+from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader, ValidationLoader
+from hymo_core.cpt.gate import GATE_FILE, Criterion, GateError, GateTampered, gate_text, judge, parse_gate, read_gate
+from hymo_core.train.optim import build_optimizer
+from hymo_core.cpt.replay import ReplayLoader
+from hymo_core.train.config import TrainConfig
+from hymo_core.train.trainer import TrainHooks, TrainState, capture_rng, restore_rng, train
+from manifests.digest import sha256_file
+
+MANIFEST_FILE = "cpt_manifest.json"
+MEASUREMENTS_FILE = "measurements.json"
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+LAB5_GATE = (Criterion("domain_loss_reduction", ">=", 1.00), Criterion("general_loss_rise", "<=", 0.20))  # seed 001, Lab 5's toy gate
+
+
+@dataclass(frozen=True)
+class CptConfig:
+    """One continuation recipe; defaults are Lab 5's low-LR / 30 % replay condition scaled to the sample recipe."""
+
+    replay_ratio: float = 0.3
+    peak_lr: float = 4e-4  # a tenth of the sample's pretraining peak (Lab 5: 3e-4 after 3e-3)
+    steps: int = 100
+    warmup_steps: int = 10  # short: the fresh optimizer's moments need a few steps to reach their scale
+    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of peak_lr
+    eval_interval: int = 20
+    eval_batches: int = 10  # Lab 5: ten fixed batches per held-out set
+    sampler_seed: int = 0  # the replay coins; the same for every condition compared
+    seed: int = 0  # the loaders' window orders
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.replay_ratio <= 1.0:
+            raise ValueError(f"replay_ratio must lie in [0, 1], got {self.replay_ratio}")
+        if self.steps < 1 or self.eval_interval < 1 or self.eval_batches < 1 or not 0 <= self.warmup_steps < self.steps:
+            raise ValueError("steps, eval_interval, eval_batches must be >= 1 and 0 <= warmup_steps < steps")
+
+    def train_config(self, base: dict[str, Any]) -> TrainConfig:
+        """The base's recipe (batch, sequence, optimizer settings) with this continuation's schedule."""
+        return TrainConfig.from_dict({**base, "peak_lr": self.peak_lr, "max_steps": self.steps, "warmup_steps": self.warmup_steps,
+                                      "schedule": "cosine", "horizon_steps": 0, "decay_steps": 0, "min_lr_ratio": self.min_lr_ratio,
+                                      "log_interval": min(10, self.steps), "eval_interval": self.steps, "checkpoint_interval": self.steps,
+                                      "eval_batches": self.eval_batches, "overfit_one_batch": False, "seed": self.seed})
+
+
+# ---------------------------------------------------------------- measurements
+
+
+@torch.no_grad()
+def sequence_losses(model: nn.Module, loader: ValidationLoader, device: torch.device) -> list[float]:
+    """Mean cross-entropy of every held-out sequence, in loader order (the unit the gate pairs on).
+
+    Like `trainer.evaluate`: mode, attention probe and every RNG are restored afterwards.
+    """
+    was_training = model.training
+    probe = any(getattr(getattr(b, "attn", None), "probe", False) for b in getattr(model, "layers", []))
+    rng = capture_rng()
+    model.eval()
+    if probe:
+        model.set_attention_probe(False)
+    losses: list[float] = []
+    try:
+        for x_BT, y_BT in loader:
+            logits_BTV, _ = model(x_BT.to(device))
+            ce_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.to(device).flatten(), reduction="none").view_as(y_BT)
+            losses.extend(ce_BT.mean(dim=1).tolist())
+    finally:
+        model.train(was_training)
+        if probe:
+            model.set_attention_probe(True)
+        restore_rng(rng)
+    return losses
+
+
+def task_correct(model: nn.Module, tokenizer, eos_id: int, task: str, items: int, device: torch.device) -> list[int]:
+    """1/0 per item (length-normalised pick, the suite's headline) on the first `items` items of `task`."""
+    from hymo_core.eval.suite import run_task
+
+    result = run_task(task, model, tokenizer, limit=items, eos_id=eos_id, device=device)
+    if "per_item" not in result or "pick_per_char" not in result["per_item"][0]:
+        raise GateError(f"gate task {task!r} is not a multiple-choice task of the suite")
+    return [int(row["pick_per_char"] == row["answer"]) for row in result["per_item"]]
+
+
+def measure(model: nn.Module, held_out: dict[str, ValidationLoader], tasks: Sequence[Criterion], tokenizer, eos_id: int,
+            device: torch.device) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {f"{name}_loss": sequence_losses(model, loader, device) for name, loader in held_out.items()}
+    for criterion in tasks:
+        out[f"task:{criterion.task}"] = task_correct(model, tokenizer, eos_id, criterion.task, criterion.paired_items, device)
+    return out
+
+
+def paired_differences(base: dict[str, list[float]], adapted: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Differences oriented as the gate's metrics: reduction = base - CPT, rise = CPT - base, drop = base - CPT."""
+    paired = {"domain_loss_reduction": [b - a for b, a in zip(base["domain_loss"], adapted["domain_loss"])],
+              "general_loss_rise": [a - b for b, a in zip(base["general_loss"], adapted["general_loss"])]}
+    for key in base:
+        if key.startswith("task:"):
+            paired[f"task_accuracy_drop:{key.removeprefix('task:')}"] = [b - a for b, a in zip(base[key], adapted[key])]
+    return paired
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def tokenizer_identity(reader: CorpusReader) -> tuple[Any, ...]:
+    """What makes two corpora's token ids mean the same thing: the tokenizer file's hash, V and EOS."""
+    entry = reader.manifest.get("tokenizer", {})
+    return entry.get("sha256"), entry.get("vocab_size"), reader.eos_id
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def judge_run(out: str | Path) -> dict[str, Any]:
+    """The verdict of a finished run, from its gate file (hash checked) and measurements only; writes summary.json."""
+    out = Path(out)
+    manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
+    criteria, gate_sha256 = read_gate(out / GATE_FILE, manifest["gate"]["sha256"])
+    measurements = json.loads((out / MEASUREMENTS_FILE).read_text(encoding="utf-8"))
+    verdict = judge(criteria, paired_differences(measurements["base"], measurements["cpt"]))
+    summary = {
+        "verdict": verdict,
+        "gate": {"path": GATE_FILE, "sha256": gate_sha256},
+        "losses": {side: {name: mean(values) for name, values in measurements[side].items()} for side in ("base", "cpt")},
+        "replay": measurements["replay"],
+        "lineage": {"base_checkpoint": manifest["base"]["checkpoint"], "base_checkpoint_sha256": manifest["base"]["sha256"],
+                    "base_weights_sha256": manifest["base"]["weights_sha256"], "cpt_run": str(out),
+                    "cpt_checkpoint": measurements["checkpoint"]["path"], "cpt_checkpoint_sha256": measurements["checkpoint"]["sha256"],
+                    "cpt_weights_sha256": measurements["checkpoint"]["weights_sha256"], "gate_sha256": gate_sha256,
+                    "verdict": "pass" if verdict["passed"] else "fail"},
+        "recipe": manifest["recipe"],
+    }
+    write_json(out / SUMMARY_FILE, summary)
+    return summary
+
+
+def write_gate(out: Path, gate: str | Path | Sequence[Criterion] | None) -> tuple[list[Criterion], str]:
+    """gate.toml in OUT, from a file, from criteria, or Lab 5's gate; parsed before anything else happens."""
+    target = out / GATE_FILE
+    if isinstance(gate, (str, Path)):
+        payload = Path(gate).read_bytes()
+        parse_gate(payload.decode("utf-8"), str(gate))
+    else:
+        payload = gate_text(list(gate or LAB5_GATE)).encode("utf-8")
+    temporary = target.with_name(target.name + ".tmp")
+    temporary.write_bytes(payload)
+    os.replace(temporary, target)
+    return read_gate(target)
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path, out: str | Path, config: CptConfig = CptConfig(),
+            gate: str | Path | Sequence[Criterion] | None = None, device: torch.device | str = "cpu", log: Callable[[str], None] = print,
+            on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Continue `base_checkpoint` on `domain` with replay from `general`; returns summary.json's content."""
+    out, device, base_checkpoint = Path(out), torch.device(device), Path(base_checkpoint)
+    if (out / MANIFEST_FILE).exists():
+        raise FileExistsError(f"{out} already holds a CPT run ({MANIFEST_FILE}); a gate is fixed once per run, choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    criteria, gate_sha256 = write_gate(out, gate)
+    tasks = [c for c in criteria if c.metric == "task_accuracy_drop"]
+
+    model, payload = load_model(base_checkpoint, device)
+    readers = {"domain": CorpusReader(domain), "general": CorpusReader(general)}
+    for name, reader in readers.items():
+        if reader.vocab_size != model.config.vocab_size:
+            raise CorpusError(f"{reader.path}: vocab_size {reader.vocab_size}, but the base {base_checkpoint} has {model.config.vocab_size}")
+    if tokenizer_identity(readers["domain"]) != tokenizer_identity(readers["general"]):
+        raise CorpusError(f"{readers['domain'].path} and {readers['general'].path} were tokenized differently; "
+                          "re-tokenize the domain run with the base's tokenizer (hymo retokenize)")
+    tokenizer = None
+    if tasks:
+        entry = readers["domain"].manifest.get("tokenizer", {})
+        if not entry.get("path"):
+            raise GateError(f"{out / GATE_FILE}: a task criterion needs the corpus tokenizer, and {readers['domain'].path} names none")
+        from hymo_core.eval.evaluation import load_tokenizer
+
+        tokenizer = load_tokenizer(readers["domain"].root / entry["path"])
+    train_config = config.train_config(payload["train_config"])
+    if model.config.max_seq_len < train_config.seq_len:
+        raise ValueError(f"seq_len {train_config.seq_len} exceeds the base model's max_seq_len {model.config.max_seq_len}")
+    T, B = train_config.seq_len, train_config.batch_size
+    held_out = {name: ValidationLoader(reader, T, B, max_batches=config.eval_batches) for name, reader in readers.items()}
+    for name, loader in held_out.items():
+        if len(loader) == 0:
+            raise CorpusError(f"{readers[name].path}: no full validation batch of {B} x {T + 1} tokens; the {name} held-out loss needs one")
+    replay = ReplayLoader(TokenLoader(readers["domain"], "train", T, B, config.seed),
+                          TokenLoader(readers["general"], "train", T, B, config.seed), config.replay_ratio, config.sampler_seed)
+
+    base = measure(model, held_out, tasks, tokenizer, readers["domain"].eos_id, device)
+    manifest = {
+        "gate": {"path": GATE_FILE, "sha256": gate_sha256},
+        "base": {"checkpoint": str(base_checkpoint.resolve()), "sha256": sha256_file(base_checkpoint), "weights_sha256": weights_sha256(model),
+                 "step": payload["state"]["step"], "corpus_digest": payload["manifest_digest"]},
+        "domain": {"corpus": str(readers["domain"].path), "digest": readers["domain"].digest},
+        "general": {"corpus": str(readers["general"].path), "digest": readers["general"].digest,
+                    "is_base_corpus": readers["general"].digest == payload["manifest_digest"]},
+        "recipe": {**asdict(config), "train_config": train_config.to_dict()},
+        "written_before_step": 1,
+    }
+    write_json(out / MANIFEST_FILE, manifest)  # the gate's hash is on disk before the first update
+
+    metrics_path = out / METRICS_FILE
+    metrics_path.write_text("", encoding="utf-8")
+
+    def record(row: dict[str, Any]) -> None:
+        with open(metrics_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    def held_out_row(step: int, losses: dict[str, list[float]]) -> dict[str, Any]:
+        return {"kind": "eval", "step": step, "domain_loss": mean(losses["domain_loss"]), "general_loss": mean(losses["general_loss"]),
+                "replay_actual": replay.actual_ratio}
+
+    record(held_out_row(0, base))
+    checkpoint_file: list[Path] = []
+
+    def on_update(state: TrainState, loss: float, lr: float) -> None:
+        if state.step % config.eval_interval and state.step != train_config.max_steps:
+            return
+        read_gate(out / GATE_FILE, gate_sha256)  # GateTampered stops the run here
+        row = held_out_row(state.step, measure(model, held_out, [], None, 0, device))
+        record(row)
+        log(f"step {state.step}: domain {row['domain_loss']:.4f}, general {row['general_loss']:.4f}, lr {lr:.2e}, replay {row['replay_actual']:.3f}")
+        if on_eval:
+            on_eval(row)
+
+    def on_checkpoint(state: TrainState) -> None:
+        checkpoint_file.append(save_checkpoint(out / "checkpoints" / f"step-{state.step:08d}.pt", model, optimizer, state, train_config, replay))
+
+    torch.manual_seed(config.seed)
+    optimizer = build_optimizer(model, train_config.optimizer_config(device))  # fresh: the base's moments are not carried over
+    hooks = TrainHooks(on_log=lambda row: record({"kind": "train", **row}), on_update=on_update, on_checkpoint=on_checkpoint,
+                       on_event=lambda event: record({"kind": "event", **event}))
+    started = time.perf_counter()
+    try:
+        state = train(model, optimizer, replay, None, train_config, TrainState(), device, hooks)
+    except GateTampered as exc:
+        write_json(out / SUMMARY_FILE, {"verdict": {"status": "refused", "reason": str(exc)}})
+        raise
+    seconds = time.perf_counter() - started
+
+    adapted = measure(model, held_out, tasks, tokenizer, readers["domain"].eos_id, device)
+    write_json(out / MEASUREMENTS_FILE, {
+        "base": base, "cpt": adapted, "steps": state.step, "seconds": seconds, "tokens_seen": state.tokens_seen,
+        "replay": {"ratio": config.replay_ratio, "actual": replay.actual_ratio, "sequences": replay.steps * B,
+                   "general_sequences": replay.general_sequences, "sampler_seed": config.sampler_seed},
+        "checkpoint": {"path": str(checkpoint_file[-1]), "sha256": sha256_file(checkpoint_file[-1]), "weights_sha256": weights_sha256(model)},
+    })
+    try:
+        summary = judge_run(out)
+    except GateTampered as exc:
+        write_json(out / SUMMARY_FILE, {"verdict": {"status": "refused", "reason": str(exc)}})
+        raise
+    summary["seconds"] = seconds
+    write_json(out / SUMMARY_FILE, summary)
+    return summary
+
+
+def verdict_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per criterion, for the CLI and the flow log."""
+    lines = []
+    for row in summary["verdict"]["criteria"]:
+        lines.append(f"{row['metric']}: {row['value']:+.4f} ± {row['stderr']:.4f} (95 % [{row['ci95_low']:+.4f}, {row['ci95_high']:+.4f}], "
+                     f"n={row['n']}) {row['direction']} {row['threshold']:g} [{row['rule']}] -> {'pass' if row['passed'] else 'FAIL'}")
+    lines.append(f"verdict: {'PASS' if summary['verdict']['passed'] else 'FAIL'} (gate sha256 {summary['gate']['sha256'][:12]}…)")
+    return lines

@@ -1,0 +1,79 @@
+"""Turn a built model into the one a run trains: activation checkpointing, compile, FSDP2, per block.
+
+Generic over `model.layers`: whatever block kind sits in the stack (dense,
+Gated DeltaNet, MLA, MoE) becomes its own unit, and the root unit holds what
+is left (embeddings, final norm, head, MTP modules). Every switch keeps the
+parameter names (no wrapper modules), so the optimizer's partition rules,
+the checkpoints and the state dicts read the same with and without them.
+
+- activation checkpointing (`torch.distributed._composable.checkpoint`):
+  a block's activations are recomputed in the backward instead of stored;
+- compile (`nn.Module.compile`, in place): each block is its own graph, so a
+  compile covers the repeated unit once and graph breaks stay local;
+- FSDP2 (`fully_shard`): parameters sharded along dim 0 across ranks,
+  all-gathered per block in forward and backward, gradients reduce-scattered.
+  Mixed precision: bf16 parameters in compute with fp32 gradient reduction on
+  CUDA for a bf16 recipe; fp32 everywhere on CPU. The fp32 master shards are
+  what the optimizer updates.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from hymo_core.train.config import TrainConfig
+from hymo_core.distributed.process_group import Runtime
+
+
+def mixed_precision_policy(config: TrainConfig, device: torch.device):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if device.type == "cuda" and config.precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()  # fp32 parameters and reductions
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    from torch.distributed._composable import checkpoint
+
+    for block in model.layers:
+        checkpoint(block)
+
+
+COMPILE_BACKEND = "inductor"  # torch.compile's default: generated Triton (GPU) or C++ (CPU) kernels
+
+
+def apply_compile(model: nn.Module) -> None:
+    for block in model.layers:
+        block.compile(backend=COMPILE_BACKEND)
+
+
+def apply_fsdp(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
+    policy = mixed_precision_policy(config, runtime.device)
+    last = len(model.layers) - 1
+    for index, block in enumerate(model.layers):
+        # The last block's parameters are needed again at once by the backward: keep them gathered.
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < last)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def parallelize(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.Module:
+    """The order torchtitan uses: checkpoint, then compile, then shard (each wraps what came before)."""
+    if config.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if config.compile:
+        apply_compile(model)
+    if runtime.launched:
+        apply_fsdp(model, runtime, config)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())

@@ -1,0 +1,6 @@
+"""Measuring a checkpoint: fixed-prefix validation and cloze (evaluation), log-likelihood scoring
+(lm_scoring), the offline benchmark suite (suite), the code sandbox HumanEval runs in (sandbox), and
+the report `hymo eval` prints (report).
+
+May import: `hymo_core.models`, `hymo_core.train`, `hymo_core.checkpoint`, `manifests` (benchmark files).
+"""

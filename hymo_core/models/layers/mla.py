@@ -1,0 +1,118 @@
+"""Multi-head Latent Attention (kind "M"; DeepSeek-V2), with its latent cache, logit probe and QK-Clip.
+
+    q            = q_b_proj(q_a_norm(q_a_proj(x)))                -> per head [q_nope | q_rope]
+    [c_kv | k_r] = kv_a_proj_with_mqa(x);  c_kv <- kv_a_norm(c_kv)   (the latent, kv_lora_rank wide)
+    [k_nope | v] = kv_b_proj(c_kv)                                 -> per head
+    k            = [k_nope | RoPE(k_r)], the rotated part shared by every head
+    y            = wo(SDPA(q, k, v, causal))
+
+The cache stores only c_kv and the unrotated k_r per position (kv_lora_rank +
+qk_rope_head_dim numbers per token and layer, whatever the head count) and
+rebuilds keys and values from them. QK-Clip (Kimi K2's MuonClip for MLA):
+shrinking head h's logits by gamma scales its q_nope and k_nope rows by
+sqrt(gamma) and its q_rope rows by gamma; the shared rotary key is left alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hymo_core import kernels
+from hymo_core.models.configs import ModelConfig
+from hymo_core.kernels.logit_probe import scale_rows_
+from hymo_core.models.layers.attention import attend, causal_max_logits
+from hymo_core.models.layers.context import MixerContext
+from hymo_core.models.layers.norm import RMSNorm
+
+
+@dataclass
+class LatentCache:
+    latent_BSR: torch.Tensor  # normalised c_kv
+    k_rope_BSD: torch.Tensor  # before RoPE (and before QK-norm, when that is on)
+
+    def append(self, start: int, latent_BTR: torch.Tensor, k_rope_BTD: torch.Tensor):
+        end = start + latent_BTR.shape[1]
+        if end > self.latent_BSR.shape[1]:
+            raise ValueError(f"latent cache holds {self.latent_BSR.shape[1]} positions, asked for {end}")
+        self.latent_BSR[:, start:end] = latent_BTR
+        self.k_rope_BSD[:, start:end] = k_rope_BTD
+        return self.latent_BSR[:, :end], self.k_rope_BSD[:, :end]
+
+
+class MultiHeadLatentAttention(nn.Module):
+    def __init__(self, config: ModelConfig, kernel_backend: str | None = None):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.nope_dim, self.rope_dim, self.v_dim = config.mla_nope_dim, config.mla_rope_dim, config.mla_v_dim
+        self.qk_dim = self.nope_dim + self.rope_dim
+        self.kv_rank = config.mla_kv_rank
+        self.max_seq_len = config.max_seq_len
+        self.kernel_backend = kernel_backend
+        d, H = config.d_model, self.n_heads
+        self.q_a_proj = nn.Linear(d, config.mla_q_rank, bias=False)
+        self.q_a_norm = RMSNorm(config.mla_q_rank, config.norm_eps, kernel_backend)
+        self.q_b_proj = nn.Linear(config.mla_q_rank, H * self.qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, self.kv_rank + self.rope_dim, bias=False)
+        self.kv_a_norm = RMSNorm(self.kv_rank, config.norm_eps, kernel_backend)
+        self.kv_b_proj = nn.Linear(self.kv_rank, H * (self.nope_dim + self.v_dim), bias=False)
+        self.wo = nn.Linear(H * self.v_dim, d, bias=False)
+        if config.qk_norm:  # per head over the whole q/k head, before RoPE (as in Attention)
+            self.q_norm = RMSNorm(self.qk_dim, config.norm_eps, kernel_backend)
+            self.k_norm = RMSNorm(self.qk_dim, config.norm_eps, kernel_backend)
+        else:
+            self.q_norm = self.k_norm = None
+        self.probe = False
+        self.max_logit_H: torch.Tensor | None = None
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return [self.wo.weight]
+
+    def new_cache(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> LatentCache:
+        return LatentCache(torch.zeros(batch_size, self.max_seq_len, self.kv_rank, device=device, dtype=dtype),
+                           torch.zeros(batch_size, self.max_seq_len, self.rope_dim, device=device, dtype=dtype))
+
+    def rotate(self, x_BTHX: torch.Tensor, cos_TD2: torch.Tensor, sin_TD2: torch.Tensor) -> torch.Tensor:
+        """RoPE on the last rope_dim features of each head, after the optional QK-norm."""
+        nope, rope = x_BTHX.split((self.nope_dim, self.rope_dim), dim=-1)
+        return torch.cat((nope, kernels.apply_rope(rope, cos_TD2, sin_TD2, backend=self.kernel_backend)), dim=-1)
+
+    def forward(self, x_BTD: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
+        B, T, _ = x_BTD.shape
+        H = self.n_heads
+        q_BTHX = self.q_b_proj(self.q_a_norm(self.q_a_proj(x_BTD))).view(B, T, H, self.qk_dim)
+        latent_BTR, k_rope_BTD = self.kv_a_proj_with_mqa(x_BTD).split((self.kv_rank, self.rope_dim), dim=-1)
+        latent_BTR = self.kv_a_norm(latent_BTR)
+        if ctx.cache is not None:
+            latent_BTR, k_rope_BTD = ctx.cache.append(ctx.start, latent_BTR, k_rope_BTD)
+        S = latent_BTR.shape[1]  # key positions: 0 .. start + T - 1
+        k_nope_BSHN, v_BSHV = self.kv_b_proj(latent_BTR).view(B, S, H, self.nope_dim + self.v_dim).split(
+            (self.nope_dim, self.v_dim), dim=-1)
+        k_BSHX = torch.cat((k_nope_BSHN, k_rope_BTD[:, :, None, :].expand(B, S, H, self.rope_dim)), dim=-1)
+        if self.q_norm is not None:
+            q_BTHX, k_BSHX = self.q_norm(q_BTHX), self.k_norm(k_BSHX)
+        q_BTHX = self.rotate(q_BTHX, *ctx.rope(T))
+        k_BSHX = self.rotate(k_BSHX, ctx.cos_TD2, ctx.sin_TD2)  # keys always start at position 0
+        q_BHTX, k_BHSX, v_BHSV = (t.transpose(1, 2) for t in (q_BTHX, k_BSHX, v_BSHV))
+        if ctx.cache is None and self.probe:
+            self.max_logit_H = causal_max_logits(q_BHTX, k_BHSX, math.sqrt(self.qk_dim))
+        y_BHTV = attend(q_BHTX, k_BHSX, v_BHSV, ctx)
+        return self.wo(y_BHTV.transpose(1, 2).reshape(B, T, H * self.v_dim))
+
+    @torch.no_grad()
+    def qk_clip_(self, scale_H) -> None:
+        """Shrink head h's logits by scale_H[h] (<= 1): q_nope, k_nope by sqrt, q_rope by the full scale.
+
+        One row factor per projection, applied in one multiply (no per-head host reads; FSDP2 shards too).
+        """
+        scale_H1 = torch.as_tensor(scale_H, dtype=torch.float32).reshape(-1, 1)
+        H = scale_H1.shape[0]
+        root_HN = scale_H1.sqrt().expand(H, self.nope_dim)
+        q_factor = torch.cat((root_HN, scale_H1.expand(H, self.rope_dim)), dim=1)
+        kv_factor = torch.cat((root_HN, torch.ones(H, self.v_dim, device=scale_H1.device)), dim=1)
+        scale_rows_(self.q_b_proj.weight, q_factor.reshape(-1))
+        scale_rows_(self.kv_b_proj.weight, kv_factor.reshape(-1))

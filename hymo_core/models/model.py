@@ -1,0 +1,196 @@
+"""Decoder-only language model: embeddings, a stack of Blocks, final norm, output head.
+
+The dense configuration (layer_pattern "A") is module 8, Lab 2's shape (seed
+001) generalised to GQA: pre-RMSNorm, RoPE, SwiGLU, no biases, optional tied
+embeddings and QK-norm, residual output projections initialised with
+std / sqrt(2 L) so the residual stream's variance does not grow with depth.
+Other patterns interleave Gated DeltaNet and MLA mixers (the HyMo hybrid,
+seed 000); every block kind lives in hymo_core/models/layers/.
+
+`forward(tokens, targets)` returns `(logits, loss)`, the contract the trainer
+relies on (seed 002). With `z_loss > 0` the loss is the regularised
+objective; the plain cross-entropy of the last forward is in `model.last_ce`.
+In training, the loss also carries multi-token prediction (sum_k w_k CE_k,
+per-depth CEs in `model.last_mtp_ce`) and any MoE auxiliary loss; evaluation
+and generation see the next-token objective only.
+Nothing here assumes a single process: no global state, no `.item()` in the
+forward, and every parameter is an ordinary module attribute that FSDP2 can
+shard.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from hymo_core import kernels
+from hymo_core.planner import planner
+from hymo_core.models.configs import ModelConfig  # defined torch-free there; part of this module's API
+from hymo_core.models.layers.attention import Attention  # noqa: F401  (re-exported: the dense mixer)
+from hymo_core.models.layers.block import Block
+from hymo_core.models.layers.context import MixerContext
+from hymo_core.models.layers.ffn import FeedForward  # noqa: F401  (re-exported)
+from hymo_core.models.layers.moe import MoE, Reduce, moe_after_optimizer_step
+from hymo_core.models.layers.mtp import MultiTokenPrediction
+from hymo_core.models.layers.norm import RMSNorm
+
+
+def count_parameters(config: ModelConfig) -> int:
+    """Parameter count from the config alone; equals the built model's count."""
+    return planner.count_parameters(planner.model_shape(config)).total
+
+
+@dataclass
+class DecodeCache:
+    """Every layer's cache plus the number of positions already consumed."""
+
+    layers: list[Any]
+    position: int = 0
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig, kernel_backend: str | None = None):
+        """`kernel_backend` is a runtime choice (see hymo_core.kernels), not part of the config."""
+        super().__init__()
+        self.config = config
+        self.kernel_backend = kernel_backend
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config, kind, kernel_backend) for kind in config.layer_kinds())
+        self.norm = RMSNorm(config.d_model, config.norm_eps, kernel_backend)
+        self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.mtp = None
+        if config.mtp_depth:
+            # DeepSeek-V3: each depth's block is of the trunk's kind; here the last layer's (MLA + MoE in HyMo).
+            kind = config.layer_kinds()[-1]
+            self.mtp = MultiTokenPrediction(config.d_model, config.mtp_loss_weights[: config.mtp_depth],
+                                            lambda: Block(config, kind, kernel_backend),
+                                            lambda: RMSNorm(config.d_model, config.norm_eps, kernel_backend))
+        cos_TD2, sin_TD2 = kernels.rope_tables(config.max_seq_len, config.rope_dim, config.rope_base)
+        # Derived from the config, so not saved: a checkpoint holds only learned state.
+        self.register_buffer("rope_cos_TD2", cos_TD2, persistent=False)
+        self.register_buffer("rope_sin_TD2", sin_TD2, persistent=False)
+        self.last_ce: torch.Tensor | None = None
+        self.last_mtp_ce: list[torch.Tensor] = []
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        # Each layer adds two residual branches; scaling their output projections by
+        # 1/sqrt(2L) keeps the stream's variance roughly depth-independent at init.
+        residual_std = std / math.sqrt(2 * self.config.n_layers)
+        for block in self.blocks():
+            for part in (block.attn, block.ffn):
+                for weight in part.residual_weights():
+                    nn.init.normal_(weight, std=residual_std)
+                if hasattr(part, "init_extra_parameters"):  # e.g. GDN's decay and conv
+                    part.init_extra_parameters()
+
+    def forward(
+        self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, cache: DecodeCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (and the loss when targets are given). With a `cache`, tokens continue it."""
+        B, T = tokens_BT.shape
+        start = cache.position if cache is not None else 0
+        if start + T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {start + T} exceeds max_seq_len {self.config.max_seq_len}")
+        x_BTD = self.tok_embeddings(tokens_BT)
+        for i, block in enumerate(self.layers):
+            ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2, start, cache.layers[i] if cache is not None else None)
+            x_BTD = block(x_BTD, ctx)
+        if cache is not None:
+            cache.position += T
+        logits_BTV = self.output(self.norm(x_BTD))
+        if targets_BT is None:
+            return logits_BTV, None
+        loss, ce = kernels.cross_entropy_loss(
+            logits_BTV.reshape(B * T, -1),
+            targets_BT.reshape(B * T),
+            z_loss=self.config.z_loss,
+            backend=self.kernel_backend,
+        )
+        self.last_ce = ce.detach()
+        if self.training:
+            loss = loss + self._training_extras(x_BTD, targets_BT)
+        return logits_BTV, loss
+
+    def _training_extras(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+        """MTP's weighted CEs and the MoE layers' auxiliary losses of this forward (0 when neither is on)."""
+        extra = hidden_BTD.new_zeros((), dtype=torch.float32)
+        if self.mtp is not None:
+            ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2)
+            mtp_loss, per_depth = self.mtp(
+                hidden_BTD, targets_BT, self.tok_embeddings, self.output,
+                lambda logits, targets: kernels.cross_entropy_loss(logits, targets, z_loss=0.0, backend=self.kernel_backend)[0],
+                lambda block, x_BTD: block(x_BTD, ctx))
+            self.last_mtp_ce = [ce.detach() for ce in per_depth]
+            extra = extra + mtp_loss
+        for _, moe in self.moe_layers():
+            if moe.aux_loss is not None:
+                extra = extra + moe.aux_loss
+        return extra
+
+    def blocks(self) -> list[Block]:
+        """The trunk's blocks, then MTP's (one per depth)."""
+        return list(self.layers) + ([depth.block for depth in self.mtp.depths] if self.mtp is not None else [])
+
+    def moe_layers(self) -> list[tuple[str, MoE]]:
+        """(name, module) of every MoE FFN, trunk and MTP, e.g. ("layers.3.ffn", ...)."""
+        return [(name, module) for name, module in self.named_modules() if isinstance(module, MoE)]
+
+    def new_cache(self, batch_size: int, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None) -> DecodeCache:
+        """Empty per-layer caches for incremental generation (see layers/__init__.py)."""
+        param = self.tok_embeddings.weight
+        device, dtype = device or param.device, dtype or param.dtype
+        layers = [block.attn.new_cache(batch_size, torch.device(device), dtype) for block in self.layers]
+        return DecodeCache(layers)
+
+    def after_optimizer_step(self, reduce: Reduce | None = None) -> dict[str, dict]:
+        """Called by the trainer once per successful update: per-block bookkeeping.
+
+        MoE layers take their gate-bias step from the update's token counts (summed over
+        data-parallel ranks by `reduce`, one collective for all layers); returns their load
+        figures by layer name.
+        """
+        for block in self.blocks():
+            for part in (block.attn, block.ffn):
+                hook = getattr(part, "after_optimizer_step", None)
+                if hook is not None:
+                    hook()
+        return moe_after_optimizer_step(self.moe_layers(), reduce)
+
+    def discard_routing_counts(self) -> None:
+        """An attempted update that was skipped (fp16 overflow): its MoE counts must not move a bias."""
+        for _, moe in self.moe_layers():
+            moe.discard_counts()
+
+    def softmax_mixers(self) -> list[nn.Module]:
+        """The layers' softmax-attention mixers, in depth order: what the probe and QK-Clip act on."""
+        return [block.attn for block in self.layers if block.is_softmax]
+
+    def set_attention_probe(self, enabled: bool) -> None:
+        for attn in self.softmax_mixers():
+            attn.probe = enabled
+            if not enabled:
+                attn.max_logit_H = None
+
+    def attention_max_logits(self) -> torch.Tensor:
+        """(softmax layers, n_heads) maxima from the last probed forward."""
+        maxima = [attn.max_logit_H for attn in self.softmax_mixers()]
+        if not maxima:  # a stack without softmax attention has nothing to clip
+            return torch.zeros(0, self.config.n_heads, device=self.tok_embeddings.weight.device)
+        if any(m is None for m in maxima):
+            raise RuntimeError("no probe data: call set_attention_probe(True) and run a forward")
+        return torch.stack(maxima)

@@ -1,0 +1,81 @@
+"""`hymo plan model` and `python -m hymo_core.planner`: the planner's arithmetic for a shape or a named preset."""
+from __future__ import annotations
+
+import argparse
+
+from hymo_core.models.presets import PRESETS
+from hymo_core.planner.planner import ModelShape, RunPlan, format_hybrid, format_plan, model_shape
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `model` (as in `hymo plan model ...`); defaults are Lab 4's case study."""
+    shape, run = ModelShape(), RunPlan()
+    parser = subparsers.add_parser(
+        "model", help="parameters, FLOPs, GPU time and memory for a decoder shape"
+    )
+    parser.add_argument("--preset", help="a named model shape (hymo_core/models/presets.py, e.g. hymo-750m); "
+                        "--seq-len defaults to its max_seq_len")
+    parser.add_argument("--layers", type=int, default=shape.n_layers)
+    parser.add_argument("--d-model", type=int, default=shape.d_model)
+    parser.add_argument("--heads", type=int, default=shape.n_heads)
+    parser.add_argument("--kv-heads", type=int, default=shape.n_kv_heads)
+    parser.add_argument("--ffn-dim", type=int, default=shape.ffn_dim)
+    parser.add_argument("--vocab", type=int, default=shape.vocab_size)
+    parser.add_argument("--tied", action="store_true", help="share input and output embeddings")
+    parser.add_argument("--tokens", type=float, default=run.tokens)
+    parser.add_argument("--seq-len", type=int, default=None, help=f"training sequence length (default {run.seq_len})")
+    parser.add_argument("--micro-batch", type=int, default=run.micro_batch)
+    parser.add_argument("--gpus", type=int, default=run.n_gpus, help="GPUs for the time estimate")
+    parser.add_argument("--sustained-flops", type=float, default=run.sustained_flops)
+    parser.add_argument("--shard-gpus", type=int, default=run.shard_gpus, help="ZeRO degree")
+    parser.add_argument("--capacity-gb", type=float, default=run.capacity_gb)
+    parser.set_defaults(func=_run_cli)
+    return parser
+
+
+def _run_cli(args: argparse.Namespace) -> int:
+    if args.preset:
+        if args.preset not in PRESETS:
+            raise SystemExit(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+        config = PRESETS[args.preset]
+        # The seed's table describes its production shape only.
+        print(format_hybrid(model_shape(config), args.seq_len or config.max_seq_len, compare_seed=args.preset == "hymo-750m"))
+        return 0
+    args.seq_len = args.seq_len or RunPlan().seq_len
+    shape = ModelShape(
+        n_layers=args.layers,
+        d_model=args.d_model,
+        n_heads=args.heads,
+        n_kv_heads=args.kv_heads,
+        ffn_dim=args.ffn_dim,
+        vocab_size=args.vocab,
+        tie_embeddings=args.tied,
+    )
+    run = RunPlan(
+        tokens=args.tokens,
+        seq_len=args.seq_len,
+        micro_batch=args.micro_batch,
+        n_gpus=args.gpus,
+        sustained_flops=args.sustained_flops,
+        shard_gpus=args.shard_gpus,
+        capacity_gb=args.capacity_gb,
+    )
+    print(format_plan(shape, run))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hymo_core.planner [model] [--layers ...]`: the sub-command is optional."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "model":
+        argv.insert(0, "model")
+    parser = argparse.ArgumentParser(prog="python -m hymo_core.planner")
+    add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,408 @@
+"""One training run on a corpus: model, optimizer, loaders, checkpoints, metrics, pictures, summary.
+
+`run_training` is what `hymo train`, the pretrain stage and the `hymo-train`
+flow call; `python -m hymo_core.train` runs it without Prefect. It writes into
+`out/`:
+
+    checkpoints/step-NNNNNNNN.pt   the last K and the best by validation loss (+ checkpoints.json)
+    metrics.jsonl                  one record per logged step, validation, skip event
+    loss.png                       train and validation loss, and the LR (as Lab 2 plots them)
+    summary.json                   final step, final train / validation loss, sha256 of the final weights
+
+With `resume=True` it continues from the newest readable checkpoint (an
+unreadable newest one is reported and the previous one is used); metrics
+logged after that checkpoint by a killed session are dropped, so the file
+reads as one uninterrupted run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+import tomllib
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from hymo_core.models.configs import SAMPLE_MODEL
+from hymo_core.train.config import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_TRAIN, SUMMARY_FILE
+from hymo_core.checkpoint.common import CheckpointError, list_checkpoints, weights_sha256
+from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint
+from hymo_core.train.data import CorpusReader, TokenLoader, ValidationLoader
+from hymo_core.distributed.process_group import Runtime, close_runtime, init_runtime
+from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
+from hymo_core.models.model import ModelConfig, Transformer
+from hymo_core.models.presets import model_config_from_table, preset_training
+from hymo_core.train.optim import build_optimizer
+from hymo_core.distributed.parallelize import parallelize
+from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards, save_sharded_checkpoint
+from hymo_core.train.config import TrainConfig
+from hymo_core.train.trainer import TrainHooks, TrainState, seed_training_rng, train
+
+
+
+
+def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:
+    """A TOML with optional [train] and [model] tables; missing keys take the sample recipe's values."""
+    if path is None:
+        return SAMPLE_TRAIN, SAMPLE_MODEL
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read training config ({exc})") from exc
+    unknown = sorted(set(raw) - {"train", "model"})
+    if unknown:
+        raise ValueError(f"{path}: unknown tables {unknown}; expected [train] and [model]")
+    model = model_config_from_table(raw.get("model", {}), SAMPLE_MODEL, str(path))  # `preset = "..."` allowed
+    try:
+        defaults = {**SAMPLE_TRAIN.to_dict(), **preset_training(raw.get("model", {}))}
+        return TrainConfig.from_dict({**defaults, **raw.get("train", {})}), model
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def seed_everything(seed: int) -> None:
+    """The global generators (for code around the trainer) and the trainer's own (what checkpoints store)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    seed_training_rng(seed)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class MetricsLog:
+    """metrics.jsonl, append-only; on resume, records past the resumed step are dropped first."""
+
+    def __init__(self, path: Path, resumed_step: int):
+        self.path = path
+        kept = []
+        if resumed_step and path.is_file():
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resumed_step]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def records(self, kind: str | None = None) -> list[dict[str, Any]]:
+        rows = [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [r for r in rows if kind is None or r.get("kind") == kind]
+
+
+def plot_loss(records: list[dict[str, Any]], path: Path, vocab_size: int) -> None:
+    """Train loss per logged step, validation loss, ln(V) for reference, and the LR on a second axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train_rows = [r for r in records if r.get("kind") == "train"]
+    val_rows = [r for r in records if r.get("kind") == "eval"]
+    figure, loss_axis = plt.subplots(figsize=(8, 4.5))
+    loss_axis.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train loss", color="tab:blue")
+    loss_axis.plot([r["step"] for r in val_rows], [r["val_loss"] for r in val_rows], "o-", label="validation loss", color="tab:orange")
+    loss_axis.axhline(math.log(vocab_size), linestyle=":", color="grey", label=f"ln V = {math.log(vocab_size):.2f}")
+    loss_axis.set_xlabel("successful update")
+    loss_axis.set_ylabel("cross-entropy (nats / token)")
+    lr_axis = loss_axis.twinx()
+    lr_axis.plot([r["step"] for r in train_rows], [max(r["lr"].values()) for r in train_rows], color="tab:green", alpha=0.5, label="LR")
+    lr_axis.set_ylabel("learning rate")
+    lines = loss_axis.get_legend_handles_labels()
+    extra = lr_axis.get_legend_handles_labels()
+    loss_axis.legend(lines[0] + extra[0], lines[1] + extra[1], loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_expert_load(records: list[dict[str, Any]], path: Path) -> None:
+    """Per MoE layer: the most and least loaded expert (1.0 = an even share) per logged update, and the bias norm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r.get("kind") == "train" and r.get("moe")]
+    layers = list(rows[0]["moe"])
+    figure, (load_axis, bias_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
+    steps = [r["step"] for r in rows]
+    for index, layer in enumerate(layers):
+        colour = f"C{index % 10}"
+        load_axis.plot(steps, [r["moe"][layer]["load_max"] for r in rows], color=colour, label=f"{layer} max")
+        load_axis.plot(steps, [r["moe"][layer]["load_min"] for r in rows], color=colour, linestyle="--", label=f"{layer} min")
+        bias_axis.plot(steps, [r["moe"][layer]["bias_norm"] for r in rows], color=colour, label=layer)
+    load_axis.axhline(1.0, linestyle=":", color="grey")
+    load_axis.set_xlabel("successful update")
+    load_axis.set_ylabel("expert load / even share")
+    load_axis.legend(fontsize="small")
+    bias_axis.set_xlabel("successful update")
+    bias_axis.set_ylabel("gate-bias norm")
+    bias_axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+class ProgressLine:
+    """A live rich line (step, loss, LR, tokens/s) on a terminal or with HYMO_PROGRESS=1; silent otherwise."""
+
+    def __init__(self, total: int, start: int, enabled: bool | None = None):
+        self.enabled = (sys.stderr.isatty() or os.environ.get("HYMO_PROGRESS") == "1") if enabled is None else enabled
+        self.progress = None
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                                     TimeElapsedColumn(), TimeRemainingColumn())
+            self.progress.start()
+            self.task = self.progress.add_task("train", total=total, completed=start, status="")
+        self.started, self.tokens = time.perf_counter(), 0
+
+    def update(self, state: TrainState, loss: float, lr: float, tokens: int) -> None:
+        if self.progress is None:
+            return
+        self.tokens += tokens
+        rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
+        self.progress.update(self.task, completed=state.step, status=f"loss {loss:.3f} lr {lr:.2e} {rate:,.0f} tok/s")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _resume(directory: CheckpointDirectory, load: Any, log: Any) -> tuple[TrainState, Path | None]:
+    """Newest readable checkpoint; an unreadable one is reported and the previous one offered and used."""
+    for path in reversed(list_checkpoints(directory.directory)):
+        try:
+            return load(path), path
+        except CheckpointError as exc:
+            if "truncated or corrupt" not in str(exc):
+                raise  # an incompatible checkpoint is a configuration error, not something to skip
+            log(f"warning: {exc}")
+    return TrainState(), None
+
+
+def run_training(
+    corpus: str | Path,
+    out: str | Path,
+    train_config: TrainConfig | None = None,
+    model_config: ModelConfig | None = None,
+    *,
+    resume: bool = True,
+    checkpoint_dir: str | Path | None = None,
+    cloze_path: str | Path | None = SAMPLE_CLOZE,
+    device: torch.device | None = None,
+    progress: bool | None = None,
+    log: Any = print,
+    report: Callable[[dict[str, Any]], None] | None = None,
+    runtime: Runtime | None = None,
+) -> dict[str, Any]:
+    """Train (or continue) to `train_config.max_steps` and write checkpoints, metrics, loss.png and summary.json.
+
+    Under torchrun every rank calls this: the model is sharded with FSDP2, each
+    rank reads its slice of every global batch, checkpoints are DCP directories,
+    and rank 0 alone writes metrics, pictures and the summary (and logs).
+    `report(record)`: called on that rank with every metrics record (train rows at log_interval,
+    evaluations, events) as it is written; how an orchestrator shows training live without this
+    package knowing about it.
+    """
+    config = train_config or SAMPLE_TRAIN
+    runtime = runtime or init_runtime(device)
+    device = runtime.device
+    if not runtime.is_writer:
+        log, progress = (lambda *args, **kwargs: None), False
+    reader = CorpusReader(corpus)
+    model_config = replace(model_config or SAMPLE_MODEL, vocab_size=reader.vocab_size)
+    if model_config.max_seq_len < config.seq_len:
+        model_config = replace(model_config, max_seq_len=config.seq_len)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoints = CheckpointDirectory(checkpoint_dir or out / CHECKPOINT_DIR, config.keep_checkpoints, writer=runtime.is_writer)
+    if not resume and list_checkpoints(checkpoints.directory):
+        raise FileExistsError(f"{checkpoints.directory} already holds checkpoints; pass --resume or choose another --out")
+
+    seed_everything(config.seed)
+    model = parallelize(Transformer(model_config).to(device), runtime, config)
+    optimizer = build_optimizer(model, config.optimizer_config(device))
+    micro_batch, _ = runtime.batch_plan(config)
+    train_loader = TokenLoader(reader, "train", config.seq_len, micro_batch, config.seed, rank=runtime.rank, world_size=runtime.world_size)
+    val_loader = ValidationLoader(reader, config.seq_len, config.batch_size, max_batches=config.eval_batches)
+    if len(val_loader) == 0:
+        log(f"warning: {reader.path}: the validation split has no full batch of {config.batch_size} x {config.seq_len + 1} tokens; no validation")
+        val_loader = None
+    state, resumed_from = TrainState(), None
+    if resume:
+        state, resumed_from = _resume(checkpoints, lambda p: _load_any(p, model, optimizer, config, train_loader, runtime, log), log)
+        if resumed_from:
+            log(f"resumed from {resumed_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
+
+    metrics = MetricsLog(out / METRICS_FILE, state.step) if runtime.is_writer else None
+
+    def record(row: dict[str, Any]) -> None:
+        if metrics is None:
+            return
+        metrics.write(row)
+        if report is not None:
+            report(row)
+
+    last_val: list[float | None] = [None]
+    bar = ProgressLine(config.max_steps, state.step, progress)
+
+    def on_eval(step: int, val_loss: float) -> None:
+        last_val[0] = val_loss
+        record({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
+
+    def on_checkpoint(current: TrainState) -> None:
+        sharded = {"save": save_sharded_checkpoint, "runtime": runtime} if runtime.launched else {}
+        checkpoints.save(current.step, last_val[0], model=model, optimizer=optimizer, state=current, config=config,
+                         train_loader=train_loader, val_loader=val_loader, **sharded)
+
+    hooks = TrainHooks(
+        on_log=lambda row: record({"kind": "train", **row}),
+        on_eval=on_eval,
+        on_checkpoint=on_checkpoint,
+        on_event=lambda event: record({"kind": "event", **event}),
+        on_update=lambda current, loss, lr: bar.update(current, loss, lr, config.tokens_per_update),
+    )
+    started = time.perf_counter()
+    try:
+        train(model, optimizer, train_loader, val_loader, config, state, device, hooks, runtime)
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - started
+    weights_digest = full_weights_sha256(model)  # a collective under FSDP: every rank takes part
+    tokenizer_entry = reader.manifest.get("tokenizer", {})
+    cloze = None
+    if cloze_path and tokenizer_entry.get("path") and (reader.root / tokenizer_entry["path"]).is_file():
+        cloze = score_cloze(model, load_tokenizer(reader.root / tokenizer_entry["path"]), load_cloze(cloze_path), device)
+    if not runtime.is_writer:
+        return {"final_step": state.step}  # rank 0 holds the full weights, writes and reports
+
+    records = metrics.records()
+    train_rows = [r for r in records if r.get("kind") == "train"]
+    val_rows = [r for r in records if r.get("kind") == "eval"]
+    plot_loss(records, out / LOSS_PICTURE, reader.vocab_size)
+    if any(r.get("moe") for r in train_rows):
+        plot_expert_load(records, out / EXPERT_LOAD_PICTURE)
+    summary: dict[str, Any] = {
+        "final_step": state.step,
+        "final_train_loss": train_rows[-1]["last_loss"] if train_rows else None,
+        "final_mtp_ce": train_rows[-1].get("mtp_ce") if train_rows else None,  # per MTP depth
+        "final_expert_load": train_rows[-1].get("moe") if train_rows else None,  # per MoE layer
+        "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
+        "final_val_perplexity": val_rows[-1]["val_perplexity"] if val_rows else None,
+        "best_val_loss": state.best_val_loss,
+        "ln_vocab": math.log(reader.vocab_size),
+        "weights_sha256": weights_digest,
+        "tokens_seen": state.tokens_seen,
+        "skipped_updates": state.skipped_updates,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "session_seconds": seconds,
+        "resumed_from": str(resumed_from) if resumed_from else None,
+        "checkpoint": str(checkpoints.latest()) if checkpoints.latest() else None,
+        "best_checkpoint": (checkpoints.index.get("best") or {}).get("path"),
+        "corpus_digest": reader.digest,
+        "train_config": config.to_dict(),
+        "model_config": asdict(model_config),
+        "device": device.type,
+        "threads": torch.get_num_threads(),
+        "world_size": runtime.world_size,
+    }
+    if cloze is not None:
+        summary["cloze"] = {k: v for k, v in cloze.items() if k != "per_item"}
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _load_any(path: Path, model, optimizer, config: TrainConfig, train_loader: TokenLoader, runtime: Runtime, log: Any) -> TrainState:
+    """A DCP directory (any world size, also into one plain process) or a single-file checkpoint (one process)."""
+    if path.is_dir():
+        return load_sharded_checkpoint(path, model, optimizer, config, train_loader, runtime, warn=lambda m: log(f"warning: {m}"))
+    if runtime.launched:  # one process -> W ranks: every rank reads the file and keeps its rows
+        return load_single_file_into_shards(path, model, optimizer, config, train_loader, runtime, warn=lambda m: log(f"warning: {m}"))
+    return load_checkpoint(path, model, optimizer, config, train_loader, warn=lambda m: log(f"warning: {m}"))
+
+
+def full_weights_sha256(model) -> str:
+    """weights_sha256 of the whole model, also when FSDP holds it in shards (then every rank must call this)."""
+    from hymo_core.distributed.parallelize import is_sharded
+
+    if not is_sharded(model):
+        return weights_sha256(model)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from hymo_core.checkpoint.common import state_dict_sha256
+
+    return state_dict_sha256(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hymo_core.train", description="Pretrain on a corpus (no Prefect needed).")
+    add_train_arguments(parser)
+    return parser
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", required=True, help="run directory, shards stage directory or corpus.json")
+    parser.add_argument("--config", help="training TOML with [train] and [model] tables (default: the sample recipe)")
+    parser.add_argument("--out", required=True, help="output directory (checkpoints, metrics.jsonl, loss.png, summary.json)")
+    parser.add_argument("--max-steps", type=int, help="stop after this many updates; the LR schedule keeps the recipe's horizon")
+    parser.add_argument("--horizon", type=int, help="move the LR schedule's horizon (where decay ends) to this step")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+    parser.add_argument("--cloze", help="cloze JSONL scored into summary.json (default: the bundled sample set)")
+
+
+def session_config(train_config: TrainConfig, max_steps: int | None = None, horizon: int | None = None) -> TrainConfig:
+    """Apply --max-steps / --horizon: stopping early never moves the schedule, only --horizon does."""
+    values = train_config.to_dict()
+    if horizon is not None:
+        values["horizon_steps"] = horizon
+    elif max_steps is not None and not train_config.horizon_steps:
+        values["horizon_steps"] = train_config.max_steps  # the recipe's own horizon, pinned
+    if max_steps is not None:
+        values["max_steps"] = max_steps
+    try:
+        return TrainConfig.from_dict(values)
+    except ValueError as exc:
+        raise ValueError(f"--max-steps {max_steps} / --horizon {horizon}: {exc}") from None
+
+
+def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Also each rank's entry point under torchrun (`torchrun -m hymo_core.train ...`)."""
+    args = build_parser().parse_args(argv)
+    runtime = init_runtime()
+    try:
+        summary = run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE,
+                               runtime=runtime)
+    except (ValueError, FileExistsError) as exc:  # configuration, corpus and checkpoint errors: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        close_runtime(runtime)
+    if runtime.is_writer:
+        print(json.dumps({k: summary[k] for k in ("final_step", "final_train_loss", "final_val_loss", "weights_sha256")}, indent=2))
+    return 0
+
+
+def _configs(args: argparse.Namespace) -> tuple[TrainConfig, ModelConfig]:
+    train_config, model_config = load_run_config(args.config)
+    return session_config(train_config, args.max_steps, getattr(args, "horizon", None)), model_config
+
+
+if __name__ == "__main__":
+    sys.exit(main())

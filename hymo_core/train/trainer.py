@@ -1,0 +1,449 @@
+"""The training loop: one successful optimizer update per iteration, every failure branch explicit.
+
+Seed 002 is the contract followed here. In order, one attempt at update
+`state.step + 1`:
+
+1. the LR for that candidate step goes to every optimizer group;
+2. each of `gradient_accumulation_steps` micro-batches reads fresh data, runs
+   the forward under autocast, raises on a non-finite loss *before* backward,
+   back-propagates `loss / accum` and counts its tokens;
+3. unscale (fp16) -> global-norm clip (the norm is logged before clipping) ->
+   QK-Clip validates its observations -> `scaler.step` -> a dropped scale
+   means the fp16 update was skipped -> QK-Clip rescales over-threshold heads
+   only after a real update -> gradients cleared.
+
+Three clocks, kept apart: `step` counts successful updates (it drives the LR
+and the log/eval/checkpoint intervals), `tokens_seen` counts every consumed
+micro-batch (skipped attempts included), `skipped_updates` counts fp16
+overflows. A skip retries the same step with the next data; 32 in a row raise.
+
+The loop does no file IO: logging, validation results and checkpoints go
+through `TrainHooks`, so the same loop serves the CLI, the pipeline stage,
+tests and benchmarks. Nothing assumes one process: the optimizer, the model
+and the loaders are passed in.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from hymo_core.planner import planner
+from hymo_core.train.config import TrainConfig
+from hymo_core.train.data import EndOfEpoch, TokenLoader, ValidationLoader
+from hymo_core.distributed.process_group import Runtime, all_reduce_max_, all_reduce_mean, full_value, reduce_expert_load_
+from hymo_core.train.optim import PartitionedOptimizer
+from hymo_core.train.schedule import learning_rate_at_step
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+MAX_CONSECUTIVE_SKIPS = 32  # seed 002: an fp16 run that cannot make progress must stop
+
+
+@dataclass
+class TrainState:
+    """Counters a resumed session continues from (seed 002: separate clocks)."""
+
+    step: int = 0  # successful optimizer updates
+    tokens_seen: int = 0  # every consumed micro-batch, skipped attempts included
+    skipped_updates: int = 0  # fp16 overflows
+    fixed_batch_offset: int | None = None  # overfit mode: loader position of the fixed batch
+    grad_scaler_state: dict[str, Any] | None = None
+    best_val_loss: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainState":
+        state = cls(**values)
+        for name in ("step", "tokens_seen", "skipped_updates"):
+            value = getattr(state, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"TrainState.{name} must be a non-negative integer, got {value!r}")
+        if state.fixed_batch_offset is not None and state.fixed_batch_offset < 0:
+            raise ValueError(f"TrainState.fixed_batch_offset must be >= 0, got {state.fixed_batch_offset}")
+        return state
+
+
+@dataclass
+class TrainHooks:
+    """Where the loop reports; every hook is optional."""
+
+    on_log: Callable[[dict[str, Any]], None] | None = None  # one record per logged step
+    on_eval: Callable[[int, float], None] | None = None  # (step, validation loss)
+    on_checkpoint: Callable[[TrainState], None] | None = None  # gradients are cleared when called
+    on_event: Callable[[dict[str, Any]], None] | None = None  # skips and other notable events
+    on_update: Callable[[TrainState, float, float], None] | None = None  # (state, loss, lr) after every update
+
+
+# ---------------------------------------------------------------- setup checks
+
+
+def validate_setup(model: nn.Module, config: TrainConfig, device: torch.device) -> None:
+    """Refuse precisions the device cannot run and mixed precision over non-fp32 weights (seed 002)."""
+    if config.precision == "fp16" and device.type == "cpu" and not config.allow_cpu_fp16:
+        raise ValueError("fp16 training is refused on CPU (no fp16 GradScaler path there); use fp32 or bf16")
+    if config.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("bf16 requested but this CUDA device has no native bf16 support")
+    wrong = [name for name, p in model.named_parameters() if p.dtype != torch.float32]
+    if wrong:
+        raise ValueError(f"master weights must be fp32 (autocast handles {config.precision}); not fp32: {', '.join(wrong[:5])}")
+    if config.qk_clip and getattr(getattr(model, "config", None), "qk_norm", False):
+        raise ValueError("qk_clip with qk_norm: the per-head norm undoes a q/k projection rescale; enable one of them")
+    if config.overfit_one_batch and config.gradient_accumulation_steps != 1:
+        raise ValueError("overfit_one_batch rereads one batch; use gradient_accumulation_steps = 1")
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
+
+
+def make_scaler(config: TrainConfig, device: torch.device, state: TrainState) -> torch.amp.GradScaler:
+    """Enabled for fp16 only; bf16 has fp32's exponent range and needs no loss scaling."""
+    scaler = torch.amp.GradScaler(device.type, init_scale=config.fp16_init_scale, enabled=config.precision == "fp16")
+    if scaler.is_enabled() and state.grad_scaler_state:
+        scaler.load_state_dict(state.grad_scaler_state)
+    return scaler
+
+
+# ---------------------------------------------------------------- QK-Clip
+
+
+class QKClip:
+    """Per-head max-logit observation and post-update rescaling of query/key weights (MuonClip).
+
+    For a head whose largest |q.k|/sqrt(d) in the attempt exceeded tau, gamma =
+    tau / max; each softmax mixer's `qk_clip_(gamma_H)` shrinks that head's
+    logits by gamma (heads under tau get 1). Everything stays on the device:
+    one host read per update (the clipped-head count). Under data parallelism
+    the maxima are max-reduced over ranks first, so every rank rescales the
+    same heads of its shard.
+    """
+
+    def __init__(self, model: nn.Module, threshold: float, enabled: bool):
+        self.model, self.threshold, self.enabled = model, threshold, enabled
+        self.maxima_LH: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        self.maxima_LH = None
+
+    def observe(self) -> None:
+        maxima = self.model.attention_max_logits().detach()
+        self.maxima_LH = maxima if self.maxima_LH is None else torch.maximum(self.maxima_LH, maxima)
+
+    def reduce(self) -> None:
+        """Max over ranks (a no-op in one process); call once per update, after the last micro-batch."""
+        if self.maxima_LH is not None:
+            all_reduce_max_(self.maxima_LH)
+
+    def max_logit(self) -> float | None:
+        return None if self.maxima_LH is None or self.maxima_LH.numel() == 0 else float(self.maxima_LH.max())
+
+    def validate(self) -> None:
+        """Before the optimizer mutates anything: a non-finite observation is a failed attempt."""
+        if self.enabled and self.maxima_LH is not None and not bool(torch.isfinite(self.maxima_LH).all()):
+            raise FloatingPointError("non-finite attention logit observed; refusing the optimizer step")
+
+    @torch.no_grad()
+    def apply(self) -> int:
+        """Rescale heads over the threshold; returns how many heads were clipped."""
+        if not self.enabled or self.maxima_LH is None:
+            return 0
+        over_LH = self.maxima_LH > self.threshold
+        gamma_LH = torch.where(over_LH, self.threshold / self.maxima_LH, torch.ones_like(self.maxima_LH))
+        for mixer, gamma_H in zip(self.model.softmax_mixers(), gamma_LH):
+            mixer.qk_clip_(gamma_H)  # the mixer knows which projection rows make a head's logits
+        self.maxima_LH = None
+        return int(over_LH.sum())
+
+
+# ---------------------------------------------------------------- validation
+
+
+# The trainer's own Python and numpy generators (seeded by `seed_training_rng`), not the process-global
+# ones: Prefect's threads draw from Python's global `random` while a flow trains, so a checkpoint that
+# stored the global state would differ between two runs with equal weights.
+TRAINER_RANDOM = random.Random(0)
+TRAINER_NUMPY = np.random.RandomState(0)
+
+
+def seed_training_rng(seed: int) -> None:
+    TRAINER_RANDOM.seed(seed)
+    TRAINER_NUMPY.seed(seed)
+    torch.manual_seed(seed)
+
+
+def capture_rng() -> dict[str, Any]:
+    state = {"python": TRAINER_RANDOM.getstate(), "numpy": TRAINER_NUMPY.get_state(), "torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    TRAINER_RANDOM.setstate(state["python"])
+    TRAINER_NUMPY.set_state(state["numpy"])
+    torch.set_rng_state(state["torch_cpu"])
+    if state.get("torch_cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["torch_cuda"])
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: ValidationLoader, device: torch.device, precision: str = "fp32") -> float:
+    """Token-weighted mean loss over the loader's fixed prefix (it restarts at offset 0 every time).
+
+    The model's mode, its attention probe and every RNG are restored afterwards,
+    even when the forward fails, so validation never perturbs training.
+    """
+    was_training = model.training
+    probe = any(getattr(b.attn, "probe", False) for b in getattr(model, "layers", []))
+    rng = capture_rng()
+    model.eval()
+    if probe:
+        model.set_attention_probe(False)
+    total, tokens = 0.0, 0
+    try:
+        for x_BT, y_BT in loader:
+            x_BT, y_BT = x_BT.to(device), y_BT.to(device)
+            with autocast(device, precision):
+                _, loss = model(x_BT, y_BT)
+            ce = getattr(model, "last_ce", None)
+            value = float(ce if ce is not None else loss)
+            total += value * y_BT.numel()
+            tokens += y_BT.numel()
+    finally:
+        model.train(was_training)
+        if probe:
+            model.set_attention_probe(True)
+        restore_rng(rng)
+    if tokens == 0:
+        raise ValueError("validation loader yielded no full batch; lower batch_size / seq_len or add validation data")
+    return total / tokens
+
+
+# ---------------------------------------------------------------- data
+
+
+def next_training_batch(loader: TokenLoader, config: TrainConfig, state: TrainState, fixed: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fresh batch; at the end of an epoch, the next seeded epoch (the loader never wraps by itself)."""
+    if config.overfit_one_batch:
+        if not fixed:
+            if state.fixed_batch_offset is None:
+                state.fixed_batch_offset = loader.position
+            fixed.append(read_batch_at(loader, state.fixed_batch_offset))
+        return fixed[0]
+    try:
+        return loader.next_batch()
+    except EndOfEpoch:
+        loader.start_next_epoch()
+        return loader.next_batch()
+
+
+def read_batch_at(loader: TokenLoader, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The epoch-0 batch at `position`, leaving the loader's cursor where it was."""
+    saved = loader.state_dict()
+    loader.load_state_dict({**saved, "epoch": 0, "position": position, **_window_at(loader, 0, position)})
+    try:
+        return loader.next_batch()
+    finally:
+        loader.load_state_dict(saved)
+
+
+def _window_at(loader: TokenLoader, epoch: int, position: int) -> dict[str, int]:
+    order = loader._permutation(epoch)
+    if position >= len(order):
+        return {"shard": -1, "offset": -1}
+    shard, offset = loader.windows[order[position]]
+    return {"shard": int(shard), "offset": int(offset)}
+
+
+# ---------------------------------------------------------------- utilisation
+
+
+def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """6 N (forward + backward matmuls) plus attention's 12 L d T (scores and values, fwd + bwd)."""
+    cfg = model.config
+    if set(getattr(cfg, "layer_pattern", "A")) != {"A"}:  # GDN / MLA layers: the planner's per-kind terms
+        return float(planner.training_flops_per_token(planner.model_shape(cfg), seq_len))
+    if getattr(cfg, "moe_on", "") or getattr(cfg, "mtp_depth", 0):  # only the active experts; MTP's own terms
+        return float(sum(planner.training_flops_breakdown(planner.model_shape(cfg), seq_len).values()))
+    n = sum(p.numel() for name, p in model.named_parameters() if "tok_embeddings" not in name or cfg.tie_embeddings)
+    return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
+
+
+PEAK_FLOPS = {  # dense tensor-core peaks per dtype, for utilisation on GPUs we know
+    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+}
+
+
+def reference_flops(device: torch.device, precision: str, size: int = 384, repeats: int = 6) -> tuple[float, str]:
+    """The FLOP/s that utilisation is measured against: the dtype peak of a known GPU, else a measured matmul."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peaks in PEAK_FLOPS.items():
+            if key in name:
+                return peaks[precision], f"{key} {precision} peak"
+    dtype = torch.float32 if precision == "fp32" or device.type == "cpu" else AUTOCAST_DTYPES[precision]
+    generator = torch.Generator(device=device).manual_seed(0)  # private: the global RNG stream is not touched
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+    a @ b  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    return 2.0 * size**3 * repeats / max(seconds, 1e-9), f"measured {size}x{size} {str(dtype).removeprefix('torch.')} matmul"
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def train(
+    model: nn.Module,
+    optimizer: PartitionedOptimizer,
+    train_loader: TokenLoader,
+    val_loader: ValidationLoader | None,
+    config: TrainConfig,
+    state: TrainState,
+    device: torch.device,
+    hooks: TrainHooks | None = None,
+    runtime: Runtime | None = None,
+) -> TrainState:
+    """Run successful updates until `state.step == config.max_steps`; returns the (mutated) state.
+
+    `runtime` places this process among the ranks (default: one plain process).
+    The loaders are per rank; each update reads the recipe's global batch.
+    """
+    hooks = hooks or TrainHooks()
+    runtime = runtime or Runtime(device=device)
+    _, accumulation = runtime.batch_plan(config)
+    validate_setup(model, config, device)
+    if config.max_steps < state.step:
+        raise ValueError(f"max_steps {config.max_steps} is below the resumed step {state.step}")
+    schedule = config.schedule_config()
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    scaler = make_scaler(config, device, state)
+    qk_clip = QKClip(model, config.qk_clip_threshold, config.qk_clip)
+    flops_per_token = model_flops_per_token(model, config.seq_len)
+    reference, reference_label = reference_flops(device, config.precision)
+    fixed_batch: list = []
+    consecutive_skips = 0
+    window = {"loss": 0.0, "tokens": 0, "seconds": 0.0, "updates": 0}
+    try:
+        while state.step < config.max_steps:
+            started = time.perf_counter()
+            step = state.step + 1  # the candidate successful update
+            lr = learning_rate_at_step(schedule, step)
+            optimizer.set_learning_rate(lr)
+            qk_clip.reset()
+            # The probe costs a chunked q.k pass per layer: only when QK-Clip acts or this step is logged.
+            probing = config.qk_clip or step % config.log_interval == 0 or step == config.max_steps
+            model.set_attention_probe(probing)
+            update_loss, update_tokens, update_mtp_ce = 0.0, 0, []
+            for _ in range(accumulation):
+                x_BT, y_BT = next_training_batch(train_loader, config, state, fixed_batch)
+                x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
+                with autocast(device, config.precision):
+                    _, loss = model(x_BT, y_BT)
+                value = loss.item()
+                if not math.isfinite(value):
+                    raise FloatingPointError(f"non-finite training loss {value} at step {step}; nothing was back-propagated")
+                if probing:
+                    qk_clip.observe()
+                scaler.scale(loss / accumulation).backward()
+                ce = getattr(model, "last_ce", None)
+                update_loss += float(ce if ce is not None else value) / accumulation
+                mtp_ce = [float(c) / accumulation for c in getattr(model, "last_mtp_ce", [])]
+                update_mtp_ce = [a + b for a, b in zip(update_mtp_ce, mtp_ce)] if update_mtp_ce else mtp_ce
+                update_tokens += y_BT.numel() * runtime.world_size  # every rank reads as many
+                state.tokens_seen += y_BT.numel() * runtime.world_size
+            update_loss = all_reduce_mean(update_loss, device)  # the global batch's loss, the same on every rank
+            update_mtp_ce = [all_reduce_mean(value, device) for value in update_mtp_ce]
+            qk_clip.reduce()
+
+            scaler.unscale_(optimizer)
+            grad_norm = full_value(torch.nn.utils.clip_grad_norm_(
+                model.parameters(), config.max_grad_norm or float("inf"), error_if_nonfinite=not scaler.is_enabled()
+            )).item()
+            previous_scale = scaler.get_scale() if scaler.is_enabled() else None
+            qk_clip.validate()
+            scaler.step(optimizer)
+            scaler.update()
+            state.grad_scaler_state = scaler.state_dict() if scaler.is_enabled() else None
+            skipped = scaler.is_enabled() and scaler.get_scale() < previous_scale
+            # A host read of the maxima only when the record is written (QK-Clip's own read is its clipped count).
+            max_logit = qk_clip.max_logit() if step % config.log_interval == 0 or step == config.max_steps else None
+            clipped_heads, expert_load = 0, {}
+            if skipped:
+                qk_clip.reset()  # observations of a discarded update must not rescale weights
+                model.discard_routing_counts()  # nor its MoE token counts move a gate bias
+            else:
+                clipped_heads = qk_clip.apply()
+                # Per-block bookkeeping: MoE gate-bias step on the token counts of every rank, load figures.
+                expert_load = model.after_optimizer_step(reduce_expert_load_)
+            optimizer.zero_grad(set_to_none=True)
+
+            if skipped:
+                state.skipped_updates += 1
+                consecutive_skips += 1
+                if hooks.on_event:
+                    hooks.on_event({"event": "fp16_overflow_skip", "step": step, "scale": scaler.get_scale(),
+                                    "consecutive": consecutive_skips, "tokens_seen": state.tokens_seen})
+                if consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
+                    raise FloatingPointError(f"{consecutive_skips} consecutive fp16 updates overflowed at step {step}; giving up")
+                continue
+            consecutive_skips = 0
+            state.step = step
+            elapsed = time.perf_counter() - started
+            window["loss"] += update_loss * update_tokens
+            window["tokens"] += update_tokens
+            window["seconds"] += elapsed
+            window["updates"] += 1
+            if hooks.on_update:
+                hooks.on_update(state, update_loss, lr)
+
+            final = state.step == config.max_steps
+            if final or state.step % config.log_interval == 0:
+                tokens_per_s = window["tokens"] / max(window["seconds"], 1e-9)
+                record = {
+                    "step": state.step, "loss": window["loss"] / max(window["tokens"], 1), "last_loss": update_loss,
+                    "grad_norm_pre_clip": grad_norm,
+                    "lr": {group["group"]: group["lr"] for group in optimizer.param_groups},
+                    "tokens_per_s": tokens_per_s, "utilisation": tokens_per_s * flops_per_token / reference,
+                    "utilisation_reference": reference_label, "tokens_seen": state.tokens_seen,
+                    "skipped_updates": state.skipped_updates, "max_attention_logit": max_logit, "qk_clipped_heads": clipped_heads,
+                }
+                if update_mtp_ce:
+                    record["mtp_ce"] = update_mtp_ce  # per depth, this update's micro-batch mean
+                if expert_load:
+                    record["moe"] = expert_load  # per MoE layer: this update's loads, bias norm, drops
+                if hooks.on_log:
+                    hooks.on_log(record)
+                window = {"loss": 0.0, "tokens": 0, "seconds": 0.0, "updates": 0}
+            if val_loader is not None and (final or state.step % config.eval_interval == 0):
+                val_loss = evaluate(model, val_loader, device, config.precision)
+                if state.best_val_loss is None or val_loss < state.best_val_loss:
+                    state.best_val_loss = val_loss
+                if hooks.on_eval:
+                    hooks.on_eval(state.step, val_loss)
+            if hooks.on_checkpoint and (final or state.step % config.checkpoint_interval == 0):
+                hooks.on_checkpoint(state)
+    finally:
+        model.set_attention_probe(False)
+    return state

@@ -1,0 +1,263 @@
+"""Shards: pack the mixture into flat token files, write their indexes and the corpus manifest.
+
+Seed 001 (packing; shards and loaders): documents joined with EOS into one
+stream (windows may later cross an EOS, as in Lab 2), stored as flat arrays of
+token ids, uint16 when every id fits in 65,536, else uint32 (little-endian
+here, whatever the machine). Each unique document is tokenised once: the
+training side by the mixture stage, which had to count its tokens anyway
+(its train_tokens.bin, read here piece by piece), the validation side here
+(tasks.corpus.encoding: batches on every core). Mixture repeats are copies, placed in
+epoch-major seeded order so a repeat never sits beside its original. A shard
+holds at most `tokens_per_shard` tokens; a document crossing a boundary gets
+one index row in each shard. Index rows (doc_id, offset, length, doc_start,
+repeat) let `trace_token` name the document of any training token.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from manifests.atomic import atomic_write_bytes, atomic_write_parquet
+from manifests.corpus import (CORPUS_FILE, filters_by_source, ingested_by_source, locate_corpus_manifest, read_corpus_manifest, source_of_id,
+                              source_provenance, write_corpus_manifest)
+from manifests.digest import sha256_file
+from manifests.run_dir import STAGE_DIR_RE
+from manifests.stage_manifest import StageManifest, read_manifest
+from tasks.corpus.encoding import encode_to_file, token_dtype
+from tasks.corpus.mixture import PLAN_FILE, TABLE_FILE, TOKENS_FILE
+from tasks.corpus.split import HELD_OUT_RULE, VALIDATION, iter_split_docs, seeded_rank
+from tasks.runner.stage_runner import run_artifact_stage
+from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
+
+STAGE = "shards"
+VERSION = "1"
+INDEX_SCHEMA = pa.schema([
+    ("doc_id", pa.string()),
+    ("offset", pa.int64()),  # first token of this piece inside the shard
+    ("length", pa.int64()),  # tokens of this piece, the closing EOS included when it ends the document
+    ("doc_start", pa.int64()),  # position of the piece's first token inside the document's token sequence
+    ("repeat", pa.int32()),  # 0 for a document's first occurrence, k for its k-th mixture repeat
+])
+
+
+@dataclass(frozen=True)
+class ShardsConfig:
+    tokens_per_shard: int = 1 << 24  # bounded files: 32 MiB at uint16 (seed 000 uses 50 M-token shards)
+    seed: int = 0  # order of document occurrences in the stream
+
+
+@dataclass
+class SideTokens:
+    """One side's documents, each tokenised once: ids, where each starts in the token file and how long it is (EOS included).
+
+    The token file is read with pread, piece by piece, not memory-mapped: at a
+    million documents a mapping's touched pages (hundreds of MB) would count as
+    this process's resident memory.
+    """
+    ids: list[str]
+    starts: np.ndarray
+    lengths: np.ndarray
+    path: Path
+    dtype: np.dtype
+
+
+def encode_side(tables: Iterable[pa.Table], tokenizer, eos_id: int, dtype: np.dtype, path: Path) -> SideTokens:
+    """Tokenise documents in order into a flat file at `path` (a side the mixture stage did not tokenise)."""
+    ids: list[str] = []
+    lengths = [np.zeros(0, np.int64)]
+    for batch, batch_lengths in encode_to_file(tokenizer, tables, eos_id, dtype, path):
+        ids += batch.column("id").to_pylist()
+        lengths.append(batch_lengths)
+    all_lengths = np.concatenate(lengths)
+    return SideTokens(ids, np.cumsum(all_lengths) - all_lengths, all_lengths, path, dtype)
+
+
+def planned_side(plan: pa.Table, tokens_path: Path, dtype: np.dtype) -> tuple[SideTokens, np.ndarray]:
+    """The training side as the mixture stage tokenised it, and each document's repeats."""
+    side = SideTokens(plan.column("id").to_pylist(), plan.column("offset").to_numpy(), plan.column("tokens").to_numpy(), tokens_path, dtype)
+    return side, plan.column("repeats").to_numpy()
+
+
+def occurrence_order(ids: list[str], repeats: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(document index, repeat k) of every occurrence in epoch-major seeded order: all first occurrences shuffled, then all second ones, ..."""
+    doc = np.repeat(np.arange(len(ids)), repeats)
+    k = np.arange(len(doc)) - np.repeat(np.cumsum(repeats) - repeats, repeats)
+    rank = np.fromiter((int(seeded_rank(seed, f"{ids[d]}\x00{r}"), 16) for d, r in zip(doc.tolist(), k.tolist())), dtype=np.uint64, count=len(doc))
+    order = np.lexsort((rank, k))
+    return doc[order], k[order]
+
+
+def write_stream(side: SideTokens, doc: np.ndarray, repeat: np.ndarray, tokens_per_shard: int, out_dir: Path, prefix: str) -> list[dict[str, Any]]:
+    """Cut the occurrence stream into bounded shards; one .bin and one .idx.parquet per shard."""
+    shards: list[dict[str, Any]] = []
+    buffer = np.empty(tokens_per_shard, dtype=side.dtype)
+    item = side.dtype.itemsize
+    fill = 0
+    index: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
+
+    def flush() -> None:
+        nonlocal fill, index
+        name = f"{prefix}-{len(shards):05d}"
+        atomic_write_bytes(out_dir / f"{name}.bin", buffer[:fill].tobytes())
+        atomic_write_parquet(out_dir / f"{name}.idx.parquet", pa.table(index, schema=INDEX_SCHEMA))
+        shards.append({"name": name, "tokens": fill, "documents": len(index["doc_id"])})
+        fill, index = 0, {name: [] for name in INDEX_SCHEMA.names}
+
+    tokens = os.open(side.path, os.O_RDONLY)
+    try:
+        for d, k in zip(doc.tolist(), repeat.tolist()):
+            start, length = int(side.starts[d]), int(side.lengths[d])
+            done = 0
+            while done < length:
+                piece = min(length - done, tokens_per_shard - fill)
+                buffer[fill:fill + piece] = np.frombuffer(os.pread(tokens, piece * item, (start + done) * item), dtype=side.dtype)
+                for column, value in zip(INDEX_SCHEMA.names, (side.ids[d], fill, piece, done, k)):
+                    index[column].append(value)
+                fill += piece
+                done += piece
+                if fill == tokens_per_shard:
+                    flush()
+    finally:
+        os.close(tokens)
+    if fill:
+        flush()
+    return shards
+
+
+def pack_side(side: SideTokens, repeats: np.ndarray, config: ShardsConfig, work_dir: Path, prefix: str) -> list[dict[str, Any]]:
+    """Lay out one side's occurrences and write its shards; the shard listing for the corpus manifest."""
+    written = write_stream(side, *occurrence_order(side.ids, repeats, config.seed), config.tokens_per_shard, work_dir / "tokens", prefix)
+    listing = []
+    for shard in written:
+        bin_rel, idx_rel = f"tokens/{shard['name']}.bin", f"tokens/{shard['name']}.idx.parquet"
+        listing.append({"path": bin_rel, "sha256": sha256_file(work_dir / bin_rel), "tokens": shard["tokens"], "documents": shard["documents"],
+                        "index_path": idx_rel, "index_sha256": sha256_file(work_dir / idx_rel)})
+    return listing
+
+
+def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config: ShardsConfig, work_dir: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    tokenizer_manifest, mixture_manifest = read_manifest(tokenizer_dir), read_manifest(mixture_dir)
+    shutil.copyfile(tokenizer_manifest.directory / TOKENIZER_FILE, work_dir / TOKENIZER_FILE)  # the corpus dir is self-contained
+    tokenizer = load_tokenizer(work_dir / TOKENIZER_FILE)
+    vocab_size = vocab_size_of(tokenizer)
+    dtype = token_dtype(vocab_size)
+    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    plan = pq.read_table(mixture_manifest.directory / PLAN_FILE)
+    (work_dir / "tokens").mkdir()
+
+    train_side, repeats = planned_side(plan, mixture_manifest.directory / TOKENS_FILE, dtype)
+    train = pack_side(train_side, repeats, config, work_dir, "train")
+    cache = work_dir / f".{VALIDATION}.cache"
+    validation_side = encode_side(iter_split_docs(split_dir, VALIDATION, ["id", "text"]), tokenizer, eos_id, dtype, cache)
+    validation = pack_side(validation_side, np.ones(len(validation_side.ids), np.int64), config, work_dir, VALIDATION)
+    validation_tokens = dict(zip(validation_side.ids, validation_side.lengths.tolist()))
+    del validation_side
+    cache.unlink()
+    validation_by_source = _by_source(validation_tokens)
+
+    mixture_table = json.loads((mixture_manifest.directory / TABLE_FILE).read_text(encoding="utf-8"))
+    tokenizer_stats = tokenizer_manifest.extra
+    payload = {
+        "dtype": dtype.name,
+        "byte_order": "little",
+        "eos_id": eos_id,
+        "tokenizer": {**tokenizer_stats.get("tokenizer", {}), "path": TOKENIZER_FILE, "sha256": sha256_file(work_dir / TOKENIZER_FILE), "vocab_size": vocab_size},
+        "sources": corpus_sources(Path(split_dir), plan, mixture_table, tokenizer_stats, validation_by_source),
+        "mixture": mixture_table,
+        "shards": {"train": train, VALIDATION: validation},
+        "train_tokens": sum(s["tokens"] for s in train),
+        "validation": {"rule": HELD_OUT_RULE, "stage": Path(split_dir).name, "documents": len(validation_tokens),
+                       "tokens": sum(validation_tokens.values()), "by_source": validation_by_source},
+        "seed": config.seed,
+    }
+    corpus = write_corpus_manifest(work_dir / CORPUS_FILE, payload)
+    artifacts: list[tuple[str, int | None]] = [(TOKENIZER_FILE, vocab_size), (CORPUS_FILE, None)]
+    for shard in train + validation:
+        artifacts += [(shard["path"], shard["tokens"]), (shard["index_path"], shard["documents"])]
+    return artifacts, {"corpus_digest": corpus["digest"], "dtype": dtype.name, "train_tokens": payload["train_tokens"],
+                       "validation_tokens": payload["validation"]["tokens"]}
+
+
+def _by_source(tokens_by_id: dict[str, int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for doc_id, n in tokens_by_id.items():
+        row = out.setdefault(source_of_id(doc_id), {"documents": 0, "tokens": 0})
+        row["documents"] += 1
+        row["tokens"] += n
+    return dict(sorted(out.items()))
+
+
+def corpus_sources(split_dir: Path, plan: pa.Table, mixture_table: dict[str, Any], tokenizer_stats: dict[str, Any], validation: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """Per source: provenance, filters with counts, kept documents/tokens, weight, epochs, compression."""
+    run = split_dir.parent
+    numbered = STAGE_DIR_RE.match(split_dir.name)
+    provenance, ingested = source_provenance(run), ingested_by_source(run)
+    filters = filters_by_source(run, int(numbered.group(1)) if numbered else None)
+    kept_docs: dict[str, int] = {}
+    for source in plan.column("source").to_pylist():
+        kept_docs[source] = kept_docs.get(source, 0) + 1
+    compression = tokenizer_stats.get("sample_by_source", {})
+    rows = []
+    for mix in mixture_table["sources"]:
+        name = mix["name"]
+        rows.append({
+            "source": name,
+            **provenance.get(name, {"origin": None, "snapshot": None, "license": None}),
+            "documents_ingested": ingested.get(name),
+            "filters": filters.get(name, {}),
+            "train_documents": kept_docs.get(name, 0),
+            "train_unique_tokens": mix["unique_tokens"],
+            "validation_documents": validation.get(name, {}).get("documents", 0),
+            "validation_tokens": validation.get(name, {}).get("tokens", 0),
+            "weight": mix["weight"],
+            "epochs": mix["epochs"],
+            "tokens_contributed": mix["tokens_contributed"],
+            "shortfall_tokens": mix["shortfall_tokens"],
+            "chars_per_token": compression.get(name, {}).get("chars_per_token"),
+            "tokens_per_word": compression.get(name, {}).get("tokens_per_word"),
+        })
+    return rows
+
+
+def trace_token(corpus_path: Path, shard: int, offset: int, split: str = "train", window: int = 16) -> dict[str, Any]:
+    """The document a token belongs to: id, position inside it, repeat, and the decoded window around it."""
+    manifest_path = locate_corpus_manifest(Path(corpus_path))
+    corpus = read_corpus_manifest(manifest_path)
+    root = manifest_path.parent
+    shards = corpus["shards"].get(split, [])
+    if not 0 <= shard < len(shards):
+        raise IndexError(f"{manifest_path}: {split} has {len(shards)} shards; no shard {shard}")
+    entry = shards[shard]
+    if not 0 <= offset < entry["tokens"]:
+        raise IndexError(f"{root / entry['path']}: {entry['tokens']} tokens; offset {offset} is outside")
+    tokens = np.memmap(root / entry["path"], dtype=np.dtype(corpus["dtype"]).newbyteorder("<"), mode="r")
+    index = pq.read_table(root / entry["index_path"])
+    offsets = index.column("offset").to_numpy()
+    row = int(np.searchsorted(offsets, offset, side="right") - 1)
+    piece = {name: index.column(name)[row].as_py() for name in INDEX_SCHEMA.names}
+    tokenizer = load_tokenizer(root / corpus["tokenizer"]["path"])
+    position = piece["doc_start"] + (offset - piece["offset"])
+    token_id = int(tokens[offset])
+    lo, hi = max(0, offset - window), min(entry["tokens"], offset + window + 1)
+    return {
+        "split": split, "shard": shard, "shard_path": entry["path"], "offset": offset,
+        "token_id": token_id, "token": tokenizer.id_to_token(token_id), "is_eos": token_id == corpus["eos_id"],
+        "doc_id": piece["doc_id"], "repeat": piece["repeat"], "position_in_document": position,
+        "window_before": tokenizer.decode([int(t) for t in tokens[lo:offset]], skip_special_tokens=False),
+        "window_token": tokenizer.decode([token_id], skip_special_tokens=False),
+        "window_after": tokenizer.decode([int(t) for t in tokens[offset + 1:hi]], skip_special_tokens=False),
+    }
+
+
+def run_shards(config: ShardsConfig, split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, out_dir: Path) -> StageManifest:
+    inputs = [Path(split_dir), Path(tokenizer_dir), Path(mixture_dir)]
+    return run_artifact_stage(STAGE, VERSION, asdict(config), inputs, Path(out_dir),
+                              lambda work_dir: build_shards(*inputs, config, work_dir))

@@ -1,0 +1,255 @@
+"""Near-duplicate removal: MinHash-LSH candidates, exact-Jaccard verification, union-find, smallest id kept.
+
+Seed 001, "近似重复和 Jaccard 相似度" through "已发表流程的选择": word 5-gram
+shingle sets (character 5-grams for space-less scripts), 112 hashes as 14
+bands × 8 rows (FineWeb's choice), candidates verified with the exact Jaccard
+of the shingle sets against 0.8, so a false candidate costs verification time
+and never a wrong removal; verified pairs are joined with union-find because
+near-duplicates chain (A~B, B~C), and each cluster keeps its smallest id.
+
+Every pair of a bucket is a candidate, however large the bucket: a templated
+site puts thousands of pages that share a boilerplate block into one bucket,
+and a true near-copy may pair with any of them. The pairs are filtered by
+MinHash agreement, vectorised, with a margin from the estimator's binomial
+spread (tasks/dedup/signature_filter.py), and only survivors are verified exactly.
+Members with identical shingle sets are interchangeable (same Jaccard with
+everyone else), so a mass-copied page is folded to one member first; a
+bucket of 64 or more members then gets the exact Jaccard of all its pairs in
+bulk (tasks/dedup/pair_jaccard.py), which has no miss probability at all and is
+what makes a templated site affordable. Only a bucket that still has more
+than `max_bucket_members` members after folding falls back to pairing each
+member with the first and its neighbour; every pair that fallback skips is
+counted (`fallback_skipped_pairs`) and logged.
+
+The outcome is defined without any visiting order, so it is the same for any
+number of workers and partitions: E is the set of verified pairs (exact
+Jaccard ≥ threshold) of all buckets of all bands; clusters are the connected
+components of E, each kept by its smallest id; a removed document's `value`
+and `matched_id` are its best edge in E: the highest Jaccard, ties broken by
+the smallest partner id.
+
+How it runs (every step a task of the runner: process pool by default, Dask
+tasks on a cluster; everything they exchange is a file in the stage's work
+directory, which must be on shared storage for a multi-machine run):
+1. one task per input shard: shingle hashes, signatures, band keys; the band
+   records (key, band, row) are spilled sorted by hash range of the key (the
+   shuffle), with fingerprints and shingle hashes, each file checksummed;
+2. the planning process ranks all ids (rank order = id order, so "smallest
+   rank" is "smallest id" whatever the shard layout) and writes rank-indexed
+   files (tasks/dedup/near_dup_files.py): a few dozen bytes a document;
+3. one task per key range (tasks/dedup/lsh_buckets.py): groups its buckets, yields
+   candidate pairs (signature-filtered) and edges verified in bulk;
+4. one task per rank range (tasks/dedup/near_dup_links.py): each candidate pair
+   verified once, whichever bands proposed it;
+5. one task: union-find over the edges, removal map and clusters as Parquet;
+6. each shard drops the removed ids.
+Key and rank ranges number PARTITIONS_PER_WORKER × the workers (on Dask: the
+scheduler's worker count).
+
+Rule `near_duplicate`, value = exact Jaccard with the matched document,
+detail {"cluster_id", "kept_id", "matched_id", "jaccard"}; the cluster is
+named after its keeper. Artifact `clusters.parquet`: id, cluster_id, kept_id
+for every member of every cluster of two or more documents.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from manifests.atomic import atomic_write_parquet
+from manifests.digest import sha256_file
+from manifests.stage_manifest import StageManifest
+from tasks.dedup.lsh_buckets import RecordSlice, fallback_pairs, link_key_partition  # noqa: F401 (fallback_pairs re-exported)
+from tasks.dedup.minhash import HashFamily, band_keys, signatures, write_checked_array
+from tasks.dedup.near_dup_files import RECORD, CorpusFiles, key_partition, write_partitioned
+from tasks.dedup.near_dup_links import link_clusters, verify_rank_partition
+from tasks.dedup.removal_map import RemovalContext, apply_removals, map_upstream_shards
+from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
+from tasks.dedup.signature_filter import fingerprints, minimum_agreement
+from tasks.dedup.spill_reader import SpillFiles
+from tasks.runner.stage_runner import StageDef, map_shards, run_stage, runner_workers
+
+STAGE = "dedup_fuzzy"
+VERSION = "3"  # 3: outcome defined order-free (all verified pairs; best edge = highest Jaccard, then smallest id); partitioned tasks
+SPILL_DIR = "_spill"
+SIGNATURE_BATCH_ROWS = 2048  # documents hashed at once in a worker: bounds its scratch memory whatever the shard size
+PARTITIONS_PER_WORKER = 2  # key / rank ranges per worker: a slow range does not leave the other workers idle
+
+
+@dataclass(frozen=True)
+class DedupFuzzyConfig:
+    shingle_size: int = 5  # seed: word 5-grams
+    bands: int = 14  # FineWeb: 112 hashes = 14 bands × 8 rows
+    rows: int = 8
+    jaccard_threshold: float = 0.8  # seed: exact Jaccard ≥ 0.8 on the shingle sets
+    seed: int = 1  # of the hash family; fixed so re-runs find the same candidates
+    fold_numbers: bool = True  # "page 3" and "page 4" shingle alike
+    miss_probability: float = 1e-6  # chance that the signature filter drops a pair whose Jaccard is exactly the threshold
+    max_bucket_members: int = 50_000  # beyond this (after folding identical sets) a bucket is linked first/neighbour only, audited
+
+    @property
+    def num_hashes(self) -> int:
+        return self.bands * self.rows
+
+
+def check_config(config: DedupFuzzyConfig) -> None:
+    if config.shingle_size < 1 or config.bands < 1 or config.rows < 1:
+        raise ValueError(f"dedup_fuzzy: shingle_size, bands and rows must be ≥ 1, got {config}")
+    if not 0.0 < config.jaccard_threshold <= 1.0:
+        raise ValueError(f"dedup_fuzzy: jaccard_threshold must be in (0, 1], got {config.jaccard_threshold}")
+    if not 0.0 < config.miss_probability < 1.0:
+        raise ValueError(f"dedup_fuzzy: miss_probability must be in (0, 1), got {config.miss_probability}")
+    if config.max_bucket_members < 2:
+        raise ValueError(f"dedup_fuzzy: max_bucket_members must be ≥ 2, got {config.max_bucket_members}")
+
+
+def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill_dir: str, partitions: int) -> dict[str, Any]:
+    """Task: shingle hashes, MinHash signatures and band records of one shard, spilled with checksums.
+
+    Texts are hashed SIGNATURE_BATCH_ROWS documents at a time (a document's
+    hashes do not depend on its neighbours), so the worker's scratch memory
+    follows the batch, not the shard. Band records are written sorted by the
+    hash range of their key, one checked slice per key partition: the map
+    side of the shuffle.
+    """
+    parquet = pq.ParquetFile(shard_path, pre_buffer=False)
+    cache = TokenHashCache()
+    family = HashFamily.from_seed(config.num_hashes, config.seed)
+    hash_parts, offset_parts, key_parts = [np.zeros(0, np.uint64)], [np.zeros(1, np.int64)], [np.zeros((config.bands, 0), np.uint64)]
+    print_parts, row_parts = [np.zeros((0, config.num_hashes), np.uint8)], [np.zeros(0, np.uint64)]
+    rows_before = 0
+    for batch in parquet.iter_batches(SIGNATURE_BATCH_ROWS, columns=["text"], use_threads=False):
+        texts = batch.column("text").to_pylist()
+        hashes, offsets = batch_ngram_hashes((tokens(text, config.fold_numbers) for text in texts), config.shingle_size, cache)
+        has_shingles = np.diff(offsets) > 0  # empty sets never enter buckets
+        signature_rows = signatures(hashes, offsets, family)[has_shingles]
+        key_parts.append(band_keys(signature_rows, config.bands, config.rows))
+        print_parts.append(fingerprints(signature_rows))
+        row_parts.append((np.flatnonzero(has_shingles) + rows_before).astype(np.uint64))
+        offset_parts.append(offsets[1:] + offset_parts[-1][-1])
+        hash_parts.append(hashes)
+        rows_before += len(texts)
+    keys_BN, rows = np.concatenate(key_parts, axis=1), np.concatenate(row_parts)
+    records = np.empty(keys_BN.size, RECORD)
+    records["key"] = keys_BN.ravel()
+    records["band_row"] = (np.repeat(np.arange(config.bands, dtype=np.uint64), len(rows)) << np.uint64(32)) | np.tile(rows, config.bands)
+    spill = Path(spill_dir)
+    bands_file, shingles_file, prints_file = spill / f"{shard}.bands.npy", spill / f"{shard}.shingles.npy", spill / f"{shard}.prints.npy"
+    return {
+        "shard": shard,
+        "ids": parquet.read(columns=["id"]).column("id").combine_chunks(),  # Arrow, not a list of str: ~15 bytes an id
+        "offsets": np.concatenate(offset_parts),
+        "bands_file": str(bands_file),
+        "band_slices": write_partitioned(bands_file, records, key_partition(records["key"], partitions), partitions),
+        "shingles_file": str(shingles_file),
+        "shingles_sha256": write_checked_array(shingles_file, np.concatenate(hash_parts)),
+        "prints_file": str(prints_file),
+        "prints_sha256": write_checked_array(prints_file, np.concatenate(print_parts)),
+    }
+
+
+class Ranks:
+    """Id order of the whole corpus: rank r is the r-th smallest id; positions count documents shard after shard."""
+
+    def __init__(self, ids_by_shard: list[pa.Array]):
+        self.ids = pa.concat_arrays(ids_by_shard) if ids_by_shard else pa.array([], pa.string())
+        self.bounds = [0, *np.cumsum([len(ids) for ids in ids_by_shard]).tolist()]
+        # Arrow's sort is stable and orders UTF-8 by bytes, which is code-point order, the order of Python's min().
+        self.position_of_rank = np.asarray(pc.sort_indices(self.ids)).astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def of_position(self) -> np.ndarray:
+        rank_of_position = np.empty(len(self), dtype=np.int64)
+        rank_of_position[self.position_of_rank] = np.arange(len(self), dtype=np.int64)
+        return rank_of_position
+
+
+def write_corpus_files(shards: list[dict[str, Any]], ranks: Ranks, num_hashes: int, spill_dir: Path) -> CorpusFiles:
+    """The rank-indexed files every later task opens: ranks, shingle spans, fingerprints, ids (tasks/dedup/near_dup_files.py)."""
+    rank_of_position = ranks.of_position()
+    spans = np.zeros((len(ranks), 3), dtype=np.int64)
+    prints_NK = np.zeros((len(ranks), num_hashes), dtype=np.uint8)  # rows of documents without shingles stay zero, unused
+    spill = SpillFiles()
+    try:
+        for index, (shard, start, stop) in enumerate(zip(shards, ranks.bounds, ranks.bounds[1:])):
+            shard_ranks = rank_of_position[start:stop]
+            offsets = shard["offsets"]
+            spans[shard_ranks] = np.stack([np.full(len(shard_ranks), index), offsets[:-1], offsets[1:]], axis=1)
+            with_shingles = shard_ranks[np.diff(offsets) > 0]
+            spill.verify(shard["prints_file"], shard["prints_sha256"])
+            prints_NK[with_shingles] = spill.read(shard["prints_file"], 0, len(with_shingles) * num_hashes).reshape(-1, num_hashes)
+    finally:
+        spill.close()
+    digests = [("ranks.npy", write_checked_array(spill_dir / "ranks.npy", rank_of_position)),
+               ("spans.npy", write_checked_array(spill_dir / "spans.npy", spans)),
+               ("prints.npy", write_checked_array(spill_dir / "prints.npy", prints_NK))]
+    atomic_write_parquet(spill_dir / "ids.parquet", pa.table({"id": ranks.ids.take(pa.array(ranks.position_of_rank))}))
+    digests.append(("ids.parquet", sha256_file(spill_dir / "ids.parquet")))
+    return CorpusFiles(str(spill_dir), len(ranks), num_hashes, tuple((s["shingles_file"], s["shingles_sha256"]) for s in shards),
+                       tuple(digests))
+
+
+def partition_count(workers: int) -> int:
+    """Key and rank ranges: a multiple of the workers the runner really has (on Dask, the scheduler's count)."""
+    return PARTITIONS_PER_WORKER * runner_workers(workers)
+
+
+def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
+    """Global pass: signatures per shard, buckets per key range, verification per rank range, union-find; all runner tasks."""
+    check_config(config)
+    started = time.perf_counter()
+    spill_dir = Path(work_dir) / SPILL_DIR
+    partitions = partition_count(workers)
+    try:
+        shards = map_upstream_shards(signature_shard, upstream, (config, str(spill_dir), partitions), workers, "minhash")
+        signed = time.perf_counter()
+        ranks = Ranks([shard.pop("ids") for shard in shards])  # popped: the ids are held once, concatenated
+        files = write_corpus_files(shards, ranks, config.num_hashes, spill_dir)
+        shingles = int(sum(int(s["offsets"][-1]) for s in shards))
+        without_shingles = int(sum(int(np.count_nonzero(np.diff(s["offsets"]) == 0)) for s in shards))
+        key_jobs = [(files, config, p, partitions, [RecordSlice(s["band_slices"][p], start) for s, start in zip(shards, ranks.bounds)],
+                     str(spill_dir)) for p in range(partitions)]
+        del shards, ranks
+        sizes = [sum(part.slice.stop - part.slice.start for part in job[4]) for job in key_jobs]
+        bucketed = sorted(map_shards(link_key_partition, key_jobs, workers, "lsh buckets", sizes), key=lambda r: r["partition"])
+        rank_jobs = [(files, config, r, [b["candidates"][r] for b in bucketed], [b["edges"][r] for b in bucketed],
+                      str(spill_dir / f"linked-{r:05d}.npy")) for r in range(partitions)]
+        pair_sizes = [sum(s.stop - s.start for s in job[3]) for job in rank_jobs]
+        verified = sorted(map_shards(verify_rank_partition, rank_jobs, workers, "verify pairs", pair_sizes), key=lambda r: r["partition"])
+        linked = [(v["path"], v["sha256"]) for v in verified]
+        [context] = list(map_shards(link_clusters, [(files, config, linked, str(work_dir))], 1, "clusters", [files.documents]))
+        finished = time.perf_counter()
+        counts = summed_counts([b["counts"] for b in bucketed] + [v["counts"] for v in verified])
+        context.stats = {"documents": files.documents, "shingles": shingles, "documents_without_shingles": without_shingles,
+                         "partitions": partitions, "minimum_agreement": minimum_agreement(config.num_hashes, config.jaccard_threshold,
+                                                                                          config.miss_probability), **counts, **context.stats,
+                         "signature_seconds": round(signed - started, 3), "candidate_and_cluster_seconds": round(finished - signed, 3)}
+        return context
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
+
+
+def summed_counts(parts: list[dict[str, int]]) -> dict[str, int]:
+    """Work counters of all tasks added up (largest_bucket: the largest)."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for name, value in part.items():
+            total[name] = max(total.get(name, 0), value) if name == "largest_bucket" else total.get(name, 0) + value
+    return total
+
+
+DEDUP_FUZZY = StageDef(STAGE, VERSION, apply_removals, prepare=find_near_duplicates)
+
+
+def run_dedup_fuzzy(config: DedupFuzzyConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    return run_stage(DEDUP_FUZZY, config, input_dir, out_dir, workers)

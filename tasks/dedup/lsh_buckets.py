@@ -1,0 +1,210 @@
+"""One key partition of the near-duplicate pass: group its LSH buckets and turn each into candidate pairs or verified edges.
+
+A task of the runner (process pool or Dask), one per hash range of the band
+keys. Every (band, key) lives in exactly one partition, so each bucket is
+seen whole by one task, and what a bucket yields depends only on its members:
+* a bucket of FOLD_IDENTICAL_FROM members or more first folds members whose
+  shingle set equals an earlier member's (edge at Jaccard 1.0 to that member),
+  then gets the exact Jaccard of all its pairs in bulk (tasks/dedup/pair_jaccard.py)
+  — verified edges;
+* a smaller bucket (or one too dense for bulk) yields the pairs whose 8-bit
+  signature fingerprints agree enough (tasks/dedup/signature_filter.py) — candidates,
+  verified later, once per pair, by the task that owns the pair's smaller rank
+  (tasks/dedup/near_dup_links.py): a true near-copy collides in several bands and
+  would otherwise be verified in each;
+* a bucket still larger than `max_bucket_members` after folding yields only
+  each member's pairs with the first member and with its neighbour (audited:
+  the skipped pairs are counted).
+Outputs are two files sorted by the rank partition of the pair's smaller rank
+(candidates; edges reduced to what decides the outcome, tasks/dedup/near_dup_files.py),
+one checked slice per rank partition.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from tasks.dedup.near_dup_files import EDGE, PAIR, RECORD, CorpusFiles, ShingleSets, Slice, edges_array, rank_partition, read_slices, reduce_edges, write_partitioned
+from tasks.dedup.pair_jaccard import pair_blocks
+from tasks.dedup.signature_filter import agreeing_pairs, minimum_agreement
+from tasks.dedup.spill_reader import SpillFiles
+
+FOLD_IDENTICAL_FROM = 64  # buckets from this size fold identical shingle sets, then count all pairs' Jaccards in bulk
+EDGE_BUFFER = 1 << 20  # edges held before they are reduced (a near-identical mass yields ~m²/2 of them)
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecordSlice:
+    """A shard's band records of one key partition, and the position of the shard's first document."""
+
+    slice: Slice
+    first_position: int
+
+
+def fallback_pairs(members: list[int]) -> Iterator[tuple[int, int]]:
+    """The audited fallback for a pathological bucket: each member with the first and with its successor.
+
+    2m pairs instead of m²/2; it still links a bucket of true copies into one
+    cluster, but it can miss a near-copy pair elsewhere in the bucket, which
+    is why its use is counted and logged.
+    """
+    first = members[0]
+    for previous, member in zip(members, members[1:]):
+        yield first, member
+        if previous != first:
+            yield previous, member
+
+
+def buckets(records: np.ndarray, ranks: np.ndarray) -> Iterator[np.ndarray]:
+    """Members (ranks ascending) of every bucket of two or more, in (band, key) order."""
+    bands = records["band_row"] >> np.uint64(32)
+    order = np.lexsort((ranks, records["key"], bands))
+    keys, bands, ranks = records["key"][order], bands[order], ranks[order]
+    if len(keys) < 2:
+        return
+    starts = np.flatnonzero(np.concatenate(([True], (keys[1:] != keys[:-1]) | (bands[1:] != bands[:-1]))))
+    sizes = np.diff(np.append(starts, len(keys)))
+    for start, size in zip(starts[sizes > 1].tolist(), sizes[sizes > 1].tolist()):
+        yield ranks[start: start + size]
+
+
+class BucketLinker:
+    """What one partition's buckets yield: candidate pairs to verify and edges already verified."""
+
+    def __init__(self, config: Any, files: CorpusFiles, spill: SpillFiles):
+        self.config, self.documents = config, files.documents
+        self.prints_NK = files.array("prints.npy", spill)
+        self.shingle_sets = ShingleSets(files, spill)
+        self.minimum = minimum_agreement(config.num_hashes, config.jaccard_threshold, config.miss_probability)
+        self.identical_to: dict[int, int] = {}  # member -> first of its identical group, once checked in this task
+        self.candidate_codes: list[np.ndarray] = []  # a * documents + b
+        self.edges: list[np.ndarray] = []
+        self.buffered_edges = 0
+        self.counts = {"buckets": 0, "largest_bucket": 0, "candidate_pairs": 0, "below_signature_agreement": 0,
+                       "folded_identical": 0, "bulk_exact_pairs": 0, "fallback_buckets": 0, "fallback_skipped_pairs": 0}
+
+    def link_bucket(self, members: np.ndarray) -> None:
+        counts = self.counts
+        counts["buckets"] += 1
+        counts["largest_bucket"] = max(counts["largest_bucket"], len(members))
+        if len(members) >= FOLD_IDENTICAL_FROM:
+            members = self.fold_identical(members)
+        pair_count = len(members) * (len(members) - 1) // 2
+        counts["candidate_pairs"] += pair_count
+        if len(members) < 2:
+            return
+        if len(members) > self.config.max_bucket_members:
+            self.link_fallback(members, pair_count)
+            return
+        if len(members) >= FOLD_IDENTICAL_FROM and self.link_exactly(members, pair_count):
+            return
+        firsts, seconds = agreeing_pairs(self.prints_NK[members], self.minimum)
+        counts["below_signature_agreement"] += pair_count - len(firsts)
+        self.add_candidates(members[firsts], members[seconds])
+
+    def fold_identical(self, members: np.ndarray) -> np.ndarray:
+        """Join members whose shingle set equals an earlier member's and keep only the first of each such group.
+
+        Equal sets have equal Jaccard with every third document, so dropping
+        the later ones from the all-pairs comparison loses no pair. Equal
+        fingerprints only propose a group; the sets themselves are compared,
+        once per task (identical documents share every band's bucket).
+        """
+        prints = np.ascontiguousarray(self.prints_NK[members])
+        _, group_of = np.unique(prints.view(np.dtype((np.void, prints.shape[1]))).ravel(), return_inverse=True)
+        first_of_group: dict[int, int] = {}
+        raw_of_first: dict[int, np.ndarray] = {}  # read once per group, compared with every later member
+        kept, folded = [], []
+        for member, group in zip(members.tolist(), group_of.ravel().tolist()):
+            first = first_of_group.setdefault(group, member)
+            if first != member:
+                if self.identical_to.get(member) == first:
+                    continue  # checked in another band's bucket: its edge is already out
+                if group not in raw_of_first:
+                    raw_of_first[group] = self.shingle_sets.raw(first)
+                if self.shingle_sets.identical(first, member, raw_of_first[group]):
+                    self.identical_to[member] = first
+                    folded.append((first, member))
+                    continue
+            kept.append(member)
+        if folded:
+            self.counts["folded_identical"] += len(folded)
+            pairs = np.asarray(folded, dtype=np.int64)
+            self.add_edges(pairs[:, 0], pairs[:, 1], np.ones(len(pairs)))
+        return np.asarray(kept, dtype=np.int64)
+
+    def link_exactly(self, members: np.ndarray, pair_count: int) -> bool:
+        """Exact Jaccard of every pair of a large bucket in bulk (tasks/dedup/pair_jaccard.py); False if too dense for that."""
+        blocks = pair_blocks([self.shingle_sets.of(member) for member in members.tolist()], self.config.jaccard_threshold)
+        if blocks is None:
+            return False
+        self.counts["bulk_exact_pairs"] += pair_count
+        for firsts, seconds, similarities in blocks:  # streamed: a near-identical mass yields ~m²/2 pairs
+            self.add_edges(members[firsts], members[seconds], similarities)
+        return True
+
+    def link_fallback(self, members: np.ndarray, pair_count: int) -> None:
+        pairs = np.asarray(list(fallback_pairs(members.tolist())), dtype=np.int64)
+        self.add_candidates(pairs[:, 0], pairs[:, 1])
+        self.counts["fallback_buckets"] += 1
+        self.counts["fallback_skipped_pairs"] += pair_count - len(pairs)
+        log.warning("dedup_fuzzy: a bucket of %d distinct members exceeds max_bucket_members=%d; linked first/neighbour only, "
+                    "%d pairs not compared (counted in the manifest as fallback_skipped_pairs)",
+                    len(members), self.config.max_bucket_members, pair_count - len(pairs))
+
+    def add_candidates(self, firsts: np.ndarray, seconds: np.ndarray) -> None:
+        if len(firsts):
+            self.candidate_codes.append(firsts.astype(np.int64) * self.documents + seconds)
+
+    def add_edges(self, firsts: np.ndarray, seconds: np.ndarray, similarities: np.ndarray) -> None:
+        if not len(firsts):
+            return
+        self.edges.append(edges_array(firsts, seconds, similarities))
+        self.buffered_edges += len(firsts)
+        if self.buffered_edges > EDGE_BUFFER:
+            self.edges = [reduce_edges(np.concatenate(self.edges))]
+            self.buffered_edges = len(self.edges[0])
+
+    def candidate_pairs(self) -> np.ndarray:
+        codes = np.unique(np.concatenate(self.candidate_codes)) if self.candidate_codes else np.zeros(0, np.int64)
+        pairs = np.empty(len(codes), PAIR)
+        pairs["a"], pairs["b"] = codes // self.documents, codes % self.documents
+        return pairs
+
+    def verified_edges(self) -> np.ndarray:
+        return reduce_edges(np.concatenate(self.edges)) if self.edges else np.empty(0, EDGE)
+
+
+def link_key_partition(files: CorpusFiles, config: Any, partition: int, partitions: int, records: list[RecordSlice],
+                       out_dir: str) -> dict[str, Any]:
+    """Task: the buckets of one key partition -> candidate pairs and verified edges, sliced by rank partition."""
+    spill = SpillFiles()
+    try:
+        positions, parts = [], []
+        for part in records:
+            values = read_slices(spill, [part.slice], RECORD)
+            parts.append(values)
+            positions.append(part.first_position + (values["band_row"] & np.uint64(0xFFFFFFFF)).astype(np.int64))
+        values = np.concatenate(parts) if parts else np.empty(0, RECORD)
+        rank_of_position = files.array("ranks.npy", spill)
+        ranks = rank_of_position[np.concatenate(positions)] if positions else np.zeros(0, np.int64)
+        linker = BucketLinker(config, files, spill)
+        for members in buckets(values, np.asarray(ranks, dtype=np.int64)):
+            linker.link_bucket(members)
+        candidates, edges = linker.candidate_pairs(), linker.verified_edges()
+        out = Path(out_dir)
+        return {
+            "partition": partition,
+            "candidates": write_partitioned(out / f"candidates-{partition:05d}.npy", candidates,
+                                            rank_partition(candidates["a"], files.documents, partitions), partitions),
+            "edges": write_partitioned(out / f"edges-{partition:05d}.npy", edges,
+                                       rank_partition(edges["a"], files.documents, partitions), partitions),
+            "counts": linker.counts,
+        }
+    finally:
+        spill.close()

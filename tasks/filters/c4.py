@@ -1,0 +1,83 @@
+"""C4's page and line rules (the TFDS `c4_utils.clean_page` reference): lorem ipsum, curly brackets,
+policy lines, short and unpunctuated lines, the sentence count."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+
+from tasks.filters.quality_config import rule_skipped
+from tasks.filters.quality_config import QualityConfig, Verdict, verdict_below
+from tasks.filters.text_view import CITATION, SENTENCE_END, TextView
+
+
+@dataclass
+class C4Cleaning:
+    """Result of C4's line pass: the page verdict, surviving lines and why the others went."""
+
+    page_rule: str | None  # c4_lorem_ipsum | c4_curly_bracket | None
+    kept_lines: list[str]
+    sentences: int
+    removed_lines: dict[str, int]
+    citations_removed: int
+
+
+def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, check_lorem: bool = True) -> C4Cleaning:
+    """Line by line, in the TFDS order: long word, citations, end mark, word count, lorem/javascript/brace/policy."""
+    removed: Counter[str] = Counter()
+    kept: list[str] = []
+    sentences = citations = 0
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue  # blank lines are layout, not content; TFDS drops them as 'no end mark'
+        if any(len(word) > config.c4_max_word_length for word in line.split()):
+            removed["too_long_word"] += 1
+            continue
+        line, n_citations = CITATION.subn("", line)
+        citations += n_citations
+        if config.c4_drop_unpunctuated_lines and (not line.endswith(config.c4_end_marks) or line.endswith("...")):
+            removed["no_terminal_punct"] += 1
+            continue
+        if len(line.split()) < config.c4_min_words_per_line:
+            removed["too_few_words"] += 1
+            continue
+        lower = line.lower()
+        if check_lorem and "lorem ipsum" in lower:
+            return C4Cleaning("c4_lorem_ipsum", kept, sentences, dict(removed), citations)
+        if "javascript" in lower:
+            removed["javascript"] += 1
+            continue
+        if check_braces and "{" in line:
+            return C4Cleaning("c4_curly_bracket", kept, sentences, dict(removed), citations)
+        if any(phrase in lower for phrase in config.c4_policy_substrings):
+            removed["policy"] += 1
+            continue
+        sentences += max(1, len(SENTENCE_END.findall(line)))
+        kept.append(line)
+    return C4Cleaning(None, kept, sentences, dict(removed), citations)
+
+
+def _c4(view: TextView, config: QualityConfig) -> C4Cleaning:
+    """C4's line pass, run once per document and config (the three C4 rules and the modification share it)."""
+    key = ("_c4", id(config))
+    if key not in view.__dict__:
+        # A skipped page rule must not stop the line pass early, or the kept text would be cut short.
+        view.__dict__[key] = c4_clean_lines(view.text, config, check_braces=not rule_skipped("c4_curly_bracket", config.skip_rules),
+                                            check_lorem=not rule_skipped("c4_lorem_ipsum", config.skip_rules))
+    return view.__dict__[key]
+
+
+def c4_lorem_ipsum(view: TextView, config: QualityConfig) -> Verdict:
+    return Verdict(_c4(view, config).page_rule != "c4_lorem_ipsum", "c4_lorem_ipsum", float(_c4(view, config).page_rule == "c4_lorem_ipsum"), 0.0)
+
+
+def c4_curly_bracket(view: TextView, config: QualityConfig) -> Verdict:
+    return Verdict(_c4(view, config).page_rule != "c4_curly_bracket", "c4_curly_bracket", float(_c4(view, config).page_rule == "c4_curly_bracket"), 0.0)
+
+
+def c4_too_few_sentences(view: TextView, config: QualityConfig) -> Verdict:
+    cleaning = _c4(view, config)
+    if cleaning.page_rule is not None:  # the page already failed; sentences were not all counted
+        return Verdict(True, "c4_too_few_sentences", float(cleaning.sentences), float(config.c4_min_sentences))
+    return verdict_below("c4_too_few_sentences", cleaning.sentences, config.c4_min_sentences)

@@ -1,0 +1,63 @@
+"""Gopher quality rules (Rae et al. 2021, Table A1): word counts and lengths, symbols, bullets, ellipses,
+alphabetic words and stop words."""
+from __future__ import annotations
+
+import re
+
+
+from tasks.filters.quality_config import compiled_pattern
+from tasks.filters.quality_config import QualityConfig, Verdict, verdict_above, verdict_below
+from tasks.filters.text_view import NON_ALPHABETIC_WORD, TextView
+
+
+def gopher_too_few_words(view: TextView, config: QualityConfig) -> Verdict:
+    return verdict_below("gopher_too_few_words", view.word_count(config.word_split), config.min_words)
+
+
+def gopher_too_many_words(view: TextView, config: QualityConfig) -> Verdict:
+    return verdict_above("gopher_too_many_words", view.word_count(config.word_split), config.max_words)
+
+
+def gopher_mean_word_length_too_short(view: TextView, config: QualityConfig) -> Verdict:
+    mean = float(view.word_lengths.mean()) if view.words else 0.0
+    return verdict_below("gopher_mean_word_length_too_short", mean, config.min_mean_word_length)
+
+
+def gopher_mean_word_length_too_long(view: TextView, config: QualityConfig) -> Verdict:
+    mean = float(view.word_lengths.mean()) if view.words else 0.0
+    return verdict_above("gopher_mean_word_length_too_long", mean, config.max_mean_word_length)
+
+
+def gopher_too_many_hash_symbols(view: TextView, config: QualityConfig) -> Verdict:
+    return verdict_above("gopher_too_many_hash_symbols", view.text.count("#") / max(1, len(view.words)), config.max_hash_per_word)
+
+
+def gopher_too_many_ellipses(view: TextView, config: QualityConfig) -> Verdict:
+    ellipses = view.text.count("...") + view.text.count("…")
+    return verdict_above("gopher_too_many_ellipses", ellipses / max(1, len(view.words)), config.max_ellipsis_per_word)
+
+
+def gopher_too_many_bullet_lines(view: TextView, config: QualityConfig) -> Verdict:
+    bullets = sum(line.startswith(config.bullet_prefixes) for line in view.lines)
+    return verdict_above("gopher_too_many_bullet_lines", bullets / max(1, len(view.lines)), config.max_bullet_line_fraction)
+
+
+def gopher_too_many_ellipsis_lines(view: TextView, config: QualityConfig) -> Verdict:
+    endings = sum(line.endswith(("...", "…")) for line in view.lines)
+    return verdict_above("gopher_too_many_ellipsis_lines", endings / max(1, len(view.lines)), config.max_ellipsis_line_fraction)
+
+
+def gopher_too_few_alphabetic_words(view: TextView, config: QualityConfig) -> Verdict:
+    without_letter = len(NON_ALPHABETIC_WORD.findall(view.text))
+    fraction = 1.0 - without_letter / len(view.words) if view.words else 0.0
+    return verdict_below("gopher_too_few_alphabetic_words", fraction, config.min_alphabetic_word_fraction)
+
+
+def stop_word_pattern(stop_words: tuple[str, ...]) -> re.Pattern[str]:
+    return compiled_pattern(r"(?<![^\W\d_])(?:" + "|".join(map(re.escape, stop_words)) + r")(?![^\W\d_])")
+
+
+def gopher_too_few_stop_words(view: TextView, config: QualityConfig) -> Verdict:
+    """Distinct stop words present, case-folded, letters-only word boundaries (seed 001 Lab 1)."""
+    present = set(stop_word_pattern(config.stop_words).findall(view.text.lower()))
+    return verdict_below("gopher_too_few_stop_words", len(present), config.min_stop_words)

@@ -1,0 +1,46 @@
+"""Gopher repetition rules (Rae et al. 2021, Table A1): duplicated lines and paragraphs, top and
+duplicated n-grams."""
+from __future__ import annotations
+
+from typing import Callable
+
+
+from tasks.filters.quality_config import QualityConfig, Verdict, verdict_above
+from tasks.filters.text_view import TextView, duplicate_counts
+
+
+def gopher_duplicate_lines(view: TextView, config: QualityConfig) -> Verdict:
+    lines = view.content_lines(config.duplicate_line_min_words)
+    duplicates, _ = duplicate_counts(lines)
+    return verdict_above("gopher_duplicate_lines", duplicates / max(1, len(lines)), config.max_duplicate_line_fraction)
+
+
+def gopher_duplicate_paragraphs(view: TextView, config: QualityConfig) -> Verdict:
+    duplicates, _ = duplicate_counts(view.paragraphs)
+    return verdict_above("gopher_duplicate_paragraphs", duplicates / max(1, len(view.paragraphs)), config.max_duplicate_paragraph_fraction)
+
+
+def gopher_duplicate_line_chars(view: TextView, config: QualityConfig) -> Verdict:
+    _, chars = duplicate_counts(view.content_lines(config.duplicate_line_min_words))
+    return verdict_above("gopher_duplicate_line_chars", chars / max(1, len(view.text)), config.max_duplicate_line_char_fraction)
+
+
+def gopher_duplicate_paragraph_chars(view: TextView, config: QualityConfig) -> Verdict:
+    _, chars = duplicate_counts(view.paragraphs)
+    return verdict_above("gopher_duplicate_paragraph_chars", chars / max(1, len(view.text)), config.max_duplicate_paragraph_char_fraction)
+
+
+def gopher_top_ngram_rule(n: int, threshold: float) -> Callable[[TextView, QualityConfig], Verdict]:
+    def rule(view: TextView, config: QualityConfig) -> Verdict:
+        return verdict_above(f"gopher_top_{n}gram_coverage", view.word_ngrams(n).top_fraction, threshold)
+
+    rule.__name__ = f"gopher_top_{n}gram_coverage"
+    return rule
+
+
+def gopher_duplicate_ngram_rule(n: int, threshold: float) -> Callable[[TextView, QualityConfig], Verdict]:
+    def rule(view: TextView, config: QualityConfig) -> Verdict:
+        return verdict_above(f"gopher_duplicate_{n}gram_coverage", view.word_ngrams(n).duplicate_fraction, threshold)
+
+    rule.__name__ = f"gopher_duplicate_{n}gram_coverage"
+    return rule

@@ -1,0 +1,97 @@
+"""Language identification: fastText lid.176 on the whole document, keep wanted languages above a score.
+
+Seed 001, "语种识别": a linear classifier over character n-grams scores each
+language; keep documents whose top language is wanted and whose score exceeds
+0.65 (the FineWeb English pipeline's value). The model is the compressed
+lid.176.ftz shipped in manifests/models/ with its licence; nothing is
+downloaded at run time. Every document gets `lang` and `lang_score`; removals
+are langid_empty_text, langid_low_score or langid_unwanted_lang.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from manifests.sources import PACKAGE_DIR
+from manifests.stage_manifest import StageManifest
+from tasks.filters.fasttext_model import LABEL_PREFIX, ModelFileMissing, load_fasttext, one_line
+from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
+
+STAGE = "langid"
+VERSION = "1"
+BUNDLED_MODEL = PACKAGE_DIR / "models" / "lid.176.ftz"
+
+
+@dataclass(frozen=True)
+class LangIdConfig:
+    langs: tuple[str, ...] = ("en", "zh")  # wanted languages (lid.176 codes); ("*",) keeps any language
+    min_score: float = 0.65  # keep when the top score is strictly above this (FineWeb, seed 001)
+    top_k: int = 3  # runner-up languages recorded in the audit detail
+    model_path: str = ""  # empty: manifests/models/lid.176.ftz
+
+
+class LangIdModelMissing(ModelFileMissing):
+    """The language-ID model file is missing (the bundled one, or langid.model_path)."""
+
+
+def bundled_model_path() -> Path:
+    if not BUNDLED_MODEL.is_file():
+        raise LangIdModelMissing(f"{BUNDLED_MODEL}: bundled lid.176.ftz missing from the install; reinstall hymo or set langid.model_path")
+    return BUNDLED_MODEL
+
+
+def load_model(model_path: str = "") -> Any:
+    """lid.176 (or `model_path`), loaded once per process."""
+    path = Path(model_path) if model_path else bundled_model_path()
+    if not path.is_file():
+        raise LangIdModelMissing(f"{path}: language-ID model file not found (langid.model_path)")
+    return load_fasttext(str(path))
+
+
+def predict_languages(text: str, model: Any, k: int) -> list[tuple[str, float]]:
+    """Top-k (language, probability) for the whole document, best first."""
+    labels, scores = model.predict(one_line(text), k=k)
+    return [(label.removeprefix(LABEL_PREFIX), min(1.0, float(score))) for label, score in zip(labels, scores)]
+
+
+def langid_decision(text: str, model: Any, config: LangIdConfig) -> dict[str, Any]:
+    """Keep/drop for one document: rule (None when kept), measured top score, threshold, languages."""
+    if not one_line(text):
+        return {"keep": False, "rule": "langid_empty_text", "lang": None, "score": 0.0, "threshold": config.min_score, "top": []}
+    top = predict_languages(text, model, max(1, config.top_k))
+    lang, score = top[0]
+    decision = {"keep": True, "rule": None, "lang": lang, "score": score, "threshold": config.min_score, "top": top}
+    if score <= config.min_score:
+        decision.update(keep=False, rule="langid_low_score")
+    elif "*" not in config.langs and lang not in config.langs:
+        decision.update(keep=False, rule="langid_unwanted_lang")
+    return decision
+
+
+def langid_shard(docs: pa.Table, config: LangIdConfig, context: Any = None) -> ShardOutcome:
+    model = load_model(config.model_path)
+    keep_mask: list[bool] = []
+    langs: list[str | None] = []
+    scores: list[float | None] = []
+    audit: list[dict[str, Any]] = []
+    for doc_id, text in zip(docs.column("id").to_pylist(), docs.column("text").to_pylist()):
+        decision = langid_decision(text, model, config)
+        keep_mask.append(decision["keep"])
+        langs.append(decision["lang"])
+        scores.append(decision["score"])
+        if not decision["keep"]:
+            detail = {"lang": decision["lang"], "top": [[lang, round(score, 4)] for lang, score in decision["top"]], "wanted": list(config.langs)}
+            audit.append({"id": doc_id, "action": "removed", "rule": decision["rule"], "value": decision["score"], "threshold": config.min_score, "detail": detail})
+    labelled = docs.set_column(docs.schema.get_field_index("lang"), "lang", pa.array(langs, pa.string()))
+    labelled = labelled.set_column(labelled.schema.get_field_index("lang_score"), "lang_score", pa.array(scores, pa.float32()))
+    return ShardOutcome(labelled.filter(pa.array(keep_mask, pa.bool_())), audit)
+
+
+LANGID = StageDef(STAGE, VERSION, langid_shard)
+
+
+def run_langid(config: LangIdConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
+    return run_stage(LANGID, config, input_dir, out_dir, workers)

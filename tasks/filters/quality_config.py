@@ -1,0 +1,111 @@
+"""The quality stage's numbers (`QualityConfig`: every threshold, published value by default) and a rule's
+answer (`Verdict`)."""
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+
+from tasks.filters.profiles import default_profiles
+
+
+WORD_SPLITS = ("whitespace", "identifiers")  # QualityConfig.word_split; IDENTIFIER_JOIN defines the second
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    # Gopher quality (Rae et al. 2021, Table A1; seed 001 list). Words = whitespace-separated tokens.
+    min_words: int = 50
+    # How the word-count rules (min/max words) count words: "whitespace" (Gopher) or "identifiers", where a
+    # code identifier counts as the names it is made of (`numpy.linalg.norm(x)` is 4 words), as a word
+    # tokenizer would count it (datatrove's Gopher filter counts tokenizer words). See WORD_SPLITS.
+    word_split: str = "whitespace"
+    max_words: int = 100_000
+    min_mean_word_length: float = 3.0
+    max_mean_word_length: float = 10.0
+    max_hash_per_word: float = 0.1
+    max_ellipsis_per_word: float = 0.1
+    max_bullet_line_fraction: float = 0.9
+    max_ellipsis_line_fraction: float = 0.3
+    min_alphabetic_word_fraction: float = 0.8
+    min_stop_words: int = 2  # distinct stop words present
+    stop_words: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
+    stop_word_langs: tuple[str, ...] = ("en",)  # the list is English; other languages skip this rule
+    bullet_prefixes: tuple[str, ...] = ("•", "-", "*", "‣", "◦")
+    # Gopher repetition (Table A1).
+    max_duplicate_line_fraction: float = 0.3
+    max_duplicate_paragraph_fraction: float = 0.3
+    max_duplicate_line_char_fraction: float = 0.2
+    max_duplicate_paragraph_char_fraction: float = 0.2
+    duplicate_line_min_words: int = 1  # lines shorter than this are not counted by the duplicate-line rules (Gopher: every line)
+    max_top_ngram_char_fraction: tuple[tuple[int, float], ...] = ((2, 0.20), (3, 0.18), (4, 0.16))
+    max_duplicate_ngram_char_fraction: tuple[tuple[int, float], ...] = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+    # C4 (TFDS c4_utils.clean_page: 5 words per line, 3 sentences; datatrove swaps the two numbers).
+    c4_min_words_per_line: int = 5
+    c4_min_sentences: int = 3
+    c4_max_word_length: int = 1000
+    c4_end_marks: tuple[str, ...] = (".", "?", "!", '"')
+    c4_policy_substrings: tuple[str, ...] = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
+    c4_drop_unpunctuated_lines: bool = True  # TFDS C4; FineWeb turns it off (datatrove filter_no_terminal_punct=False)
+    # FineWeb (Penedo et al. 2024).
+    min_terminal_punct_line_fraction: float = 0.12
+    fineweb_end_marks: tuple[str, ...] = (".", "'", '"', "!", "?")
+    max_short_line_fraction: float = 0.67
+    short_line_max_chars: int = 30
+    max_fineweb_duplicate_line_char_fraction: float = 0.01
+    max_newlines_per_word: float = 0.3
+    # Space-less scripts (seed 001: whitespace rules do not apply to Chinese). Bounds are the Gopher
+    # word bounds at ~1.5 characters per Chinese word; shares and n-gram sizes are ours, see docs/quality.md.
+    spaceless_langs: tuple[str, ...] = ("zh", "ja", "th", "lo", "km", "my", "bo", "wuu", "yue")
+    han_langs: tuple[str, ...] = ("zh", "wuu", "yue")
+    cjk_min_chars: int = 75
+    cjk_max_chars: int = 150_000
+    min_han_fraction: float = 0.2  # Han characters among all letters (mixed zh-en technical text passes)
+    max_duplicate_char_ngram_fraction: tuple[tuple[int, float], ...] = ((10, 0.15), (20, 0.10))
+    zh_function_words: tuple[str, ...] = ("的", "是", "了", "在", "和", "有", "不", "这", "也", "就", "都", "与", "为", "而", "着")
+    min_zh_function_words: int = 2  # distinct function words present
+    # Rule sets per source profile (document meta "profile"); each entry overrides fields above.
+    profiles: dict[str, dict[str, Any]] = field(default_factory=default_profiles)
+    default_profile: str = "prose"
+    skip_rules: tuple[str, ...] = ()  # rule names or fnmatch patterns (e.g. "c4_*") not applied
+    # Report-only rules: evaluated on every document, never remove it; a kept document they fail carries
+    # them in meta.quality_flags as [rule, value, threshold] (C4's page rules cannot be report-only).
+    report_rules: tuple[str, ...] = ()
+    all_rules: bool = False  # evaluate every rule and list every failure in the audit detail (analysis)
+
+    def __post_init__(self) -> None:
+        if self.word_split not in WORD_SPLITS:
+            raise ValueError(f"quality.word_split = {self.word_split!r}; expected one of {list(WORD_SPLITS)}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One rule's answer: `rule` names the failure it detects; `keep` is False when it fired."""
+
+    keep: bool
+    rule: str
+    value: float
+    threshold: float
+
+
+def verdict_above(rule: str, value: float, threshold: float) -> Verdict:
+    return Verdict(not value > threshold, rule, float(value), float(threshold))
+
+
+def verdict_below(rule: str, value: float, threshold: float) -> Verdict:
+    return Verdict(not value < threshold, rule, float(value), float(threshold))
+
+
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def compiled_pattern(pattern: str) -> re.Pattern[str]:
+    if pattern not in _PATTERNS:
+        _PATTERNS[pattern] = re.compile(pattern)
+    return _PATTERNS[pattern]
+
+
+def rule_skipped(name: str, skip_rules: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in skip_rules)

@@ -1,0 +1,584 @@
+"""Ingestion: source specs in, bounded Parquet shards of documents with stable ids out.
+
+Ids are derived from source + origin URI + ordinal inside that origin (the line of
+a JSONL file, the record of a WARC), so they survive re-runs, other machines and
+other shard sizes. A broken *record* is quarantined with a rule; a broken *file*
+(truncated gzip, unreadable Parquet) fails the stage before anything is published.
+A source path may be an fsspec URL (s3://bucket/prefix, gs://, hf://, ...):
+its files are listed and streamed through fsspec (tasks/ingest/source_fs.py), and a
+file's path inside the source, hence every id, is the same as from a local copy.
+A source whose glob matches no file is an error, not an empty stage.
+
+How it runs: every source file, and every JSONL_SPLIT_BYTES byte range of an
+uncompressed JSONL file (its lines numbered from a first pass of newline-count
+tasks), is a task of the runner (process pool, or Dask tasks on a cluster;
+sources are streamed by whoever runs the task, so local paths must be on
+shared storage there, fsspec URLs need not be), which
+writes the file's documents and audit rows, in record order, to intermediate
+Parquet files in the stage's work directory. The planning process then cuts
+the concatenated record stream into shards exactly where one sequential pass
+would (after the record that reaches `docs_per_shard` documents or
+`bytes_per_shard` characters), and one task per shard copies its slices into
+the shard: the same bytes as reading everything in one process, for any
+number of workers. Source digests (for the cache key) are tasks too.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from manifests.digest import sha256_file
+from manifests.file_stats import path_stat, read_stats
+from manifests.schema import AUDIT_SCHEMA, DOC_SCHEMA, audit_table, docs_table
+from manifests.sources import SourceSpec
+from manifests.stage_manifest import StageManifest, StageNotComplete, read_manifest
+from tasks.ingest.decoding import decode_payload, strip_controls
+from tasks.ingest.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_stream, remote_digest
+from tasks.ingest.source_walk import reached_through_link, walk_matching
+from tasks.runner.stage_runner import StageWriter, default_workers, map_shards, published_under, shard_name, stage_cache_key, write_shard_files
+
+STAGE = "ingest"
+VERSION = "1"
+FILE_PARTS_DIR = "_files"  # under the work directory: each source file's documents and audit rows
+JSONL_SPLIT_BYTES = 64 << 20  # an uncompressed JSONL file larger than this is read as byte ranges of this size, in parallel
+FILE_BATCH_ROWS = 256  # rows per row group of those files: a shard task reads only the groups it needs
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    docs_per_shard: int = 256  # bounded shards: parallelism and memory per worker
+    bytes_per_shard: int = 64 << 20
+    parquet_batch_rows: int = 1024  # streaming batch for Parquet / HF sources
+
+
+@dataclass
+class RawRecord:
+    uri: str
+    ordinal: int
+    payload: bytes | str | None  # None when the record itself is broken
+    content_type: str  # html | text
+    meta: dict[str, Any]
+    origin_file: str
+    problem: str | None = None  # a record-level defect found while reading
+    problem_detail: str = ""
+    charset: str | None = None  # declared by the transport (a WARC record's HTTP Content-Type)
+
+
+def make_doc_id(source: str, uri: str, ordinal: int) -> str:
+    digest = hashlib.blake2b(f"{uri}\x00{ordinal}".encode("utf-8"), digest_size=8).hexdigest()
+    return f"{source}-{digest}"
+
+
+def source_pattern(spec: SourceSpec) -> str:
+    return spec.glob if spec.glob != "**/*" else {"jsonl": "**/*.jsonl*", "parquet": "**/*.parquet", "warc": "**/*.warc*"}.get(spec.kind, "**/*")
+
+
+def source_files(spec: SourceSpec) -> tuple[list[Path | RemoteFile], list[tuple[Path, str]]]:
+    """The source's files, and the links under it that cannot be read (with why): those are audited."""
+    if is_url(spec.path):
+        return list_remote(spec.name, spec.path, source_pattern(spec), spec.kind == "hf_disk"), []
+    root = spec.root
+    if not root.exists():
+        raise InputFileError(f"source {spec.name}: path {root} does not exist")
+    if root.is_file():
+        return [root], []
+    if spec.kind == "hf_disk":
+        return [root], []
+    files, unreadable = walk_matching(root, source_pattern(spec))
+    if not files and not unreadable:
+        raise InputFileError(f"source {spec.name}: {root} has no file matching {source_pattern(spec)!r}")
+    return files, unreadable
+
+
+def relative_uri(spec: SourceSpec, path: Path) -> str:
+    rel = relative_file(spec, path)
+    return f"{spec.url_prefix}{rel}" if spec.url_prefix else f"file://{spec.name}/{rel}"
+
+
+def relative_file(spec: SourceSpec, path: Path) -> str:
+    """The file's path inside its source: recorded instead of a machine-local absolute path."""
+    if isinstance(path, RemoteFile):
+        return path.relative
+    root = spec.root
+    return path.name if root.is_file() or root == path else path.relative_to(root).as_posix()
+
+
+def read_html_or_text(spec: SourceSpec, path: Path, content_type: str) -> Iterator[RawRecord]:
+    try:
+        if isinstance(path, RemoteFile):
+            with open_stream(path, spec.name) as handle:
+                payload = handle.read()
+        else:
+            payload = path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read ({exc})") from exc
+    yield RawRecord(relative_uri(spec, path), 0, payload, content_type, {}, relative_file(spec, path))
+
+
+def open_maybe_gzip(path: Path | RemoteFile, source: str = ""):
+    """A binary stream of the file, .gz and .zst decompressed on the fly."""
+    if isinstance(path, RemoteFile):
+        return open_stream(path, source)
+    if path.suffix == ".zst":
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def read_jsonl(spec: SourceSpec, path: Path, byte_range: tuple[int, int, int] | None = None) -> Iterator[RawRecord]:
+    """The records of a JSONL file, or of the lines starting in byte_range = (start, stop, newlines before start)."""
+    base_uri = relative_uri(spec, path)
+    try:
+        with open_maybe_gzip(path, spec.name) if byte_range is None else open_plain(path, spec.name) as handle:
+            for line_no, line in enumerate(handle, start=1) if byte_range is None else range_lines(handle, *byte_range):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    if not isinstance(record, dict):
+                        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+                    text = record.get(spec.text_field)
+                    if not isinstance(text, str):
+                        raise ValueError(f"field {spec.text_field!r} is missing or not a string")
+                except ValueError as exc:  # JSONDecodeError is a ValueError
+                    yield RawRecord(f"{base_uri}#L{line_no}", line_no, None, "text", {}, relative_file(spec, path), "malformed_record", f"line {line_no}: {exc}")
+                    continue
+                uri = record.get(spec.url_field) or f"{base_uri}#L{line_no}"
+                meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
+                content_type = meta.pop("content_type", None) or record.get("content_type") or "text"
+                yield RawRecord(str(uri), line_no, text, content_type, meta, relative_file(spec, path))
+    except (EOFError, OSError, zlib.error) as exc:
+        raise InputFileError(f"{path}: unreadable or truncated ({exc})") from exc
+
+
+def open_plain(path: Path | RemoteFile, source: str):
+    """A seekable binary handle on an uncompressed file."""
+    return open_stream(path, source) if isinstance(path, RemoteFile) else open(path, "rb")
+
+
+def splittable(spec: SourceSpec, path: Path | RemoteFile) -> int:
+    """The size of an uncompressed JSONL file big enough to be read as several byte ranges, else 0."""
+    if spec.kind != "jsonl" or path.suffix in (".gz", ".zst"):
+        return 0
+    try:
+        size = path.fs.size(path.path) if isinstance(path, RemoteFile) else path.stat().st_size
+    except Exception as exc:  # each filesystem client raises its own types
+        raise InputFileError(f"source {spec.name}: cannot read the size of {path} ({exc})") from exc
+    return size if size > JSONL_SPLIT_BYTES else 0
+
+
+def count_newlines(spec: SourceSpec, path: Path | RemoteFile, start: int, stop: int) -> int:
+    """Task: newlines in bytes [start, stop) of a plain file (numbering the lines of the next range)."""
+    count = 0
+    with open_plain(path, spec.name) as handle:
+        handle.seek(start)
+        while start < stop and (chunk := handle.read(min(8 << 20, stop - start))):
+            count += chunk.count(b"\n")
+            start += len(chunk)
+    return count
+
+
+def range_lines(handle, start: int, stop: int, newlines_before: int) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of the lines that start in [start, stop), numbered as a whole-file pass numbers them.
+
+    `newlines_before`: newlines in [0, start). Line n starts after the (n-1)-th
+    newline, so the first line starting at or after `start` is number
+    newlines_before + 1 when the byte before `start` is a newline; otherwise
+    the line holding `start` began earlier (it belongs to the range before)
+    and the first line of this range is the one after it.
+    """
+    line_no, position = 1, start
+    if start > 0:
+        handle.seek(start - 1)
+        line_no = newlines_before + 1
+        if handle.read(1) != b"\n":
+            position += len(handle.readline())  # the rest of a line that started before `start`
+            line_no += 1
+    while position < stop:
+        line = handle.readline()
+        if not line:
+            return
+        yield line_no, line
+        line_no += 1
+        position += len(line)
+
+
+def read_parquet(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
+    base_uri = relative_uri(spec, path)
+    try:
+        parquet = pq.ParquetFile(path.open() if isinstance(path, RemoteFile) else path)
+        if spec.text_field not in parquet.schema_arrow.names:
+            raise InputFileError(f"{path}: no column {spec.text_field!r} (columns: {parquet.schema_arrow.names})")
+        columns = [c for c in (spec.text_field, spec.url_field) if c in parquet.schema_arrow.names]
+        ordinal = 0
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
+            texts = batch.column(spec.text_field).to_pylist()
+            urls = batch.column(spec.url_field).to_pylist() if spec.url_field in columns else [None] * len(texts)
+            for text, url in zip(texts, urls):
+                uri = url or f"{base_uri}#row{ordinal}"
+                if not isinstance(text, str):
+                    yield RawRecord(uri, ordinal, None, "text", {}, relative_file(spec, path), "malformed_record", f"row {ordinal}: {spec.text_field} is null")
+                else:
+                    yield RawRecord(uri, ordinal, text, "text", {}, relative_file(spec, path))
+                ordinal += 1
+    except (pa.ArrowException, OSError) as exc:
+        raise InputFileError(f"{path}: unreadable Parquet ({exc})") from exc
+
+
+def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
+    from warcio.archiveiterator import ArchiveIterator
+    from warcio.exceptions import ArchiveLoadFailed
+
+    try:
+        if path.suffix == ".gz":
+            check_gzip_complete(path)
+        with (path.open() if isinstance(path, RemoteFile) else open(path, "rb")) as handle:
+            for ordinal, record in enumerate(ArchiveIterator(handle)):
+                uri = record.rec_headers.get_header("WARC-Target-URI") or f"{relative_uri(spec, path)}#rec{ordinal}"
+                if record.rec_type == "response":
+                    mime = (record.http_headers.get_header("Content-Type") or "") if record.http_headers else ""
+                    if mime and "html" not in mime.lower():  # images, PDFs, scripts: counted, not read
+                        yield RawRecord(uri, ordinal, None, "html", {}, relative_file(spec, path), "not_html", mime.split(";")[0].strip())
+                        continue
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path), charset=mime or None)
+                elif record.rec_type == "conversion":  # WET plain text
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path))
+    except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
+        raise InputFileError(f"{path}: unreadable or truncated WARC ({exc})") from exc
+
+
+def check_gzip_complete(path: Path) -> None:
+    """warcio silently drops a truncated last record; a full gzip pass notices the cut."""
+    with open_maybe_gzip(path) as handle:
+        while handle.read(1 << 20):
+            pass
+
+
+def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
+    import datasets
+
+    try:
+        if isinstance(path, RemoteFile):
+            dataset = datasets.load_from_disk(path.url)  # fsspec URL: datasets streams the Arrow files through it
+            if isinstance(dataset, datasets.DatasetDict):
+                dataset = dataset["train"] if "train" in dataset else dataset[sorted(dataset)[0]]
+            rows = dataset.iter(batch_size=batch_rows)
+        elif (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+            dataset = datasets.load_from_disk(str(path))  # memory-mapped Arrow: iterating streams it
+            if isinstance(dataset, datasets.DatasetDict):
+                dataset = dataset["train"] if "train" in dataset else dataset[sorted(dataset)[0]]
+            rows = dataset.iter(batch_size=batch_rows)
+        else:
+            rows = datasets.load_dataset(str(path), split="train", streaming=True).iter(batch_size=batch_rows)
+        ordinal = 0
+        for batch in rows:
+            texts = batch[spec.text_field]
+            urls = batch.get(spec.url_field) or [None] * len(texts)
+            for text, url in zip(texts, urls):
+                uri = url or f"hf://{spec.name}#row{ordinal}"
+                if isinstance(text, str):
+                    yield RawRecord(uri, ordinal, text, "text", {}, relative_file(spec, path))
+                else:
+                    yield RawRecord(uri, ordinal, None, "text", {}, relative_file(spec, path), "malformed_record", f"row {ordinal}: {spec.text_field} is not a string")
+                ordinal += 1
+    except (KeyError, FileNotFoundError, ValueError) as exc:
+        raise InputFileError(f"{path}: cannot read Hugging Face dataset ({exc})") from exc
+
+
+def iter_source(spec: SourceSpec, files: list[Path], config: IngestConfig) -> Iterator[RawRecord]:
+    for path in files:
+        if spec.kind == "html_dir":
+            yield from read_html_or_text(spec, path, "html")
+        elif spec.kind == "text_dir":
+            yield from read_html_or_text(spec, path, "text")
+        elif spec.kind == "jsonl":
+            yield from read_jsonl(spec, path)
+        elif spec.kind == "parquet":
+            yield from read_parquet(spec, path, config.parquet_batch_rows)
+        elif spec.kind == "warc":
+            yield from read_warc(spec, path)
+        elif spec.kind == "hf_disk":
+            yield from read_hf_disk(spec, path, config.parquet_batch_rows)
+
+
+def to_document(spec: SourceSpec, raw: RawRecord) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """One raw record -> (document or None, audit rows)."""
+    doc_id = make_doc_id(spec.name, raw.uri, raw.ordinal)
+    where = {"file": raw.origin_file, "uri": raw.uri, "ordinal": raw.ordinal}
+    if raw.problem:
+        detail_key = "content_type" if raw.problem == "not_html" else "error"
+        return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{raw.problem}", "detail": {**where, detail_key: raw.problem_detail}}]
+    audit: list[dict[str, Any]] = []
+    meta = {**raw.meta, "content_type": raw.content_type, "origin_file": raw.origin_file, "ordinal": raw.ordinal, "profile": spec.profile}
+    if isinstance(raw.payload, bytes):
+        decoded = decode_payload(raw.payload, raw.charset)
+        if decoded.problem:
+            return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{decoded.problem}", "value": len(raw.payload), "detail": {**where, "why": decoded.detail} if decoded.detail else where}]
+        text = decoded.text
+        meta["encoding"] = decoded.encoding
+        if decoded.guessed:
+            audit.append({"id": doc_id, "action": "modified", "rule": "ingest_encoding_guessed", "value": decoded.confidence,
+                          "detail": {**where, "encoding": decoded.encoding, "method": decoded.method, "confidence": decoded.confidence}})
+    else:
+        text = raw.payload or ""
+    text, stripped = strip_controls(text)  # Arrow keeps NULs and escapes, but no downstream consumer wants them
+    if not text.strip():
+        return None, [{"id": doc_id, "action": "removed", "rule": "ingest_empty", "value": 0, "detail": where}]
+    if stripped:
+        audit.append({"id": doc_id, "action": "modified", "rule": "ingest_control_chars_removed", "value": stripped, "detail": where})
+    doc = {"id": doc_id, "text": text, "source": spec.name, "url": raw.uri, "lang": None, "lang_score": None, "meta": meta}
+    return doc, audit
+
+
+def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[Path]]], list[str], list[dict[str, Any]]]:
+    """Each input file once: a path named twice (same or different source) is read only the first time.
+
+    Returns the plan, the skipped paths, and audit rows for what symlinks made
+    us skip: a second path to a file already read, or a link that cannot be read.
+    """
+    seen: dict[Path, tuple[str, bool]] = {}  # real path -> (the uri it was first read as, through a symlink)
+    skipped: list[str] = []
+    link_rows: list[dict[str, Any]] = []
+    plan: list[tuple[SourceSpec, list[Path]]] = []
+    names: set[str] = set()
+    for spec in specs:
+        if spec.name in names:
+            skipped.append(f"source {spec.name} listed twice")
+            continue
+        names.add(spec.name)
+        files = []
+        found, unreadable = source_files(spec)
+        for path, reason in unreadable:
+            link_rows.append(skipped_link_row(spec, path, reason, os.readlink(path) if path.is_symlink() else ""))
+        for path in found:
+            remote = isinstance(path, RemoteFile)
+            real = path.url if remote else path.resolve()
+            linked = not remote and spec.root.is_dir() and reached_through_link(spec.root, path)
+            if real in seen:
+                skipped.append(str(path))
+                if linked or seen[real][1]:  # a symlink made the second path: say so per document
+                    link_rows.append(skipped_link_row(spec, path, "same_file_already_read", seen[real][0]))
+                continue
+            seen[real] = (relative_uri(spec, path), linked)
+            files.append(path)
+        plan.append((spec, files))
+    return plan, skipped, link_rows
+
+
+def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> dict[str, Any]:
+    uri = relative_uri(spec, path)
+    return {"id": make_doc_id(spec.name, uri, 0), "action": "removed", "rule": "ingest_symlink_skipped",
+            "detail": {"file": relative_file(spec, path), "uri": uri, "reason": reason, "target": target}}
+
+
+def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | None = None,
+                  workers: int = 1) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """(sha256 of every source file, their stats). A local file whose stat equals the one recorded when
+    `published` (the previous ingest output) was written keeps its recorded sha256 unread; the others
+    are hashed by runner tasks."""
+    known = recorded_inputs(published) if published is not None else {}
+    listing, stats, jobs = [], {}, []
+    for spec, files in plan:
+        for path in files:
+            entry = {"source": spec.name, "file": relative_uri(spec, path)}
+            name = f"{entry['source']}:{entry['file']}"
+            stats[name] = None if isinstance(path, RemoteFile) else path_stat(path)
+            recorded_stat, recorded_sha = known.get(name, (None, None))
+            if stats[name] is not None and recorded_stat == stats[name]:
+                entry["sha256"] = recorded_sha
+            else:
+                jobs.append((len(listing), spec, path))
+            listing.append(entry)
+    for index, digest in map_shards(indexed_digest, jobs, workers, "ingest digests", [1] * len(jobs)):
+        listing[index]["sha256"] = digest
+    return listing, stats
+
+
+def indexed_digest(index: int, spec: SourceSpec, path: Path | RemoteFile) -> tuple[int, str]:
+    return index, input_digest(spec, path)
+
+
+def recorded_inputs(stage_dir: Path) -> dict[str, tuple[Any, str]]:
+    """source:file -> (stat at publish, sha256) of a published ingest stage; empty when there is none."""
+    try:
+        manifest = read_manifest(stage_dir, verify=False)
+    except StageNotComplete:
+        return {}
+    stats = read_stats(stage_dir).get("inputs", {})
+    return {f"{i['source']}:{i['file']}": (stats.get(f"{i['source']}:{i['file']}"), i["sha256"]) for i in manifest.inputs if "file" in i}
+
+
+def input_digest(spec: SourceSpec, path: Path | RemoteFile) -> str:
+    if isinstance(path, RemoteFile):
+        return remote_digest(path, spec.name)
+    return sha256_file(path) if path.is_file() else dir_digest(path)
+
+
+def dir_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(path).as_posix().encode() + b"\0" + sha256_file(file).encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileRecords:
+    """What one source file gave, in record order: per record (documents 0/1, text characters, audit rows), and where."""
+
+    index: int
+    docs_path: str
+    audit_path: str
+    records: Any  # numpy int64, records × 3
+
+
+def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str,
+                byte_range: tuple[int, int, int] | None = None) -> FileRecords:
+    """Task: one source file's (or byte range's) documents and audit rows, streamed into two Parquet files of FILE_BATCH_ROWS-row groups."""
+    import numpy as np
+
+    docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.parquet", Path(parts_dir) / f"{index:06d}.audit.parquet"
+    docs_path.parent.mkdir(parents=True, exist_ok=True)
+    records: list[tuple[int, int, int]] = []
+    docs, audit = [], []
+    tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
+    with pq.ParquetWriter(tmp_docs, DOC_SCHEMA) as doc_writer, pq.ParquetWriter(tmp_audit, AUDIT_SCHEMA) as audit_writer:
+        for raw in iter_source(spec, [path], config) if byte_range is None else read_jsonl(spec, path, byte_range):
+            doc, rows = to_document(spec, raw)
+            records.append((doc is not None, len(doc["text"]) if doc is not None else 0, len(rows)))
+            audit.extend({**row, "stage": STAGE} for row in rows)
+            if doc is not None:
+                docs.append(doc)
+            if len(docs) >= FILE_BATCH_ROWS:
+                doc_writer.write_table(docs_table(docs[:FILE_BATCH_ROWS]))
+                docs = docs[FILE_BATCH_ROWS:]
+            if len(audit) >= FILE_BATCH_ROWS:
+                audit_writer.write_table(audit_table(audit[:FILE_BATCH_ROWS]))
+                audit = audit[FILE_BATCH_ROWS:]
+        if docs:
+            doc_writer.write_table(docs_table(docs))
+        if audit:
+            audit_writer.write_table(audit_table(audit))
+    os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites both from the start
+    os.replace(tmp_audit, audit_path)
+    return FileRecords(index, str(docs_path), str(audit_path), np.asarray(records, dtype=np.int64).reshape(-1, 3))
+
+
+def shard_pieces(files: list[FileRecords], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
+    """Cut the record stream of all files, in order, where one sequential pass would start a new shard.
+
+    A shard ends after the record that brings it to `docs_per_shard`
+    documents or `bytes_per_shard` characters; the audit rows of a record
+    belong to the shard it falls in. Returns per shard its pieces
+    (file, first document, last + 1, first audit row, last + 1).
+    """
+    shards: list[list[tuple[int, int, int, int, int]]] = [[]]
+    shard_docs = shard_chars = 0
+    for file in files:
+        doc_at = audit_at = doc_from = audit_from = 0
+        for has_doc, chars, audit_rows in file.records.tolist():
+            doc_at += has_doc
+            audit_at += audit_rows
+            shard_docs += has_doc
+            shard_chars += chars
+            if shard_docs >= config.docs_per_shard or shard_chars >= config.bytes_per_shard:
+                shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
+                shards.append([])
+                doc_from, audit_from, shard_docs, shard_chars = doc_at, audit_at, 0, 0
+        if doc_at > doc_from or audit_at > audit_from:
+            shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
+    return shards
+
+
+def read_rows(path: str, start: int, stop: int, schema: pa.Schema) -> pa.Table:
+    """Rows [start, stop) of an intermediate file, reading only the row groups that hold them."""
+    if stop <= start:
+        return schema.empty_table()
+    parquet = pq.ParquetFile(path)
+    groups = list(range(start // FILE_BATCH_ROWS, (stop - 1) // FILE_BATCH_ROWS + 1))
+    table = parquet.read_row_groups(groups, use_threads=False)
+    rows = table.slice(start - groups[0] * FILE_BATCH_ROWS, stop - start)
+    if rows.num_rows != stop - start:
+        raise InputFileError(f"{path}: intermediate file has {table.num_rows} rows where {stop - start} were expected; nothing was published")
+    return rows
+
+
+def write_ingest_shard(index: int, pieces: list[tuple[int, int, int, int, int]], files: dict[int, tuple[str, str]],
+                       link_rows: list[dict[str, Any]], work_dir: str) -> Any:
+    """Task: one output shard from its slices of the files' documents and audit rows."""
+    docs = [read_rows(files[file][0], doc_from, doc_to, DOC_SCHEMA) for file, doc_from, doc_to, _, _ in pieces]
+    audit = [audit_table([{**row, "stage": STAGE} for row in link_rows])] if link_rows else []
+    audit += [read_rows(files[file][1], audit_from, audit_to, AUDIT_SCHEMA) for file, _, _, audit_from, audit_to in pieces]
+    kept = pa.concat_tables(docs).combine_chunks() if docs else DOC_SCHEMA.empty_table()
+    rows = pa.concat_tables(audit).combine_chunks() if audit else AUDIT_SCHEMA.empty_table()
+    return write_shard_files(Path(work_dir), STAGE, shard_name(index), kept, rows, None)
+
+
+def file_jobs(plan: list[tuple[SourceSpec, list[Path]]], config: IngestConfig, parts_dir: str, workers: int) -> list[tuple]:
+    """`ingest_file` jobs in stream order: one per file, or per byte range of a large uncompressed JSONL file."""
+    pieces = []  # (spec, path, None) or (spec, path, (start, stop))
+    for spec, files in plan:
+        for path in files:
+            size = splittable(spec, path)
+            starts = list(range(0, size, JSONL_SPLIT_BYTES)) if size else [None]
+            pieces.extend((spec, path, (start, min(start + JSONL_SPLIT_BYTES, size)) if size else None) for start in starts)
+    ranged = [(spec, path, *span) for spec, path, span in pieces if span is not None]
+    counts = [0] * len(ranged)
+    for index, count in map_shards(indexed_newlines, list(enumerate(ranged)), workers, "ingest line counts", [1] * len(ranged)):
+        counts[index] = count
+    jobs, before, ranged_index, last_path = [], 0, 0, None
+    for index, (spec, path, span) in enumerate(pieces):
+        if span is None:
+            jobs.append((index, spec, path, config, parts_dir))
+            continue
+        if path is not last_path:
+            before, last_path = 0, path
+        jobs.append((index, spec, path, config, parts_dir, (span[0], span[1], before)))
+        before += counts[ranged_index]
+        ranged_index += 1
+    return jobs
+
+
+def indexed_newlines(index: int, job: tuple) -> tuple[int, int]:
+    return index, count_newlines(*job)
+
+
+def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, workers: int | None = None) -> StageManifest:
+    """Read every source into shards; a no-op when the same files and config were already ingested."""
+    workers = workers or default_workers()
+    plan, skipped, link_rows = unique_files(specs)
+    inputs, input_stats = input_listing(plan, Path(out_dir), workers)
+    settings = {"ingest": asdict(config), "sources": [s.public() for s, _ in plan]}
+    key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
+    if (published := published_under(Path(out_dir), key)) is not None:
+        return published
+    writer = StageWriter(STAGE, VERSION, settings, key, inputs, Path(out_dir))
+    parts_dir = writer.work_dir / FILE_PARTS_DIR
+    try:
+        jobs = file_jobs(plan, config, str(parts_dir), workers)
+        files = sorted(map_shards(ingest_file, jobs, workers, STAGE, [1] * len(jobs)), key=lambda f: f.index)
+        pieces = shard_pieces(files, config)
+        if len(pieces) > 1 and not pieces[-1]:
+            pieces.pop()  # the stream ended exactly at a cut: no empty last shard (unless it is the only one)
+        paths = {f.index: (f.docs_path, f.audit_path) for f in files}
+        shard_jobs = [(index, shard, {file: paths[file] for file, *_ in shard}, link_rows if index == 0 else [], str(writer.work_dir))
+                      for index, shard in enumerate(pieces)]
+        sizes = [sum(doc_to - doc_from for _, doc_from, doc_to, _, _ in shard) for shard in pieces]
+        for result in map_shards(write_ingest_shard, shard_jobs, workers, "ingest shards", sizes):
+            writer.add_result(result)
+        shutil.rmtree(parts_dir)
+        return writer.publish({"skipped_duplicate_inputs": skipped, "sources": [s.public() for s, _ in plan]}, input_stats)
+    except BaseException:
+        writer.abandon()
+        raise

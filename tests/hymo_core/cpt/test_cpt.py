@@ -1,0 +1,121 @@
+"""Continued pretraining: replay sampling, the gate fixed before training, tamper refusal, lineage."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import hymo_core.cpt.run as cpt
+from hymo_core.cpt.run import CptConfig, judge_run, run_cpt
+from hymo_core.train.data import CorpusReader, TokenLoader
+from hymo_core.cpt.gate import Criterion, GateError, GateTampered, judge, parse_gate
+from hymo_core.cpt.replay import ReplayLoader
+from hymo_core.train.run import run_training
+from hymo_core.train.config import SAMPLE_TRAIN
+from hymo_core.models.model import ModelConfig
+from tests.conftest import write_corpus
+
+TINY_MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
+TINY_TRAIN = replace(SAMPLE_TRAIN, batch_size=4, seq_len=16, max_steps=12, warmup_steps=2, log_interval=4, eval_interval=12,
+                     checkpoint_interval=12, eval_batches=2, peak_lr=1e-2)
+CONFIG = CptConfig(replay_ratio=0.3, peak_lr=5e-3, steps=6, warmup_steps=1, eval_interval=3, eval_batches=3)
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cpt")
+    general, domain = write_corpus(root / "general", seed=0), write_corpus(root / "domain", seed=5)
+    run_training(general, root / "base", TINY_TRAIN, TINY_MODEL, resume=False, cloze_path=None, device=torch.device("cpu"), log=lambda *_: None)
+    return {"general": general, "domain": domain, "base": root / "base" / "checkpoints" / "step-00000012.pt"}
+
+
+def loaders(corpora, ratio: float, seed: int = 0) -> ReplayLoader:
+    make = lambda name: TokenLoader(CorpusReader(corpora[name]), "train", 16, 8, seed=0)
+    return ReplayLoader(make("domain"), make("general"), ratio, sampler_seed=seed)
+
+
+def test_replay_is_a_seeded_per_sequence_coin(corpora):
+    replay = loaders(corpora, 0.3)
+    domain, general = loaders(corpora, 0.0), loaders(corpora, 1.0)
+    for step in range(40):
+        x_BT, _ = replay.next_batch()
+        dx_BT, _ = domain.next_batch()
+        gx_BT, _ = general.next_batch()
+        mask_B = replay.general_mask(step)
+        assert torch.equal(x_BT[torch.from_numpy(mask_B)], gx_BT[torch.from_numpy(mask_B)])
+        assert torch.equal(x_BT[torch.from_numpy(~mask_B)], dx_BT[torch.from_numpy(~mask_B)])
+    assert replay.general_sequences == sum(int(replay.general_mask(s).sum()) for s in range(40))
+    assert abs(replay.actual_ratio - 0.3) < 4 * (0.3 * 0.7 / 320) ** 0.5  # a binomial coin, not an exact quota
+    assert domain.actual_ratio == 0.0 and general.actual_ratio == 1.0
+    # the same sampler seed gives nested coins across ratios (Lab 5's aligned comparison)
+    low, high = loaders(corpora, 0.1), loaders(corpora, 0.3)
+    assert all((low.general_mask(s) <= high.general_mask(s)).all() for s in range(40))
+    assert not all((loaders(corpora, 0.3, seed=1).general_mask(s) == high.general_mask(s)).all() for s in range(40))
+
+
+def test_gate_file_errors_name_the_criterion():
+    with pytest.raises(GateError, match="criterion 1 needs metric"):
+        parse_gate("[[criterion]]\nmetric = 'general_loss_rise'\n")
+    with pytest.raises(GateError, match="paired_items"):
+        parse_gate("[[criterion]]\nmetric = 'task_accuracy_drop'\ndirection = '<='\nthreshold = 0.01\ntask = 'hellaswag'\n")
+    with pytest.raises(GateError, match="at least one"):
+        parse_gate("title = 'no criteria'\n")
+
+
+def test_verdict_uses_paired_uncertainty():
+    rise = Criterion("general_loss_rise", "<=", 0.20)
+    strict = Criterion("general_loss_rise", "<=", 0.20, rule="ci95")
+    differences = {"general_loss_rise": [0.1, 0.3, 0.1, 0.3]}  # mean 0.2, sd 0.1155, se 0.0577
+    point, interval = judge([rise], differences), judge([strict], differences)
+    assert point["passed"] and not interval["passed"]
+    assert point["criteria"][0]["stderr"] == pytest.approx(0.0577350, rel=1e-5) and point["criteria"][0]["n"] == 4
+
+
+def test_cpt_run_records_gate_before_training_and_lineage_after(corpora, tmp_path, monkeypatch):
+    out = tmp_path / "cpt"
+    real_train = cpt.train
+    seen_before_first_step = {}
+
+    def train_spy(*args, **kwargs):  # observe the disk at the moment the loop starts
+        seen_before_first_step.update(json.loads((out / "cpt_manifest.json").read_text()))
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(cpt, "train", train_spy)
+    summary = run_cpt(corpora["base"], corpora["domain"], corpora["general"], out, CONFIG, log=lambda *_: None)
+    gate_sha = hashlib.sha256((out / "gate.toml").read_bytes()).hexdigest()
+    assert seen_before_first_step["gate"]["sha256"] == gate_sha == summary["gate"]["sha256"]
+    lineage = summary["lineage"]
+    assert lineage["base_checkpoint_sha256"] == hashlib.sha256(corpora["base"].read_bytes()).hexdigest()
+    assert lineage["cpt_checkpoint_sha256"] == hashlib.sha256(Path(lineage["cpt_checkpoint"]).read_bytes()).hexdigest()
+    assert lineage["verdict"] in ("pass", "fail") and lineage["base_weights_sha256"] != lineage["cpt_weights_sha256"]
+    measured = json.loads((out / "measurements.json").read_text())
+    reduction = summary["verdict"]["criteria"][0]
+    assert reduction["metric"] == "domain_loss_reduction" and reduction["n"] == 3 * 4  # 3 fixed batches of the base recipe's 4 sequences
+    assert reduction["value"] == pytest.approx(summary["losses"]["base"]["domain_loss"] - summary["losses"]["cpt"]["domain_loss"], abs=1e-6)
+    assert measured["replay"]["sequences"] == 6 * 4 and 0 <= measured["replay"]["actual"] <= 1
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
+    assert [row["step"] for row in evals] == [0, 3, 6]
+    # the verdict is a function of the gate file and the measurements only: judging again gives the same
+    assert judge_run(out)["verdict"] == summary["verdict"]
+    # an edited gate is refused, and a second run into the same directory too
+    (out / "gate.toml").write_text((out / "gate.toml").read_text().replace("threshold = 0.2", "threshold = 5.0"))
+    with pytest.raises(GateTampered, match="edited after the run started"):
+        judge_run(out)
+    with pytest.raises(FileExistsError, match="a gate is fixed once per run"):
+        run_cpt(corpora["base"], corpora["domain"], corpora["general"], out, CONFIG)
+
+
+def test_editing_the_gate_during_training_stops_the_run(corpora, tmp_path):
+    out = tmp_path / "cpt"
+
+    def loosen_gate(row):
+        (out / "gate.toml").write_text("[[criterion]]\nmetric = 'general_loss_rise'\ndirection = '<='\nthreshold = 9.0\n")
+
+    with pytest.raises(GateTampered):
+        run_cpt(corpora["base"], corpora["domain"], corpora["general"], out, CONFIG, log=lambda *_: None, on_eval=loosen_gate)
+    assert json.loads((out / "summary.json").read_text())["verdict"]["status"] == "refused"
+    assert not (out / "measurements.json").exists()

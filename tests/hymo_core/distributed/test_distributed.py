@@ -1,0 +1,270 @@
+"""More than one process on CPU: torchrun with 2 gloo ranks, FSDP2, DCP checkpoints (issue 14, part 5).
+
+Launches are the slow part (a few seconds of imports per rank), so a handful
+of module-scoped runs serve all assertions: a 2-rank run of 10 updates with a
+checkpoint every 5, the same recipe in this process, a 2-rank run whose rank 1
+is SIGKILLed after its step-5 checkpoint and then resumed, and one launch of
+the optimizer / QK-Clip / load-reduction checks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import write_corpus
+from hymo_core.checkpoint.common import CheckpointError
+from hymo_core.checkpoint.load import load_model
+from hymo_core.train.data import CorpusReader, TokenLoader
+from hymo_core.distributed.launch import LaunchError, launch_training, run_process_group, train_arguments
+from hymo_core.models.model import Transformer
+from hymo_core.train.optim import build_optimizer
+from hymo_core.checkpoint.sharded import load_sharded_checkpoint
+from hymo_core.train.run import load_run_config, run_training
+
+HERE = Path(__file__).resolve().parent
+STEPS = 10
+# Global batch 2 x 4 = 8 windows: one process accumulates 4 micro-batches, each of 2 ranks 2.
+# A low QK-Clip threshold makes the clip act (on DTensor shards) in every update.
+RECIPE = f"""
+[train]
+batch_size = 2
+gradient_accumulation_steps = 4
+seq_len = 16
+max_steps = {STEPS}
+warmup_steps = 2
+peak_lr = 0.01
+qk_clip_threshold = 0.03
+log_interval = 1
+eval_interval = 5
+checkpoint_interval = 5
+keep_checkpoints = 3
+eval_batches = 2
+
+[model]
+d_model = 32
+n_layers = 2
+n_heads = 2
+n_kv_heads = 2
+ffn_dim = 64
+max_seq_len = 16
+"""
+
+
+def torchrun(script: Path, *args: str, nproc: int = 2, env: dict | None = None) -> list[str]:
+    lines: list[str] = []
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(script), *args]
+    run_process_group(command, lines.append, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return lines
+
+
+def train_losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["last_loss"] for r in rows if r["kind"] == "train"}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("distributed")
+    recipe = root / "recipe.toml"
+    recipe.write_text(RECIPE, encoding="utf-8")
+    return {"root": root, "corpus": write_corpus(root / "corpus"), "recipe": recipe}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(setup) -> Path:
+    out = setup["root"] / "two"
+    launch_training(2, train_arguments(setup["corpus"], out, setup["recipe"]), on_line=lambda line: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_rank(setup) -> Path:
+    out = setup["root"] / "one"
+    run_training(setup["corpus"], out, *load_run_config(setup["recipe"]), resume=False, progress=False, log=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hybrid_recipe(setup) -> Path:
+    """The HyMo stack at toy size, 4 updates with NorMuon: a Gated DeltaNet block, then an MLA block with a
+    DeepSeekMoE FFN (gate bias stepped on the token counts of both ranks), and one MTP depth on the root."""
+    recipe = setup["root"] / "hybrid.toml"
+    hybrid = ('n_layers = 2\nlayer_pattern = "GM"\nmoe_on = "M"\nmoe_n_routed_experts = 4\nmoe_n_activated_experts = 2\n'
+              'moe_expert_dim = 16\nmtp_depth = 1')
+    recipe.write_text(RECIPE.replace(f"max_steps = {STEPS}", 'max_steps = 4\noptimizer = "normuon"').replace("n_layers = 2", hybrid),
+                      encoding="utf-8")
+    return recipe
+
+
+def test_hybrid_stack_on_two_ranks_trains_the_one_process_model(setup, hybrid_recipe):
+    two, one = setup["root"] / "hybrid_two", setup["root"] / "hybrid_one"
+    launch_training(2, train_arguments(setup["corpus"], two, hybrid_recipe), on_line=lambda line: None)
+    run_training(setup["corpus"], one, *load_run_config(hybrid_recipe), resume=False, progress=False, log=lambda m: None)
+    for step, loss in train_losses(one).items():
+        assert train_losses(two)[step] == pytest.approx(loss, rel=1e-5), step
+    final_two, final_one = state_of(two / "checkpoints" / "step-00000004"), state_of(one / "checkpoints" / "step-00000004.pt")
+    assert "layers.0.attn.A_log" in final_one and "layers.1.attn.q_b_proj.weight" in final_one  # GDN then MLA
+    assert any(".ffn.experts." in name for name in final_one) and any(name.startswith("mtp") for name in final_one)
+    for name in final_one:
+        torch.testing.assert_close(final_two[name], final_one[name], rtol=1e-4, atol=1e-6)
+
+
+def state_of(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_model(checkpoint)[0].state_dict()
+
+
+def test_two_ranks_train_the_one_process_model(two_ranks, one_rank):
+    two, one = train_losses(two_ranks), train_losses(one_rank)
+    assert sorted(two) == list(range(1, STEPS + 1)) == sorted(one)
+    for step in two:
+        assert two[step] == pytest.approx(one[step], rel=1e-5), step
+    final_two = state_of(two_ranks / "checkpoints" / f"step-{STEPS:08d}")
+    final_one = state_of(one_rank / "checkpoints" / f"step-{STEPS:08d}.pt")
+    assert final_two.keys() == final_one.keys()
+    for name in final_one:
+        torch.testing.assert_close(final_two[name], final_one[name], rtol=1e-4, atol=1e-6)
+    metrics = [json.loads(line) for line in (two_ranks / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r.get("qk_clipped_heads", 0) for r in metrics if r["kind"] == "train") > 0  # the clip acted on shards
+    summary = json.loads((two_ranks / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["tokens_seen"] == json.loads((one_rank / "summary.json").read_text())["tokens_seen"]
+    layout = sorted(p.name for p in (two_ranks / "checkpoints" / f"step-{STEPS:08d}").iterdir())
+    assert layout == [".metadata", "__0_0.distcp", "__1_0.distcp", "metadata.json"]
+
+
+def test_rank_killed_after_checkpoint_resumes_bitwise(setup, two_ranks):
+    out = setup["root"] / "killed"
+    args = train_arguments(setup["corpus"], out, setup["recipe"])
+    with pytest.raises(LaunchError):
+        torchrun(HERE / "kill_rank_after_checkpoint.py", *args, env={"HYMO_TEST_KILL_STEP": "5"})
+    assert (out / "checkpoints" / "step-00000005" / "metadata.json").is_file()
+    assert not (out / "checkpoints" / f"step-{STEPS:08d}").exists()
+    lines: list[str] = []
+    launch_training(2, train_arguments(setup["corpus"], out, setup["recipe"], resume=True), on_line=lines.append)
+    assert any("resumed from" in line and "step-00000005" in line for line in lines)
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["weights_sha256"] == json.loads((two_ranks / "summary.json").read_text())["weights_sha256"]
+    assert train_losses(out) == train_losses(two_ranks)
+
+
+def test_two_rank_checkpoint_continues_in_one_process(setup, two_ranks):
+    out = setup["root"] / "resharded"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(two_ranks / "checkpoints" / "step-00000005", out / "checkpoints" / "step-00000005")
+    messages: list[str] = []
+    summary = run_training(setup["corpus"], out, *load_run_config(setup["recipe"]), resume=True, progress=False, log=messages.append)
+    assert summary["resumed_from"].endswith("step-00000005")
+    assert any("resharding from 2 to 1 ranks" in m for m in messages)
+    continued, reference = state_of(out / "checkpoints" / f"step-{STEPS:08d}.pt"), state_of(two_ranks / "checkpoints" / f"step-{STEPS:08d}")
+    for name in reference:
+        torch.testing.assert_close(continued[name], reference[name], rtol=1e-4, atol=1e-6)
+    for step in range(6, STEPS + 1):
+        assert train_losses(out)[step] == pytest.approx(train_losses(two_ranks)[step], rel=1e-5)
+
+
+def test_one_process_checkpoint_continues_on_two_ranks(setup, one_rank):
+    out = setup["root"] / "one_to_two"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copy2(one_rank / "checkpoints" / "step-00000005.pt", out / "checkpoints" / "step-00000005.pt")
+    lines: list[str] = []
+    launch_training(2, train_arguments(setup["corpus"], out, setup["recipe"], resume=True), on_line=lines.append)
+    assert any("resharding from 1 to 2 ranks" in line for line in lines)
+    continued, reference = state_of(out / "checkpoints" / f"step-{STEPS:08d}"), state_of(one_rank / "checkpoints" / f"step-{STEPS:08d}.pt")
+    for name in reference:
+        torch.testing.assert_close(continued[name], reference[name], rtol=1e-4, atol=1e-6)
+    for step in range(6, STEPS + 1):
+        assert train_losses(out)[step] == pytest.approx(train_losses(one_rank)[step], rel=1e-5)
+
+
+def fresh(setup, **model_changes):
+    train_config, model_config = load_run_config(setup["recipe"])
+    reader = CorpusReader(setup["corpus"])
+    from dataclasses import replace
+
+    model = Transformer(replace(model_config, vocab_size=reader.vocab_size, **model_changes))
+    optimizer = build_optimizer(model, train_config.optimizer_config(torch.device("cpu")))
+    loader = TokenLoader(reader, "train", train_config.seq_len, train_config.batch_size, train_config.seed)
+    return model, optimizer, train_config, loader
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("flip a byte in rank 1's shard", "truncated or corrupt.*__1_0.distcp sha256"),
+    ("truncate the DCP index", "truncated or corrupt.*.metadata has"),
+    ("remove metadata.json", "truncated or corrupt.*metadata.json"),
+    ("another model shape", "model config differs in n_layers"),
+])
+def test_damaged_or_incompatible_dcp_checkpoint_refused_before_anything_changes(setup, two_ranks, tmp_path, damage, message):
+    checkpoint = tmp_path / "step-00000005"
+    shutil.copytree(two_ranks / "checkpoints" / "step-00000005", checkpoint)
+    model_changes = {}
+    if damage.startswith("flip"):
+        data = bytearray((checkpoint / "__1_0.distcp").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (checkpoint / "__1_0.distcp").write_bytes(bytes(data))
+    elif damage.startswith("truncate"):
+        index = checkpoint / ".metadata"
+        index.write_bytes(index.read_bytes()[:100])
+    elif damage.startswith("remove"):
+        (checkpoint / "metadata.json").unlink()
+    else:
+        model_changes = {"n_layers": 1}
+    model, optimizer, config, loader = fresh(setup, **model_changes)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    cursor, rng = loader.state_dict(), torch.get_rng_state()
+    with pytest.raises(CheckpointError, match=message):
+        load_sharded_checkpoint(checkpoint, model, optimizer, config, loader)
+    assert all(torch.equal(before[name], t) for name, t in model.state_dict().items())
+    assert optimizer.state_dict()["state"] == {} and loader.state_dict() == cursor and torch.equal(rng, torch.get_rng_state())
+
+
+def test_dcp_checkpoint_evaluates_in_one_process_via_the_cli(two_ranks, setup, tmp_path):
+    checkpoint = two_ranks / "checkpoints" / f"step-{STEPS:08d}"
+    model, metadata = load_model(checkpoint)
+    assert metadata["state"]["step"] == STEPS and metadata["world_size"] == 2
+    assert len(metadata["loaders"]["train_per_rank"]) == 2 and len(metadata["rng_per_rank"]) == 2
+    export = tmp_path / "model.safetensors"
+    done = subprocess.run([sys.executable, "-m", "flows", "export", str(checkpoint), "--safetensors", str(export)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from safetensors.torch import load_file
+
+    exported = load_file(export)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(exported[name], tensor)
+
+
+def test_optimizer_and_qk_clip_on_two_rank_shards_equal_the_whole_matrices(tmp_path):
+    out = tmp_path / "checks.json"
+    torchrun(HERE / "distributed_checks.py", str(out))
+    results = json.loads(out.read_text())
+    assert results["muon_params_sharded"] >= 8
+    assert results["muon_max_difference"] < 1e-5 and results["normuon_max_difference"] < 1e-5
+    assert results["shard_orthogonalised_difference"] > 1e-2  # what a shard-wise Newton-Schulz would have done
+    assert results["qk_clip_max_difference"] < 1e-6
+    assert results["expert_load"] == [3.0, 6.0, 9.0]
+
+
+def test_process_group_is_taken_down_when_the_caller_stops_reading():
+    """A cancelled task: the callback raises, and no process of the group survives."""
+    started: list[int] = []
+
+    def cancel(line: str) -> None:
+        started.append(int(line))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_process_group(["sh", "-c", "sleep 60 & echo $!; wait"], cancel)
+    import time
+
+    for _ in range(50):
+        if not Path(f"/proc/{started[0]}").exists() or "Z" in Path(f"/proc/{started[0]}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"sleep {started[0]} outlived its process group")

@@ -1,0 +1,144 @@
+"""DeepSeekMoE: grouped experts equal a per-token reference, bias steers selection only, balancing, drops."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hymo_core.models.layers.moe import MoE, MoEConfig, moe_after_optimizer_step
+
+D = 16
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny layers: see tests/conftest.py
+
+
+def make_moe(seed=0, **overrides) -> MoE:
+    torch.manual_seed(seed)
+    config = MoEConfig(**{"n_routed_experts": 8, "n_activated_experts": 2, "expert_dim": 12, **overrides})
+    return MoE(D, config, init_std=0.3)
+
+
+def per_token_reference(moe: MoE, x_BTD: torch.Tensor) -> torch.Tensor:
+    """The obvious loop: every token, its top-k experts by biased score, weights from unbiased scores."""
+    out = []
+    for x_D in x_BTD.reshape(-1, D):
+        scores = torch.sigmoid(moe.gate.weight @ x_D) if moe.config.score_function == "sigmoid" else \
+            torch.softmax(moe.gate.weight @ x_D, dim=0)
+        chosen = torch.topk(scores + moe.expert_bias_E, moe.config.n_activated_experts).indices
+        weights = scores[chosen] / (scores[chosen].sum() if moe.config.score_function == "sigmoid" else 1.0)
+        y = torch.zeros(D)
+        for e, w in zip(chosen.tolist(), weights):
+            ex = moe.experts
+            y = y + w * (ex.w2.weight[e] @ (F.silu(ex.w1.weight[e] @ x_D) * (ex.w3.weight[e] @ x_D)))
+        out.append(y + moe.shared_expert(x_D))
+    return torch.stack(out).reshape(x_BTD.shape)
+
+
+@pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
+def test_grouped_experts_equal_the_per_token_reference(score_function):
+    moe = make_moe(score_function=score_function)
+    moe.expert_bias_E.copy_(torch.linspace(-0.2, 0.2, 8))
+    x = torch.randn(2, 5, D)
+    torch.testing.assert_close(moe(x), per_token_reference(moe, x), rtol=1e-5, atol=1e-6)
+
+
+def test_bias_changes_selection_but_never_the_combine_weights():
+    moe = make_moe()
+    x_ND = torch.randn(32, D)
+    plain = moe.route(x_ND)
+    moe.expert_bias_E[3] = 10.0  # expert 3 now wins every token's selection
+    biased = moe.route(x_ND)
+    assert (biased.experts_NK == 3).any(dim=1).all() and not (plain.experts_NK == 3).any(dim=1).all()
+    assert not moe.expert_bias_E.requires_grad and "expert_bias_E" not in dict(moe.named_parameters())
+
+    # Gradient test: the router's gradient through the combine weights is that of the unbiased
+    # scores gathered at the chosen experts, with no trace of the bias' value.
+    def gate_grad(routing_fn):
+        moe.zero_grad(set_to_none=True)
+        routing_fn().sum().backward()
+        return moe.gate.weight.grad.clone()
+
+    def reference():
+        scores = torch.sigmoid(x_ND @ moe.gate.weight.T)
+        w = scores.gather(1, biased.experts_NK)
+        return (w / w.sum(1, keepdim=True) * torch.arange(1.0, 3.0)).sum(1)
+
+    ours = gate_grad(lambda: (moe.route(x_ND).weights_NK * torch.arange(1.0, 3.0)).sum(1))
+    torch.testing.assert_close(ours, gate_grad(reference))
+    moe.expert_bias_E[3] = 25.0  # another bias value, the same selection: bit-identical gradient
+    assert torch.equal(gate_grad(lambda: (moe.route(x_ND).weights_NK * torch.arange(1.0, 3.0)).sum(1)), ours)
+    scores = torch.sigmoid(x_ND @ moe.gate.weight.T).detach()
+    w = scores.gather(1, biased.experts_NK)
+    torch.testing.assert_close(biased.weights_NK.detach(), w / w.sum(1, keepdim=True))
+
+
+@pytest.mark.parametrize("bias_update", [True, False])
+def test_skewed_router_balances_with_bias_updates_and_stays_skewed_without(bias_update):
+    torch.manual_seed(1)
+    moe = MoE(D, MoEConfig(n_routed_experts=8, n_activated_experts=2, expert_dim=12, bias_update=bias_update,
+                           bias_update_rate=0.01, load_ema_decay=0.5), init_std=0.3)
+    with torch.no_grad():  # tokens share a mean direction that experts 0 and 1 are aligned with
+        moe.gate.weight[:2] += 0.5 * torch.ones(D) / D**0.5
+    generator = torch.Generator().manual_seed(0)
+    moe.train()
+    history = []
+    with torch.no_grad():
+        for _ in range(100):  # one update = two micro-batches from a fixed stream
+            for _ in range(2):
+                moe(torch.randn(8, 32, D, generator=generator) + 1.0)
+            history.append(moe_after_optimizer_step([("moe", moe)])["moe"])
+    assert history[0]["load_max"] > 2.0  # skewed at the start: two experts take most tokens
+    recent_load_E = torch.tensor([h["load"] for h in history[-10:]]).mean(dim=0)  # relative to an even share
+    if bias_update:
+        assert recent_load_E.max() <= 1.3, recent_load_E
+        assert history[-1]["bias_norm"] > 0
+    else:
+        assert recent_load_E.max() > 2.0 and history[-1]["bias_norm"] == 0.0
+
+
+def test_counts_accumulate_over_micro_batches_and_reset_after_the_update():
+    moe = make_moe()
+    moe.train()
+    x = torch.randn(2, 8, D)
+    for _ in range(3):
+        moe(x)
+    assert float(moe.tokens_per_expert_E.sum()) == 3 * 16 * 2
+    moe.eval()
+    moe(x)  # evaluation does not count
+    assert float(moe.tokens_per_expert_E.sum()) == 3 * 16 * 2
+    seen = []
+    stats = moe_after_optimizer_step([("a", moe)], reduce=lambda t: seen.append(t.clone()) or t * 2)
+    assert float(seen[0][0, :-1].sum()) == 96  # the hook sees all layers' counts in one tensor
+    assert stats["a"]["dropped_tokens"] == 0.0 and float(moe.tokens_per_expert_E.sum()) == 0.0
+
+
+def test_capacity_factor_drops_and_counts_overflow():
+    moe = make_moe(capacity_factor=1.0)
+    moe.expert_bias_E[0] = 10.0  # everyone wants expert 0: it keeps ceil(1.0 * 64 / 8) = 8 of 32 assignments
+    moe.train()
+    x = torch.randn(2, 16, D)
+    counts_E = torch.bincount(moe.route(x.reshape(-1, D)).experts_NK.reshape(-1), minlength=8)
+    expected = float((counts_E - 8).clamp(min=0).sum())
+    assert counts_E[0] == 32 and expected >= 24
+    y = moe(x)
+    assert float(moe.dropped_assignments) == expected
+    stats = moe_after_optimizer_step([("m", moe)])["m"]
+    assert stats["dropped_tokens"] == expected
+    assert torch.isfinite(y).all()
+    unlimited = make_moe()
+    unlimited.expert_bias_E[0] = 10.0
+    unlimited.train()
+    unlimited(x)
+    assert float(unlimited.dropped_assignments) == 0.0  # default: no dropping
+
+
+def test_sequence_aux_loss_is_off_by_default_and_differentiable_when_on():
+    moe = make_moe()
+    moe.train()
+    moe(torch.randn(2, 8, D))
+    assert moe.aux_loss is None
+    moe = make_moe(aux_loss_weight=0.01)
+    moe.train()
+    moe(torch.randn(2, 8, D))
+    moe.aux_loss.backward()
+    assert moe.aux_loss > 0 and moe.gate.weight.grad.abs().sum() > 0

@@ -1,0 +1,132 @@
+from collections import Counter
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from manifests.corpus import read_corpus_manifest
+from manifests.stage_manifest import read_manifest
+from tasks.corpus.encoding import token_dtype
+from tasks.corpus.shards import ShardsConfig, occurrence_order, run_shards, trace_token
+from tasks.corpus.split import iter_split_docs
+from tasks.corpus.tokenizer import load_tokenizer, vocab_size_of
+
+
+def flat_vocab_tokenizer(size):
+    from tokenizers import Tokenizer, models
+
+    return Tokenizer(models.BPE(vocab={f"t{i}": i for i in range(size)}, merges=[]))
+
+
+def test_dtype_boundary_at_65536_ids():
+    tokenizer = flat_vocab_tokenizer(65_536)
+    assert vocab_size_of(tokenizer) == 65_536 and token_dtype(vocab_size_of(tokenizer)) == np.dtype("<u2")
+    tokenizer.add_special_tokens(["<|one_more|>"])
+    assert vocab_size_of(tokenizer) == 65_537 and token_dtype(vocab_size_of(tokenizer)) == np.dtype("<u4")
+
+
+def test_occurrences_are_epoch_major_and_seeded():
+    def order(repeats):
+        ids = list(repeats)
+        doc, k = occurrence_order(ids, np.array(list(repeats.values())), seed=0)
+        return [(ids[d], r) for d, r in zip(doc.tolist(), k.tolist())]
+
+    first = order({"a": 2, "b": 1, "c": 3, "z": 0})
+    assert Counter(d for d, _ in first) == {"a": 2, "b": 1, "c": 3}
+    assert [k for _, k in first] == sorted(k for _, k in first)
+    assert sorted(first) == [("a", 0), ("a", 1), ("b", 0), ("c", 0), ("c", 1), ("c", 2)]
+    assert first == order({"c": 3, "z": 0, "b": 1, "a": 2})
+
+
+def read_stream(run, side):
+    corpus = read_corpus_manifest(run)
+    root = run / "07_shards"
+    pieces = []
+    for entry in corpus["shards"][side]:
+        tokens = np.fromfile(root / entry["path"], dtype=np.dtype(corpus["dtype"]).newbyteorder("<"))
+        assert len(tokens) == entry["tokens"] <= 4096
+        for row in pq.read_table(root / entry["index_path"]).to_pylist():
+            pieces.append((row, tokens[row["offset"]:row["offset"] + row["length"]]))
+    return corpus, pieces
+
+
+def test_shards_hold_every_document_exactly_its_mixture_repeats_and_decode_back(tiny_run):
+    corpus, pieces = read_stream(tiny_run, "train")
+    tokenizer = load_tokenizer(tiny_run / "07_shards" / "tokenizer.json")
+    texts = {i: t for table in iter_split_docs(tiny_run / "04_split", "train", ["id", "text"]) for i, t in zip(table.column("id").to_pylist(), table.column("text").to_pylist())}
+    plan = pq.read_table(tiny_run / "06_mixture" / "plan.parquet").to_pylist()
+    documents: dict = {}
+    for row, tokens in pieces:  # reassemble documents split across shard boundaries
+        documents.setdefault((row["doc_id"], row["repeat"]), []).append((row["doc_start"], tokens))
+    assert Counter(d for d, _ in documents) == {p["id"]: p["repeats"] for p in plan if p["repeats"]}
+    for (doc_id, _), parts in documents.items():
+        ids = np.concatenate([t for _, t in sorted(parts, key=lambda p: p[0])])
+        assert ids[-1] == corpus["eos_id"]
+        assert tokenizer.decode(ids[:-1].tolist(), skip_special_tokens=False) == texts[doc_id]
+    assert sum(len(t) for _, t in pieces) == corpus["train_tokens"] == corpus["mixture"]["tokens_contributed"]
+
+
+def test_validation_shards_hold_only_held_out_documents_once(tiny_run):
+    corpus, pieces = read_stream(tiny_run, "validation")
+    held_out = {i for table in iter_split_docs(tiny_run / "04_split", "validation", ["id"]) for i in table.column("id").to_pylist()}
+    assert {row["doc_id"] for row, _ in pieces} == held_out
+    assert Counter((row["doc_id"], row["doc_start"]) for row, _ in pieces).most_common(1)[0][1] == 1
+    train_ids = {row["doc_id"] for row, _ in read_stream(tiny_run, "train")[1]}
+    assert not train_ids & held_out
+
+
+def test_corpus_manifest_lists_digests_and_rerun_is_a_no_op(tiny_run):
+    manifest = read_manifest(tiny_run / "07_shards")  # verifies every file's sha256
+    corpus = read_corpus_manifest(tiny_run)
+    assert manifest.extra["corpus_digest"] == corpus["digest"]
+    assert {o.path for o in manifest.outputs} >= {e["path"] for side in corpus["shards"].values() for e in side}
+    again = run_shards(ShardsConfig(tokens_per_shard=4096), tiny_run / "04_split", tiny_run / "05_tokenizer", tiny_run / "06_mixture", tiny_run / "07_shards")
+    assert again.digest == manifest.digest and again.wall_time_s == manifest.wall_time_s
+
+
+def test_trace_names_document_and_position_across_a_shard_boundary(tiny_run):
+    root = tiny_run / "07_shards"
+    index = pq.read_table(root / "tokens" / "train-00001.idx.parquet").to_pylist()
+    continued = index[0]  # shard 1 opens with the tail of a document that began in shard 0
+    assert continued["doc_start"] > 0
+    found = trace_token(tiny_run, 1, continued["offset"] + 2, "train", window=4)
+    assert found["doc_id"] == continued["doc_id"]
+    assert found["position_in_document"] == continued["doc_start"] + 2
+    assert found["window_token"] and found["shard_path"] == "tokens/train-00001.bin"
+    with pytest.raises(IndexError, match="offset"):
+        trace_token(tiny_run, 0, 10 ** 9)
+    with pytest.raises(IndexError, match="no shard 99"):
+        trace_token(tiny_run, 99, 0)
+
+
+def small_side(tmp_path, docs):
+    from tasks.corpus.shards import SideTokens
+
+    lengths = np.array([n for _, n in docs])
+    np.concatenate([np.arange(n, dtype="<u2") for _, n in docs]).tofile(tmp_path / "tokens.bin")
+    return SideTokens([d for d, _ in docs], np.cumsum(lengths) - lengths, lengths, tmp_path / "tokens.bin", np.dtype("<u2"))
+
+
+def test_stream_splits_documents_at_the_shard_bound_and_indexes_each_piece(tmp_path):
+    from tasks.corpus.shards import write_stream
+
+    side = small_side(tmp_path, [("a", 5), ("b", 7), ("c", 4)])  # 16 tokens, shards of 6
+    (tmp_path / "out").mkdir()
+    shards = write_stream(side, np.array([0, 1, 2]), np.array([0, 0, 0]), 6, tmp_path / "out", "train")
+    assert [s["tokens"] for s in shards] == [6, 6, 4]
+    rows = [r for s in shards for r in pq.read_table(tmp_path / "out" / f"{s['name']}.idx.parquet").to_pylist()]
+    assert [(r["doc_id"], r["offset"], r["length"], r["doc_start"]) for r in rows] == [
+        ("a", 0, 5, 0), ("b", 5, 1, 0), ("b", 0, 6, 1), ("c", 0, 4, 0)]
+    stream = np.concatenate([np.fromfile(tmp_path / "out" / f"{s['name']}.bin", dtype="<u2") for s in shards])
+    assert stream.tolist() == list(range(5)) + list(range(7)) + list(range(4))
+
+
+def test_document_longer_than_a_shard_spans_several(tmp_path):
+    from tasks.corpus.shards import write_stream
+
+    side = small_side(tmp_path, [("long", 13)])
+    (tmp_path / "out").mkdir()
+    shards = write_stream(side, np.array([0, 0]), np.array([0, 1]), 5, tmp_path / "out", "train")
+    assert [s["tokens"] for s in shards] == [5, 5, 5, 5, 5, 1]
+    last = pq.read_table(tmp_path / "out" / "train-00005.idx.parquet").to_pylist()
+    assert last == [{"doc_id": "long", "offset": 0, "length": 1, "doc_start": 12, "repeat": 1}]

@@ -1,0 +1,85 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.corpus.split import SPLIT_DOCS_SCHEMA, SplitConfig, choose_validation, families_of, iter_split_docs
+from tasks.runner.stage_runner import read_stage_audit, read_stage_docs
+
+
+def docs_of(n, source="s"):
+    return [{"id": f"{source}-{i:03d}", "source": source, "n_bytes": 400} for i in range(n)]
+
+
+def choose(docs, links, config):
+    family, _ = families_of([d["id"] for d in docs], links)
+    return choose_validation(pa.Table.from_pylist(docs, schema=SPLIT_DOCS_SCHEMA), family, config)
+
+
+def test_families_union_exact_and_fuzzy_relations_through_a_removed_member():
+    survivors = ["a", "b", "c", "d"]
+    # x was removed as an exact copy of a, and fuzzy-clustered with b: a and b are one family of 3
+    family, sizes = families_of(survivors, [("x", "a"), ("x", "b")])
+    assert family[0] == family[1] == "a" != family[2]
+    assert sizes == [3, 3, 1, 1]
+
+
+def test_family_never_crosses_sides():
+    docs = docs_of(40)
+    links = [(f"s-{i:03d}", f"s-{i + 1:03d}") for i in range(0, 40, 4)]  # families of two
+    for seed in range(5):
+        chosen = choose(docs, links, SplitConfig(validation_fraction=0.3, seed=seed))
+        assert chosen
+        for member, kept in links:
+            assert (member in chosen) == (kept in chosen)
+
+
+def test_split_is_seeded_and_respects_fraction():
+    docs = docs_of(100)
+    first = choose(docs, [], SplitConfig(validation_fraction=0.1, seed=1))
+    assert first == choose(list(reversed(docs)), [], SplitConfig(validation_fraction=0.1, seed=1))
+    assert len(first) == 10
+    assert first != choose(docs, [], SplitConfig(validation_fraction=0.1, seed=2))
+
+
+def test_token_budget_per_source():
+    docs = docs_of(50, "a") + docs_of(50, "b")
+    chosen = choose(docs, [], SplitConfig(validation_tokens_per_source=1000, bytes_per_token_estimate=4.0))
+    # 100 estimated tokens per document: 10 documents reach 1,000 tokens in each source
+    assert sum(i.startswith("a-") for i in chosen) == 10
+    assert sum(i.startswith("b-") for i in chosen) == 10
+
+
+def test_single_family_source_stays_in_training():
+    docs = docs_of(3)
+    assert choose(docs, [("s-000", "s-001"), ("s-001", "s-002")], SplitConfig(validation_fraction=0.5)) == set()
+
+
+def test_stage_routes_validation_documents_and_keeps_all(tiny_run):
+    before = read_stage_docs(tiny_run / "03_dedup_fuzzy")
+    after = read_stage_docs(tiny_run / "04_split")
+    assert sorted(before.column("id").to_pylist()) == sorted(after.column("id").to_pylist())
+    audit = read_stage_audit(tiny_run / "04_split").to_pylist()
+    assert audit and {r["action"] for r in audit} == {"routed"} and {r["rule"] for r in audit} == {"held_out"}
+    validation_ids = {t for table in iter_split_docs(tiny_run / "04_split", "validation", ["id"]) for t in table.column("id").to_pylist()}
+    assert validation_ids == {r["id"] for r in audit}
+    clusters = pq.read_table(tiny_run / "03_dedup_fuzzy" / "clusters.parquet").to_pylist()
+    kept_ids = {c["kept_id"] for c in clusters}
+    held_out_originals = [r for r in audit if r["id"] in kept_ids]
+    assert held_out_originals  # seed 0 holds out at least one original whose near copy was removed
+    for row in held_out_originals:
+        assert json.loads(row["detail"])["family_size"] == 2  # the removed copy counts in the family
+
+
+def test_shard_jobs_carry_the_path_of_the_choice_not_the_choice(tiny_run, tmp_path):
+    """Pickled into every shard job: its size must not grow with the corpus (thousands of shards at 1M documents)."""
+    import pickle
+
+    from manifests.stage_manifest import read_manifest
+    from tasks.corpus.split import plan_split
+
+    plan = plan_split(read_manifest(tiny_run / "03_dedup_fuzzy"), SplitConfig(validation_fraction=0.5), tmp_path)
+    chosen = pq.read_table(plan.validation_path)
+    assert plan.validation_documents == chosen.num_rows > 10
+    assert chosen.column("id").to_pylist() == sorted(chosen.column("id").to_pylist())
+    assert len(pickle.dumps(plan)) < 600

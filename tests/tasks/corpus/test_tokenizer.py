@@ -1,0 +1,100 @@
+from tasks.corpus.tokenizer import BYTE_TOKENS, EOS_TOKEN, TokenizerConfig, build_tokenizer, load_tokenizer, round_trip_failures, vocab_size_of
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "数据清洗之后，语料由多个来源组成。每个来源都有唯一词元。",
+    "Emoji survive: 🙂 🚀 👩‍💻 and tabs\tand\nnew lines  with  double spaces.",
+    "def f(x):\n    return x ** 2  # code too\n",
+] * 5
+
+
+def test_round_trip_is_lossless_for_chinese_emoji_and_whitespace():
+    tokenizer = build_tokenizer(TEXTS, TokenizerConfig(vocab_size=300, min_frequency=1))
+    unseen = ["Ünïcödé ∑ 𝔘 — ünseen 漢字 🦄 \u200b zero width", "  leading spaces and trailing  "]
+    assert round_trip_failures(tokenizer, [str(i) for i in range(len(TEXTS + unseen))], TEXTS + unseen) == []
+
+
+def test_literal_special_token_in_a_document_stays_text():
+    tokenizer = build_tokenizer(TEXTS, TokenizerConfig(vocab_size=300, min_frequency=1))
+    text = f"a page quoting {EOS_TOKEN} literally"
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert tokenizer.token_to_id(EOS_TOKEN) not in ids
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_vocab_padded_to_multiple_of_64_with_specials_first():
+    config = TokenizerConfig(vocab_size=300, min_frequency=1)
+    tokenizer = build_tokenizer(TEXTS, config)
+    assert vocab_size_of(tokenizer) % 64 == 0
+    for expected_id, token in enumerate(config.special_tokens):
+        assert tokenizer.token_to_id(token) == expected_id
+
+
+def test_byte_fallback_layout_appends_256_byte_ids():
+    tokenizer = build_tokenizer(TEXTS, TokenizerConfig(vocab_size=320, min_frequency=1, byte_fallback_layout=True))
+    first = tokenizer.token_to_id(BYTE_TOKENS[0])
+    assert tokenizer.token_to_id(BYTE_TOKENS[255]) == first + 255
+    assert vocab_size_of(tokenizer) % 64 == 0
+
+
+def test_saved_tokenizer_keeps_ids_and_special_token_handling(tmp_path):
+    tokenizer = build_tokenizer(TEXTS, TokenizerConfig(vocab_size=300, min_frequency=1))
+    tokenizer.save(str(tmp_path / "t.json"))
+    loaded = load_tokenizer(tmp_path / "t.json")
+    text = TEXTS[2] + EOS_TOKEN
+    assert loaded.encode(text).ids == tokenizer.encode(text).ids
+
+
+def test_stage_publishes_tokenizer_with_hash_and_compression_per_source(tiny_run):
+    from manifests.digest import sha256_file
+    from manifests.stage_manifest import read_manifest
+
+    manifest = read_manifest(tiny_run / "05_tokenizer")
+    identity = manifest.extra["tokenizer"]
+    assert identity["sha256"] == sha256_file(tiny_run / "05_tokenizer" / "tokenizer.json")
+    assert identity["vocab_size"] % 64 == 0 and identity["eos_id"] == 0
+    stats = manifest.extra["sample_by_source"]
+    assert set(stats) == {"prose", "mixed"}
+    # English prose compresses better than the Chinese-heavy mixed source
+    assert stats["prose"]["chars_per_token"] > stats["mixed"]["chars_per_token"]
+
+
+
+
+def test_tokenizer_sample_reads_texts_only_of_chosen_documents_and_matches_the_in_memory_rule(tmp_path):
+    """Ranks and lengths first, then the chosen texts: the sample equals 'sort every training doc by seeded rank, take
+    until the source's share of the budget' computed over all texts in memory."""
+    import json
+    import random
+
+    import pyarrow as pa
+
+    from manifests.schema import DOC_SCHEMA
+    from tasks.corpus.split import seeded_rank
+    from tasks.runner.stage_runner import StageWriter
+    from tasks.corpus.tokenizer import sample_mixture
+
+    rng = random.Random(3)
+    docs = [(f"d{i:04d}", rng.choice(["web", "code"]), "word " * rng.randint(5, 400), rng.random() < 0.1) for i in range(300)]
+    writer = StageWriter("split", "test", {}, "test-split", [], tmp_path / "split")
+    for shard in range(3):
+        part = docs[shard::3]
+        n = len(part)
+        writer.write_shard(shard, pa.table({"id": [d[0] for d in part], "text": [d[2] for d in part], "source": [d[1] for d in part],
+                                            "url": [d[0] for d in part], "lang": pa.nulls(n, pa.string()), "lang_score": pa.nulls(n, pa.float32()),
+                                            "meta": [json.dumps({"split": "validation" if d[3] else "train"}) for d in part]},
+                                           schema=DOC_SCHEMA), [])
+    writer.publish()
+    config = TokenizerConfig(sample_chars=20_000, seed=7)
+    weights = {"web": 3.0, "code": 1.0}
+    sample = sample_mixture(tmp_path / "split", weights, config)
+    train = [d for d in docs if not d[3]]
+    budget = min(config.sample_chars, sum(len(d[2]) for d in train))
+    for source, weight in weights.items():
+        ordered = sorted((seeded_rank(config.seed, d[0]), d[0], d[2]) for d in train if d[1] == source)
+        ids, texts, taken = [], [], 0
+        for _, doc_id, text in ordered:
+            if taken >= weight / sum(weights.values()) * budget:
+                break
+            ids, texts, taken = ids + [doc_id], texts + [text], taken + len(text)
+        assert sample[source] == (ids, texts) and 0 < len(ids) < len(ordered)

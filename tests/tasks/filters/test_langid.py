@@ -1,0 +1,87 @@
+"""Language ID: the bundled lid.176 model on real snippets, the 0.65 boundary, and bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from manifests.schema import docs_table
+from tasks.filters import langid
+from tasks.filters.langid import LangIdConfig, langid_decision, load_model
+from tasks.runner.stage_runner import StageWriter, read_stage_audit, read_stage_docs
+
+CONFIG = LangIdConfig()
+ENGLISH = "The committee published its annual report on Tuesday.\nIt describes how the river basin was restored over ten years."
+CHINESE = "数据清洗流程首先识别文档的语言，然后根据语言选择合适的质量规则。\n中文没有空格，所以需要字符级别的规则。"
+GERMAN = "Die Regierung hat am Dienstag einen neuen Bericht über die Wasserversorgung der Städte veröffentlicht."
+
+
+class FixedScoreModel:
+    """A stand-in with the fastText predict signature that returns one fixed language and score."""
+
+    def __init__(self, lang: str, score: float):
+        self.lang, self.score = lang, score
+
+    def predict(self, text: str, k: int = 1):
+        assert "\n" not in text
+        return (f"__label__{self.lang}",) + ("__label__xx",) * (k - 1), (self.score,) + (0.0,) * (k - 1)
+
+
+def test_bundled_model_is_found_and_cached():
+    path = langid.bundled_model_path()
+    assert path.name == "lid.176.ftz" and path.is_file()
+    assert load_model() is load_model()
+
+
+def test_missing_model_file_is_a_clear_error(tmp_path):
+    with pytest.raises(langid.LangIdModelMissing, match="model file not found"):
+        load_model(str(tmp_path / "nope.ftz"))
+
+
+@pytest.mark.parametrize("text,lang,rule", [(ENGLISH, "en", None), (CHINESE, "zh", None), (GERMAN, "de", "langid_unwanted_lang")])
+def test_real_model_on_whole_documents(text, lang, rule):
+    decision = langid_decision(text, load_model(), CONFIG)
+    assert decision["lang"] == lang and decision["score"] > 0.65 and decision["rule"] == rule
+
+
+def test_score_threshold_is_strict():
+    at = langid_decision("some text", FixedScoreModel("en", 0.65), CONFIG)
+    above = langid_decision("some text", FixedScoreModel("en", 0.6501), CONFIG)
+    assert (at["keep"], at["rule"], at["threshold"]) == (False, "langid_low_score", 0.65)
+    assert above["keep"] and above["rule"] is None
+
+
+def test_any_language_when_configured():
+    assert langid_decision(GERMAN, load_model(), LangIdConfig(langs=("*",)))["keep"]
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t", "\x00\x01\x02"])
+def test_empty_text_has_its_own_rule(text):
+    decision = langid_decision(text, load_model(), CONFIG)
+    assert decision["rule"] == "langid_empty_text" and not decision["keep"]
+
+
+@pytest.mark.parametrize("text", ["😀🎉🔥" * 100, "x" * 5_000_000, ENGLISH + "\x00\x1b[31m" + CHINESE, "bad \ud800 surrogate " * 10,
+                                  "使用 pip install numpy 安装 NumPy 库，然后 import numpy as np 即可。"])
+def test_bad_input_gets_a_decision(text):
+    decision = langid_decision(text, load_model(), CONFIG)
+    assert decision["keep"] or decision["rule"] in ("langid_low_score", "langid_unwanted_lang")
+    assert 0.0 <= decision["score"] <= 1.0
+
+
+def test_stage_sets_lang_on_every_kept_document_and_audits_removals(tmp_path):
+    rows = [
+        {"id": i, "text": t, "source": "s", "url": "", "lang": None, "lang_score": None, "meta": {}}
+        for i, t in [("en", ENGLISH), ("zh", CHINESE), ("de", GERMAN), ("empty", " ")]
+    ]
+    upstream = tmp_path / "02_extract"
+    writer = StageWriter("extract", "test", {}, "key", [], upstream)
+    writer.write_shard(0, docs_table(rows), [])
+    writer.publish()
+    manifest = langid.run_langid(CONFIG, upstream, tmp_path / "03_langid", workers=1)
+    assert manifest.counts["removed"] == {"langid_empty_text": 1, "langid_unwanted_lang": 1}
+    kept = {r["id"]: r for r in read_stage_docs(tmp_path / "03_langid").to_pylist()}
+    assert kept["en"]["lang"] == "en" and kept["zh"]["lang"] == "zh" and kept["zh"]["lang_score"] > 0.65
+    german = [r for r in read_stage_audit(tmp_path / "03_langid").to_pylist() if r["id"] == "de"][0]
+    assert german["value"] > 0.65 and german["threshold"] == 0.65 and json.loads(german["detail"])["lang"] == "de"

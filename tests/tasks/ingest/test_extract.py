@@ -1,0 +1,103 @@
+"""Extraction on real pages and on every kind of bad page; the watchdog that bounds each page."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLE, page, write_spec
+
+from manifests.schema import docs_table
+from manifests.sources import load_spec_file
+from tasks.ingest.extract import ExtractConfig, extract_shard, repair_mojibake, run_extract
+from tasks.ingest.ingest import IngestConfig, run_ingest
+from tasks.runner.stage_runner import read_stage_audit, read_stage_docs
+from tasks.ingest.watchdog import ERROR, OK, TIMEOUT, SupervisedPool, map_with_deadline
+from watchdog_items import pid_of, sleepy
+
+
+def html_doc(doc_id: str, html: str) -> dict:
+    return {"id": doc_id, "text": html, "source": "t", "url": f"https://t/{doc_id}", "meta": {"content_type": "html"}}
+
+
+def test_real_docs_page_keeps_body_text_and_drops_navigation(tmp_path: Path) -> None:
+    (tmp_path / "pages").mkdir()
+    for name in ("atexit.html", "codeop.html"):
+        (tmp_path / "pages" / name).write_bytes((SAMPLE / "python-docs" / "library" / name).read_bytes())
+    spec = write_spec(tmp_path, "docs", "html_dir", "pages", glob="*.html", url_prefix="https://docs.python.org/3.11/library/")
+    ingested = run_ingest([load_spec_file(spec)], IngestConfig(), tmp_path / "01_ingest")
+    run_extract(ExtractConfig(), ingested.directory, tmp_path / "02_extract", workers=1)
+    texts = dict(zip(read_stage_docs(tmp_path / "02_extract").column("url").to_pylist(), read_stage_docs(tmp_path / "02_extract").column("text").to_pylist()))
+    atexit = texts["https://docs.python.org/3.11/library/atexit.html"]
+    assert "functions registered via this module are not called when the" in atexit
+    for navigation in ("Previous topic", "Quick search", "Report a Bug", "Table of Contents"):
+        assert navigation not in atexit
+    audit = read_stage_audit(tmp_path / "02_extract").to_pylist()
+    assert {r["rule"] for r in audit} == {"html_main_text"} and len(audit) == 2
+
+
+def test_each_bad_page_gets_a_rule_and_the_shard_goes_on() -> None:
+    nested = "<html><body>" + "<div>" * 50_000 + "deep text " * 50 + "</div>" * 50_000 + "</body></html>"
+    docs = docs_table([
+        html_doc("good", page("Mill", "The river ran quietly past the old mill where the miller worked every single day of the year.")),
+        html_doc("not-html", "just a line of plain text that somebody saved with an .html name"),
+        html_doc("no-body", "<html><head><title>x</title></head><body><div></div></body></html>"),
+        html_doc("huge", "<html><body>" + "<p>word " * 4_000_000 + "</body></html>"),
+        html_doc("nested", nested),
+    ])
+    outcome = extract_shard(docs, ExtractConfig(timeout_s=60), None)
+    removed = {r["id"]: r["rule"] for r in outcome.audit if r["action"] == "removed"}
+    assert removed["not-html"] == "extract_not_html"
+    assert removed["no-body"] == "extract_empty"
+    assert removed["huge"] == "extract_too_large"
+    assert "good" in outcome.kept.column("id").to_pylist()
+    # The pathological page either yields text or is quarantined with an extraction rule: never a crash.
+    assert "nested" in outcome.kept.column("id").to_pylist() or removed["nested"].startswith("extract_")
+
+
+def test_a_page_over_its_time_limit_is_killed_and_logged() -> None:
+    big = html_doc("slow", "<html><body>" + "<p>many words in a paragraph here</p>" * 300_000 + "</body></html>")
+    quick = html_doc("quick", page("Quick", "A short page that extracts in milliseconds, long before the limit."))
+    outcome = extract_shard(docs_table([big, quick]), ExtractConfig(timeout_s=5.0, max_html_bytes=50 << 20), None)
+    rules = {r["id"]: r for r in outcome.audit}
+    assert rules["slow"]["rule"] == "extract_timeout" and rules["slow"]["action"] == "removed"
+    assert outcome.kept.column("id").to_pylist() == ["quick"]
+
+
+def test_mojibake_is_repaired_and_logged_without_touching_quotes() -> None:
+    broken = "The meeting â€” as planned â€” started at noon. He said “fine” and left."
+    assert repair_mojibake(broken) == "The meeting — as planned — started at noon. He said “fine” and left."
+    docs = docs_table([{"id": "m", "text": broken, "source": "t", "url": "u", "meta": {"content_type": "text"}}])
+    outcome = extract_shard(docs, ExtractConfig(), None)
+    assert [r["rule"] for r in outcome.audit] == ["mojibake_repaired"]
+    assert outcome.audit[0]["detail"]["after"].startswith("eeting —") or "—" in outcome.audit[0]["detail"]["after"]
+
+
+def test_watchdog_kills_a_hung_item_and_continues() -> None:
+    started = time.monotonic()
+    results = map_with_deadline(sleepy, [1, 2, 3, 4, 5], timeout_s=1.0)
+    assert results[0] == (OK, 10) and results[2] == (OK, 30) and results[4] == (OK, 50)
+    assert results[1] == (TIMEOUT, None)
+    assert results[3][0] == ERROR and "bad item" in results[3][1]
+    assert time.monotonic() - started < 55  # the 60 s sleep was cut short, not waited out
+
+
+def test_parallel_children_keep_item_order_and_isolate_a_hang() -> None:
+    results = map_with_deadline(sleepy, [1, 2, 3, 4, 5, 6, 7], timeout_s=2.0, workers=2)
+    assert [r[0] for r in results] == [OK, TIMEOUT, OK, ERROR, OK, OK, OK]
+    assert [r[1] for r in results if r[0] == OK] == [10, 30, 50, 60, 70]
+
+
+def test_pool_children_serve_every_map_and_a_hung_one_is_replaced() -> None:
+    with SupervisedPool(pid_of, timeout_s=2.0, workers=2) as pool:
+        assert all(status == OK for status, _ in pool.map([1, 1, 1, 1]))
+        children = {c.process.pid for c in pool.children}
+        answered = {pid for _, pid in pool.map([1, 1, 1, 1])}
+        assert len(children) == 2 and answered <= children  # no restart between maps (one per shard in a stage)
+        assert {c.process.pid for c in pool.children} == children
+        assert pool.map([2, 1, 1])[0] == (TIMEOUT, None)
+        assert all(status == OK for status, _ in pool.map([1, 1]))  # tops the pool up again
+        survivors = {c.process.pid for c in pool.children}
+        assert len(survivors) == 2 and len(survivors & children) == 1  # the hung child was killed and replaced
+    assert pool.children == []

@@ -1,0 +1,158 @@
+"""The plumbing: atomic publish, crash and re-run, digests, accounting, no-op re-runs."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from manifests.schema import docs_table
+from manifests.stage_manifest import DigestMismatch, StageNotComplete, read_manifest
+from tasks.runner import stage_runner
+from tasks.runner.stage_runner import AccountingError, ShardOutcome, StageDef, StageWriter, run_stage
+
+
+def make_input_stage(out: Path, shards: int = 3, per_shard: int = 4) -> Path:
+    writer = StageWriter("ingest", "1", {}, "key", [], out)
+    for s in range(shards):
+        rows = [{"id": f"doc-{s}-{i}", "text": " ".join([f"text number {s * per_shard + i}"] * (i + 1)), "source": "t", "url": f"u{s}{i}", "meta": {}} for i in range(per_shard)]
+        writer.write_shard(s, docs_table(rows), [])
+    writer.publish()
+    return out
+
+
+@dataclass(frozen=True)
+class DropOddConfig:
+    min_words: int = 4
+    fail_on_shard: str | None = None
+
+
+def drop_short(docs: pa.Table, config: DropOddConfig, context: object) -> ShardOutcome:
+    words = pc.list_value_length(pc.utf8_split_whitespace(docs.column("text")))
+    keep = pc.greater_equal(words, config.min_words)
+    if config.fail_on_shard and docs.num_rows and docs.column("id")[0].as_py().startswith(config.fail_on_shard):
+        raise RuntimeError("injected crash in the middle of the stage")
+    removed = docs.filter(pc.invert(keep))
+    audit = [{"id": i, "action": "removed", "rule": "too_few_words", "value": w, "threshold": config.min_words, "detail": {}}
+             for i, w in zip(removed.column("id").to_pylist(), pc.filter(words, pc.invert(keep)).to_pylist())]
+    return ShardOutcome(docs.filter(keep), audit)
+
+
+DROP = StageDef("drop_short", "1", drop_short)
+
+
+def lose_one(docs: pa.Table, config: object, context: object) -> ShardOutcome:
+    return ShardOutcome(docs.slice(1), [])
+
+
+def file_bytes(stage_dir: Path) -> dict[str, bytes]:
+    return {p.relative_to(stage_dir).as_posix(): p.read_bytes() for p in sorted(stage_dir.rglob("*.parquet"))}
+
+
+def test_stage_counts_and_audit(tmp_path: Path) -> None:
+    upstream = make_input_stage(tmp_path / "01_ingest")
+    manifest = run_stage(DROP, DropOddConfig(), upstream, tmp_path / "02_drop", workers=1)
+    assert manifest.counts["in"] == 12
+    # texts have 3, 6, 9 and 12 words: the 3-word one of each shard falls under min_words=4
+    assert manifest.counts["removed"] == {"too_few_words": 3}
+    assert manifest.counts["kept"] == 9
+    audit = stage_runner.read_stage_audit(tmp_path / "02_drop").to_pylist()
+    assert sorted(r["id"] for r in audit) == ["doc-0-0", "doc-1-0", "doc-2-0"]
+    assert {(r["stage"], r["rule"], r["value"], r["threshold"]) for r in audit} == {("drop_short", "too_few_words", 3.0, 4.0)}
+    assert manifest.shards == ["part-00000", "part-00001", "part-00002"]
+
+
+def test_crash_mid_stage_publishes_nothing_and_rerun_is_byte_identical(tmp_path: Path) -> None:
+    upstream = make_input_stage(tmp_path / "01_ingest")
+    clean = run_stage(DROP, DropOddConfig(), upstream, tmp_path / "clean", workers=1)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        run_stage(DROP, DropOddConfig(fail_on_shard="doc-1"), upstream, tmp_path / "crashed", workers=1)
+    with pytest.raises(StageNotComplete):
+        read_manifest(tmp_path / "crashed")
+    rerun = run_stage(DROP, DropOddConfig(), upstream, tmp_path / "crashed", workers=1)
+    assert file_bytes(tmp_path / "crashed") == file_bytes(tmp_path / "clean")
+    assert rerun.digest == clean.digest
+
+
+def test_crash_between_write_and_rename_leaves_no_complete_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream = make_input_stage(tmp_path / "01_ingest")
+    real_replace = os.replace
+
+    def crash_on_publish(src, dst):
+        if str(dst).endswith("02_drop"):
+            raise OSError("power cut")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(stage_runner.os, "replace", crash_on_publish)
+    with pytest.raises(OSError, match="power cut"):
+        run_stage(DROP, DropOddConfig(), upstream, tmp_path / "02_drop", workers=1)
+    monkeypatch.undo()
+    with pytest.raises(StageNotComplete):
+        read_manifest(tmp_path / "02_drop")
+    assert not any(p.name == "02_drop" for p in tmp_path.iterdir())
+
+
+def test_digest_verified_on_read(tmp_path: Path) -> None:
+    upstream = make_input_stage(tmp_path / "01_ingest")
+    run_stage(DROP, DropOddConfig(), upstream, tmp_path / "02_drop", workers=1)
+    victim = tmp_path / "02_drop" / "data" / "part-00001.parquet"
+    victim.write_bytes(victim.read_bytes()[:-9] + b"corrupted")
+    with pytest.raises(DigestMismatch, match="part-00001.parquet"):
+        read_manifest(tmp_path / "02_drop")
+
+
+def test_manifest_without_complete_flag_is_refused(tmp_path: Path) -> None:
+    stage = make_input_stage(tmp_path / "01_ingest")
+    raw = json.loads((stage / "manifest.json").read_text())
+    raw["complete"] = False
+    (stage / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(StageNotComplete):
+        read_manifest(stage)
+
+
+def test_same_key_rerun_is_a_noop_and_config_change_recomputes(tmp_path: Path) -> None:
+    upstream = make_input_stage(tmp_path / "01_ingest")
+    first = run_stage(DROP, DropOddConfig(), upstream, tmp_path / "02_drop", workers=1)
+    mtime = (tmp_path / "02_drop" / "manifest.json").stat().st_mtime_ns
+    second = run_stage(DROP, DropOddConfig(), upstream, tmp_path / "02_drop", workers=1)
+    assert (tmp_path / "02_drop" / "manifest.json").stat().st_mtime_ns == mtime
+    assert second.digest == first.digest
+    third = run_stage(DROP, DropOddConfig(min_words=1), upstream, tmp_path / "02_drop", workers=1)
+    assert third.cache_key != first.cache_key
+    assert third.counts["kept"] == 12
+
+
+def test_stage_that_loses_a_document_is_refused(tmp_path: Path) -> None:
+    upstream = make_input_stage(tmp_path / "01_ingest")
+    with pytest.raises(AccountingError, match="4 documents in, 3 kept"):
+        run_stage(StageDef("lossy", "1", lose_one), None, upstream, tmp_path / "02_lossy", workers=1)
+    with pytest.raises(StageNotComplete):
+        read_manifest(tmp_path / "02_lossy")
+
+
+def test_worker_processes_give_the_same_bytes(tmp_path: Path) -> None:
+    upstream = make_input_stage(tmp_path / "01_ingest")
+    run_stage(DROP, DropOddConfig(), upstream, tmp_path / "serial", workers=1)
+    run_stage(DROP, DropOddConfig(), upstream, tmp_path / "parallel", workers=2)
+    assert file_bytes(tmp_path / "serial") == file_bytes(tmp_path / "parallel")
+
+
+def test_a_shard_is_fed_in_bounded_batches_with_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage functions never see a whole shard at once, and how it is cut does not show in the output."""
+    upstream = make_input_stage(tmp_path / "01_ingest", shards=2, per_shard=9)
+    whole = run_stage(DROP, DropOddConfig(), upstream, tmp_path / "whole", workers=1)
+    seen: list[int] = []
+
+    def counting(docs: pa.Table, config: DropOddConfig, context: object) -> ShardOutcome:
+        seen.append(docs.num_rows)
+        return drop_short(docs, config, context)
+
+    monkeypatch.setattr(stage_runner, "SHARD_BATCH_DOCS", 4)
+    batched = run_stage(StageDef("drop_short", "1", counting), DropOddConfig(), upstream, tmp_path / "batched", workers=1)
+    assert seen == [4, 4, 1, 4, 4, 1]
+    assert file_bytes(tmp_path / "batched") == file_bytes(tmp_path / "whole")
+    assert batched.counts == whole.counts
