@@ -42,6 +42,11 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: unreadable, or incompatible with this run (the message says which)."""
 
 
+# Where the optimizers lived before the layout move (hymo_core/optim.py): their checkpoints still resume.
+MOVED_OPTIMIZERS = {"hymo_core.optim.MuonAdamW": "hymo_core.train.optim.MuonAdamW",
+                    "hymo_core.optim.NorMuonAdamW": "hymo_core.train.optim.NorMuonAdamW"}
+
+
 def optimizer_type(optimizer: torch.optim.Optimizer) -> str:
     return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
 
@@ -147,7 +152,7 @@ def check_compatible(
     if saved_model != current_model:
         changed = sorted(k for k in set(saved_model) | set(current_model) if saved_model.get(k) != current_model.get(k))
         raise refuse(f"model config differs in {', '.join(changed)}")
-    if payload["optimizer_type"] != optimizer_type(optimizer):
+    if MOVED_OPTIMIZERS.get(payload["optimizer_type"], payload["optimizer_type"]) != optimizer_type(optimizer):
         raise refuse(f"optimizer {payload['optimizer_type']} != {optimizer_type(optimizer)}")
     if payload["optimizer_layout"] != optimizer_layout(optimizer):
         raise refuse("optimizer parameter layout (group, name, shape) differs")

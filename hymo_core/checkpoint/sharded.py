@@ -34,7 +34,8 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from hymo_core.checkpoint.common import CheckpointError, fsync_dir, rng_from_payload, rng_payload, check_compatible, model_from_config, optimizer_layout, optimizer_type, previous_checkpoint, runtime_signature, validation_cursor
+from hymo_core.checkpoint.common import (CheckpointError, check_compatible, fsync_dir, model_from_config, optimizer_layout, optimizer_type,
+                                        previous_checkpoint, rng_from_payload, rng_payload, runtime_signature, validation_cursor)
 from hymo_core.checkpoint.single import read_checkpoint
 from hymo_core.train.data import TokenLoader, ValidationLoader, _sha256_file
 from hymo_core.distributed.process_group import Runtime, all_gather_objects, any_rank, barrier

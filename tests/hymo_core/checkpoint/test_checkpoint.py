@@ -147,6 +147,23 @@ def test_other_torch_version_refused(saved, tiny_corpus, monkeypatch):
         load_checkpoint(saved[0], model, optimizer, CONFIG, loader)
 
 
+def test_checkpoint_written_before_the_layout_move_still_resumes(saved, tiny_corpus, tmp_path):
+    """Before the layout move the optimizers lived in hymo_core/optim.py; their checkpoints name that module."""
+    path, trained, *_ = saved
+    payload = torch.load(path, weights_only=True)
+    assert payload["optimizer_type"] == "hymo_core.train.optim.MuonAdamW"
+    payload["optimizer_type"] = "hymo_core.optim.MuonAdamW"
+    old = tmp_path / "step-00000004.pt"
+    torch.save(payload, old)
+    model, optimizer, loader = build(tiny_corpus)
+    assert load_checkpoint(old, model, optimizer, replace(CONFIG, max_steps=8), loader).step == 4
+    assert weights_sha256(model) == weights_sha256(trained)
+    payload["optimizer_type"] = "hymo_core.optim.SomethingElse"
+    torch.save(payload, old)
+    with pytest.raises(CheckpointError, match="optimizer hymo_core.optim.SomethingElse"):
+        load_checkpoint(old, *build(tiny_corpus)[:2], replace(CONFIG, max_steps=8), build(tiny_corpus)[2])
+
+
 def test_truncated_checkpoint_refused_and_previous_offered(saved, tiny_corpus, tmp_path):
     path = tmp_path / "step-00000004.pt"
     path.write_bytes(saved[0].read_bytes())
