@@ -105,6 +105,19 @@ class PartitionedOptimizer(torch.optim.Optimizer):
     groups with separate peak LRs still follow one schedule.
     """
 
+    def _partition(self, named_parameters: Iterable[tuple[str, nn.Parameter]], group_names: dict[str, str],
+                   matrix_decay: float, embed_head_decay: float) -> list[tuple[str, dict]]:
+        """(kind, group) for each kind that has parameters: members, group name and weight decay from the one table."""
+        assigned = partition_parameters(named_parameters, group_names)
+        self.assignments = [assignment for assignment, _ in assigned]
+        groups = []
+        for kind, group_name in group_names.items():
+            members = [(a.name, p) for a, p in assigned if a.kind == kind]
+            if members:
+                groups.append((kind, {"params": members, "group": group_name,
+                                      "weight_decay": weight_decay_for(kind, matrix_decay, embed_head_decay)}))
+        return groups
+
     def layout(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(group, parameter name, shape) for every parameter, in state_dict order."""
         return [
@@ -131,19 +144,9 @@ class MuonAdamW(PartitionedOptimizer):
 
     def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], config: OptimizerConfig = OptimizerConfig()):
         self.config = config
-        assigned = partition_parameters(named_parameters, MUON_ADAMW_GROUPS)
-        self.assignments = [assignment for assignment, _ in assigned]
         groups = []
-        for kind, group_name in MUON_ADAMW_GROUPS.items():
-            members = [(a.name, p) for a, p in assigned if a.kind == kind]
-            if not members:
-                continue
-            group = {
-                "params": members,
-                "group": group_name,
-                "algorithm": "muon" if kind == "matrix" else "adamw",
-                "weight_decay": weight_decay_for(kind, config.weight_decay, config.weight_decay),
-            }
+        for kind, group in self._partition(named_parameters, MUON_ADAMW_GROUPS, config.weight_decay, config.weight_decay):
+            group["algorithm"] = "muon" if kind == "matrix" else "adamw"
             if kind == "matrix":
                 group.update(
                     momentum=config.muon_momentum,
@@ -292,15 +295,8 @@ class NorMuonAdamW(PartitionedOptimizer):
 
     def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], config: NorMuonConfig = NorMuonConfig()):
         self.config = config
-        assigned = partition_parameters(named_parameters, NORMUON_GROUPS)
-        self.assignments = [assignment for assignment, _ in assigned]
         groups = []
-        for kind, group_name in NORMUON_GROUPS.items():
-            members = [(a.name, p) for a, p in assigned if a.kind == kind]
-            if not members:
-                continue
-            group = {"params": members, "group": group_name,
-                     "weight_decay": weight_decay_for(kind, config.muon_weight_decay, config.embed_weight_decay)}
+        for kind, group in self._partition(named_parameters, NORMUON_GROUPS, config.muon_weight_decay, config.embed_weight_decay):
             if kind == "matrix":
                 lr_scale = config.muon_lr / config.lr if config.lr > 0 else 0.0
                 group.update(algorithm="normuon", lr_scale=lr_scale, lr=config.lr * lr_scale, momentum=config.muon_momentum,
