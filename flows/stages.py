@@ -162,7 +162,3 @@ def stages_between(start: str | None, until: str | None, config: PipelineConfig 
     first = names.index(start) if start else 0
     last = names.index(until) + 1 if until else len(entries)
     return entries[first:last]
-
-
-def stages_until(until: str | None, config: PipelineConfig | None = None) -> list[StageEntry]:
-    return stages_between(None, until, config)

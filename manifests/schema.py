@@ -42,10 +42,6 @@ def dumps_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def empty_docs() -> pa.Table:
-    return DOC_SCHEMA.empty_table()
-
-
 def docs_table(rows: list[dict[str, Any]]) -> pa.Table:
     """Build a document table from dict rows; `meta` may be a dict or a JSON string."""
     cols: dict[str, list[Any]] = {f.name: [] for f in DOC_SCHEMA}

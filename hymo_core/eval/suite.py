@@ -255,14 +255,6 @@ def run_task(task: str, model: nn.Module, tokenizer, *, limit: int | None = None
     return {"task": task, "convention": convention, "limit": limit, "files": files, **result}
 
 
-def headline(result: dict[str, Any]) -> tuple[str, float, float]:
-    """(metric name, value, standard error) shown first for a task."""
-    for metric in ("accuracy_per_char", "exact_match_flexible", "pass_at_1"):
-        if metric in result:
-            return metric, result[metric], result[f"{metric}_stderr"]
-    raise KeyError(f"{result.get('task')}: no headline metric")
-
-
 def markdown_table(results: dict[str, Any]) -> str:
     """One row per task (MMLU as its macro average), then held-out perplexity."""
     lines = ["| task | n | accuracy | length-normalised (per char) | other | chance | convention |", "|---|---:|---:|---:|---:|---:|---|"]

@@ -92,11 +92,6 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}"
 
 
-def read_shard(path: Path) -> pa.Table:
-    table = pq.read_table(path)
-    return table.cast(DOC_SCHEMA) if table.schema != DOC_SCHEMA else table
-
-
 def check_accounting(shard: str, ids_in: pa.Array | None, kept: pa.Table, audit: pa.Table) -> None:
     """Enforce: every input id is kept or removed, exactly once; nothing appears from nowhere."""
     kept_ids = kept.column("id")
