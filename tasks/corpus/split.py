@@ -24,12 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests.atomic import atomic_write_parquet
-from manifests.digest import sha256_file
 from manifests.run_dir import find_stage
 from manifests.schema import DOC_SCHEMA, docs_table
 from manifests.stage_manifest import StageManifest
-from tasks.dedup.removal_map import load_checked_table
+from tasks.dedup.removal_map import SHARD_COLUMN, ShardFiles, ShardSlice, shard_rows, write_by_shard
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
 
 STAGE = "split"
@@ -37,7 +35,8 @@ VERSION = "1"
 VALIDATION = "validation"
 HELD_OUT_RULE = "held_out"
 CLUSTERS_ARTIFACT = "clusters.parquet"
-VALIDATION_FILE = "validation.parquet"  # the held-out choice: what every shard job reads (once per worker process)
+VALIDATION_DIR = "validation"  # the held-out choice, one file per input shard: each shard job reads only its own
+VALIDATION_SCHEMA = pa.schema([("id", pa.string()), ("family_id", pa.string()), ("family_size", pa.int64())])
 SPLIT_DOCS_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("n_bytes", pa.int64())])
 
 
@@ -158,43 +157,46 @@ def choose_validation(docs: pa.Table, family: list[str], config: SplitConfig) ->
 
 @dataclass
 class SplitPlan:
-    """The prepare pass's decision, handed to every shard job as a path to it, not as the map itself:
-    a corpus of thousands of shards would otherwise pickle the whole choice into every job."""
+    """The prepare pass's decision, written by input shard; a shard job is handed only its own file's path
+    and digest (`for_shard`), never the whole choice: its size and reads do not grow with the corpus."""
 
-    validation_path: str  # VALIDATION_FILE: id, family_id, family_size of every validation document, sorted by id
-    validation_sha256: str
+    validation: ShardFiles  # VALIDATION_DIR/part-XXXXX.parquet: id, family_id, family_size of that shard's validation documents
     validation_documents: int
     families: int
     documents: int
+
+    def for_shard(self, shard: str) -> ShardSlice:
+        return self.validation.for_shard(shard)
 
     def summary(self) -> dict[str, Any]:
         return {"validation_documents": self.validation_documents, "documents": self.documents, "families": self.families}
 
     def artifacts(self) -> list[tuple[str, int | None]]:
-        return [(VALIDATION_FILE, self.validation_documents)]
+        return self.validation.artifacts()
 
 
 def plan_split(upstream: StageManifest, config: SplitConfig, work_dir: Path) -> SplitPlan:
     """Families and the validation choice from ids, sources and byte sizes, read one shard at a time."""
-    tables = [SPLIT_DOCS_SCHEMA.empty_table()]
+    tables, shard_names = [SPLIT_DOCS_SCHEMA.empty_table()], []
     for data_file in upstream.files("data"):
         table = pq.read_table(upstream.path_of(data_file), columns=["id", "source", "text"])
         n_bytes = pc.binary_length(table.column("text").cast(pa.binary())).cast(pa.int64())
         tables.append(pa.table([table.column("id"), table.column("source"), n_bytes], schema=SPLIT_DOCS_SCHEMA))
+        shard_names += [Path(data_file.path).stem] * table.num_rows
     docs = pa.concat_tables(tables).combine_chunks()
     doc_ids = docs.column("id").to_pylist()
     family, sizes = families_of(doc_ids, duplicate_relations(Path(upstream.directory).parent))
     chosen = choose_validation(docs, family, config)
-    rows = sorted((doc_id, root, size) for doc_id, root, size in zip(doc_ids, family, sizes) if doc_id in chosen)
-    table = pa.table([pa.array([r[i] for r in rows], type) for i, type in enumerate((pa.string(), pa.string(), pa.int64()))],
-                     names=["id", "family_id", "family_size"])
-    path = Path(work_dir) / VALIDATION_FILE
-    atomic_write_parquet(path, table)
-    return SplitPlan(str(path), sha256_file(path), table.num_rows, len(set(family)), len(doc_ids))
+    rows = [(doc_id, root, size, shard) for doc_id, root, size, shard in zip(doc_ids, family, sizes, shard_names) if doc_id in chosen]
+    columns = [pa.array([r[i] for r in rows], type) for i, type in enumerate((pa.string(), pa.string(), pa.int64(), pa.string()))]
+    table = pa.table(columns, names=[*VALIDATION_SCHEMA.names, SHARD_COLUMN])
+    return SplitPlan(write_by_shard(Path(work_dir), VALIDATION_DIR, table), table.num_rows, len(set(family)), len(doc_ids))
 
 
-def split_shard(docs: pa.Table, config: SplitConfig, plan: SplitPlan) -> ShardOutcome:
-    validation = load_checked_table(plan.validation_path, plan.validation_sha256)
+def split_shard(docs: pa.Table, config: SplitConfig, part: ShardSlice) -> ShardOutcome:
+    validation = shard_rows(part, VALIDATION_SCHEMA)
+    if not validation.num_rows:
+        return ShardOutcome(docs, [])
     row_of_doc = pc.index_in(docs.column("id"), value_set=validation.column("id"))
     chosen = pc.is_valid(row_of_doc)
     if not pc.any(chosen).as_py():

@@ -143,6 +143,7 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
     docs_per_ngram: Counter[int] = Counter(h for shard in shards for found in shard["matches"].values() for h, _ in found)
     common = {h for h, count in docs_per_ngram.items() if count > config.max_training_docs_per_ngram}
     removals: dict[str, Removal] = {}
+    shard_of: dict[str, str] = {}
     rows: dict[str, list] = {"id": [], "benchmark": [], "item_id": [], "ngram": [], "matched_ngrams": []}
     items_hit: dict[str, set[str]] = defaultdict(set)
     for shard in counted("listing removals", shards, len(shards)):
@@ -155,6 +156,7 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
             benchmark, item_id = index.names[int(index.benchmark_of[where])], index.item_ids[int(index.item_of[where])]
             detail = {"benchmark": benchmark, "item_id": item_id, "ngram": first_text, "matched_ngrams": len(evidence)}
             removals[doc_id] = Removal(RULE, float(len(evidence)), float(config.min_matching_ngrams), detail)
+            shard_of[doc_id] = shard["shard"]
             for key, value in (("id", doc_id), ("benchmark", benchmark), ("item_id", item_id), ("ngram", first_text), ("matched_ngrams", len(evidence))):
                 rows[key].append(value)
             items_hit[benchmark].add(item_id)
@@ -167,7 +169,7 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
     atomic_write_text(Path(work_dir) / COUNT_TABLE, json.dumps(counts, indent=2, sort_keys=True) + "\n")
     stats = {"benchmarks": counts, "indexed_ngrams": int(len(index.hashes)), "ngrams_over_training_cap": len(common),
              "documents_with_any_match": sum(len(s["matches"]) for s in shards), "removed": len(removals)}
-    return write_removals(work_dir, removals, stats, [(REMOVAL_LIST, removal_table.num_rows), (COUNT_TABLE, None)])
+    return write_removals(work_dir, removals, shard_of, stats, [(REMOVAL_LIST, removal_table.num_rows), (COUNT_TABLE, None)])
 
 
 def benchmark_digests(config: DecontamConfig) -> list[tuple[str, str]]:

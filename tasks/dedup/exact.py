@@ -9,7 +9,7 @@ read again, and that work is runner tasks too (process pool, or Dask tasks on
 a cluster), exchanging files in the stage's work directory (shared storage
 for a multi-machine run):
 1. one task per shard that holds colliding documents reads them (streamed in
-   record batches) and writes their (group, id, key text) into one Parquet
+   record batches) and writes their (group, id, key text, shard) into one Parquet
    file per group range — the shuffle;
 2. one task per group range compares the key texts of each of its digest
    groups and returns removed id -> kept id (the smallest id per distinct text).
@@ -113,7 +113,7 @@ def key_text_shard(shard_path: str, shard: str, rows: np.ndarray, groups: np.nda
         picked_texts.extend(exact_key_text(text, config) for text in picked.column("text").to_pylist())
         batch_start += records.num_rows
     group_range = groups * partitions // max(group_count, 1)
-    table = pa.table({"group": groups, "id": picked_ids, "key_text": picked_texts})
+    table = pa.table({"group": groups, "id": picked_ids, "key_text": picked_texts, "shard": [shard] * len(picked_ids)})
     written = []
     for part in np.unique(group_range).tolist():
         path = Path(spill_dir) / f"{shard}.texts-{part:05d}.parquet"
@@ -122,8 +122,8 @@ def key_text_shard(shard_path: str, shard: str, rows: np.ndarray, groups: np.nda
     return written
 
 
-def keepers_of_group_range(files: list[tuple[str, str]]) -> tuple[list[str], list[str], int]:
-    """Task: (removed ids, their kept ids, groups whose digest hides different texts) for one group range."""
+def keepers_of_group_range(files: list[tuple[str, str]]) -> tuple[list[str], list[str], list[str], int]:
+    """Task: (removed ids, their shards, their kept ids, groups whose digest hides different texts) for one group range."""
     tables = []
     for path, expected in files:
         if sha256_file(Path(path)) != expected:
@@ -131,8 +131,9 @@ def keepers_of_group_range(files: list[tuple[str, str]]) -> tuple[list[str], lis
                                    "nothing was published")
         tables.append(pq.read_table(path))
     if not tables:
-        return [], [], 0
+        return [], [], [], 0
     table = pa.concat_tables(tables)
+    shard_of = dict(zip(table.column("id").to_pylist(), table.column("shard").to_pylist()))
     by_group: dict[int, dict[str, list[str]]] = defaultdict(dict)
     for group, doc_id, key_text in zip(table.column("group").to_pylist(), table.column("id").to_pylist(), table.column("key_text").to_pylist()):
         by_group[group].setdefault(key_text, []).append(doc_id)
@@ -141,7 +142,7 @@ def keepers_of_group_range(files: list[tuple[str, str]]) -> tuple[list[str], lis
         for doc_id, kept_id in keepers_of_texts(by_text).items():
             removed_ids.append(doc_id)
             kept_ids.append(kept_id)
-    return removed_ids, kept_ids, sum(len(by_text) > 1 for by_text in by_group.values())
+    return removed_ids, [shard_of[doc_id] for doc_id in removed_ids], kept_ids, sum(len(by_text) > 1 for by_text in by_group.values())
 
 
 def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
@@ -173,13 +174,14 @@ def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, wor
         decided = list(map_shards(keepers_of_group_range, compare_jobs, workers, "comparing texts", [len(job[0]) for job in compare_jobs]))
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
-    removed_ids = [doc_id for removed, _, _ in decided for doc_id in removed]
-    kept_ids = [kept_id for _, kept, _ in decided for kept_id in kept]
+    removed_ids = [doc_id for removed, _, _, _ in decided for doc_id in removed]
+    removed_shards = [shard for _, shards, _, _ in decided for shard in shards]
+    kept_ids = [kept_id for _, _, kept, _ in decided for kept_id in kept]
     count = len(removed_ids)
-    table = removal_table(removed_ids, [RULE] * count, [None] * count, [None] * count,
+    table = removal_table(removed_ids, removed_shards, [RULE] * count, [None] * count, [None] * count,
                           [dumps_json({"kept_id": kept_id}) for kept_id in kept_ids])
     stats = {"documents": int(sum(sizes)), "duplicate_groups": len(groups),
-             "digest_collisions_with_different_text": sum(different for _, _, different in decided), "removed": count}
+             "digest_collisions_with_different_text": sum(different for _, _, _, different in decided), "removed": count}
     return write_removal_table(work_dir, table, stats)
 
 

@@ -196,7 +196,7 @@ def write_corpus_files(shards: list[dict[str, Any]], ranks: Ranks, num_hashes: i
     atomic_write_parquet(spill_dir / "ids.parquet", pa.table({"id": ranks.ids.take(pa.array(ranks.position_of_rank))}))
     digests.append(("ids.parquet", sha256_file(spill_dir / "ids.parquet")))
     return CorpusFiles(str(spill_dir), len(ranks), num_hashes, tuple((s["shingles_file"], s["shingles_sha256"]) for s in shards),
-                       tuple(digests))
+                       tuple(digests), tuple(s["shard"] for s in shards))
 
 
 def partition_count(workers: int) -> int:

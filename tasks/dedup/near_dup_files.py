@@ -53,6 +53,7 @@ class CorpusFiles:
     num_hashes: int
     shingle_files: tuple[tuple[str, str], ...]  # (path, sha256) per input shard
     digests: tuple[tuple[str, str], ...]  # (file name, sha256) of ranks.npy, spans.npy, prints.npy, ids.parquet
+    shard_names: tuple[str, ...] = ()  # input shard names, by the shard index in spans.npy (a removal is published by shard)
 
     def path(self, name: str) -> str:
         return str(Path(self.directory) / name)

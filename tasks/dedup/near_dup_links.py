@@ -14,7 +14,7 @@ Two kinds of runner task:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -83,15 +83,26 @@ def link_clusters(files: CorpusFiles, config: Any, linked: list[tuple[str, str]]
     if sha256_file(Path(ids_path)) != files.digest("ids.parquet"):
         raise ChecksumMismatch(f"{ids_path}: sha256 differs from what its writer recorded; the intermediate file is corrupt, nothing was published")
     ids = pq.read_table(files.path("ids.parquet")).column("id").combine_chunks()
-    clusters_table, removals, cluster_count = cluster_outputs(clusters, best_similarity, best_partner, ids, config.jaccard_threshold)
+    spill = SpillFiles()
+    try:
+        spans = files.array("spans.npy", spill)  # memory-mapped: only the removed documents' rows are read
+
+        def shards_of(ranks: np.ndarray) -> pa.Array:
+            return pa.array(files.shard_names, pa.string()).take(pa.array(np.asarray(spans[ranks, 0], np.int64)))
+
+        clusters_table, removals, cluster_count = cluster_outputs(clusters, best_similarity, best_partner, ids, config.jaccard_threshold,
+                                                                  shards_of)
+    finally:
+        spill.close()
     atomic_write_parquet(Path(work_dir) / CLUSTERS_FILE, clusters_table)
     stats = {"clusters": cluster_count, "clustered_documents": clusters_table.num_rows, "removed": removals.num_rows}
     return write_removal_table(Path(work_dir), removals, stats, [(CLUSTERS_FILE, clusters_table.num_rows)])
 
 
 def cluster_outputs(clusters: UnionFind, best_similarity: np.ndarray, best_partner: np.ndarray, ids: pa.Array,
-                    threshold: float) -> tuple[pa.Table, pa.Table, int]:
-    """(clusters table, removal table, number of clusters) from the verified links, as Arrow columns; `ids` in rank order."""
+                    threshold: float, shards_of: Callable[[np.ndarray], pa.Array]) -> tuple[pa.Table, pa.Table, int]:
+    """(clusters table, removal table, number of clusters) from the verified links, as Arrow columns; `ids` in rank order,
+    `shards_of(ranks)` the input shard of each rank."""
     clustered = np.flatnonzero(best_similarity != NO_MATCH)  # ascending ranks: id order
     roots = np.fromiter((clusters.find(rank) for rank in clustered.tolist()), dtype=np.int64, count=len(clustered))
     member_ids, kept_ids = ids.take(pa.array(clustered)), ids.take(pa.array(roots))
@@ -105,6 +116,6 @@ def cluster_outputs(clusters: UnionFind, best_similarity: np.ndarray, best_partn
     matched = ids.take(pa.array(best_partner[removed])).to_pylist()
     details = [dumps_json({"cluster_id": kept_id, "kept_id": kept_id, "matched_id": matched_id, "jaccard": jaccard})
                for kept_id, matched_id, jaccard in zip(kept, matched, similarity.tolist())]
-    removals = removal_table(member_ids.filter(pa.array(is_removed)), [RULE] * len(removed), similarity,
+    removals = removal_table(member_ids.filter(pa.array(is_removed)), shards_of(removed), [RULE] * len(removed), similarity,
                              [threshold] * len(removed), details)
     return clusters_table, removals, len(np.unique(roots))

@@ -3,6 +3,12 @@
 The decision is a removal map keyed by stable document id, so it does not
 depend on how the corpus is cut into shards; applying it is a filter that
 writes one audit row per removed document.
+
+The map is published partitioned by the input shard each removed document
+sits in (`removals/part-XXXXX.parquet`, only for shards that lose documents),
+and each shard job is handed its own file's path and digest: a shard job
+reads its own removals and nothing else, so its cost does not grow with the
+corpus (a whole-corpus lookup per shard made dedup quadratic in N).
 """
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -23,9 +30,10 @@ from tasks.dedup.minhash import ChecksumMismatch
 from tasks.runner.stage_runner import ShardOutcome, map_shards
 
 
-REMOVALS_FILE = "removals.parquet"
+REMOVALS_DIR = "removals"
 REMOVALS_SCHEMA = pa.schema([("id", pa.string()), ("rule", pa.string()), ("value", pa.float64()),
                              ("threshold", pa.float64()), ("detail", pa.string())])
+SHARD_COLUMN = "shard"  # the input shard of each row, while a global result is being partitioned
 
 
 @dataclass(frozen=True)
@@ -38,61 +46,115 @@ class Removal:
     detail: dict[str, Any]
 
 
-@dataclass
-class RemovalContext:
-    """What a global pass hands the per-shard pass: the path of its removal file, a summary, artifact files.
+@dataclass(frozen=True)
+class ShardSlice:
+    """One shard's part of a global result: its file and that file's sha256, or (None, None) when the shard has none.
 
-    A path, not the map: the context is pickled into every shard job, and a
-    corpus with thousands of shards would otherwise copy the map thousands of times.
+    This, not the whole result, is what a shard job receives: a few hundred bytes whatever the corpus size.
     """
 
-    removals_path: str
-    removals_sha256: str  # also the cache key: long-lived workers may see the same path for a re-run
+    path: str | None
+    sha256: str | None
+
+
+NO_ROWS = ShardSlice(None, None)
+
+
+@dataclass
+class ShardFiles:
+    """A global result written as one Parquet file per input shard: shard -> (path, sha256, rows)."""
+
+    relative_dir: str  # under the stage directory, e.g. "removals"
+    files: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+
+    def for_shard(self, shard: str) -> ShardSlice:
+        path, sha256, _ = self.files.get(shard, (None, None, 0))
+        return ShardSlice(path, sha256)
+
+    def artifacts(self) -> list[tuple[str, int | None]]:
+        return [(f"{self.relative_dir}/{shard}.parquet", rows) for shard, (_, _, rows) in sorted(self.files.items())]
+
+    def rows(self) -> int:
+        return sum(rows for _, _, rows in self.files.values())
+
+
+def write_by_shard(work_dir: Path, relative_dir: str, table: pa.Table) -> ShardFiles:
+    """Write `table` (with a SHARD_COLUMN) as one file per shard, each sorted by id, without the shard column."""
+    table = table.sort_by([(SHARD_COLUMN, "ascending"), ("id", "ascending")]).combine_chunks()
+    shards = table.column(SHARD_COLUMN).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]]) if len(shards) else np.zeros(0, np.int64)
+    bounds = np.append(starts, len(shards)).tolist()
+    rows = table.drop_columns([SHARD_COLUMN])
+    written = ShardFiles(relative_dir)
+    for start, stop in zip(bounds, bounds[1:]):
+        shard = str(shards[start])
+        path = Path(work_dir) / relative_dir / f"{shard}.parquet"
+        atomic_write_parquet(path, rows.slice(start, stop - start))
+        written.files[shard] = (str(path), sha256_file(path), stop - start)
+    return written
+
+
+@dataclass
+class RemovalContext:
+    """What a global pass hands the per-shard pass: the removal files by shard, a summary, artifact files.
+
+    The flow host keeps this; each shard job gets only `for_shard(shard)` (stage_runner.plan_stage).
+    """
+
+    removals: ShardFiles
     stats: dict[str, Any] = field(default_factory=dict)
     artifact_files: list[tuple[str, int | None]] = field(default_factory=list)  # (path under the stage dir, rows)
+
+    def for_shard(self, shard: str) -> ShardSlice:
+        return self.removals.for_shard(shard)
 
     def summary(self) -> dict[str, Any]:
         return self.stats
 
     def artifacts(self) -> list[tuple[str, int | None]]:
-        return self.artifact_files
+        return [*self.removals.artifacts(), *self.artifact_files]
 
 
-def write_removals(work_dir: Path, removals: dict[str, Removal], stats: dict[str, Any],
+def write_removals(work_dir: Path, removals: dict[str, Removal], shard_of: dict[str, str], stats: dict[str, Any],
                    artifact_files: list[tuple[str, int | None]] = ()) -> RemovalContext:
-    """Publish the decision as `removals.parquet` in the stage directory (sorted by id) and build the context."""
+    """Publish the decision by shard in the stage directory and build the context; `shard_of`: removed id -> its input shard."""
     ids = list(removals)
-    table = removal_table(ids, [removals[i].rule for i in ids], [removals[i].value for i in ids],
+    table = removal_table(ids, [shard_of[i] for i in ids], [removals[i].rule for i in ids], [removals[i].value for i in ids],
                           [removals[i].threshold for i in ids], [dumps_json(removals[i].detail) for i in ids])
     return write_removal_table(work_dir, table, stats, artifact_files)
 
 
-def removal_table(ids: Any, rules: Any, values: Any, thresholds: Any, details_json: Any) -> pa.Table:
-    """The removal map as Arrow columns (~100-150 bytes a removed document, no Python object per row), sorted by id."""
-    table = pa.table({"id": ids, "rule": rules, "value": values, "threshold": thresholds, "detail": details_json}, schema=REMOVALS_SCHEMA)
-    return table.sort_by("id").combine_chunks()
+def removal_table(ids: Any, shards: Any, rules: Any, values: Any, thresholds: Any, details_json: Any) -> pa.Table:
+    """The removal map as Arrow columns (~100-150 bytes a removed document, no Python object per row), with each row's input shard."""
+    return pa.table({"id": ids, "rule": rules, "value": values, "threshold": thresholds, "detail": details_json, SHARD_COLUMN: shards},
+                    schema=REMOVALS_SCHEMA.append(pa.field(SHARD_COLUMN, pa.string())))
 
 
 def write_removal_table(work_dir: Path, table: pa.Table, stats: dict[str, Any],
                         artifact_files: list[tuple[str, int | None]] = ()) -> RemovalContext:
-    path = Path(work_dir) / REMOVALS_FILE
-    atomic_write_parquet(path, table)
-    return RemovalContext(str(path), sha256_file(path), stats, [(REMOVALS_FILE, table.num_rows), *artifact_files])
+    return RemovalContext(write_by_shard(Path(work_dir), REMOVALS_DIR, table), stats, list(artifact_files))
 
 
 @lru_cache(maxsize=2)
 def load_checked_table(path: str, expected_sha256: str) -> pa.Table:
-    """A table a global pass wrote for every shard job (removals, the validation choice), read once per worker
-    process and checked against its digest; kept as Arrow columns."""
+    """A file a global pass wrote for a shard job (its removals, its validation choice), checked against its digest.
+    Cached: a shard job feeds its shard to the stage in batches and each batch asks again."""
     actual = sha256_file(Path(path))
     if actual != expected_sha256:
         raise ChecksumMismatch(f"{path}: sha256 {actual[:12]}… but the global pass wrote {expected_sha256[:12]}…")
     return pq.read_table(path).combine_chunks()
 
 
-def apply_removals(docs: pa.Table, config: Any, context: RemovalContext) -> ShardOutcome:
+def shard_rows(part: ShardSlice, schema: pa.Schema) -> pa.Table:
+    """This shard's rows of a global result (an empty table when the shard has none)."""
+    return schema.empty_table() if part.path is None else load_checked_table(part.path, part.sha256)
+
+
+def apply_removals(docs: pa.Table, config: Any, part: ShardSlice) -> ShardOutcome:
     """Keep the documents the global pass did not remove; one audit row per removed document, in shard order."""
-    removals = load_checked_table(context.removals_path, context.removals_sha256)
+    removals = shard_rows(part, REMOVALS_SCHEMA)
+    if not removals.num_rows:
+        return ShardOutcome(docs, [])
     row_of_doc = pc.index_in(docs.column("id"), value_set=removals.column("id"))
     is_removed = pc.is_valid(row_of_doc)
     if not pc.any(is_removed).as_py():

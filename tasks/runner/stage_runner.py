@@ -538,8 +538,15 @@ def plan_stage(stage: StageDef, config: Any, input_dir: Path, out_dir: Path, wor
         writer.abandon()
         raise
     data_files = upstream.files("data")
-    jobs = [(stage, config, context, str(upstream.path_of(f)), Path(f.path).stem, str(writer.work_dir)) for f in data_files]
+    jobs = [(stage, config, context_for_shard(context, Path(f.path).stem), str(upstream.path_of(f)), Path(f.path).stem, str(writer.work_dir))
+            for f in data_files]
     return StagePlan(stage, jobs, [f.rows or 0 for f in data_files], writer, context)
+
+
+def context_for_shard(context: Any, shard: str) -> Any:
+    """What one shard job gets of the global pass's result: its own part when the context is partitioned by
+    shard (`for_shard`), so a job's size and reads do not grow with the corpus; else the context itself."""
+    return context.for_shard(shard) if hasattr(context, "for_shard") else context
 
 
 def run_shard_jobs(jobs: list[tuple]) -> list[ShardResult]:

@@ -71,15 +71,24 @@ def test_stage_routes_validation_documents_and_keeps_all(tiny_run):
         assert json.loads(row["detail"])["family_size"] == 2  # the removed copy counts in the family
 
 
-def test_shard_jobs_carry_the_path_of_the_choice_not_the_choice(tiny_run, tmp_path):
+def test_shard_jobs_carry_their_own_part_of_the_choice_not_the_choice(tiny_run, tmp_path):
     """Pickled into every shard job: its size must not grow with the corpus (thousands of shards at 1M documents)."""
     import pickle
 
     from manifests.stage_manifest import read_manifest
     from tasks.corpus.split import plan_split
 
-    plan = plan_split(read_manifest(tiny_run / "03_dedup_fuzzy"), SplitConfig(validation_fraction=0.5), tmp_path)
-    chosen = pq.read_table(plan.validation_path)
-    assert plan.validation_documents == chosen.num_rows > 10
-    assert chosen.column("id").to_pylist() == sorted(chosen.column("id").to_pylist())
-    assert len(pickle.dumps(plan)) < 600
+    upstream = read_manifest(tiny_run / "03_dedup_fuzzy")
+    plan = plan_split(upstream, SplitConfig(validation_fraction=0.5), tmp_path)
+    shards = [f.path.split("/")[-1].removesuffix(".parquet") for f in upstream.files("data")]
+    parts = {shard: plan.for_shard(shard) for shard in shards}
+    chosen = [pq.read_table(part.path) for part in parts.values() if part.path]
+    assert chosen and plan.validation_documents == sum(t.num_rows for t in chosen) > 10
+    for shard, part in parts.items():
+        if part.path is None:
+            continue
+        ids = pq.read_table(part.path).column("id").to_pylist()
+        assert ids == sorted(ids)
+        on_shard = set(pq.read_table(upstream.directory / "data" / f"{shard}.parquet", columns=["id"]).column("id").to_pylist())
+        assert set(ids) <= on_shard  # a shard's file holds only that shard's documents
+        assert len(pickle.dumps(part)) < 400
