@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from manifests.sources import PACKAGE_DIR, SourceSpec, load_source
 from tasks.dedup.decontam import DecontamConfig
@@ -61,6 +62,17 @@ class PipelineConfig(BaseModel):
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+
+    @model_validator(mode="after")
+    def absolute_model_paths(self) -> "PipelineConfig":
+        """Model files named by a relative path are resolved here, on the flow host, against the config's directory
+        (else the working directory): a worker elsewhere, in another working directory, must open the same file."""
+        base = Path(self.config_dir) if self.config_dir else Path.cwd()
+        for name in ("langid", "quality_model"):
+            section = getattr(self, name)
+            if section.model_path and not Path(section.model_path).is_absolute():
+                setattr(self, name, replace(section, model_path=str((base / section.model_path).resolve())))
+        return self
 
     def source_specs(self) -> list[SourceSpec]:
         base = Path(self.config_dir) if self.config_dir else None

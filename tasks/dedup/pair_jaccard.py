@@ -61,7 +61,8 @@ def pair_blocks(sets: list[np.ndarray], threshold: float, dense_from: int = DENS
     dense_count = int(np.count_nonzero(holders >= dense_from))
     if count * dense_count * 4 > dense_bytes_limit:
         return None
-    matrix_MC = np.zeros((count, dense_count), dtype=np.float32)
+    # float32 sums of 0/1 are exact below 2^24 terms (always, at the default limits); wider rows sum in float64
+    matrix_MC = np.zeros((count, dense_count), dtype=np.float32 if dense_count < 1 << 24 else np.float64)
     matrix_MC[holder[dense], dense_index[column[dense]]] = 1.0
     codes, rare_shared = rare_pair_counts(holder, column, ~dense, count)
     block_rows = block_rows or max(1, BLOCK_CELLS // max(count, 1))
@@ -70,20 +71,20 @@ def pair_blocks(sets: list[np.ndarray], threshold: float, dense_from: int = DENS
 
 def _blocks(matrix_MC: np.ndarray, codes: np.ndarray, rare_shared: np.ndarray, sizes: np.ndarray, threshold: float,
             block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    count, sizes_M = len(sizes), sizes.astype(np.float32)
+    count = len(sizes)
+    sizes_M = sizes.astype(np.float64)
     for start in range(0, count, block_rows):
         stop = min(count, start + block_rows)
-        shared_BM = matrix_MC[start:stop] @ matrix_MC.T  # whole numbers below 2^24: exact in float32
+        # Counts of shared common shingles are exact (see matrix_MC); in float64 the rare counts add exactly too.
+        shared_BM = (matrix_MC[start:stop] @ matrix_MC.T).astype(np.float64)
         lo, hi = np.searchsorted(codes, [start * count, stop * count])
         shared_BM[codes[lo:hi] // count - start, codes[lo:hi] % count] += rare_shared[lo:hi]
-        # J ≥ t ⇔ shared · (1 + t) ≥ t · (|A| + |B|): a loose float32 test on the block (0.01 below, against
-        # rounding), then the exact quotient in float64 on the few pairs that pass.
-        passing = shared_BM * np.float32(1 + threshold) >= np.float32(threshold) * (sizes_M[start:stop, None] + sizes_M[None, :]) - 0.01
-        rows, columns = np.nonzero(np.triu(passing & (shared_BM > 0), k=start + 1))
-        shared = shared_BM[rows, columns].astype(np.int64)
-        similarity = shared / (sizes[rows + start] + sizes[columns] - shared)
-        keep = similarity >= threshold
-        yield (rows[keep] + start).astype(np.int64), columns[keep].astype(np.int64), similarity[keep]
+        # The test is the exact quotient itself, computed as the float64 division of two exact whole numbers that
+        # jaccard_of_sets performs: no slack, so no pair at or above the threshold can be dropped here.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            similarity_BM = shared_BM / (sizes_M[start:stop, None] + sizes_M[None, :] - shared_BM)
+        rows, columns = np.nonzero(np.triu((similarity_BM >= threshold) & (shared_BM > 0), k=start + 1))
+        yield (rows + start).astype(np.int64), columns.astype(np.int64), similarity_BM[rows, columns]
 
 
 def rare_pair_counts(holder: np.ndarray, column: np.ndarray, rare: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:

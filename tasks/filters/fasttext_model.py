@@ -1,7 +1,8 @@
 """The one fastText binding (`fasttext-numpy2`, `import fasttext`) behind language ID and the quality classifier.
 
-Models load once per process and are kept (spawned shard workers each load
-their own copy). fastText reads one line per prediction, so documents are
+Models load once per process per file content (sha256) and are kept (spawned
+shard workers each load their own copy); a file overwritten at the same path
+loads again. fastText reads one line per prediction, so documents are
 folded onto one line the same way everywhere.
 """
 from __future__ import annotations
@@ -10,6 +11,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from manifests.digest import sha256_file
 
 LABEL_PREFIX = "__label__"
 # fastText reads one line; newlines and other control characters become spaces.
@@ -26,10 +29,34 @@ def one_line(text: str) -> str:
     return line.encode("utf-8", "replace").decode("utf-8") if not line.isascii() else line
 
 
-@lru_cache(maxsize=8)
 def load_fasttext(path: str) -> Any:
-    import fasttext
+    """The model in the file at `path` now, loaded once per process per content (sha256).
 
+    Keyed by content, not path: a long-lived worker (Dask) must not keep scoring
+    with the model that was at this path before it was overwritten, while the
+    stage's cache key already holds the new file's sha256.
+    """
     if not Path(path).is_file():
         raise ModelFileMissing(f"{path}: fastText model file not found")
-    return fasttext.load_model(path)
+    return _load_model(path, model_sha256(path))
+
+
+def model_sha256(path: str) -> str:
+    """sha256 of a model file, hashed again only when its stat (inode, size, mtime) changed."""
+    stat = Path(path).stat()
+    return _sha256_of(str(Path(path).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=32)
+def _sha256_of(path: str, inode: int, size: int, mtime_ns: int) -> str:
+    return sha256_file(Path(path))
+
+
+@lru_cache(maxsize=8)
+def _load_model(path: str, sha256: str) -> Any:
+    import fasttext
+
+    model = fasttext.load_model(path)
+    if model_sha256(path) != sha256:
+        raise ModelFileMissing(f"{path}: fastText model file changed while it was being loaded; re-run the stage")
+    return model

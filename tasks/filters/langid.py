@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from manifests.sources import PACKAGE_DIR
 from manifests.stage_manifest import StageManifest
-from tasks.filters.fasttext_model import LABEL_PREFIX, ModelFileMissing, load_fasttext, one_line
+from tasks.filters.fasttext_model import LABEL_PREFIX, ModelFileMissing, load_fasttext, model_sha256, one_line
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
 
 STAGE = "langid"
@@ -90,7 +90,15 @@ def langid_shard(docs: pa.Table, config: LangIdConfig, context: Any = None) -> S
     return ShardOutcome(labelled.filter(pa.array(keep_mask, pa.bool_())), audit)
 
 
-LANGID = StageDef(STAGE, VERSION, langid_shard)
+def model_digest(config: LangIdConfig) -> list[tuple[str, str]]:
+    """The model file's sha256 joins the cache key: a replaced model recomputes the stage."""
+    path = Path(config.model_path) if config.model_path else bundled_model_path()
+    if not path.is_file():
+        raise LangIdModelMissing(f"{path}: language-ID model file not found (langid.model_path)")
+    return [(f"langid:{path.name}", model_sha256(str(path)))]
+
+
+LANGID = StageDef(STAGE, VERSION, langid_shard, external_inputs=model_digest)
 
 
 def run_langid(config: LangIdConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,10 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from manifests.digest import sha256_file
 from manifests.schema import DOC_SCHEMA, dumps_json
 from manifests.sources import PACKAGE_DIR
 from manifests.stage_manifest import StageManifest
-from tasks.filters.fasttext_model import ModelFileMissing, load_fasttext
+from tasks.filters.fasttext_model import ModelFileMissing, load_fasttext, model_sha256
 from tasks.filters.quality_classifier import positive_scores
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
 
@@ -59,16 +57,10 @@ def model_file(config: QualityModelConfig) -> Path:
     return path
 
 
-@lru_cache(maxsize=8)
-def _model_digest(path: str, size: int, mtime_ns: int) -> str:
-    return sha256_file(Path(path))
-
-
 def model_digest(config: QualityModelConfig) -> list[tuple[str, str]]:
     """The model file's sha256, part of the cache key: a retrained model recomputes the stage."""
     path = model_file(config)
-    stat = path.stat()
-    return [(f"quality_model:{path.name}", _model_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns))]
+    return [(f"quality_model:{path.name}", model_sha256(str(path)))]
 
 
 def check_config(config: QualityModelConfig) -> None:

@@ -12,7 +12,7 @@ every built-in stage: one audit row per removal with the function's rule,
 value and threshold, conservation checked per shard, shards mapped over the
 runner, atomic publish. The cache key includes the sha256 of the function's
 module source, so editing the plugin recomputes the stage. A function that
-raises, or returns anything but a `Decision`, fails the stage with the plugin
+raises, or returns anything but a `Decision` whose `keep` is a real bool, fails the stage with the plugin
 name and the document id; nothing of that stage is published.
 """
 from __future__ import annotations
@@ -85,6 +85,9 @@ def check_decision(config: UserFilterConfig, doc_id: str, decision: Any) -> Deci
     if not isinstance(decision, Decision):
         raise UserFilterError(f"filter {config.name!r} ({config.function}) returned {type(decision).__name__} for document {doc_id}; "
                               "it must return tasks.filters.user_filter.Decision(keep, rule, value, threshold)")
+    if not isinstance(decision.keep, bool):  # Decision(keep="no") would otherwise be a silent keep
+        raise UserFilterError(f"filter {config.name!r} ({config.function}) returned Decision(keep={decision.keep!r}) for document {doc_id}; "
+                              f"keep must be True or False, not {type(decision.keep).__name__}")
     if not decision.keep and not decision.rule:
         raise UserFilterError(f"filter {config.name!r} ({config.function}) removed document {doc_id} without a rule name")
     return decision
@@ -100,7 +103,7 @@ def user_filter_shard(docs: pa.Table, config: UserFilterConfig, context: Any = N
         except Exception as exc:
             raise UserFilterError(f"filter {config.name!r} ({config.function}) failed on document {doc_id}: {type(exc).__name__}: {exc}") from exc
         decision = check_decision(config, doc_id, answer)
-        keep_mask.append(bool(decision.keep))
+        keep_mask.append(decision.keep)
         if not decision.keep:
             audit.append({"id": doc_id, "action": "removed", "rule": decision.rule, "value": decision.value, "threshold": decision.threshold,
                           "detail": {"filter": config.name, "function": config.function}})

@@ -50,6 +50,20 @@ def test_bulk_pair_jaccard_equals_pair_by_pair(site_sets):
     assert pair_jaccard.pairs_at_least(site_sets, 0.8, dense_bytes_limit=0) is None
 
 
+def test_bulk_pair_jaccard_keeps_very_long_pairs_exactly_at_the_threshold():
+    """|A| = |B| = 176,472 shingles, 156,864 shared: J = 0.8 exactly; a float32 test with a fixed 0.01 slack dropped it."""
+    shared_count = 156_864
+    own_count = 176_472 - shared_count
+    shared = np.arange(shared_count, dtype=np.uint64)
+    a = np.concatenate((shared, np.arange(own_count, dtype=np.uint64) + np.uint64(10**9)))
+    b = np.concatenate((shared, np.arange(own_count, dtype=np.uint64) + np.uint64(2 * 10**9)))
+    assert jaccard_of_sets(a, b) >= 0.8
+    for dense_from in (2, 16):  # common shingles by matrix product, rare ones by pair counting
+        firsts, seconds, similarities = pair_jaccard.pairs_at_least([a, b, b[:-1]], 0.8, dense_from=dense_from)
+        assert (0, 1) in set(zip(firsts.tolist(), seconds.tolist()))
+        assert similarities.tolist()[0] == jaccard_of_sets(a, b)
+
+
 def test_signature_filter_margin_and_all_pairs_agreement():
     minimum = minimum_agreement(112, 0.8, 1e-6)
     tail = sum(math.comb(112, k) * 0.8**k * 0.2 ** (112 - k) for k in range(minimum))

@@ -34,6 +34,38 @@ def test_bundled_model_is_found_and_cached():
     assert load_model() is load_model()
 
 
+def test_a_model_overwritten_at_the_same_path_is_loaded_again(tmp_path):
+    """The cache follows the file's content (sha256), not its path: a long-lived worker must not keep the old model."""
+    import os
+    import shutil
+
+    from tasks.filters.fasttext_model import load_fasttext, model_sha256
+    from tasks.filters.quality_model import SAMPLE_MODEL
+
+    path = tmp_path / "model.bin"
+    shutil.copyfile(langid.bundled_model_path(), path)
+    first = load_fasttext(str(path))
+    assert load_fasttext(str(path)) is first
+    first_digest = model_sha256(str(path))
+    shutil.copyfile(SAMPLE_MODEL, tmp_path / "new.bin")
+    os.replace(tmp_path / "new.bin", path)  # how a retrained model lands
+    second = load_fasttext(str(path))
+    assert second is not first and model_sha256(str(path)) != first_digest
+    assert not any(label.startswith("__label__en") for label in second.get_labels())  # the quality model's labels now
+
+
+def test_the_model_digest_is_in_the_cache_key(tmp_path):
+    import shutil
+
+    from tasks.filters.quality_model import SAMPLE_MODEL
+
+    path = tmp_path / "lid.bin"
+    shutil.copyfile(langid.bundled_model_path(), path)
+    before = langid.model_digest(LangIdConfig(model_path=str(path)))
+    shutil.copyfile(SAMPLE_MODEL, path)
+    assert langid.model_digest(LangIdConfig(model_path=str(path))) != before
+
+
 def test_missing_model_file_is_a_clear_error(tmp_path):
     with pytest.raises(langid.LangIdModelMissing, match="model file not found"):
         load_model(str(tmp_path / "nope.ftz"))

@@ -71,6 +71,18 @@ def test_a_wrong_return_type_is_an_error_naming_the_plugin(tmp_path, returned):
         run_stage(user_filter_stage(config), config, upstream, tmp_path / "05_wrong", workers=1)
 
 
+@pytest.mark.parametrize("keep", ['"no"', "0", "1", "None", "[]"])
+def test_a_keep_that_is_not_a_bool_is_an_error_naming_the_plugin(tmp_path, keep):
+    """Decision(keep="no") is truthy: taken as given it would silently keep the document."""
+    upstream = publish_upstream(tmp_path / "04_quality", [PROSE, LOREM])
+    module = f"keep_{abs(hash(keep))}"
+    config = plugin(tmp_path, module, f"def decide(text, meta):\n    return Decision({keep}, 'rule')\n")
+    with pytest.raises(UserFilterError, match=rf"'{module}'.*Decision\(keep=.* for document doc-0-0; keep must be True or False"):
+        run_stage(user_filter_stage(config), config, upstream, tmp_path / "05_keep", workers=1)
+    with pytest.raises(StageNotComplete):
+        read_manifest(tmp_path / "05_keep")
+
+
 def test_an_unimportable_plugin_fails_before_any_stage(tmp_path):
     from flows.config import PipelineConfig
     from flows.stages import pipeline_stages
