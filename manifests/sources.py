@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUNDLED_SPECS = PACKAGE_DIR / "sources"
 SOURCE_KINDS = ("html_dir", "warc", "jsonl", "parquet", "text_dir", "hf_disk")
-PROFILES = ("prose", "documentation", "code")
+PROFILES = ("web", "prose", "documentation", "code")  # web: FineWeb's published chain, for a source that names none
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
@@ -30,7 +30,7 @@ class SourceSpec:
     origin: str
     snapshot: str
     license: str
-    profile: str = "prose"
+    profile: str = "web"
     langs: tuple[str, ...] = ("en",)
     glob: str = "**/*"
     url_prefix: str = ""
@@ -62,7 +62,7 @@ def parse_spec(raw: dict, base_dir: Path, where: str) -> SourceSpec:
         raise SourceSpecError(f"{where}: source name {raw['name']!r} must match {NAME_RE.pattern}")
     if raw["kind"] not in SOURCE_KINDS:
         raise SourceSpecError(f"{where}: kind {raw['kind']!r} is not one of {', '.join(SOURCE_KINDS)}")
-    if raw.get("profile", "prose") not in PROFILES:
+    if raw.get("profile", "web") not in PROFILES:
         raise SourceSpecError(f"{where}: profile {raw.get('profile')!r} is not one of {', '.join(PROFILES)}")
     known = set(SourceSpec.__dataclass_fields__) - {"base_dir"}
     unknown = set(raw) - known

@@ -20,6 +20,14 @@ def default_profiles() -> dict[str, dict[str, Any]]:
     # leaves such sections without sentences. FineWeb runs C4 without that line removal, so do we.
     line_shape = {"c4_drop_unpunctuated_lines": False, "skip_rules": ("fineweb_too_few_terminal_punct_lines", "fineweb_too_many_short_lines")}
     return {
+        # Web crawls, and every source that names no profile: FineWeb's published chain at its published numbers
+        # (Penedo et al. 2024, §3.5-3.6): Gopher quality and repetition as Table A1 of Rae et al.; C4's rules at the
+        # C4 paper's numbers but without its removal of unpunctuated lines, which FineWeb dropped (30 % of tokens
+        # removed, no gain); FineWeb's three rules at the paper's numbers (the duplicate-line characters at 0.1,
+        # not datatrove's code default 0.01). The newline-per-word rule is in datatrove's code, not in the paper:
+        # it only reports. No threshold here was chosen on any labelled data (docs/quality.md).
+        "web": {"c4_drop_unpunctuated_lines": False, "max_fineweb_duplicate_line_char_fraction": 0.1,
+                "report_rules": ("fineweb_too_many_newlines_per_word",)},
         # FineWeb's duplicate-line limit as its paper states it (§3.6: >= 0.1 of characters; datatrove's code default
         # is 0.01). The alphabetic-words rule only reports: in prose its removals were list sections whose entries
         # carry a year or ISBN, and every junk page it caught on both labelled sets fails another rule too.

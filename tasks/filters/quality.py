@@ -9,8 +9,9 @@ live only in `QualityConfig`.
 Every rule is a pure function `(TextView, QualityConfig) -> Verdict`: keep or
 drop, the name of the failure (`gopher_too_few_stop_words`), the measured value
 and the threshold. The rule set follows the document's language (space-less
-scripts get character rules) and its source profile (prose / documentation /
-code skip rules by name, recorded in the audit detail). Definitions that
+scripts get character rules) and its source profile (web, the default, is
+FineWeb's published chain; prose / documentation / code skip rules by name,
+recorded in the audit detail). Definitions that
 differ from datatrove's are listed in docs/quality.md.
 """
 from __future__ import annotations

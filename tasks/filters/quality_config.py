@@ -68,7 +68,7 @@ class QualityConfig:
     min_zh_function_words: int = 2  # distinct function words present
     # Rule sets per source profile (document meta "profile"); each entry overrides fields above.
     profiles: dict[str, dict[str, Any]] = field(default_factory=default_profiles)
-    default_profile: str = "prose"
+    default_profile: str = "web"  # documents whose source names no profile: web crawls get web rules
     skip_rules: tuple[str, ...] = ()  # rule names or fnmatch patterns (e.g. "c4_*") not applied
     # Report-only rules: evaluated on every document, never remove it; a kept document they fail carries
     # them in meta.quality_flags as [rule, value, threshold] (C4's page rules cannot be report-only).

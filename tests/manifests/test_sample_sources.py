@@ -12,7 +12,7 @@ PACKAGE_DIR = Path(manifests.__file__).resolve().parent
 SPEC_KEYS = {"name", "kind", "path", "glob", "url_prefix", "origin", "snapshot",
              "license", "profile", "langs", "description"}
 KINDS = {"html_dir", "warc", "jsonl", "parquet", "text_dir", "hf_disk"}
-PROFILES = {"prose", "documentation", "code"}
+PROFILES = {"web", "prose", "documentation", "code"}
 SPEC_FILES = sorted((PACKAGE_DIR / "sources").glob("*.toml"))
 MAX_SAMPLE_BYTES = 20 * 1024 * 1024
 
