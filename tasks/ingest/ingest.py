@@ -17,8 +17,8 @@ shared storage there, fsspec URLs need not be), which
 writes the file's documents and audit rows, in record order, to intermediate
 Parquet files in the stage's work directory. The planning process then cuts
 the concatenated record stream into shards exactly where one sequential pass
-would (after the record that reaches `docs_per_shard` documents or
-`bytes_per_shard` characters), and one task per shard copies its slices into
+would (after the record that reaches `bytes_per_shard` bytes of UTF-8 text or
+`docs_per_shard` documents), and one task per shard copies its slices into
 the shard: the same bytes as reading everything in one process, for any
 number of workers. Source digests (for the cache key) are tasks too.
 """
@@ -57,8 +57,11 @@ FILE_BATCH_ROWS = 256  # rows per row group of those files: a shard task reads o
 
 @dataclass(frozen=True)
 class IngestConfig:
-    docs_per_shard: int = 256  # bounded shards: parallelism and memory per worker
-    bytes_per_shard: int = 64 << 20
+    # Shards are sized by text: ~128 MB of UTF-8 text each, so 100M web documents make ~10k files per stage
+    # rather than ~390k at a fixed 256 documents; the document cap bounds a shard of very short documents (a
+    # stage holds one shard's kept rows and audit rows at a time). The same config cuts the same shards.
+    bytes_per_shard: int = 128_000_000
+    docs_per_shard: int = 100_000
     parquet_batch_rows: int = 1024  # streaming batch for Parquet / HF sources
 
 
@@ -440,7 +443,7 @@ class FileRecords:
     index: int
     docs_path: str
     audit_path: str
-    records: Any  # numpy int64, records × 3
+    records: Any  # numpy int64, records × 3: (has a document, its text in UTF-8 bytes, audit rows)
 
 
 def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str,
@@ -456,7 +459,7 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
     with pq.ParquetWriter(tmp_docs, DOC_SCHEMA) as doc_writer, pq.ParquetWriter(tmp_audit, AUDIT_SCHEMA) as audit_writer:
         for raw in iter_source(spec, [path], config) if byte_range is None else read_jsonl(spec, path, byte_range):
             doc, rows = to_document(spec, raw)
-            records.append((doc is not None, len(doc["text"]) if doc is not None else 0, len(rows)))
+            records.append((doc is not None, len(doc["text"].encode("utf-8", "surrogatepass")) if doc is not None else 0, len(rows)))
             audit.extend({**row, "stage": STAGE} for row in rows)
             if doc is not None:
                 docs.append(doc)
@@ -478,24 +481,24 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
 def shard_pieces(files: list[FileRecords], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
     """Cut the record stream of all files, in order, where one sequential pass would start a new shard.
 
-    A shard ends after the record that brings it to `docs_per_shard`
-    documents or `bytes_per_shard` characters; the audit rows of a record
+    A shard ends after the record that brings it to `bytes_per_shard`
+    bytes of UTF-8 text or `docs_per_shard` documents; the audit rows of a record
     belong to the shard it falls in. Returns per shard its pieces
     (file, first document, last + 1, first audit row, last + 1).
     """
     shards: list[list[tuple[int, int, int, int, int]]] = [[]]
-    shard_docs = shard_chars = 0
+    shard_docs = shard_bytes = 0
     for file in files:
         doc_at = audit_at = doc_from = audit_from = 0
-        for has_doc, chars, audit_rows in file.records.tolist():
+        for has_doc, text_bytes, audit_rows in file.records.tolist():
             doc_at += has_doc
             audit_at += audit_rows
             shard_docs += has_doc
-            shard_chars += chars
-            if shard_docs >= config.docs_per_shard or shard_chars >= config.bytes_per_shard:
+            shard_bytes += text_bytes
+            if shard_docs >= config.docs_per_shard or shard_bytes >= config.bytes_per_shard:
                 shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
                 shards.append([])
-                doc_from, audit_from, shard_docs, shard_chars = doc_at, audit_at, 0, 0
+                doc_from, audit_from, shard_docs, shard_bytes = doc_at, audit_at, 0, 0
         if doc_at > doc_from or audit_at > audit_from:
             shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
     return shards

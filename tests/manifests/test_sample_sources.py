@@ -54,8 +54,10 @@ def test_source_spec_is_complete_and_points_at_data(spec_path):
 def test_default_config_lists_existing_sources():
     with open(PACKAGE_DIR / "configs" / "sample.toml", "rb") as config_file:
         config = tomllib.load(config_file)
-    # Besides the sources, the sample config only switches on the optional quality classifier stage.
-    assert set(config) <= {"run", "quality_model"}
+    # Besides the sources, the sample config only switches on the optional quality classifier stage and keeps
+    # its 256-document shards.
+    assert set(config) <= {"run", "ingest", "quality_model"}
+    assert config["ingest"] == {"docs_per_shard": 256}
     assert set(config["run"]["sources"]) == {p.stem for p in SPEC_FILES}
 
 

@@ -154,3 +154,17 @@ def test_a_large_jsonl_file_read_as_byte_ranges_gives_the_same_bytes(tmp_path: P
         ranged = run_ingest(specs, IngestConfig(docs_per_shard=5), tmp_path / f"ranges-{split}", workers=workers)
         assert [(o.path, o.sha256) for o in ranged.outputs] == [(o.path, o.sha256) for o in whole.outputs]
     assert whole.counts["kept"] == 19 and whole.counts["removed"] == {"ingest_malformed_record": 12}
+
+
+def test_shards_are_cut_by_utf8_text_bytes_with_a_document_cap(tmp_path: Path) -> None:
+    """Default: ~128 MB of text per shard plus a document cap; the byte count is UTF-8 (a Han character is 3 bytes)."""
+    assert (IngestConfig().bytes_per_shard, IngestConfig().docs_per_shard) == (128_000_000, 100_000)
+    rows = [{"url": f"https://zh.example/{i}", "text": "数据" * 250} for i in range(7)]  # 500 characters, 1,500 bytes each
+    (tmp_path / "zh.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    spec = write_spec(tmp_path, "zh", "jsonl", "zh.jsonl")
+    by_bytes = run_ingest([load_spec_file(spec)], IngestConfig(bytes_per_shard=3000), tmp_path / "by_bytes")
+    assert [f.rows for f in by_bytes.files("data")] == [2, 2, 2, 1]  # 1,000 characters would have allowed 6 a shard
+    by_docs = run_ingest([load_spec_file(spec)], IngestConfig(bytes_per_shard=10**9, docs_per_shard=3), tmp_path / "by_docs")
+    assert [f.rows for f in by_docs.files("data")] == [3, 3, 1]
+    again = run_ingest([load_spec_file(spec)], IngestConfig(bytes_per_shard=3000), tmp_path / "again")
+    assert [f.sha256 for f in again.files("data")] == [f.sha256 for f in by_bytes.files("data")]  # same config, same bytes
