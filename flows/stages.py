@@ -67,7 +67,7 @@ def _tokenizer(config: PipelineConfig, run: Path, previous: Path | None, out: Pa
 
 
 def _mixture(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_mixture(config.mixture, stage_path(run, "split", config), stage_path(run, "tokenizer", config), out)
+    return run_mixture(config.mixture, stage_path(run, "split", config), stage_path(run, "tokenizer", config), out, config.workers)
 
 
 def _shards(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:

@@ -12,11 +12,20 @@ Work happens per (source, language) group: fractional epochs give every
 document ⌊e⌋ repeats plus one more for a seeded prefix of the group's
 documents until the fraction's tokens are covered, so the result is
 deterministic given the seed and independent of shard layout.
+
+How it runs: one runner task per split shard (process pool, or Dask tasks on
+a cluster) tokenises that shard's training documents into its own token file,
+the tokenizer shipped as a path and its sha256; the flow host joins the files
+in shard order (the same bytes as one sequential pass) and plans from the
+per-document counts, about 50 bytes a training document.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import shutil
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,11 +36,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from manifests.atomic import atomic_write_parquet, atomic_write_text
+from manifests.digest import sha256_file
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.corpus.encoding import encode_to_file, token_dtype
-from tasks.corpus.split import iter_split_docs, seeded_rank
-from tasks.runner.stage_runner import run_artifact_stage
-from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
+from tasks.dedup.minhash import ChecksumMismatch
+from tasks.corpus.split import seeded_rank, split_side_of_shard
+from tasks.runner.stage_runner import default_workers, map_shards, run_artifact_stage
+from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, checked_tokenizer, vocab_size_of
 
 STAGE = "mixture"
 VERSION = "2"  # 2: the training side's tokens are written once here (train_tokens.bin) and laid out by shards
@@ -39,6 +50,8 @@ PLAN_FILE = "plan.parquet"  # id, source, lang, tokens, repeats, offset (into TO
 TOKENS_FILE = "train_tokens.bin"  # every training document's ids + EOS, in plan order: the shards stage's input
 TABLE_FILE = "mixture.json"
 UNKNOWN_LANG = "und"
+SPILL_DIR = "_tokens"  # under the work directory: each split shard's token file, joined into TOKENS_FILE
+COPY_BYTES = 8 << 20  # joining the token files: memory per copy, whatever the corpus
 
 
 @dataclass(frozen=True)
@@ -114,19 +127,51 @@ def repeats_for_group(ranks: np.ndarray, tokens: np.ndarray, target: float, max_
 COUNT_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("lang", pa.string()), ("tokens", pa.int64())])
 
 
-def encode_training_side(split_dir: Path, tokenizer, tokens_path: Path) -> pa.Table:
-    """Tokenise every training document once, its ids + EOS appended to `tokens_path`; the per-document counts.
+def encode_shard_training_side(shard_path: str, shard: str, tokenizer_path: str, tokenizer_sha256: str, out_path: str) -> dict[str, Any]:
+    """Task: one split shard's training documents tokenised, ids + EOS each, into `out_path`; their counts.
 
-    `tokens` counts EOS too (what a document occupies in the stream). The token
-    file is what the shards stage lays out, so no document is tokenised twice.
+    Runs on a worker: the tokenizer arrives as a file path and its sha256 and is
+    checked before use. `tokens` counts EOS too (what a document occupies in the stream).
     """
-    docs = iter_split_docs(split_dir, "train", ["id", "source", "lang", "text"])
+    tokenizer = checked_tokenizer(tokenizer_path, tokenizer_sha256)
+    docs = [split_side_of_shard(shard_path, "train", ["id", "source", "lang", "text"])]
     tables = [COUNT_SCHEMA.empty_table()]
-    for batch, lengths in encode_to_file(tokenizer, docs, tokenizer.token_to_id(EOS_TOKEN), token_dtype(vocab_size_of(tokenizer)), tokens_path):
+    partial = f"{out_path}.partial"
+    for batch, lengths in encode_to_file(tokenizer, docs, tokenizer.token_to_id(EOS_TOKEN), token_dtype(vocab_size_of(tokenizer)), partial):
         lang = pc.fill_null(batch.column("lang"), UNKNOWN_LANG)
         lang = pc.if_else(pc.equal(lang, ""), UNKNOWN_LANG, lang)
         tables.append(pa.table([batch.column("id"), batch.column("source"), lang, pa.array(lengths, pa.int64())], schema=COUNT_SCHEMA))
-    return pa.concat_tables(tables).combine_chunks()
+    os.replace(partial, out_path)  # a rerun after a dead worker writes the same bytes again
+    return {"shard": shard, "path": out_path, "sha256": sha256_file(Path(out_path)), "counts": pa.concat_tables(tables).combine_chunks()}
+
+
+def encode_training_side(split_dir: Path, tokenizer_path: Path, tokens_path: Path, workers: int) -> pa.Table:
+    """Tokenise every training document once, shard by shard as runner tasks; the token files joined in shard order
+    into `tokens_path` (the stream the shards stage lays out, so no document is tokenised twice); the counts.
+
+    The flow host only concatenates files (checking each one's sha256 as it copies) and keeps the counts:
+    about 50 bytes a training document, no text and no token.
+    """
+    spill_dir = tokens_path.parent / SPILL_DIR
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    upstream = read_manifest(split_dir, verify=False)
+    try:
+        jobs = [(str(upstream.path_of(f)), Path(f.path).stem, str(tokenizer_path), sha256_file(tokenizer_path),
+                 str(spill_dir / f"{Path(f.path).stem}.tokens")) for f in upstream.files("data")]
+        shards = sorted(map_shards(encode_shard_training_side, jobs, workers, "tokenising", [f.rows or 0 for f in upstream.files("data")]),
+                        key=lambda result: result["shard"])
+        with open(tokens_path, "wb") as joined:
+            for shard in shards:
+                digest = hashlib.sha256()
+                with open(shard["path"], "rb") as part:
+                    while chunk := part.read(COPY_BYTES):
+                        digest.update(chunk)
+                        joined.write(chunk)
+                if digest.hexdigest() != shard["sha256"]:
+                    raise ChecksumMismatch(f"{shard['path']}: sha256 differs from what its task recorded; nothing was published")
+        return pa.concat_tables([COUNT_SCHEMA.empty_table(), *(shard["counts"] for shard in shards)]).combine_chunks()
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
 
 
 def plan_mixture(counts: pa.Table, config: MixtureConfig) -> tuple[pa.Table, dict[str, Any]]:
@@ -189,9 +234,10 @@ def realised_table(unique, weights, realised, total, config: MixtureConfig) -> d
     }
 
 
-def build_mixture_files(split_dir: Path, tokenizer_dir: Path, config: MixtureConfig, work_dir: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
-    tokenizer = load_tokenizer(read_manifest(tokenizer_dir).directory / TOKENIZER_FILE)
-    counts = encode_training_side(split_dir, tokenizer, work_dir / TOKENS_FILE)
+def build_mixture_files(split_dir: Path, tokenizer_dir: Path, config: MixtureConfig, work_dir: Path,
+                        workers: int | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    counts = encode_training_side(Path(split_dir), read_manifest(tokenizer_dir).directory / TOKENIZER_FILE, work_dir / TOKENS_FILE,
+                                  workers or default_workers())
     plan, table = plan_mixture(counts, config)
     tokens = plan.column("tokens").to_numpy()
     plan = plan.append_column("offset", pa.array(np.cumsum(tokens) - tokens, pa.int64()))
@@ -200,6 +246,6 @@ def build_mixture_files(split_dir: Path, tokenizer_dir: Path, config: MixtureCon
     return [(PLAN_FILE, plan.num_rows), (TABLE_FILE, len(table["sources"])), (TOKENS_FILE, int(tokens.sum()))], {"mixture": table}
 
 
-def run_mixture(config: MixtureConfig, split_dir: Path, tokenizer_dir: Path, out_dir: Path) -> StageManifest:
+def run_mixture(config: MixtureConfig, split_dir: Path, tokenizer_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
     return run_artifact_stage(STAGE, VERSION, asdict(config), [Path(split_dir), Path(tokenizer_dir)], Path(out_dir),
-                              lambda work_dir: build_mixture_files(Path(split_dir), Path(tokenizer_dir), config, work_dir))
+                              lambda work_dir: build_mixture_files(Path(split_dir), Path(tokenizer_dir), config, work_dir, workers))

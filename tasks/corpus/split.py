@@ -235,8 +235,13 @@ def iter_split_docs(split_dir: Path, which: str, columns: list[str] | None = Non
     if which not in ("train", VALIDATION):
         raise ValueError(f"split side must be 'train' or '{VALIDATION}', got {which!r}")
     manifest = read_manifest(Path(split_dir), verify=False)
-    wanted = list(dict.fromkeys([*(columns or DOC_SCHEMA.names), "meta"]))
     for data_file in manifest.files("data"):
-        table = pq.read_table(manifest.path_of(data_file), columns=wanted)
-        mask = [is_validation(m) == (which == VALIDATION) for m in table.column("meta").to_pylist()]
-        yield table.filter(pa.array(mask, type=pa.bool_()))
+        yield split_side_of_shard(manifest.path_of(data_file), which, columns)
+
+
+def split_side_of_shard(shard_path: Path | str, which: str, columns: list[str] | None = None) -> pa.Table:
+    """One split shard's documents of one side ("train" or "validation"), in row order."""
+    wanted = list(dict.fromkeys([*(columns or DOC_SCHEMA.names), "meta"]))
+    table = pq.read_table(shard_path, columns=wanted)
+    mask = [is_validation(m) == (which == VALIDATION) for m in table.column("meta").to_pylist()]
+    return table.filter(pa.array(mask, type=pa.bool_()))

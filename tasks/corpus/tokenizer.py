@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,16 @@ def load_tokenizer(path: Path):
     tokenizer = Tokenizer.from_file(str(path))
     tokenizer.encode_special_tokens = True
     return tokenizer
+
+
+@lru_cache(maxsize=2)
+def checked_tokenizer(path: str, expected_sha256: str):
+    """The tokenizer a worker was sent as a file and its sha256: checked, then loaded once per process and content."""
+    actual = sha256_file(Path(path))
+    if actual != expected_sha256:
+        raise ValueError(f"{path}: tokenizer sha256 {actual[:12]}… but the stage planned with {expected_sha256[:12]}…; "
+                         "the file changed or the shared mount serves another copy")
+    return load_tokenizer(Path(path))
 
 
 def vocab_size_of(tokenizer) -> int:

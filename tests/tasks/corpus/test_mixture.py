@@ -69,3 +69,29 @@ def test_temperature_sampling_upsamples_low_resource_language():
     zh = lambda t: next(r for r in t["languages"] if r["name"] == "zh")
     assert zh(natural)["tokens_contributed"] == 1000
     assert zh(tempered)["tokens_contributed"] > 2500 and zh(tempered)["epochs"] > 2.5
+
+
+def test_training_side_is_tokenised_by_shard_tasks_not_the_flow_host(tiny_run, tmp_path, monkeypatch):
+    """The flow host only joins the workers' token files: the same bytes as one process encoding everything in order."""
+    import tasks.corpus.encoding
+    from manifests.stage_manifest import read_manifest
+    from tasks.corpus.mixture import TOKENS_FILE, run_mixture
+    from tasks.runner.stage_runner import StageWriter, read_stage_docs
+
+    docs = read_stage_docs(tiny_run / "04_split")
+    writer = StageWriter("split", "test", {}, "split-in-three", [], tmp_path / "04_split")
+    third = docs.num_rows // 3
+    for index, start in enumerate((0, third, 2 * third)):
+        writer.write_shard(index, docs.slice(start, third if index < 2 else docs.num_rows - start), [])
+    writer.publish()
+    config = MixtureConfig(weights={"prose": 0.5, "mixed": 0.5}, total_tokens=30_000, max_epochs=4.0)
+    reference = run_mixture(config, tmp_path / "04_split", tiny_run / "05_tokenizer", tmp_path / "one_process", workers=1)
+
+    def no_encoding_here(*args, **kwargs):
+        raise AssertionError("the flow host tokenised a document")
+
+    monkeypatch.setattr(tasks.corpus.encoding, "encode_texts", no_encoding_here)  # spawned workers import their own copy
+    manifest = run_mixture(config, tmp_path / "04_split", tiny_run / "05_tokenizer", tmp_path / "06_mixture", workers=2)
+    digest = {f.path: f.sha256 for f in manifest.outputs}
+    assert digest == {f.path: f.sha256 for f in reference.outputs}  # plan, table and token stream identical
+    assert digest[TOKENS_FILE] and not list((tmp_path / "06_mixture").glob("_tokens*"))  # per-shard files removed
