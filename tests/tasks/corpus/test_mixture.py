@@ -74,7 +74,6 @@ def test_temperature_sampling_upsamples_low_resource_language():
 def test_training_side_is_tokenised_by_shard_tasks_not_the_flow_host(tiny_run, tmp_path, monkeypatch):
     """The flow host only joins the workers' token files: the same bytes as one process encoding everything in order."""
     import tasks.corpus.encoding
-    from manifests.stage_manifest import read_manifest
     from tasks.corpus.mixture import TOKENS_FILE, run_mixture
     from tasks.runner.stage_runner import StageWriter, read_stage_docs
 
