@@ -63,7 +63,7 @@ def _ingest(config: PipelineConfig, run: Path, previous: Path | None, out: Path)
 
 
 def _tokenizer(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_tokenizer(config.tokenizer, stage_path(run, "split", config), out, dict(config.mixture.weights))
+    return run_tokenizer(config.tokenizer, stage_path(run, "split", config), out, dict(config.mixture.weights), config.workers)
 
 
 def _mixture(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:

@@ -11,6 +11,10 @@ The sample draws each source's share of characters in proportion to its
 mixture weight (natural proportions when no weights are given), from training
 documents only: validation text never shapes the merges. Every sampled
 document must survive encode -> decode unchanged, or the stage fails naming it.
+Sampling is two passes of runner tasks over the split shards (a by-hash
+sample: each document's seeded rank decides, wherever it sits), so the flow
+host holds the sample, not the corpus; BPE training itself runs on the host,
+over the sample only.
 """
 from __future__ import annotations
 
@@ -20,15 +24,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
+import numpy as np
 import pyarrow.compute as pc
 
 from manifests.atomic import atomic_write_text
 from manifests.digest import sha256_file
 from tasks.corpus.encoding import encode_texts
 from manifests.stage_manifest import StageManifest
-from tasks.corpus.split import iter_split_docs, seeded_rank
-from tasks.runner.stage_runner import report_progress, run_artifact_stage
+from manifests.stage_manifest import read_manifest
+from tasks.corpus.split import seeded_rank, split_side_of_shard
+from tasks.runner.stage_runner import default_workers, map_shards, report_progress, run_artifact_stage
 
 STAGE = "tokenizer"
 VERSION = "1"
@@ -113,48 +118,97 @@ def compression(tokenizer, texts: list[str]) -> dict[str, float]:
             "tokens_per_word": round(tokens / words, 4) if words else 0.0}
 
 
-def sample_mixture(split_dir: Path, weights: dict[str, float], config: TokenizerConfig) -> dict[str, tuple[list[str], list[str]]]:
+RANK_BUCKETS = 1 << 16  # the sample's first pass counts characters per source by the top 16 bits of each document's rank
+
+
+def rank_buckets(doc_ids: list[str], seed: int) -> tuple[list[str], np.ndarray]:
+    """Each id's seeded rank (fixed-width hex) and its bucket (the rank's top 16 bits)."""
+    ranks = [seeded_rank(seed, doc_id) for doc_id in doc_ids]
+    return ranks, np.fromiter((int(rank[:4], 16) for rank in ranks), dtype=np.int64, count=len(ranks))
+
+
+def shard_rank_histogram(shard_path: str, shard: str, seed: int) -> dict[str, Any]:
+    """Task, first pass: per source of one split shard's training side, documents and characters per rank bucket (sparse)."""
+    table = split_side_of_shard(shard_path, "train", ["id", "source", "text"])
+    _, buckets = rank_buckets(table.column("id").to_pylist(), seed)
+    lengths = pc.utf8_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)  # code points, as len(str)
+    sources = np.asarray(table.column("source").to_pylist(), dtype=object)
+    histograms = {}
+    for source in sorted(set(sources.tolist())):
+        mine = sources == source
+        chars = np.bincount(buckets[mine], weights=lengths[mine], minlength=RANK_BUCKETS).astype(np.int64)
+        used = np.flatnonzero(chars)
+        histograms[source] = (int(mine.sum()), used, chars[used])
+    return {"shard": shard, "histograms": histograms}
+
+
+def shard_sample_rows(shard_path: str, shard: str, seed: int, cutoffs: dict[str, int]) -> dict[str, Any]:
+    """Task, second pass: the training documents of one split shard whose rank bucket is at or below their source's cutoff:
+    (source, rank, id, length, text), texts only of documents that may be in the sample."""
+    table = split_side_of_shard(shard_path, "train", ["id", "source", "text"])
+    ids, sources, texts = table.column("id").to_pylist(), table.column("source").to_pylist(), table.column("text").to_pylist()
+    ranks, buckets = rank_buckets(ids, seed)
+    rows = [(source, rank, doc_id, len(text), int(bucket), text) for source, rank, doc_id, text, bucket in zip(sources, ranks, ids, texts, buckets.tolist())
+            if bucket <= cutoffs.get(source, -1)]
+    return {"shard": shard, "rows": rows}
+
+
+def sample_mixture(split_dir: Path, weights: dict[str, float], config: TokenizerConfig, workers: int = 1) -> dict[str, tuple[list[str], list[str]]]:
     """Per source, training documents in seeded order up to its weighted share of `sample_chars`.
 
-    Two passes over the training side, a shard at a time: ranks and lengths
-    first (no text kept), then only the chosen documents' texts, so memory
-    follows the sample budget, not the corpus.
+    Two passes of runner tasks, one per split shard, and no tuple per document
+    anywhere: the first returns characters per source and rank bucket; the flow
+    host finds, per source, the bucket where its share is reached; the second
+    returns only the documents of the buckets up to it, texts included, so the
+    host's memory follows the sample budget (plus one bucket, 1/65,536 of a
+    source, ordered exactly), not the corpus. The same documents as sorting
+    every (rank, id) of a source and taking them while under its share.
     """
-    ranked: dict[str, list[tuple[str, str, int]]] = {}
-    for table in iter_split_docs(split_dir, "train", ["id", "source", "text"]):
-        lengths = pc.utf8_length(table.column("text")).to_pylist()  # code points, as len(str)
-        for doc_id, source, length in zip(table.column("id").to_pylist(), table.column("source").to_pylist(), lengths):
-            ranked.setdefault(source, []).append((seeded_rank(config.seed, doc_id), doc_id, length))
-    chars = {s: sum(length for _, _, length in rows) for s, rows in ranked.items()}
+    upstream = read_manifest(split_dir, verify=False)
+    data_files = upstream.files("data")
+    jobs = [(str(upstream.path_of(f)), Path(f.path).stem, config.seed) for f in data_files]
+    sizes = [f.rows or 0 for f in data_files]
+    chars_by_bucket: dict[str, np.ndarray] = {}
+    for result in map_shards(shard_rank_histogram, jobs, workers, "sampling: lengths", sizes):
+        for source, (_, used, chars) in result["histograms"].items():
+            chars_by_bucket.setdefault(source, np.zeros(RANK_BUCKETS, dtype=np.int64))[used] += chars
+    chars = {s: int(h.sum()) for s, h in chars_by_bucket.items()}
     total = sum(chars.values())
     if weights:
-        given = sum(weights.get(s, 0.0) for s in ranked)
-        shares = {s: weights.get(s, 0.0) / given if given else 0.0 for s in ranked}
+        given = sum(weights.get(s, 0.0) for s in chars)
+        shares = {s: weights.get(s, 0.0) / given if given else 0.0 for s in chars}
     else:
-        shares = {s: chars[s] / total if total else 0.0 for s in ranked}
+        shares = {s: chars[s] / total if total else 0.0 for s in chars}
     budget = min(config.sample_chars, total)
-    chosen: dict[str, list[str]] = {}
-    for source, rows in sorted(ranked.items()):
-        rows.sort()
-        ids, taken = [], 0
-        for _, doc_id, length in rows:
-            if taken >= shares[source] * budget:
-                break
+    targets = {s: shares[s] * budget for s in chars}
+    # The share is reached inside the first bucket whose running total reaches it: every document of an earlier bucket is taken.
+    running = {s: np.cumsum(h) for s, h in chars_by_bucket.items()}
+    cutoffs = {s: int(np.searchsorted(running[s], targets[s], side="left")) for s in chars}
+    rows_by_source: dict[str, list[tuple]] = {s: [] for s in chars}
+    for result in map_shards(shard_sample_rows, [(*job, cutoffs) for job in jobs], workers, "sampling: texts", sizes):
+        for row in result["rows"]:
+            rows_by_source[row[0]].append(row)
+    sample: dict[str, tuple[list[str], list[str]]] = {}
+    for source in sorted(rows_by_source):
+        rows = sorted(rows_by_source.pop(source), key=lambda row: (row[1], row[2]))
+        cutoff = cutoffs[source]
+        ids, texts = [], []
+        taken = int(running[source][cutoff - 1]) if cutoff > 0 else 0  # the characters of the buckets before the cutoff
+        for _, _, doc_id, length, bucket, text in rows:
+            if bucket == cutoff:
+                if taken >= targets[source]:
+                    break
+                taken += length
             ids.append(doc_id)
-            taken += length
-        chosen[source] = ids
-    del ranked
-    wanted = pa.array(sorted(doc_id for ids in chosen.values() for doc_id in ids), pa.string())
-    text_of: dict[str, str] = {}
-    for table in iter_split_docs(split_dir, "train", ["id", "text"]):
-        picked = table.filter(pc.is_in(table.column("id"), value_set=wanted))
-        text_of.update(zip(picked.column("id").to_pylist(), picked.column("text").to_pylist()))
-    return {source: (ids, [text_of[doc_id] for doc_id in ids]) for source, ids in chosen.items()}
+            texts.append(text)
+        sample[source] = (ids, texts)
+    return sample
 
 
-def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: TokenizerConfig, work_dir: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: TokenizerConfig, work_dir: Path,
+                          workers: int | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
     report_progress("sampling documents")
-    sample = sample_mixture(split_dir, weights, config)
+    sample = sample_mixture(split_dir, weights, config, workers or default_workers())
     texts = [t for _, source_texts in sample.values() for t in source_texts]
     if not texts:
         raise ValueError(f"{split_dir}: no training documents to train a tokenizer on")
@@ -185,9 +239,10 @@ def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: To
     return [(TOKENIZER_FILE, identity["vocab_size"]), (STATS_FILE, len(per_source))], stats
 
 
-def run_tokenizer(config: TokenizerConfig, split_dir: Path, out_dir: Path, weights: dict[str, float] | None = None) -> StageManifest:
+def run_tokenizer(config: TokenizerConfig, split_dir: Path, out_dir: Path, weights: dict[str, float] | None = None,
+                  workers: int | None = None) -> StageManifest:
     """`weights` are the mixture's source weights: part of the cache key, since they shape the sample."""
     weights = dict(weights or {})
     keyed = {"tokenizer": asdict(config), "mixture_weights": weights}
     return run_artifact_stage(STAGE, VERSION, keyed, [Path(split_dir)], Path(out_dir),
-                              lambda work_dir: train_tokenizer_files(Path(split_dir), weights, config, work_dir))
+                              lambda work_dir: train_tokenizer_files(Path(split_dir), weights, config, work_dir, workers))

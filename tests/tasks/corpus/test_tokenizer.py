@@ -98,3 +98,38 @@ def test_tokenizer_sample_reads_texts_only_of_chosen_documents_and_matches_the_i
                 break
             ids, texts, taken = ids + [doc_id], texts + [text], taken + len(text)
         assert sample[source] == (ids, texts) and 0 < len(ids) < len(ordered)
+
+
+def test_tokenizer_sample_passes_are_shard_tasks_returning_only_the_sample(tmp_path, monkeypatch):
+    """Counting rows: the flow host receives the sampled documents (and the few sharing the last rank bucket), not the corpus."""
+    import json
+
+    import pyarrow as pa
+
+    from manifests.schema import DOC_SCHEMA
+    from tasks.corpus import tokenizer as tok
+    from tasks.runner.stage_runner import StageWriter
+
+    writer = StageWriter("split", "test", {}, "test-split", [], tmp_path / "split")
+    for shard in range(4):
+        n = 250
+        writer.write_shard(shard, pa.table({"id": [f"s{shard}-{i:04d}" for i in range(n)], "text": ["word " * 40] * n,
+                                            "source": ["web" if i % 4 else "code" for i in range(n)], "url": [""] * n,
+                                            "lang": pa.nulls(n, pa.string()), "lang_score": pa.nulls(n, pa.float32()),
+                                            "meta": [json.dumps({"split": "train"})] * n}, schema=DOC_SCHEMA), [])
+    writer.publish()
+    returned = []
+    real = tok.shard_sample_rows
+
+    def counting(*args):
+        result = real(*args)
+        returned.append(len(result["rows"]))
+        return result
+
+    monkeypatch.setattr(tok, "shard_sample_rows", counting)
+    sample = tok.sample_mixture(tmp_path / "split", {"web": 1.0, "code": 0.0}, TokenizerConfig(sample_chars=20_000, seed=1), workers=1)
+    assert len(returned) == 4  # one task per shard
+    assert len(sample["web"][0]) == 100 and sample["code"] == ([], [])  # 200 characters a document; code's weight is 0
+    assert sum(returned) <= len(sample["web"][0]) + 2  # of 1,000 documents (a bucket holds ~1/65,536 of a source)
+    everything = tok.sample_mixture(tmp_path / "split", {}, TokenizerConfig(sample_chars=10**9, seed=1), workers=1)
+    assert sum(len(ids) for ids, _ in everything.values()) == 1000  # a budget above the corpus takes it all
