@@ -3,7 +3,7 @@
 Seed 001, "精确重复": lower-case, collapse whitespace, hash; the key also holds
 the normalised string, so a digest collision can never merge two different
 texts. Workers compute SHA-1 digests per shard; the planning process sorts
-them (numpy, 32 bytes a document: digest 20, shard 4, row 8)
+them (numpy, 40 bytes a document: digest 20, shard 4, row 8, key length 8)
 to find the digests held by two or more documents. Only those documents are
 read again, and that work is runner tasks too (process pool, or Dask tasks on
 a cluster), exchanging files in the stage's work directory (shared storage
@@ -14,7 +14,8 @@ for a multi-machine run):
 2. one task per group range compares the key texts of each of its digest
    groups and returns removed id -> kept id (the smallest id per distinct text).
 Group ranges number PARTITIONS_PER_WORKER × the workers (on Dask: the
-scheduler's); the removal map is the same for any count.
+scheduler's), or one per PARTITION_BYTES of colliding key text when that is
+more (tasks/stage_runner.partition_count); the removal map is the same for any count.
 Rule `exact_duplicate`, detail {"kept_id": ...}.
 """
 from __future__ import annotations
@@ -37,14 +38,13 @@ from manifests.stage_manifest import StageManifest
 from tasks.dedup.minhash import ChecksumMismatch
 from tasks.dedup.removal_map import RemovalContext, apply_removals, map_upstream_shards, removal_table, write_removal_table
 from tasks.dedup.shingles import normalise
-from tasks.runner.stage_runner import StageDef, map_shards, run_stage, runner_workers
+from tasks.runner.stage_runner import StageDef, map_shards, partition_count, run_stage
 
 STAGE = "dedup_exact"
 VERSION = "1"
 RULE = "exact_duplicate"
 DIGEST_DTYPE = np.dtype(f"S{hashlib.sha1().digest_size}")  # compared as raw bytes: every digest has all 20
 READ_BATCH_ROWS = 1024  # rows decoded at a time: worker and read-back memory follow this, not the shard size
-PARTITIONS_PER_WORKER = 2  # digest-group ranges per worker
 SPILL_DIR = "_spill"
 
 
@@ -57,8 +57,8 @@ def exact_key_text(text: str, config: DedupExactConfig) -> str:
     return normalise(text) if config.normalise_case_and_space else text
 
 
-def text_digest(text: str) -> bytes:
-    return hashlib.sha1(text.encode("utf-8")).digest()
+def text_digest(key_utf8: bytes) -> bytes:
+    return hashlib.sha1(key_utf8).digest()
 
 
 def keepers_by_text(members: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -80,11 +80,14 @@ def keepers_of_texts(by_text: dict[str, list[str]]) -> dict[str, str]:
 
 def digest_shard(shard_path: str, shard: str, config: DedupExactConfig) -> dict[str, Any]:
     """Task: SHA-1 of every document's key text of one shard, in row order, as a numpy array."""
-    digests = bytearray()
+    digests, key_bytes = bytearray(), []
     for batch in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["text"], use_threads=False):
         for text in batch.column("text").to_pylist():
-            digests += text_digest(exact_key_text(text, config))
-    return {"shard": shard, "path": shard_path, "digests": np.frombuffer(bytes(digests), dtype=DIGEST_DTYPE)}
+            key = exact_key_text(text, config).encode("utf-8")
+            digests += text_digest(key)
+            key_bytes.append(len(key))
+    return {"shard": shard, "path": shard_path, "digests": np.frombuffer(bytes(digests), dtype=DIGEST_DTYPE),
+            "key_bytes": np.asarray(key_bytes, dtype=np.int64)}
 
 
 def colliding_groups(digests: np.ndarray) -> list[np.ndarray]:
@@ -150,6 +153,7 @@ def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, wor
     shards = map_upstream_shards(digest_shard, upstream, (config,), workers, "exact digests")
     sizes = [len(result["digests"]) for result in shards]
     digests = np.concatenate([result["digests"] for result in shards] or [np.empty(0, DIGEST_DTYPE)])
+    key_bytes = np.concatenate([result["key_bytes"] for result in shards] or [np.empty(0, np.int64)])
     paths, names = [result["path"] for result in shards], [result["shard"] for result in shards]
     del shards
     shard_of = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
@@ -158,7 +162,9 @@ def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, wor
     del digests
     positions = np.concatenate(groups) if groups else np.zeros(0, np.int64)
     group_of = np.repeat(np.arange(len(groups), dtype=np.int64), [len(group) for group in groups])
-    partitions = PARTITIONS_PER_WORKER * runner_workers(workers)
+    # Ranges follow the key texts the shuffle moves (those of colliding documents), and the workers.
+    partitions = partition_count(workers, int(key_bytes[positions].sum()))
+    del key_bytes
     spill_dir = Path(work_dir) / SPILL_DIR
     try:
         read_jobs, read_sizes = [], []
@@ -180,7 +186,7 @@ def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, wor
     count = len(removed_ids)
     table = removal_table(removed_ids, removed_shards, [RULE] * count, [None] * count, [None] * count,
                           [dumps_json({"kept_id": kept_id}) for kept_id in kept_ids])
-    stats = {"documents": int(sum(sizes)), "duplicate_groups": len(groups),
+    stats = {"documents": int(sum(sizes)), "duplicate_groups": len(groups), "partitions": partitions,
              "digest_collisions_with_different_text": sum(different for _, _, _, different in decided), "removed": count}
     return write_removal_table(work_dir, table, stats)
 

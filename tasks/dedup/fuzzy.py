@@ -44,7 +44,8 @@ directory, which must be on shared storage for a multi-machine run):
 5. one task: union-find over the edges, removal map and clusters as Parquet;
 6. each shard drops the removed ids.
 Key and rank ranges number PARTITIONS_PER_WORKER × the workers (on Dask: the
-scheduler's worker count).
+scheduler's worker count), or one per PARTITION_BYTES of band records when
+that is more (tasks/stage_runner.partition_count).
 
 Rule `near_duplicate`, value = exact Jaccard with the matched document,
 detail {"cluster_id", "kept_id", "matched_id", "jaccard"}; the cluster is
@@ -75,13 +76,12 @@ from tasks.dedup.removal_map import RemovalContext, apply_removals, map_upstream
 from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
 from tasks.dedup.signature_filter import fingerprints, minimum_agreement
 from tasks.dedup.spill_reader import SpillFiles
-from tasks.runner.stage_runner import StageDef, map_shards, run_stage, runner_workers
+from tasks.runner.stage_runner import StageDef, map_shards, partition_count, run_stage
 
 STAGE = "dedup_fuzzy"
 VERSION = "3"  # 3: outcome defined order-free (all verified pairs; best edge = highest Jaccard, then smallest id); partitioned tasks
 SPILL_DIR = "_spill"
 SIGNATURE_BATCH_ROWS = 2048  # documents hashed at once in a worker: bounds its scratch memory whatever the shard size
-PARTITIONS_PER_WORKER = 2  # key / rank ranges per worker: a slow range does not leave the other workers idle
 
 
 @dataclass(frozen=True)
@@ -199,17 +199,14 @@ def write_corpus_files(shards: list[dict[str, Any]], ranks: Ranks, num_hashes: i
                        tuple(digests), tuple(s["shard"] for s in shards))
 
 
-def partition_count(workers: int) -> int:
-    """Key and rank ranges: a multiple of the workers the runner really has (on Dask, the scheduler's count)."""
-    return PARTITIONS_PER_WORKER * runner_workers(workers)
-
-
 def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
     """Global pass: signatures per shard, buckets per key range, verification per rank range, union-find; all runner tasks."""
     check_config(config)
     started = time.perf_counter()
     spill_dir = Path(work_dir) / SPILL_DIR
-    partitions = partition_count(workers)
+    # Ranges follow the band records the shuffle moves (16 bytes a band a document), and the workers.
+    documents = sum(f.rows or 0 for f in upstream.files("data"))
+    partitions = partition_count(workers, documents * config.bands * RECORD.itemsize)
     try:
         shards = map_upstream_shards(signature_shard, upstream, (config, str(spill_dir), partitions), workers, "minhash")
         signed = time.perf_counter()

@@ -285,6 +285,16 @@ def runner_workers(workers: int) -> int:
     return cluster_workers(client) if client is not None else max(1, workers)
 
 
+PARTITIONS_PER_WORKER = 2  # a global pass's ranges per worker: a slow range does not leave the other workers idle
+PARTITION_BYTES = 256 << 20  # ... and at most about this much shuffled data per range, whatever the worker count
+
+
+def partition_count(workers: int, data_bytes: int) -> int:
+    """Ranges of a global pass's shuffle: enough to keep every worker busy, and more as the data grows, so a
+    range's task holds about PARTITION_BYTES whether the corpus has a million documents or a billion."""
+    return max(PARTITIONS_PER_WORKER * runner_workers(workers), -(-int(data_bytes) // PARTITION_BYTES))
+
+
 def default_workers() -> int:
     client = dask_client()
     if client is not None:

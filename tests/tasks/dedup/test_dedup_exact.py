@@ -5,6 +5,7 @@ import json
 import pytest
 
 import tasks.dedup.exact as dedup_exact
+import tasks.runner.stage_runner as stage_runner
 from tasks.dedup.exact import DedupExactConfig, keepers_by_text, run_dedup_exact
 from tasks.dedup.shingles import normalise
 from tasks.runner.stage_runner import read_stage_audit, read_stage_docs
@@ -49,7 +50,14 @@ def test_same_removals_for_one_and_seven_shards(tmp_path, upstream):
 def test_colliding_texts_read_back_in_small_batches_and_many_group_ranges_give_the_same_removals(tmp_path, upstream, monkeypatch):
     texts = {f"d{i:02d}": f"text number {i % 4}" + " padding" * (i % 3) for i in range(40)}
     run_dedup_exact(DedupExactConfig(), upstream(texts, 3, "whole"), tmp_path / "whole", workers=1)
-    monkeypatch.setattr(dedup_exact, "PARTITIONS_PER_WORKER", 7)  # more group ranges than groups
+    monkeypatch.setattr(stage_runner, "PARTITION_BYTES", 8)  # a range per 8 bytes of colliding text: more ranges than groups
     monkeypatch.setattr(dedup_exact, "READ_BATCH_ROWS", 2)
-    run_dedup_exact(DedupExactConfig(), upstream(texts, 3, "batched"), tmp_path / "batched", workers=1)
+    manifest = run_dedup_exact(DedupExactConfig(), upstream(texts, 3, "batched"), tmp_path / "batched", workers=1)
     assert removed(tmp_path / "batched") == removed(tmp_path / "whole") and len(removed(tmp_path / "whole")) == 28
+    assert manifest.extra["context"]["partitions"] > manifest.extra["context"]["duplicate_groups"]
+
+
+def test_partition_counts_follow_the_data_bytes_not_only_the_workers():
+    assert stage_runner.partition_count(4, 0) == 8  # at least two ranges a worker
+    assert stage_runner.partition_count(4, 100 * stage_runner.PARTITION_BYTES) == 100  # then one per PARTITION_BYTES
+    assert stage_runner.partition_count(4, 100 * stage_runner.PARTITION_BYTES + 1) == 101

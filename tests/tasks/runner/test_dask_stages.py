@@ -7,6 +7,7 @@ import pytest
 from dask_faults import link_key_partition_killing_its_worker_once, signature_shard_killing_its_worker_once
 
 import tasks.dedup.fuzzy as dedup_fuzzy
+import tasks.runner.stage_runner as stage_runner
 from bench.templated_site import templated_site
 from manifests.stage_manifest import read_manifest
 from manifests.benchmark_sets import benchmark_path, read_benchmark
@@ -48,7 +49,7 @@ def test_dedup_stages_give_the_same_bytes_on_any_runner_and_partition_count(tmp_
     run_decontam(DECONTAM_CONFIG, source, tmp_path / "decontam-local", workers=2)
     run_dedup_exact(DedupExactConfig(), source, tmp_path / "exact-local", workers=2)
     local = run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-local", tmp_path / "fuzzy-local", workers=2)
-    monkeypatch.setattr(dedup_fuzzy, "PARTITIONS_PER_WORKER", 1)
+    monkeypatch.setattr(stage_runner, "PARTITIONS_PER_WORKER", 1)
     run_decontam(DECONTAM_CONFIG, source, tmp_path / "decontam-one", workers=1)
     run_dedup_exact(DedupExactConfig(), source, tmp_path / "exact-one", workers=1)
     one = run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-one", tmp_path / "fuzzy-one", workers=1)
@@ -57,7 +58,7 @@ def test_dedup_stages_give_the_same_bytes_on_any_runner_and_partition_count(tmp_
         decontam = run_decontam(DECONTAM_CONFIG, source, tmp_path / "decontam-dask", workers=1)
         run_dedup_exact(DedupExactConfig(), source, tmp_path / "exact-dask", workers=1)
         for per_worker in (2, 3):
-            monkeypatch.setattr(dedup_fuzzy, "PARTITIONS_PER_WORKER", per_worker)
+            monkeypatch.setattr(stage_runner, "PARTITIONS_PER_WORKER", per_worker)
             dask = run_dedup_fuzzy(DedupFuzzyConfig(), tmp_path / "exact-dask", tmp_path / f"fuzzy-dask-{per_worker}", workers=1)
             assert dask.extra["context"]["partitions"] == 3 * per_worker
     assert [local.extra["context"]["partitions"], one.extra["context"]["partitions"]] == [4, 1]
