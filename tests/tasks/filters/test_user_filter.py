@@ -62,25 +62,22 @@ def test_a_plugin_that_raises_fails_its_stage_naming_plugin_document_and_error(t
     assert not list(tmp_path.glob(".05_raising_filter*"))  # the work directory was removed too: nothing partial
 
 
-@pytest.mark.parametrize("returned", ["True", "(False, 'rule')", "None"])
-def test_a_wrong_return_type_is_an_error_naming_the_plugin(tmp_path, returned):
+WRONG_TYPE = r"returned .* for document doc-0-0; it must return tasks.filters.user_filter.Decision"
+NOT_A_BOOL = r"returned Decision\(keep=.* for document doc-0-0; keep must be True or False"  # Decision(keep="no") is truthy
+
+
+@pytest.mark.parametrize("returned, message", [("True", WRONG_TYPE), ("(False, 'rule')", WRONG_TYPE), ("None", WRONG_TYPE),
+                                               ("Decision('no', 'rule')", NOT_A_BOOL), ("Decision(0, 'rule')", NOT_A_BOOL),
+                                               ("Decision(1, 'rule')", NOT_A_BOOL), ("Decision(None, 'rule')", NOT_A_BOOL),
+                                               ("Decision([], 'rule')", NOT_A_BOOL)])
+def test_a_wrong_answer_is_an_error_naming_the_plugin_and_nothing_is_published(tmp_path, returned, message):
     upstream = publish_upstream(tmp_path / "04_quality", [PROSE, LOREM])
     module = f"wrong_{abs(hash(returned))}"
     config = plugin(tmp_path, module, f"def decide(text, meta):\n    return {returned}\n")
-    with pytest.raises(UserFilterError, match=rf"'{module}'.*returned .* for document doc-0-0; it must return tasks.filters.user_filter.Decision"):
+    with pytest.raises(UserFilterError, match=rf"'{module}'.*{message}"):
         run_stage(user_filter_stage(config), config, upstream, tmp_path / "05_wrong", workers=1)
-
-
-@pytest.mark.parametrize("keep", ['"no"', "0", "1", "None", "[]"])
-def test_a_keep_that_is_not_a_bool_is_an_error_naming_the_plugin(tmp_path, keep):
-    """Decision(keep="no") is truthy: taken as given it would silently keep the document."""
-    upstream = publish_upstream(tmp_path / "04_quality", [PROSE, LOREM])
-    module = f"keep_{abs(hash(keep))}"
-    config = plugin(tmp_path, module, f"def decide(text, meta):\n    return Decision({keep}, 'rule')\n")
-    with pytest.raises(UserFilterError, match=rf"'{module}'.*Decision\(keep=.* for document doc-0-0; keep must be True or False"):
-        run_stage(user_filter_stage(config), config, upstream, tmp_path / "05_keep", workers=1)
     with pytest.raises(StageNotComplete):
-        read_manifest(tmp_path / "05_keep")
+        read_manifest(tmp_path / "05_wrong")
 
 
 def test_an_unimportable_plugin_fails_before_any_stage(tmp_path):
