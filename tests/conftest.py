@@ -110,7 +110,8 @@ def write_sources(root: Path) -> list[Path]:
         (root / name / "docs.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         spec = root / f"{name}.toml"
         spec.write_text(f'name = "{name}"\nkind = "jsonl"\npath = "{root / name}"\norigin = "test://{name}"\n'
-                        f'snapshot = "2026-11-29"\nlicense = "CC0-1.0"\nlangs = {json.dumps(langs)}\n', encoding="utf-8")
+                        f'snapshot = "2026-11-29"\nlicense = "CC0-1.0"\nlangs = {json.dumps(langs)}\n'
+                        'profile = "prose"\n', encoding="utf-8")  # the profile these fixtures were written for (web is the default)
         specs.append(spec)
     return specs
 
