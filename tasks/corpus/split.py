@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from manifests.run_dir import find_stage
 from manifests.schema import DOC_SCHEMA, docs_table
 from manifests.stage_manifest import StageManifest
-from tasks.dedup.removal_map import SHARD_COLUMN, ShardFiles, ShardSlice, shard_rows, write_by_shard
+from tasks.dedup.removal_map import SHARD_COLUMN, ShardFiles, ShardSlice, map_upstream_shards, shard_rows, write_by_shard
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
 
 STAGE = "split"
@@ -175,21 +175,32 @@ class SplitPlan:
         return self.validation.artifacts()
 
 
-def plan_split(upstream: StageManifest, config: SplitConfig, work_dir: Path) -> SplitPlan:
-    """Families and the validation choice from ids, sources and byte sizes, read one shard at a time."""
-    tables, shard_names = [SPLIT_DOCS_SCHEMA.empty_table()], []
-    for data_file in upstream.files("data"):
-        table = pq.read_table(upstream.path_of(data_file), columns=["id", "source", "text"])
-        n_bytes = pc.binary_length(table.column("text").cast(pa.binary())).cast(pa.int64())
-        tables.append(pa.table([table.column("id"), table.column("source"), n_bytes], schema=SPLIT_DOCS_SCHEMA))
-        shard_names += [Path(data_file.path).stem] * table.num_rows
-    docs = pa.concat_tables(tables).combine_chunks()
+def shard_split_sizes(shard_path: str, shard: str) -> dict[str, Any]:
+    """Task: id, source and UTF-8 size of every document of one shard, the columns the split plans from;
+    the texts are read here, on a worker, and go no further."""
+    table = pq.read_table(shard_path, columns=["id", "source", "text"])
+    n_bytes = pc.binary_length(table.column("text").cast(pa.binary())).cast(pa.int64())
+    return {"shard": shard, "docs": pa.table([table.column("id"), table.column("source"), n_bytes], schema=SPLIT_DOCS_SCHEMA)}
+
+
+def plan_split(upstream: StageManifest, config: SplitConfig, work_dir: Path, workers: int = 1) -> SplitPlan:
+    """Families and the validation choice from ids, sources and byte sizes (one runner task per shard reads the texts).
+
+    The flow host holds those columns (~40 bytes a document plus the id) and
+    the duplicate relations; no text and no object per document besides the id strings.
+    """
+    shards = map_upstream_shards(shard_split_sizes, upstream, (), workers, "split sizes")
+    docs = pa.concat_tables([SPLIT_DOCS_SCHEMA.empty_table(), *(shard["docs"] for shard in shards)]).combine_chunks()
+    shard_of = np.repeat(np.arange(len(shards), dtype=np.int32), [shard["docs"].num_rows for shard in shards])
+    names = [shard["shard"] for shard in shards]
+    del shards
     doc_ids = docs.column("id").to_pylist()
     family, sizes = families_of(doc_ids, duplicate_relations(Path(upstream.directory).parent))
     chosen = choose_validation(docs, family, config)
-    rows = [(doc_id, root, size, shard) for doc_id, root, size, shard in zip(doc_ids, family, sizes, shard_names) if doc_id in chosen]
-    columns = [pa.array([r[i] for r in rows], type) for i, type in enumerate((pa.string(), pa.string(), pa.int64(), pa.string()))]
-    table = pa.table(columns, names=[*VALIDATION_SCHEMA.names, SHARD_COLUMN])
+    picked = [i for i, doc_id in enumerate(doc_ids) if doc_id in chosen]
+    table = pa.table([pa.array([doc_ids[i] for i in picked], pa.string()), pa.array([family[i] for i in picked], pa.string()),
+                      pa.array([sizes[i] for i in picked], pa.int64()), pa.array([names[shard_of[i]] for i in picked], pa.string())],
+                     names=[*VALIDATION_SCHEMA.names, SHARD_COLUMN])
     return SplitPlan(write_by_shard(Path(work_dir), VALIDATION_DIR, table), table.num_rows, len(set(family)), len(doc_ids))
 
 

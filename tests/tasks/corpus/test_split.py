@@ -92,3 +92,32 @@ def test_shard_jobs_carry_their_own_part_of_the_choice_not_the_choice(tiny_run, 
         on_shard = set(pq.read_table(upstream.directory / "data" / f"{shard}.parquet", columns=["id"]).column("id").to_pylist())
         assert set(ids) <= on_shard  # a shard's file holds only that shard's documents
         assert len(pickle.dumps(part)) < 400
+
+
+def test_split_plans_from_columns_its_shard_tasks_return_without_reading_text_here(tiny_run, tmp_path, monkeypatch):
+    """The texts are read by one runner task per shard; the flow host gets ids, sources and sizes, and the same choice."""
+    import pyarrow.parquet as pq_module
+
+    from manifests.stage_manifest import read_manifest
+    from tasks.corpus import split as split_module
+    from tasks.corpus.split import plan_split
+    from tasks.runner.stage_runner import StageWriter
+
+    docs = read_stage_docs(tiny_run / "03_dedup_fuzzy")
+    writer = StageWriter("dedup_fuzzy", "test", {}, "in-three", [], tmp_path / "run" / "03_dedup_fuzzy")
+    third = docs.num_rows // 3
+    for index, start in enumerate((0, third, 2 * third)):
+        writer.write_shard(index, docs.slice(start, third if index < 2 else docs.num_rows - start), [])
+    upstream = writer.publish()
+    config = SplitConfig(validation_fraction=0.3)
+    here = plan_split(upstream, config, tmp_path / "here", workers=1)
+    real_read_table = pq_module.read_table
+
+    def no_text_here(path, *args, columns=None, **kwargs):
+        assert "text" not in (columns or ["text"]), f"the flow host read texts of {path}"
+        return real_read_table(path, *args, columns=columns, **kwargs)
+
+    monkeypatch.setattr(split_module.pq, "read_table", no_text_here)  # spawned workers import their own pyarrow
+    on_workers = plan_split(read_manifest(upstream.directory), config, tmp_path / "workers", workers=2)
+    assert on_workers.validation_documents == here.validation_documents > 0
+    assert {s: f[1] for s, f in on_workers.validation.files.items()} == {s: f[1] for s, f in here.validation.files.items()}
