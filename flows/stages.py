@@ -71,7 +71,8 @@ def _mixture(config: PipelineConfig, run: Path, previous: Path | None, out: Path
 
 
 def _shards(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
-    return run_shards(config.shards, stage_path(run, "split", config), stage_path(run, "tokenizer", config), stage_path(run, "mixture", config), out)
+    return run_shards(config.shards, stage_path(run, "split", config), stage_path(run, "tokenizer", config), stage_path(run, "mixture", config), out,
+                      config.workers)
 
 
 def _pretrain(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:

@@ -11,6 +11,11 @@ epoch-major seeded order so a repeat never sits beside its original. A shard
 holds at most `tokens_per_shard` tokens; a document crossing a boundary gets
 one index row in each shard. Index rows (doc_id, offset, length, doc_start,
 repeat) let `trace_token` name the document of any training token.
+
+How it runs: the flow host orders the occurrences and cuts the stream where
+one sequential pass would; each output shard is a runner task that reads its
+pieces from the token file and writes its .bin and .idx.parquet (the same
+bytes for any number of workers).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.corpus.encoding import encode_to_file, token_dtype
 from tasks.corpus.mixture import PLAN_FILE, TABLE_FILE, TOKENS_FILE
 from tasks.corpus.split import HELD_OUT_RULE, VALIDATION, iter_split_docs, seeded_rank
-from tasks.runner.stage_runner import run_artifact_stage
+from tasks.runner.stage_runner import default_workers, map_shards, run_artifact_stage
 from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
 
 STAGE = "shards"
@@ -95,55 +100,81 @@ def occurrence_order(ids: list[str], repeats: np.ndarray, seed: int) -> tuple[np
     return doc[order], k[order]
 
 
-def write_stream(side: SideTokens, doc: np.ndarray, repeat: np.ndarray, tokens_per_shard: int, out_dir: Path, prefix: str) -> list[dict[str, Any]]:
-    """Cut the occurrence stream into bounded shards; one .bin and one .idx.parquet per shard."""
-    shards: list[dict[str, Any]] = []
-    buffer = np.empty(tokens_per_shard, dtype=side.dtype)
-    item = side.dtype.itemsize
-    fill = 0
+@dataclass(frozen=True)
+class ShardLayout:
+    """One output shard's share of the occurrence stream: its occurrences (document id, where the document starts
+    in the token file, its length, which repeat) and how many tokens of the first one the shard before holds.
+    What a shard task gets: a slice of the stream, never the whole plan."""
+
+    name: str
+    ids: list[str]
+    starts: np.ndarray
+    lengths: np.ndarray
+    repeats: np.ndarray
+    first_done: int
+    tokens: int
+
+
+def plan_layout(side: SideTokens, doc: np.ndarray, repeat: np.ndarray, tokens_per_shard: int, prefix: str) -> list[ShardLayout]:
+    """Cut the occurrence stream into shards of `tokens_per_shard` tokens (the last one shorter), as one sequential pass would."""
+    lengths = side.lengths[doc].astype(np.int64)
+    ends = np.cumsum(lengths)
+    begins = ends - lengths
+    total = int(ends[-1]) if len(ends) else 0
+    layouts = []
+    for index, low in enumerate(range(0, total, tokens_per_shard)):
+        high = min(low + tokens_per_shard, total)
+        first, last = int(np.searchsorted(ends, low, side="right")), int(np.searchsorted(begins, high, side="left"))
+        mine = doc[first:last]
+        layouts.append(ShardLayout(f"{prefix}-{index:05d}", [side.ids[d] for d in mine.tolist()], side.starts[mine], side.lengths[mine],
+                                   repeat[first:last], low - int(begins[first]), high - low))
+    return layouts
+
+
+def write_shard(layout: ShardLayout, tokens_path: str, dtype_name: str, out_dir: str) -> dict[str, Any]:
+    """Task: one shard's .bin (its tokens, read piece by piece with pread) and .idx.parquet (one row per piece)."""
+    dtype = np.dtype(dtype_name)
+    buffer = np.empty(layout.tokens, dtype=dtype)
     index: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
-
-    def flush() -> None:
-        nonlocal fill, index
-        name = f"{prefix}-{len(shards):05d}"
-        atomic_write_bytes(out_dir / f"{name}.bin", buffer[:fill].tobytes())
-        atomic_write_parquet(out_dir / f"{name}.idx.parquet", pa.table(index, schema=INDEX_SCHEMA))
-        shards.append({"name": name, "tokens": fill, "documents": len(index["doc_id"])})
-        fill, index = 0, {name: [] for name in INDEX_SCHEMA.names}
-
-    tokens = os.open(side.path, os.O_RDONLY)
+    fill = 0
+    handle = os.open(tokens_path, os.O_RDONLY)
     try:
-        for d, k in zip(doc.tolist(), repeat.tolist()):
-            start, length = int(side.starts[d]), int(side.lengths[d])
-            done = 0
-            while done < length:
-                piece = min(length - done, tokens_per_shard - fill)
-                buffer[fill:fill + piece] = np.frombuffer(os.pread(tokens, piece * item, (start + done) * item), dtype=side.dtype)
-                for column, value in zip(INDEX_SCHEMA.names, (side.ids[d], fill, piece, done, k)):
-                    index[column].append(value)
-                fill += piece
-                done += piece
-                if fill == tokens_per_shard:
-                    flush()
+        for position, (doc_id, start, length, k) in enumerate(zip(layout.ids, layout.starts.tolist(), layout.lengths.tolist(), layout.repeats.tolist())):
+            done = layout.first_done if position == 0 else 0
+            piece = min(int(length) - done, layout.tokens - fill)
+            buffer[fill:fill + piece] = np.frombuffer(os.pread(handle, piece * dtype.itemsize, (int(start) + done) * dtype.itemsize), dtype=dtype)
+            for column, value in zip(INDEX_SCHEMA.names, (doc_id, fill, piece, done, k)):
+                index[column].append(value)
+            fill += piece
     finally:
-        os.close(tokens)
-    if fill:
-        flush()
-    return shards
+        os.close(handle)
+    if fill != layout.tokens:
+        raise ValueError(f"{tokens_path}: shard {layout.name} got {fill} tokens where {layout.tokens} were planned; nothing was published")
+    bin_path, idx_path = Path(out_dir) / f"{layout.name}.bin", Path(out_dir) / f"{layout.name}.idx.parquet"
+    atomic_write_bytes(bin_path, buffer.tobytes())
+    atomic_write_parquet(idx_path, pa.table(index, schema=INDEX_SCHEMA))
+    return {"name": layout.name, "tokens": fill, "documents": len(index["doc_id"]), "sha256": sha256_file(bin_path),
+            "index_sha256": sha256_file(idx_path)}
 
 
-def pack_side(side: SideTokens, repeats: np.ndarray, config: ShardsConfig, work_dir: Path, prefix: str) -> list[dict[str, Any]]:
+def write_stream(side: SideTokens, doc: np.ndarray, repeat: np.ndarray, tokens_per_shard: int, out_dir: Path, prefix: str,
+                 workers: int = 1) -> list[dict[str, Any]]:
+    """Cut the occurrence stream into bounded shards, one runner task per shard; one .bin and one .idx.parquet each, in order."""
+    layouts = plan_layout(side, doc, repeat, tokens_per_shard, prefix)
+    jobs = [(layout, str(side.path), side.dtype.str, str(out_dir)) for layout in layouts]
+    return sorted(map_shards(write_shard, jobs, workers, f"shards: {prefix}", [layout.tokens for layout in layouts]), key=lambda s: s["name"])
+
+
+def pack_side(side: SideTokens, repeats: np.ndarray, config: ShardsConfig, work_dir: Path, prefix: str, workers: int = 1) -> list[dict[str, Any]]:
     """Lay out one side's occurrences and write its shards; the shard listing for the corpus manifest."""
-    written = write_stream(side, *occurrence_order(side.ids, repeats, config.seed), config.tokens_per_shard, work_dir / "tokens", prefix)
-    listing = []
-    for shard in written:
-        bin_rel, idx_rel = f"tokens/{shard['name']}.bin", f"tokens/{shard['name']}.idx.parquet"
-        listing.append({"path": bin_rel, "sha256": sha256_file(work_dir / bin_rel), "tokens": shard["tokens"], "documents": shard["documents"],
-                        "index_path": idx_rel, "index_sha256": sha256_file(work_dir / idx_rel)})
-    return listing
+    written = write_stream(side, *occurrence_order(side.ids, repeats, config.seed), config.tokens_per_shard, work_dir / "tokens", prefix, workers)
+    return [{"path": f"tokens/{shard['name']}.bin", "sha256": shard["sha256"], "tokens": shard["tokens"], "documents": shard["documents"],
+             "index_path": f"tokens/{shard['name']}.idx.parquet", "index_sha256": shard["index_sha256"]} for shard in written]
 
 
-def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config: ShardsConfig, work_dir: Path) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config: ShardsConfig, work_dir: Path,
+                 workers: int | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    workers = workers or default_workers()
     tokenizer_manifest, mixture_manifest = read_manifest(tokenizer_dir), read_manifest(mixture_dir)
     shutil.copyfile(tokenizer_manifest.directory / TOKENIZER_FILE, work_dir / TOKENIZER_FILE)  # the corpus dir is self-contained
     tokenizer = load_tokenizer(work_dir / TOKENIZER_FILE)
@@ -154,10 +185,10 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
     (work_dir / "tokens").mkdir()
 
     train_side, repeats = planned_side(plan, mixture_manifest.directory / TOKENS_FILE, dtype)
-    train = pack_side(train_side, repeats, config, work_dir, "train")
+    train = pack_side(train_side, repeats, config, work_dir, "train", workers)
     cache = work_dir / f".{VALIDATION}.cache"
     validation_side = encode_side(iter_split_docs(split_dir, VALIDATION, ["id", "text"]), tokenizer, eos_id, dtype, cache)
-    validation = pack_side(validation_side, np.ones(len(validation_side.ids), np.int64), config, work_dir, VALIDATION)
+    validation = pack_side(validation_side, np.ones(len(validation_side.ids), np.int64), config, work_dir, VALIDATION, workers)
     validation_tokens = dict(zip(validation_side.ids, validation_side.lengths.tolist()))
     del validation_side
     cache.unlink()
@@ -257,7 +288,8 @@ def trace_token(corpus_path: Path, shard: int, offset: int, split: str = "train"
     }
 
 
-def run_shards(config: ShardsConfig, split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, out_dir: Path) -> StageManifest:
+def run_shards(config: ShardsConfig, split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, out_dir: Path,
+               workers: int | None = None) -> StageManifest:
     inputs = [Path(split_dir), Path(tokenizer_dir), Path(mixture_dir)]
     return run_artifact_stage(STAGE, VERSION, asdict(config), inputs, Path(out_dir),
-                              lambda work_dir: build_shards(*inputs, config, work_dir))
+                              lambda work_dir: build_shards(*inputs, config, work_dir, workers))

@@ -130,3 +130,21 @@ def test_document_longer_than_a_shard_spans_several(tmp_path):
     assert [s["tokens"] for s in shards] == [5, 5, 5, 5, 5, 1]
     last = pq.read_table(tmp_path / "out" / "train-00005.idx.parquet").to_pylist()
     assert last == [{"doc_id": "long", "offset": 0, "length": 1, "doc_start": 12, "repeat": 1}]
+
+
+def test_shards_are_written_by_one_task_each_with_the_bytes_of_one_pass(tmp_path):
+    """Random lengths and repeats cut into 7-token shards: the shard tasks' files equal one stream cut sequentially."""
+    from tasks.corpus.shards import write_stream
+
+    rng = np.random.default_rng(5)
+    docs = [(f"d{i}", int(n)) for i, n in enumerate(rng.integers(1, 20, size=30))]
+    side = small_side(tmp_path, docs)
+    doc, repeat = occurrence_order(side.ids, rng.integers(0, 3, size=len(docs)), seed=3)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = write_stream(side, doc, repeat, 7, tmp_path / "one", "train", workers=1)
+    two = write_stream(side, doc, repeat, 7, tmp_path / "two", "train", workers=2)
+    assert one == two and len(one) > 10  # same names, token counts and file digests
+    stream = np.concatenate([np.arange(side.lengths[d], dtype="<u2") for d in doc.tolist()])
+    written = np.concatenate([np.fromfile(tmp_path / "two" / f"{s['name']}.bin", dtype="<u2") for s in two])
+    assert written.tolist() == stream.tolist() and all(s["tokens"] == 7 for s in two[:-1])
