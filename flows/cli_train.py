@@ -67,11 +67,15 @@ def cmd_eval_suite(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hymo_core.eval.report import EVAL_MD, default_out, run_suite
+    from hymo_core.eval.sandbox import SandboxUnavailable
     from hymo_core.train.run import default_device
 
     out = Path(args.out) if args.out else default_out(args.checkpoint)
-    result = run_suite(args.checkpoint, args.suite, args.corpus, args.limit, out, default_device(), args.mmlu_format,
-                       log=lambda line: console.print(line, markup=False))
+    try:
+        result = run_suite(args.checkpoint, args.suite, args.corpus, args.limit, out, default_device(), args.mmlu_format,
+                           log=lambda line: console.print(line, markup=False), unsafe_exec=args.unsafe_exec)
+    except SandboxUnavailable as exc:
+        raise SystemExit(f"hymo eval: {exc}") from None
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "tasks"} | {"tasks": {t: {k: v for k, v in r.items() if k != "per_item"}
                                                                                      for t, r in result["tasks"].items()}}, indent=2))
@@ -154,6 +158,8 @@ def add_commands(sub: Any) -> None:
     evaluate.add_argument("--limit", type=int, help="with --suite: the first N items of each task (of each MMLU subject)")
     evaluate.add_argument("--out", help="with --suite: where eval.json and eval.md go (default: RUN/eval/NN_pretrain-CKPT_NAME for a stage checkpoint, else CKPT_DIR/../eval/CKPT_NAME)")
     evaluate.add_argument("--mmlu-format", choices=["rc", "letters"], default="rc", help="MMLU as cloze (OLMES rc) or lettered choices (lm-eval mmlu)")
+    evaluate.add_argument("--unsafe-exec", action="store_true",
+                          help="with --suite: run HumanEval's generated code even where the namespace sandbox fails (eval.json records sandbox: unsafe)")
     evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")
     evaluate.add_argument("--cloze", help="cloze JSONL (default: the bundled sample set)")
     evaluate.add_argument("--json", action="store_true")

@@ -20,6 +20,7 @@ import torch
 
 from hymo_core.checkpoint.load import load_model
 from hymo_core.train.data import CorpusError, CorpusReader, ValidationLoader
+from hymo_core.eval.sandbox import require_isolation
 from hymo_core.eval.suite import SUITES, markdown_table, run_task
 from hymo_core.eval.evaluation import load_tokenizer
 from hymo_core.train.trainer import evaluate
@@ -61,10 +62,11 @@ def held_out_perplexity(model: torch.nn.Module, reader: CorpusReader, train_conf
 
 def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path | None = None, limit: int | None = None,
               out: str | Path | None = None, device: torch.device | str = "cpu", mmlu_format: str = "rc",
-              max_new_tokens: dict[str, int] | None = None, log: Any = print) -> dict[str, Any]:
+              max_new_tokens: dict[str, int] | None = None, log: Any = print, unsafe_exec: bool = False) -> dict[str, Any]:
     """Every task of `suite`, then perplexity; returns the eval.json content and writes it (and eval.md) into `out`."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+    sandbox = require_isolation(unsafe_exec) if "humaneval" in SUITES[suite] else None  # refuse before loading anything
     checkpoint = Path(checkpoint)
     device = torch.device(device)
     torch.manual_seed(0)  # nothing here samples; fixed anyway so a future sampled metric is reproducible
@@ -75,11 +77,11 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
     tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
     results: dict[str, Any] = {"checkpoint": str(checkpoint), "step": payload["state"]["step"], "suite": suite, "limit": limit,
                                "corpus": str(reader.path), "corpus_digest": reader.digest,
-                               "same_corpus": payload["manifest_digest"] == reader.digest, "tasks": {}}
+                               "same_corpus": payload["manifest_digest"] == reader.digest, "sandbox": sandbox, "tasks": {}}
     for task in SUITES[suite]:
         started = time.perf_counter()
         results["tasks"][task] = run_task(task, model, tokenizer, limit=limit, eos_id=reader.eos_id, device=device,
-                                          mmlu_format=mmlu_format, max_new_tokens=max_new_tokens)
+                                          mmlu_format=mmlu_format, max_new_tokens=max_new_tokens, unsafe_exec=unsafe_exec)
         results["tasks"][task]["seconds"] = time.perf_counter() - started
         log(f"{task}: {results['tasks'][task]['items']} items in {results['tasks'][task]['seconds']:.1f} s")
     results["perplexity"] = held_out_perplexity(model, reader, payload["train_config"], device)

@@ -1,36 +1,44 @@
-"""Run untrusted generated Python (HumanEval completions) in a separate process, bounded in time, memory and network.
+"""Run untrusted generated Python (HumanEval completions) so that a hostile program stays contained.
 
-What it guarantees, by isolation mode (the mode is recorded in eval.json):
+Mode ``namespaces`` (the default; `sandbox_init.py` builds it): user, mount, network, PID, IPC and
+UTS namespaces; uid/gid 1000 inside (host nobody when HyMo runs as root), no capabilities,
+``no_new_privs``; a root of read-only binds (``/usr``, the interpreter) with a fresh ``/proc`` and
+a private ``/tmp`` tmpfs of ``TMP_BYTES`` (the total a program can write) and ``TMP_INODES`` files;
+rlimits on CPU, memory (``MEMORY_BYTES``), file size (``FILE_BYTES``, stderr included), processes
+(``MAX_PROCESSES``) and open files. The program runs as (a child of) the PID namespace's init; on
+*every* exit, pass, fail or timeout, init is killed and waited for, and the kernel kills whatever is
+left in the namespace before init is reported dead. Nothing outlives `run_program`.
 
-* ``netns`` (``unshare -n``, or ``unshare -rn`` for an unprivileged user, when
-  the kernel allows it): the program runs in a fresh network namespace with
-  only a downed loopback device, so no socket can reach any host, whatever
-  the code does (raw ``_socket``, ``ctypes``, subprocesses included).
-* ``guard`` (no namespace available): ``socket.socket``, ``socket.create_connection``
-  and ``socket.getaddrinfo`` are replaced before the program runs, so ordinary
-  library code cannot connect; deliberately adversarial code can still reach
-  ``_socket`` directly. This is protection against accidents, not against an attacker.
-
-In both modes: a fresh ``python -I`` (no user site, no PYTHON* variables, no
-cwd on sys.path), an empty temporary working directory that is deleted after,
-a minimal environment, its own session (a timeout kills the whole process
-group), RLIMIT_AS 1 GiB, RLIMIT_CPU = timeout + 1 s, RLIMIT_FSIZE 16 MiB and no
-core files (RLIMIT_NPROC is left alone: it counts all of the user's processes). The file system is not made read-only: it is not a container.
+Where the kernel refuses namespaces, `require_isolation` raises `SandboxUnavailable` (one line),
+unless the caller passes ``unsafe=True`` (``hymo eval --unsafe-exec``): then the program runs in a
+plain subprocess with the same rlimits and a socket guard that stops accidents, not attackers, and
+the mode is recorded as ``unsafe``.
 """
 from __future__ import annotations
 
 import functools
+import json
 import os
 import resource
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 MEMORY_BYTES = 1 << 30
 FILE_BYTES = 16 << 20
+TMP_BYTES = 64 << 20
+TMP_INODES = 1024
+MAX_PROCESSES = 64
+MAX_OPEN_FILES = 256
+STDERR_TAIL = 500
+SETUP_FAILED = 125  # sandbox_init's exit status when it could not build the sandbox
+LAUNCHER = Path(__file__).resolve().with_name("sandbox_init.py")
 NETWORK_GUARD = """\
 import socket as _s
 def _blocked(*args, **kwargs):
@@ -42,59 +50,181 @@ del _s
 """
 
 
+class SandboxUnavailable(RuntimeError):
+    """Namespaces cannot be built here; the message is one line."""
+
+
 @dataclass(frozen=True)
 class RunResult:
     passed: bool  # exit status 0 within the time limit
     status: str  # "passed" | "failed" | "timeout"
     detail: str  # the tail of stderr, or the time limit
+    returncode: int | None = None  # the program's exit status; None on timeout
+
+
+def interpreter() -> str:
+    """The base interpreter (a venv's python is a link to it); its prefix is bound into the sandbox."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _binds() -> list[str]:
+    paths = ["/usr", "/bin", "/lib", "/lib64", "/lib32", "/sbin", "/etc/ld.so.cache",
+             os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)]
+    return list(dict.fromkeys(p for p in paths if os.path.lexists(p)))
+
+
+def _limits(timeout_s: float) -> dict[str, int]:
+    cpu = int(timeout_s) + 1
+    return {"RLIMIT_CPU": cpu, "RLIMIT_AS": MEMORY_BYTES, "RLIMIT_FSIZE": FILE_BYTES, "RLIMIT_CORE": 0,
+            "RLIMIT_NPROC": MAX_PROCESSES, "RLIMIT_NOFILE": MAX_OPEN_FILES}
+
+
+def _env(home: str) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home}
 
 
 @functools.lru_cache(maxsize=1)
-def isolation_prefix() -> tuple[str, ...]:
-    """The command prefix that gives a network namespace here, or () when the kernel refuses one."""
-    if not shutil.which("unshare"):
-        return ()
-    for prefix in (("unshare", "-n"), ("unshare", "-rn")):
+def _probe() -> str:
+    """'' when a trivial program runs in the namespaces here, else the one-line reason it does not."""
+    try:
+        result = _run_isolated("import os\nassert os.getuid() == 1000\n", 30.0)
+    except OSError as exc:
+        return str(exc)
+    if result.passed:
+        return ""
+    return (result.detail.strip().splitlines() or [result.status])[-1]
+
+
+def isolation_mode(unsafe: bool = False) -> str:
+    """'namespaces' where they work; otherwise 'unsafe' if allowed (else `require_isolation` raises)."""
+    return "namespaces" if not _probe() else ("unsafe" if unsafe else "unavailable")
+
+
+def require_isolation(unsafe: bool = False) -> str:
+    """The mode programs will run in; raises SandboxUnavailable unless namespaces work or `unsafe`."""
+    mode = isolation_mode(unsafe)
+    if mode == "unavailable":
+        raise SandboxUnavailable(f"the code sandbox needs user/network/PID/mount namespaces, which fail here ({_probe()}); "
+                                 f"pass --unsafe-exec to run generated code without them")
+    return mode
+
+
+def run_program(program: str, timeout_s: float = 10.0, unsafe: bool = False) -> RunResult:
+    """Execute `program` in the sandbox; passed iff it exits 0 within `timeout_s`."""
+    if require_isolation(unsafe) == "unsafe":
+        return _run_unsafe(program, timeout_s)
+    return _run_isolated(program, timeout_s)
+
+
+def _result(returncode: int, stderr_file, timeout_s: float, timed_out: bool) -> RunResult:
+    if timed_out:
+        return RunResult(False, "timeout", f"no exit within {timeout_s:g} s")
+    stderr_file.seek(0, os.SEEK_END)
+    stderr_file.seek(max(0, stderr_file.tell() - 4 * STDERR_TAIL))
+    tail = stderr_file.read().decode("utf-8", "replace")[-STDERR_TAIL:]
+    return RunResult(returncode == 0, "passed" if returncode == 0 else "failed", tail, returncode)
+
+
+def _run_isolated(program: str, timeout_s: float) -> RunResult:
+    status_r, status_w = os.pipe()
+    config = {"status_fd": status_w, "binds": _binds(), "tmp_bytes": TMP_BYTES, "tmp_inodes": TMP_INODES,
+              "limits": _limits(timeout_s), "python": interpreter(), "env": _env("/tmp")}
+    init_pidfd, started = None, False
+    with tempfile.TemporaryFile() as stderr_file:
         try:
-            if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
-                return prefix
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-    return ()
+            process = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(config)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.DEVNULL, stderr=stderr_file, pass_fds=(status_w,),
+                                       start_new_session=True, env=_env("/"))
+        finally:
+            os.close(status_w)
+        deadline = time.monotonic() + timeout_s
+        timed_out = False
+        try:
+            process.stdin.write(program.encode("utf-8"))
+            process.stdin.close()
+            init_pidfd, started = _read_status(status_r, deadline)
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except BrokenPipeError:
+            process.wait()
+        finally:
+            os.close(status_r)
+            _kill_namespace(process, init_pidfd)
+        if process.returncode == SETUP_FAILED and not (init_pidfd is not None and started):
+            stderr_file.seek(0)
+            lines = stderr_file.read().decode("utf-8", "replace").strip().splitlines()
+            raise OSError(lines[-1] if lines else "the sandbox launcher failed")
+        return _result(process.returncode, stderr_file, timeout_s, timed_out)
 
 
-def isolation_mode() -> str:
-    return "netns" if isolation_prefix() else "guard"
+def _read_status(status_r: int, deadline: float) -> tuple[int | None, bool]:
+    """(a pidfd of the namespace's init, set-up finished) from the launcher's status lines."""
+    buffer, pidfd, started = b"", None, False
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([status_r], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(status_r, 4096)
+        if not chunk:
+            break
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.startswith(b"pid "):
+                try:
+                    pidfd = os.pidfd_open(int(line[4:]))
+                except ProcessLookupError:
+                    pass  # already gone, namespace and all
+            elif line == b"exec":
+                started = True
+    return pidfd, started
 
 
-def _limits(timeout_s: float) -> None:
-    """In the child before exec: bounded CPU, memory, file size; no core dumps."""
-    cpu = int(timeout_s) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _kill_namespace(process: subprocess.Popen, init_pidfd: int | None) -> None:
+    """SIGKILL the namespace's init and wait until it (and so every process in the namespace) is gone."""
+    if init_pidfd is not None:
+        try:
+            signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        select.select([init_pidfd], [], [], 30.0)  # readable once init has exited
+        os.close(init_pidfd)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
-def run_program(program: str, timeout_s: float = 10.0) -> RunResult:
-    """Execute `program` with the current interpreter in the sandbox; passed iff it exits 0 in time."""
-    prefix = isolation_prefix()
-    source = program if prefix else NETWORK_GUARD + program
-    workdir = tempfile.mkdtemp(prefix="hymo-sandbox-")
+def _unsafe_limits(timeout_s: float) -> None:
+    """In the child before exec, unsafe mode: the same rlimits as the sandbox except the process count
+    (without a user namespace, RLIMIT_NPROC counts every process of the user)."""
+    for name, value in _limits(timeout_s).items():
+        if name != "RLIMIT_NPROC":
+            resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def _run_unsafe(program: str, timeout_s: float) -> RunResult:
+    workdir = tempfile.mkdtemp(prefix="hymo-unsafe-exec-")
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as handle:
-            handle.write(source)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-        process = subprocess.Popen([*prefix, sys.executable, "-I", "program.py"], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                                   preexec_fn=functools.partial(_limits, timeout_s))
-        try:
-            _, stderr = process.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-            return RunResult(False, "timeout", f"no exit within {timeout_s:g} s")
-        tail = stderr.decode("utf-8", "replace")[-500:]
-        return RunResult(process.returncode == 0, "passed" if process.returncode == 0 else "failed", tail)
+            handle.write(NETWORK_GUARD + program)
+        with tempfile.TemporaryFile() as stderr_file:
+            process = subprocess.Popen([sys.executable, "-I", "program.py"], cwd=workdir, env=_env(workdir), stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=stderr_file, start_new_session=True,
+                                       preexec_fn=functools.partial(_unsafe_limits, timeout_s))
+            timed_out = False
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait()
+            return _result(process.returncode, stderr_file, timeout_s, timed_out)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from hymo_core.eval.evaluation import binomial_stderr, encode, split_ids
 from hymo_core.eval.lm_scoring import Request, greedy_until, score_requests
-from hymo_core.eval.sandbox import isolation_mode, run_program
+from hymo_core.eval.sandbox import require_isolation, run_program
 from manifests.benchmark_sets import eval_items
 
 SUITES: dict[str, tuple[str, ...]] = {
@@ -220,16 +220,18 @@ def humaneval_program(record: dict[str, Any], completion: str) -> str:
 
 
 def score_humaneval(model: nn.Module, tokenizer, records: list[dict[str, Any]], eos_id: int | None, device: torch.device | str,
-                    max_new_tokens: int = 512, timeout_s: float = 10.0) -> dict[str, Any]:
+                    max_new_tokens: int = 512, timeout_s: float = 10.0, unsafe_exec: bool = False) -> dict[str, Any]:
+    """pass@1 of greedy completions; refuses (SandboxUnavailable) before generating when the sandbox cannot hold."""
+    mode = require_isolation(unsafe_exec)
     per_item = []
     for record in records:
         completion = greedy_until(model, tokenizer, encode(tokenizer, record["prompt"]), HUMANEVAL_STOP, max_new_tokens, eos_id, device)
-        result = run_program(humaneval_program(record, completion), timeout_s)
+        result = run_program(humaneval_program(record, completion), timeout_s, unsafe=unsafe_exec)
         per_item.append({"id": record["id"], "completion": completion, "passed": result.passed, "status": result.status})
     n = len(per_item)
     p = sum(r["passed"] for r in per_item) / n if n else float("nan")
     return {"items": n, "chance": 0.0, "pass_at_1": p, "pass_at_1_stderr": binomial_stderr(p, n), "max_new_tokens": max_new_tokens,
-            "timeout_s": timeout_s, "sandbox": isolation_mode(), "per_item": per_item}
+            "timeout_s": timeout_s, "sandbox": mode, "per_item": per_item}
 
 
 # ---------------------------------------------------------------- the suite
@@ -237,14 +239,15 @@ def score_humaneval(model: nn.Module, tokenizer, records: list[dict[str, Any]], 
 
 def run_task(task: str, model: nn.Module, tokenizer, *, limit: int | None = None, eos_id: int | None = None,
              device: torch.device | str = "cpu", mmlu_format: str = "rc", batch_size: int = 64,
-             max_new_tokens: dict[str, int] | None = None) -> dict[str, Any]:
+             max_new_tokens: dict[str, int] | None = None, unsafe_exec: bool = False) -> dict[str, Any]:
     """One task: its scores, its convention, and the sha256 of the benchmark files it read."""
     records, files = eval_items(task)
     max_new_tokens = max_new_tokens or {}
     if task == "gsm8k":
         result = score_gsm8k(model, tokenizer, first_n(records, limit), eos_id, device, max_new_tokens.get("gsm8k", 256))
     elif task == "humaneval":
-        result = score_humaneval(model, tokenizer, first_n(records, limit), eos_id, device, max_new_tokens.get("humaneval", 512))
+        result = score_humaneval(model, tokenizer, first_n(records, limit), eos_id, device, max_new_tokens.get("humaneval", 512),
+                                  unsafe_exec=unsafe_exec)
     elif task == "mmlu":
         scored = score_choices(model, tokenizer, choice_items(task, first_n(records, limit, lambda r: r["subject"]), mmlu_format), device, batch_size)
         result = {**macro_average(scored["per_item"]), "boundary_merged": scored["boundary_merged"],

@@ -134,7 +134,7 @@ def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Pa
     assert result["same_corpus"] and [tasks[t]["items"] for t in ("hellaswag", "arc_easy", "arc_challenge", "gsm8k", "humaneval")] == [50] * 5
     assert tasks["mmlu"]["items"] == 57 * 50 and len(tasks["mmlu"]["subjects"]) == 57
     assert tasks["mmlu"]["chance"] == 0.25 and 0 <= tasks["hellaswag"]["accuracy"] <= 1
-    assert tasks["humaneval"]["sandbox"] in ("netns", "guard") and all(r["status"] in ("passed", "failed", "timeout") for r in tasks["humaneval"]["per_item"])
+    assert result["sandbox"] == tasks["humaneval"]["sandbox"] == "namespaces" and all(r["status"] in ("passed", "failed", "timeout") for r in tasks["humaneval"]["per_item"])
     assert result["perplexity"]["perplexity"] == pytest.approx(2.718281828 ** result["perplexity"]["loss"], rel=1e-6)
     # deterministic: a second run over the same items gives the same per-item scores
     again = json.loads(json.dumps(result))

@@ -1,13 +1,23 @@
-"""The HumanEval sandbox: a time limit that kills, and no network in either isolation mode."""
+"""The HumanEval sandbox against hostile programs: each one must fail or stay contained.
+
+Programs exit 0 when they escaped and 3 when the sandbox stopped them, so a passing result is an
+escape. These run on the kernel CI runs on (as root, in a VM): where namespaces fail, the first
+test fails rather than skips.
+"""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
 import hymo_core.eval.sandbox as sandbox
-from hymo_core.eval.sandbox import run_program
+from hymo_core.eval.sandbox import MAX_PROCESSES, TMP_BYTES, SandboxUnavailable, run_program
 
 CONNECT_TO = """
 import socket, sys
@@ -22,9 +32,46 @@ except OSError:
 def listener():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    yield server.getsockname()[1]
+    server.listen(8)
+    server.setblocking(False)
+    yield server
     server.close()
+
+
+def _no_connection_arrived(server: socket.socket) -> bool:
+    try:
+        server.accept()[0].close()
+    except BlockingIOError:
+        return True
+    return False
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Host pids whose command line holds `marker` (the sandbox's processes are visible from the host)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_namespaces_work_on_this_kernel():
+    assert sandbox.require_isolation() == "namespaces"
+
+
+def test_the_program_is_an_unprivileged_user_in_its_own_namespaces():
+    program = """
+import os, sys
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+sys.exit(0 if os.getuid() == 1000 and os.getgid() == 1000 and os.getgroups() == [] and int(status["CapEff"], 16) == 0
+         and int(status["CapBnd"], 16) == 0 and status["NoNewPrivs"].strip() == "1" and os.listdir("/proc").count("1") == 1 else 3)
+"""
+    result = run_program(program, timeout_s=20)
+    assert result.passed, result.detail
 
 
 def test_an_endless_program_is_killed_at_the_timeout():
@@ -35,20 +82,202 @@ def test_an_endless_program_is_killed_at_the_timeout():
 
 
 def test_a_program_cannot_reach_a_listening_port(listener):
-    result = run_program(CONNECT_TO.format(port=listener), timeout_s=20)
-    assert result.status == "failed" and not result.passed  # exit 3: the connection was refused
+    result = run_program(CONNECT_TO.format(port=listener.getsockname()[1]), timeout_s=20)
+    assert result.returncode == 3, result.detail  # the connection was refused
+    assert _no_connection_arrived(listener)
 
 
-def test_the_socket_guard_blocks_connections_without_a_network_namespace(listener, monkeypatch):
-    monkeypatch.setattr(sandbox, "isolation_prefix", lambda: ())
-    assert sandbox.isolation_mode() == "guard"
-    result = run_program(CONNECT_TO.format(port=listener), timeout_s=20)
-    assert result.status == "failed"
-    # the control: the same program outside the sandbox connects
-    socket.create_connection(("127.0.0.1", listener), timeout=2).close()
+def test_setns_into_the_parents_network_namespace_fails(listener):
+    """The issue's escape: setns(2) through ctypes into a host network namespace, then connect."""
+    program = f"""
+import ctypes, glob, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+candidates = ["/proc/{os.getpid()}/ns/net", "/proc/{os.getppid()}/ns/net", "/proc/1/ns/net", *glob.glob("/proc/*/ns/net")]
+for path in candidates:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        continue
+    if libc.setns(fd, 0x40000000) == 0:
+        try:
+            socket.create_connection(("127.0.0.1", {listener.getsockname()[1]}), timeout=2).close()
+            sys.exit(0)
+        except OSError:
+            pass
+sys.exit(3)
+"""
+    result = run_program(program, timeout_s=20)
+    assert result.returncode == 3, result.detail
+    assert _no_connection_arrived(listener)
+    socket.create_connection(listener.getsockname(), timeout=2).close()  # the control: the host does reach it
+    assert not _no_connection_arrived(listener)
+
+
+def _spawner(marker: str, then: str, new_session: bool) -> str:
+    """A program that starts a sleeping child carrying `marker` (in its own session if asked), waits
+    until the child runs, then runs `then`."""
+    child = f"import time; open('started-{marker}', 'w').close(); time.sleep(2); open('late-{marker}', 'w').close(); time.sleep(60)"
+    return f"""
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", {child!r}, {marker!r}], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL, close_fds=True, start_new_session={new_session})
+while not os.path.exists("started-{marker}"):
+    time.sleep(0.01)
+{then}
+"""
+
+
+def test_a_child_does_not_outlive_a_passing_run():
+    marker = f"hymo-outlive-{uuid.uuid4().hex}"
+    result = run_program(_spawner(marker, "sys.exit(0)", new_session=False), timeout_s=20)
+    assert result.passed, result.detail
+    assert _processes_with(marker) == []
+    time.sleep(2.5)  # past the moment the child would have written its file
+    assert _processes_with(marker) == []
+
+
+def test_the_control_a_child_does_outlive_an_unsafe_run():
+    """Without namespaces the same program leaves its child behind: the test above can fail."""
+    marker = f"hymo-outlive-{uuid.uuid4().hex}"
+    result = sandbox._run_unsafe(_spawner(marker, "sys.exit(0)", new_session=True), timeout_s=20)
+    try:
+        assert result.passed
+        deadline = time.monotonic() + 10
+        while not _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_with(marker)
+    finally:
+        for pid in _processes_with(marker):
+            os.kill(pid, 9)
+
+
+def test_a_setsid_child_dies_with_a_timed_out_run():
+    marker = f"hymo-setsid-{uuid.uuid4().hex}"
+    result = run_program(_spawner(marker, "while True:\n    pass", new_session=True), timeout_s=5.0)
+    assert result.status == "timeout"
+    assert _processes_with(marker) == []
+
+
+def test_writes_outside_tmp_fail(tmp_path: Path):
+    targets = [str(tmp_path / "escaped"), str(Path(sandbox.__file__).with_name("escaped")), "/usr/escaped", "/escaped",
+               "/etc/escaped", "/root/escaped", "/dev/escaped", "/proc/escaped"]
+    program = f"""
+import sys
+open("/tmp/inside", "w").write("tmp is writable")
+escaped = []
+for path in {targets!r}:
+    try:
+        open(path, "w").write("x")
+        escaped.append(path)
+    except OSError:
+        pass
+print("escaped:", escaped, file=sys.stderr)
+sys.exit(0 if escaped else 3)
+"""
+    result = run_program(program, timeout_s=20)
+    assert result.returncode == 3, result.detail
+    assert not any(Path(t).exists() for t in targets[:2])
+
+
+def test_a_fork_loop_is_stopped_at_the_process_cap():
+    program = """
+import os, sys, time
+children = 0
+try:
+    while children < 10_000:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        children += 1
+except OSError as exc:
+    print(f"refused after {children}: {exc}", file=sys.stderr)
+    sys.exit(3)
+sys.exit(0)
+"""
+    result = run_program(program, timeout_s=30)
+    assert result.returncode == 3, result.detail
+    refused_after = int(result.detail.split("refused after ")[1].split(":")[0])
+    assert refused_after < MAX_PROCESSES
+
+
+def test_many_large_files_hit_the_file_and_total_caps():
+    program = f"""
+import os, sys
+chunk = b"x" * (1 << 20)
+try:
+    with open("/tmp/huge", "wb") as handle:
+        for _ in range(64):
+            handle.write(chunk)
+    sys.exit(0)
+except OSError as exc:
+    print("one file:", exc.errno, file=sys.stderr)
+    os.remove("/tmp/huge")
+total = 0
+try:
+    for i in range(100):
+        with open(f"/tmp/part-{{i}}", "wb") as handle:
+            for _ in range(8):
+                handle.write(chunk)
+                total += len(chunk)
+    sys.exit(0)
+except OSError as exc:
+    print("total:", exc.errno, total, file=sys.stderr)
+    sys.exit(3)
+"""
+    result = run_program(program, timeout_s=30)
+    assert result.returncode == 3, result.detail
+    assert "one file: 27" in result.detail  # EFBIG at FILE_BYTES
+    errno, total = result.detail.split("total: ")[1].split()
+    assert errno == "28" and int(total) <= TMP_BYTES  # ENOSPC at TMP_BYTES in all
+
+
+def test_the_parents_environment_cannot_be_read():
+    secret = f"hymo-secret-{uuid.uuid4().hex}"
+    holder = subprocess.Popen(["sleep", "60"], env={"HYMO_SANDBOX_SECRET": secret})
+    try:
+        deadline = time.monotonic() + 20  # until sleep has exec'ed: before that its environ is still pytest's
+        while secret.encode() not in Path(f"/proc/{holder.pid}/environ").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert secret.encode() in Path(f"/proc/{holder.pid}/environ").read_bytes()  # the control: the host can read it
+        program = f"""
+import glob, sys
+for path in ["/proc/{holder.pid}/environ", "/proc/{os.getpid()}/environ", *glob.glob("/proc/*/environ")]:
+    try:
+        if {secret!r}.encode() in open(path, "rb").read():
+            sys.exit(0)
+    except OSError:
+        pass
+sys.exit(3)
+"""
+        result = run_program(program, timeout_s=20)
+        assert result.returncode == 3, result.detail
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_passing_program_passes_and_memory_is_bounded():
     assert run_program("assert sum(range(10)) == 45\n", timeout_s=20).passed
     hog = run_program("x = bytearray(4 << 30)\n", timeout_s=20)
     assert hog.status == "failed" and "MemoryError" in hog.detail
+
+
+def test_without_namespaces_it_refuses_unless_unsafe(listener, monkeypatch):
+    monkeypatch.setattr(sandbox, "_probe", lambda: "unshare: Operation not permitted")
+    with pytest.raises(SandboxUnavailable, match="--unsafe-exec") as refused:
+        run_program("pass\n", timeout_s=20)
+    assert "\n" not in str(refused.value)
+    assert sandbox.isolation_mode(unsafe=True) == "unsafe"
+    result = run_program(CONNECT_TO.format(port=listener.getsockname()[1]), timeout_s=20, unsafe=True)
+    assert result.returncode == 3  # the socket guard still stops ordinary library code
+    assert _no_connection_arrived(listener)
+
+
+def test_an_eval_refuses_before_loading_and_records_unsafe_when_allowed(tmp_path: Path, monkeypatch):
+    from hymo_core.eval.report import run_suite
+    from hymo_core.eval.suite import score_humaneval
+
+    monkeypatch.setattr(sandbox, "_probe", lambda: "unshare: Operation not permitted")
+    with pytest.raises(SandboxUnavailable, match="--unsafe-exec"):
+        run_suite(tmp_path / "no-such-checkpoint.pt", "default")  # refused before the checkpoint is even opened
+    assert score_humaneval(None, None, [], None, "cpu", unsafe_exec=True)["sandbox"] == "unsafe"
