@@ -127,14 +127,15 @@ def repeats_for_group(ranks: np.ndarray, tokens: np.ndarray, target: float, max_
 COUNT_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("lang", pa.string()), ("tokens", pa.int64())])
 
 
-def encode_shard_training_side(shard_path: str, shard: str, tokenizer_path: str, tokenizer_sha256: str, out_path: str) -> dict[str, Any]:
-    """Task: one split shard's training documents tokenised, ids + EOS each, into `out_path`; their counts.
+def encode_shard_side(shard_path: str, shard: str, side: str, tokenizer_path: str, tokenizer_sha256: str, out_path: str) -> dict[str, Any]:
+    """Task: one split shard's documents of one side ("train" or "validation") tokenised, ids + EOS each, into
+    `out_path`; their counts.
 
     Runs on a worker: the tokenizer arrives as a file path and its sha256 and is
     checked before use. `tokens` counts EOS too (what a document occupies in the stream).
     """
     tokenizer = checked_tokenizer(tokenizer_path, tokenizer_sha256)
-    docs = [split_side_of_shard(shard_path, "train", ["id", "source", "lang", "text"])]
+    docs = [split_side_of_shard(shard_path, side, ["id", "source", "lang", "text"])]
     tables = [COUNT_SCHEMA.empty_table()]
     partial = f"{out_path}.partial"
     for batch, lengths in encode_to_file(tokenizer, docs, tokenizer.token_to_id(EOS_TOKEN), token_dtype(vocab_size_of(tokenizer)), partial):
@@ -145,20 +146,21 @@ def encode_shard_training_side(shard_path: str, shard: str, tokenizer_path: str,
     return {"shard": shard, "path": out_path, "sha256": sha256_file(Path(out_path)), "counts": pa.concat_tables(tables).combine_chunks()}
 
 
-def encode_training_side(split_dir: Path, tokenizer_path: Path, tokens_path: Path, workers: int) -> pa.Table:
-    """Tokenise every training document once, shard by shard as runner tasks; the token files joined in shard order
-    into `tokens_path` (the stream the shards stage lays out, so no document is tokenised twice); the counts.
+def encode_split_side(split_dir: Path, side: str, tokenizer_path: Path, tokens_path: Path, workers: int) -> pa.Table:
+    """Tokenise every document of one side once, shard by shard as runner tasks; the token files joined in shard
+    order into `tokens_path`; the counts. (The training side's file is the stream the shards stage lays out,
+    so no document is tokenised twice.)
 
     The flow host only concatenates files (checking each one's sha256 as it copies) and keeps the counts:
-    about 50 bytes a training document, no text and no token.
+    about 50 bytes a document, no text and no token.
     """
     spill_dir = tokens_path.parent / SPILL_DIR
     spill_dir.mkdir(parents=True, exist_ok=True)
     upstream = read_manifest(split_dir, verify=False)
     try:
-        jobs = [(str(upstream.path_of(f)), Path(f.path).stem, str(tokenizer_path), sha256_file(tokenizer_path),
+        jobs = [(str(upstream.path_of(f)), Path(f.path).stem, side, str(tokenizer_path), sha256_file(tokenizer_path),
                  str(spill_dir / f"{Path(f.path).stem}.tokens")) for f in upstream.files("data")]
-        shards = sorted(map_shards(encode_shard_training_side, jobs, workers, "tokenising", [f.rows or 0 for f in upstream.files("data")]),
+        shards = sorted(map_shards(encode_shard_side, jobs, workers, f"tokenising: {side}", [f.rows or 0 for f in upstream.files("data")]),
                         key=lambda result: result["shard"])
         with open(tokens_path, "wb") as joined:
             for shard in shards:
@@ -236,8 +238,8 @@ def realised_table(unique, weights, realised, total, config: MixtureConfig) -> d
 
 def build_mixture_files(split_dir: Path, tokenizer_dir: Path, config: MixtureConfig, work_dir: Path,
                         workers: int | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
-    counts = encode_training_side(Path(split_dir), read_manifest(tokenizer_dir).directory / TOKENIZER_FILE, work_dir / TOKENS_FILE,
-                                  workers or default_workers())
+    counts = encode_split_side(Path(split_dir), "train", read_manifest(tokenizer_dir).directory / TOKENIZER_FILE, work_dir / TOKENS_FILE,
+                               workers or default_workers())
     plan, table = plan_mixture(counts, config)
     tokens = plan.column("tokens").to_numpy()
     plan = plan.append_column("offset", pa.array(np.cumsum(tokens) - tokens, pa.int64()))

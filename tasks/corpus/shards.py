@@ -5,8 +5,8 @@ stream (windows may later cross an EOS, as in Lab 2), stored as flat arrays of
 token ids, uint16 when every id fits in 65,536, else uint32 (little-endian
 here, whatever the machine). Each unique document is tokenised once: the
 training side by the mixture stage, which had to count its tokens anyway
-(its train_tokens.bin, read here piece by piece), the validation side here
-(tasks.corpus.encoding: batches on every core). Mixture repeats are copies, placed in
+(its train_tokens.bin, read here piece by piece), the validation side here,
+by the same per-shard runner tasks (tasks.corpus.mixture.encode_split_side). Mixture repeats are copies, placed in
 epoch-major seeded order so a repeat never sits beside its original. A shard
 holds at most `tokens_per_shard` tokens; a document crossing a boundary gets
 one index row in each shard. Index rows (doc_id, offset, length, doc_start,
@@ -24,7 +24,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,9 +36,9 @@ from manifests.corpus import (CORPUS_FILE, filters_by_source, ingested_by_source
 from manifests.digest import sha256_file
 from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
-from tasks.corpus.encoding import encode_to_file, token_dtype
-from tasks.corpus.mixture import PLAN_FILE, TABLE_FILE, TOKENS_FILE
-from tasks.corpus.split import HELD_OUT_RULE, VALIDATION, iter_split_docs, seeded_rank
+from tasks.corpus.encoding import token_dtype
+from tasks.corpus.mixture import PLAN_FILE, TABLE_FILE, TOKENS_FILE, encode_split_side
+from tasks.corpus.split import HELD_OUT_RULE, VALIDATION, seeded_rank
 from tasks.runner.stage_runner import default_workers, map_shards, run_artifact_stage
 from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
 
@@ -72,17 +72,6 @@ class SideTokens:
     lengths: np.ndarray
     path: Path
     dtype: np.dtype
-
-
-def encode_side(tables: Iterable[pa.Table], tokenizer, eos_id: int, dtype: np.dtype, path: Path) -> SideTokens:
-    """Tokenise documents in order into a flat file at `path` (a side the mixture stage did not tokenise)."""
-    ids: list[str] = []
-    lengths = [np.zeros(0, np.int64)]
-    for batch, batch_lengths in encode_to_file(tokenizer, tables, eos_id, dtype, path):
-        ids += batch.column("id").to_pylist()
-        lengths.append(batch_lengths)
-    all_lengths = np.concatenate(lengths)
-    return SideTokens(ids, np.cumsum(all_lengths) - all_lengths, all_lengths, path, dtype)
 
 
 def planned_side(plan: pa.Table, tokens_path: Path, dtype: np.dtype) -> tuple[SideTokens, np.ndarray]:
@@ -187,7 +176,9 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
     train_side, repeats = planned_side(plan, mixture_manifest.directory / TOKENS_FILE, dtype)
     train = pack_side(train_side, repeats, config, work_dir, "train", workers)
     cache = work_dir / f".{VALIDATION}.cache"
-    validation_side = encode_side(iter_split_docs(split_dir, VALIDATION, ["id", "text"]), tokenizer, eos_id, dtype, cache)
+    validation_counts = encode_split_side(Path(split_dir), VALIDATION, work_dir / TOKENIZER_FILE, cache, workers)  # runner tasks, per shard
+    lengths = validation_counts.column("tokens").to_numpy()
+    validation_side = SideTokens(validation_counts.column("id").to_pylist(), np.cumsum(lengths) - lengths, lengths, cache, dtype)
     validation = pack_side(validation_side, np.ones(len(validation_side.ids), np.int64), config, work_dir, VALIDATION, workers)
     validation_tokens = dict(zip(validation_side.ids, validation_side.lengths.tolist()))
     del validation_side
