@@ -105,7 +105,8 @@ def funnel_png(run: Path, path: Path) -> Path | None:
     ax = fig.subplots()
     ax.bar(stages, [r["kept"] for r in rows], color="#4c72b0", label="kept")
     bottoms = [r["kept"] for r in rows]
-    rules = sorted({rule for r in rows for rule in r["removed"]}, key=lambda rule: -sum(r["removed"].get(rule, 0) for r in rows))
+    # Most removals first, ties by name: a set's order changes with each process's string hashing, and so did the picture.
+    rules = sorted({rule for r in rows for rule in r["removed"]}, key=lambda rule: (-sum(r["removed"].get(rule, 0) for r in rows), rule))
     top_rules, other = rules[:9], rules[9:]
     palette = matplotlib.colormaps["tab10"]
     for i, rule in enumerate(top_rules + (["other rules"] if other else [])):
