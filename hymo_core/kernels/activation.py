@@ -2,7 +2,8 @@
 
 Eager PyTorch writes silu(gate) to memory and reads it back for the product;
 the Triton kernel does both in one pass in fp32 registers, and the backward
-recomputes the sigmoid instead of saving it.
+recomputes the sigmoid instead of saving it. Registered as the torch.library op
+`hymo::swiglu` (+ `hymo::swiglu_backward`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hymo_core.kernels.backend import HAVE_TRITON, resolve_backend
+from hymo_core.kernels.backend import HAVE_TRITON, reference_vjp, resolve_backend
 
 if HAVE_TRITON:
     from hymo_core.kernels.backend import wide_offset
@@ -52,30 +53,65 @@ if HAVE_TRITON:
         tl.store(dup_ptr + offsets, dup.to(dup_ptr.dtype.element_ty), mask=mask)
 
 
-class SwiGLUTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate.contiguous(), up.contiguous()
-        h = torch.empty_like(gate)
-        n = gate.numel()
-        _swiglu_forward_kernel[(triton.cdiv(n, BLOCK),)](gate, up, h, n, BLOCK=BLOCK)
-        ctx.save_for_backward(gate, up)
-        return h
+def swiglu_forward_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate.contiguous(), up.contiguous()
+    h = torch.empty_like(gate)
+    n = gate.numel()
+    _swiglu_forward_kernel[(triton.cdiv(n, BLOCK),)](gate, up, h, n, BLOCK=BLOCK)
+    return h
 
-    @staticmethod
-    def backward(ctx, dh: torch.Tensor):
-        gate, up = ctx.saved_tensors
-        dh = dh.contiguous()
-        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
-        n = gate.numel()
-        _swiglu_backward_kernel[(triton.cdiv(n, BLOCK),)](dh, gate, up, dgate, dup, n, BLOCK=BLOCK)
-        return dgate, dup
+
+def swiglu_backward_triton(dh, gate, up) -> tuple[torch.Tensor, torch.Tensor]:
+    gate, up, dh = gate.contiguous(), up.contiguous(), dh.contiguous()
+    dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+    n = gate.numel()
+    _swiglu_backward_kernel[(triton.cdiv(n, BLOCK),)](dh, gate, up, dgate, dup, n, BLOCK=BLOCK)
+    return dgate, dup
+
+
+@torch.library.custom_op("hymo::swiglu", mutates_args=())
+def swiglu_op(gate: torch.Tensor, up: torch.Tensor, backend: str) -> torch.Tensor:
+    if backend == "triton":
+        return swiglu_forward_triton(gate, up)
+    return swiglu_reference(gate, up)
+
+
+@swiglu_op.register_fake
+def _(gate, up, backend):
+    return torch.empty_like(gate)
+
+
+@torch.library.custom_op("hymo::swiglu_backward", mutates_args=())
+def swiglu_backward_op(dh: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, backend: str,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend == "triton":
+        return swiglu_backward_triton(dh, gate, up)
+    dgate, dup = reference_vjp(lambda g, u: (swiglu_reference(g, u),), [gate, up], [dh])
+    return dgate, dup
+
+
+@swiglu_backward_op.register_fake
+def _(dh, gate, up, backend):
+    return torch.empty_like(gate), torch.empty_like(up)
+
+
+def _setup_swiglu(ctx, inputs, output):
+    gate, up, backend = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.backend = backend
+
+
+def _swiglu_backward(ctx, dh):
+    gate, up = ctx.saved_tensors
+    dgate, dup = swiglu_backward_op(dh, gate, up, ctx.backend)
+    return dgate, dup, None
+
+
+swiglu_op.register_autograd(_swiglu_backward, setup_context=_setup_swiglu)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    """silu(gate) * up, dispatched per `resolve_backend`."""
+    """silu(gate) * up: the op `hymo::swiglu`, its body per `resolve_backend`."""
     if gate.shape != up.shape:
         raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} must match")
-    if resolve_backend(gate, backend) == "triton":
-        return SwiGLUTriton.apply(gate, up)
-    return swiglu_reference(gate, up)
+    return swiglu_op(gate, up, resolve_backend(gate, backend))

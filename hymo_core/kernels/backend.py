@@ -58,3 +58,25 @@ def program_count(device: torch.device, rows: int) -> int:
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         return max(1, min(rows, 4 * sm_count))
     return max(1, min(rows, 4))  # the interpreter runs programs one by one
+
+
+
+def reference_vjp(fn, inputs: list, upstream: list) -> list[torch.Tensor]:
+    """Gradients of fn(*inputs) (a tuple of tensors) for each floating-point input, given `upstream`.
+
+    The CPU bodies of the custom ops use this for their backward: the reference is plain PyTorch,
+    and a custom op cannot keep the forward's autograd graph, so it is recomputed. Inside an op
+    body the autograd keys are excluded; torch.func.vjp brings its own autograd level, so it
+    still differentiates there. `upstream` None means no gradient for that output (zeros).
+    """
+    differentiable = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+
+    def of_differentiable(*tensors):
+        args = list(inputs)
+        for i, tensor in zip(differentiable, tensors):
+            args[i] = tensor
+        return tuple(fn(*args))
+
+    outputs, pullback = torch.func.vjp(of_differentiable, *(inputs[i] for i in differentiable))
+    cotangents = tuple(torch.zeros_like(o) if g is None else g.to(o.dtype) for o, g in zip(outputs, upstream))
+    return list(pullback(cotangents))

@@ -6,7 +6,8 @@ and the log-normaliser lse itself. Both the mean loss and the z-loss
 are then cheap functions of those N-vectors. The logits are read in
 BLOCK_V-wide chunks with an online max/sum, so a bf16 logits tensor is never
 copied to fp32; the backward recomputes softmax chunk by chunk from the saved
-lse, using d ce/dx = softmax - onehot and d lse/dx = softmax.
+lse, using d ce/dx = softmax - onehot and d lse/dx = softmax. Registered as the
+torch.library op `hymo::cross_entropy_rows` (+ `hymo::cross_entropy_rows_backward`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hymo_core.kernels.backend import HAVE_TRITON, resolve_backend
+from hymo_core.kernels.backend import HAVE_TRITON, reference_vjp, resolve_backend
 
 MAX_BLOCK_V = 4096
 
@@ -78,33 +79,72 @@ if HAVE_TRITON:
             tl.store(dlogits_ptr + offset + cols, dx_V.to(dlogits_ptr.dtype.element_ty), mask=mask)
 
 
-class CrossEntropyRowsTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits_NV: torch.Tensor, targets_N: torch.Tensor, ignore_index: int, block_v: int):
-        logits_NV = logits_NV.contiguous()
-        targets_N = targets_N.contiguous()
-        N, V = logits_NV.shape
-        ce_N = torch.empty(N, device=logits_NV.device, dtype=torch.float32)
-        lse_N = torch.empty_like(ce_N)
-        _cross_entropy_forward_kernel[(N,)](
-            logits_NV, targets_N, ce_N, lse_N, V, V, ignore_index, BLOCK_V=block_v
-        )
-        ctx.save_for_backward(logits_NV, targets_N, lse_N)
-        ctx.ignore_index, ctx.block_v = ignore_index, block_v
-        return ce_N, lse_N
+def cross_entropy_forward_triton(logits_NV, targets_N, ignore_index: int, block_v: int):
+    logits_NV, targets_N = logits_NV.contiguous(), targets_N.contiguous()
+    N, V = logits_NV.shape
+    ce_N = torch.empty(N, device=logits_NV.device, dtype=torch.float32)
+    lse_N = torch.empty_like(ce_N)
+    _cross_entropy_forward_kernel[(N,)](logits_NV, targets_N, ce_N, lse_N, V, V, ignore_index, BLOCK_V=block_v)
+    return ce_N, lse_N
 
-    @staticmethod
-    def backward(ctx, dce_N: torch.Tensor, dlse_N: torch.Tensor):
-        logits_NV, targets_N, lse_N = ctx.saved_tensors
-        N, V = logits_NV.shape
-        dce_N = torch.zeros_like(lse_N) if dce_N is None else dce_N.float().contiguous()
-        dlse_N = torch.zeros_like(lse_N) if dlse_N is None else dlse_N.float().contiguous()
-        dlogits_NV = torch.empty_like(logits_NV)
-        _cross_entropy_backward_kernel[(N,)](
-            logits_NV, targets_N, lse_N, dce_N, dlse_N, dlogits_NV,
-            V, V, ctx.ignore_index, BLOCK_V=ctx.block_v,
-        )
-        return dlogits_NV, None, None, None
+
+def cross_entropy_backward_triton(dce_N, dlse_N, logits_NV, targets_N, lse_N, ignore_index: int, block_v: int):
+    logits_NV, targets_N = logits_NV.contiguous(), targets_N.contiguous()
+    N, V = logits_NV.shape
+    dlogits_NV = torch.empty_like(logits_NV)
+    _cross_entropy_backward_kernel[(N,)](
+        logits_NV, targets_N, lse_N, dce_N.float().contiguous(), dlse_N.float().contiguous(), dlogits_NV,
+        V, V, ignore_index, BLOCK_V=block_v,
+    )
+    return dlogits_NV
+
+
+@torch.library.custom_op("hymo::cross_entropy_rows", mutates_args=())
+def cross_entropy_rows_op(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, block_v: int,
+                          backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ce_N, lse_N) fp32; `block_v` is the Triton kernel's vocabulary chunk."""
+    if backend == "triton":
+        return cross_entropy_forward_triton(logits, targets, ignore_index, block_v)
+    return cross_entropy_rows_reference(logits, targets, ignore_index)
+
+
+@cross_entropy_rows_op.register_fake
+def _(logits, targets, ignore_index, block_v, backend):
+    rows = logits.new_empty(logits.shape[0], dtype=torch.float32)
+    return rows, torch.empty_like(rows)
+
+
+@torch.library.custom_op("hymo::cross_entropy_rows_backward", mutates_args=())
+def cross_entropy_rows_backward_op(dce: torch.Tensor, dlse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
+                                   lse: torch.Tensor, ignore_index: int, block_v: int, backend: str) -> torch.Tensor:
+    if backend == "triton":
+        return cross_entropy_backward_triton(dce, dlse, logits, targets, lse, ignore_index, block_v)
+    (dlogits,) = reference_vjp(lambda x, t: cross_entropy_rows_reference(x, t, ignore_index), [logits, targets],
+                               [dce, dlse])
+    return dlogits
+
+
+@cross_entropy_rows_backward_op.register_fake
+def _(dce, dlse, logits, targets, lse, ignore_index, block_v, backend):
+    return torch.empty_like(logits)
+
+
+def _setup_cross_entropy(ctx, inputs, output):
+    logits, targets, ignore_index, block_v, backend = inputs
+    ctx.save_for_backward(logits, targets, output[1])
+    ctx.ignore_index, ctx.block_v, ctx.backend = ignore_index, block_v, backend
+
+
+def _cross_entropy_backward(ctx, dce, dlse):
+    logits, targets, lse = ctx.saved_tensors
+    dce = torch.zeros_like(lse) if dce is None else dce
+    dlse = torch.zeros_like(lse) if dlse is None else dlse
+    dlogits = cross_entropy_rows_backward_op(dce, dlse, logits, targets, lse, ctx.ignore_index, ctx.block_v,
+                                             ctx.backend)
+    return dlogits, None, None, None, None
+
+
+cross_entropy_rows_op.register_autograd(_cross_entropy_backward, setup_context=_setup_cross_entropy)
 
 
 def cross_entropy_rows(
@@ -114,14 +154,12 @@ def cross_entropy_rows(
     backend: str | None = None,
     block_v: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row fp32 (cross-entropy, logsumexp); `block_v` sets the vocabulary chunk."""
+    """Per-row fp32 (cross-entropy, logsumexp): the op `hymo::cross_entropy_rows`; `block_v` sets the vocabulary chunk."""
     if logits_NV.ndim != 2 or targets_N.shape != logits_NV.shape[:1]:
         raise ValueError(f"expected (N, V) logits and (N,) targets, got {tuple(logits_NV.shape)}, "
                          f"{tuple(targets_N.shape)}")
-    if resolve_backend(logits_NV, backend) == "triton":
-        block_v = block_v or min(MAX_BLOCK_V, triton.next_power_of_2(logits_NV.shape[1]))
-        return CrossEntropyRowsTriton.apply(logits_NV, targets_N, ignore_index, block_v)
-    return cross_entropy_rows_reference(logits_NV, targets_N, ignore_index)
+    block_v = block_v or min(MAX_BLOCK_V, 1 << max(0, logits_NV.shape[1] - 1).bit_length())
+    return cross_entropy_rows_op(logits_NV, targets_N, ignore_index, block_v, resolve_backend(logits_NV, backend))
 
 
 def cross_entropy_loss(

@@ -22,12 +22,13 @@ from __future__ import annotations
 import torch
 import triton
 
+from hymo_core.kernels.gdn_chunk import CHUNK  # 64: the inverse kernel is written for four 16-row blocks
 from hymo_core.kernels.gdn_triton_intra import gate_inverse_kernel, wu_kernel, wy_backward_kernel
 from hymo_core.kernels.gdn_triton_output import dqkwg_kernel, dv_local_kernel, output_kernel
 from hymo_core.kernels.gdn_triton_state import state_backward_kernel, state_forward_kernel
 from hymo_core.kernels.tuning import launch
 
-CHUNK = 64  # four 16-row blocks: the inverse kernel is written for exactly this size
+assert CHUNK == 64, "gate_inverse_kernel inverts exactly four 16 x 16 diagonal blocks"
 MAX_KEY_DIM = 256
 
 

@@ -3,6 +3,8 @@
 The Triton forward stores one fp32 reciprocal RMS per row so the backward
 never recomputes the reduction; the weight gradient is summed per program
 into an fp32 buffer and reduced once at the end (no atomics, deterministic).
+Registered as the torch.library op `hymo::rms_norm` (+ `hymo::rms_norm_backward`);
+on the reference backend the backward recomputes the forward under torch.func.vjp.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hymo_core.kernels.backend import HAVE_TRITON, program_count, resolve_backend
+from hymo_core.kernels.backend import HAVE_TRITON, program_count, reference_vjp, resolve_backend
 
 if HAVE_TRITON:
     from hymo_core.kernels.backend import wide_offset
@@ -67,41 +69,80 @@ if HAVE_TRITON:
         tl.store(dweight_partial_ptr + wide_offset(program, D) + cols, dweight_D, mask=mask)
 
 
-class RMSNormTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        shape = x.shape
-        x_ND = x.reshape(-1, shape[-1]).contiguous()
-        N, D = x_ND.shape
-        y_ND = torch.empty_like(x_ND)
-        rstd_N = torch.empty(N, device=x.device, dtype=torch.float32)
-        block_d = triton.next_power_of_2(D)
-        _rms_norm_forward_kernel[(N,)](x_ND, weight, y_ND, rstd_N, D, D, eps, BLOCK_D=block_d)
-        ctx.save_for_backward(x_ND, weight, rstd_N)
-        ctx.shape = shape
-        return y_ND.view(shape)
+def rms_norm_forward_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, fp32 reciprocal RMS per row)."""
+    x_ND = x.reshape(-1, x.shape[-1]).contiguous()
+    N, D = x_ND.shape
+    y_ND = torch.empty_like(x_ND)
+    rstd_N = torch.empty(N, device=x.device, dtype=torch.float32)
+    _rms_norm_forward_kernel[(N,)](x_ND, weight, y_ND, rstd_N, D, D, eps, BLOCK_D=triton.next_power_of_2(D))
+    return y_ND.view(x.shape), rstd_N
 
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        x_ND, weight, rstd_N = ctx.saved_tensors
-        N, D = x_ND.shape
-        dy_ND = dy.reshape(N, D).contiguous()
-        dx_ND = torch.empty_like(x_ND)
-        programs = program_count(x_ND.device, N)
-        rows_per_program = triton.cdiv(N, programs)
-        dweight_partial_PD = torch.empty(programs, D, device=x_ND.device, dtype=torch.float32)
-        _rms_norm_backward_kernel[(programs,)](
-            dy_ND, x_ND, weight, rstd_N, dx_ND, dweight_partial_PD,
-            D, N, D, rows_per_program, BLOCK_D=triton.next_power_of_2(D),
-        )
-        dweight = dweight_partial_PD.sum(0).to(weight.dtype)
-        return dx_ND.view(ctx.shape), dweight, None
+
+def rms_norm_backward_triton(dy, x, weight, rstd_N) -> tuple[torch.Tensor, torch.Tensor]:
+    x_ND = x.reshape(-1, x.shape[-1]).contiguous()
+    N, D = x_ND.shape
+    dy_ND = dy.reshape(N, D).contiguous()
+    dx_ND = torch.empty_like(x_ND)
+    programs = program_count(x_ND.device, N)
+    rows_per_program = triton.cdiv(N, programs)
+    dweight_partial_PD = torch.empty(programs, D, device=x_ND.device, dtype=torch.float32)
+    _rms_norm_backward_kernel[(programs,)](
+        dy_ND, x_ND, weight, rstd_N, dx_ND, dweight_partial_PD,
+        D, N, D, rows_per_program, BLOCK_D=triton.next_power_of_2(D),
+    )
+    return dx_ND.view(x.shape), dweight_partial_PD.sum(0).to(weight.dtype)
+
+
+def _rms_norm_with_rstd(x, weight, eps):
+    rstd = torch.rsqrt(x.float().square().mean(-1) + eps).reshape(-1)
+    return rms_norm_reference(x, weight, eps), rstd
+
+
+@torch.library.custom_op("hymo::rms_norm", mutates_args=())
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, rstd): the Triton backward reads rstd; the reference backward recomputes."""
+    if backend == "triton":
+        return rms_norm_forward_triton(x, weight, eps)
+    return _rms_norm_with_rstd(x, weight, eps)
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps, backend):
+    return torch.empty_like(x), x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("hymo::rms_norm_backward", mutates_args=())
+def rms_norm_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, eps: float,
+                         backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend == "triton":
+        return rms_norm_backward_triton(dy, x, weight, rstd)
+    dx, dweight = reference_vjp(lambda x, w: (rms_norm_reference(x, w, eps),), [x, weight], [dy])
+    return dx, dweight
+
+
+@rms_norm_backward_op.register_fake
+def _(dy, x, weight, rstd, eps, backend):
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _setup_rms_norm(ctx, inputs, output):
+    x, weight, eps, backend = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.eps, ctx.backend = eps, backend
+
+
+def _rms_norm_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dweight = rms_norm_backward_op(dy, x, weight, rstd, ctx.eps, ctx.backend)
+    return dx, dweight, None, None
+
+
+rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_setup_rms_norm)
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, backend: str | None = None
 ) -> torch.Tensor:
-    """RMSNorm over the last dimension of `x`, dispatched per `resolve_backend`."""
-    if resolve_backend(x, backend) == "triton":
-        return RMSNormTriton.apply(x, weight, eps)
-    return rms_norm_reference(x, weight, eps)
+    """RMSNorm over the last dimension of `x`: the op `hymo::rms_norm`, its body per `resolve_backend`."""
+    return rms_norm_op(x, weight, eps, resolve_backend(x, backend))[0]

@@ -4,6 +4,7 @@ Each head vector is split into halves (x1, x2) and rotated pairwise by the
 angle of its position: (x1 cos - x2 sin, x2 cos + x1 sin). The rotation is
 orthogonal, so the backward is the same kernel with the sine negated; no
 activations are saved, only the fp32 cos/sin tables the module already owns.
+Registered as the torch.library op `hymo::rope`; its backward is the same op.
 """
 
 from __future__ import annotations
@@ -69,26 +70,39 @@ def _rope_launch(x_BTHD: torch.Tensor, cos_TD2: torch.Tensor, sin_TD2: torch.Ten
     return y_BTHD
 
 
-class RoPETriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_BTHD: torch.Tensor, cos_TD2: torch.Tensor, sin_TD2: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(cos_TD2, sin_TD2)
-        return _rope_launch(x_BTHD, cos_TD2, sin_TD2, 1.0)
+@torch.library.custom_op("hymo::rope", mutates_args=())
+def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sin_sign: float, backend: str) -> torch.Tensor:
+    """Rotate by +angle (sin_sign 1) or -angle (-1, the backward: the rotation is orthogonal)."""
+    if backend == "triton":
+        return _rope_launch(x, cos, sin, sin_sign)
+    return apply_rope_reference(x, cos, sin * sin_sign)
 
-    @staticmethod
-    def backward(ctx, dy_BTHD: torch.Tensor):
-        cos_TD2, sin_TD2 = ctx.saved_tensors
-        return _rope_launch(dy_BTHD, cos_TD2, sin_TD2, -1.0), None, None
+
+@rope_op.register_fake
+def _(x, cos, sin, sin_sign, backend):
+    return torch.empty_like(x)
+
+
+def _setup_rope(ctx, inputs, output):
+    x, cos, sin, sin_sign, backend = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.sin_sign, ctx.backend = sin_sign, backend
+
+
+def _rope_backward(ctx, dy):
+    cos, sin = ctx.saved_tensors
+    return rope_op(dy, cos, sin, -ctx.sin_sign, ctx.backend), None, None, None, None
+
+
+rope_op.register_autograd(_rope_backward, setup_context=_setup_rope)
 
 
 def apply_rope(
     x_BTHD: torch.Tensor, cos_TD2: torch.Tensor, sin_TD2: torch.Tensor, backend: str | None = None
 ) -> torch.Tensor:
-    """Rotate queries or keys laid out (batch, time, heads, head_dim)."""
+    """Rotate queries or keys laid out (batch, time, heads, head_dim): the op `hymo::rope`."""
     if x_BTHD.ndim != 4 or x_BTHD.shape[-1] != 2 * cos_TD2.shape[-1]:
         raise ValueError(f"expected (B, T, H, {2 * cos_TD2.shape[-1]}), got {tuple(x_BTHD.shape)}")
     if x_BTHD.shape[1] > cos_TD2.shape[0]:
         raise ValueError(f"sequence length {x_BTHD.shape[1]} exceeds RoPE table {cos_TD2.shape[0]}")
-    if resolve_backend(x_BTHD, backend) == "triton":
-        return RoPETriton.apply(x_BTHD, cos_TD2, sin_TD2)
-    return apply_rope_reference(x_BTHD, cos_TD2, sin_TD2)
+    return rope_op(x_BTHD, cos_TD2, sin_TD2, 1.0, resolve_backend(x_BTHD, backend))
