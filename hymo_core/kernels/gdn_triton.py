@@ -32,11 +32,14 @@ assert CHUNK == 64, "gate_inverse_kernel inverts exactly four 16 x 16 diagonal b
 MAX_KEY_DIM = 256
 
 
-def block_sizes(K: int, V: int) -> dict[str, int]:
+def block_sizes(T: int, H: int, K: int, V: int) -> dict[str, int]:
     """KP: the key dimension padded to a power of two (the state tile); BK, BV: loop blocks."""
     if K > MAX_KEY_DIM:
         raise ValueError(f"gated_delta_rule (triton): key head dim {K} > {MAX_KEY_DIM} is not supported")
     KP = max(16, triton.next_power_of_2(K))
+    if T * H * max(K, V, CHUNK) >= 2**31:
+        raise ValueError(f"gated_delta_rule (triton): T {T} x H {H} x head dim {max(K, V)} >= 2**31 "
+                         "overflows the kernels' in-sequence offsets")
     return dict(KP=KP, BK=min(64, KP), BV=min(64, max(16, triton.next_power_of_2(V))))
 
 
@@ -66,7 +69,7 @@ def gdn_forward(q, k, v, g, beta, scale: float, h0):
     """(o, final state fp32, G fp32 (B, T, H), Tinv fp32 (B, T, H, 64)); inputs contiguous (B, T, H, .)."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, CHUNK)
-    sizes = block_sizes(K, V)
+    sizes = block_sizes(T, H, K, V)
     G = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
     Tinv = torch.empty(B, T, H, CHUNK, device=k.device, dtype=torch.float32)
     launch(gate_inverse_kernel, lambda meta: (NT, B * H), k, g, beta, G, Tinv, T, H, K, C=CHUNK, BK=sizes["BK"])
@@ -82,7 +85,7 @@ def gdn_backward(q, k, v, beta, G, Tinv, h0, do, dht, scale: float):
     """(dq, dk, dv, dg, dbeta, dh0) in fp32 (dv in v's dtype); dht may be None (no gradient on the final state)."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, CHUNK)
-    sizes = block_sizes(K, V)
+    sizes = block_sizes(T, H, K, V)
     w, u = _wu(k, v, beta, G, Tinv, sizes)
     hs, v_new, _ = _states(k, w, u, G, h0, sizes, final=False)
     dv_local = torch.empty_like(v)
@@ -107,5 +110,5 @@ def gdn_backward(q, k, v, beta, G, Tinv, h0, do, dht, scale: float):
     dg = torch.empty_like(dbeta)
     launch(wy_backward_kernel, lambda meta: (NT, B * H),
            k, v, beta, G, Tinv, dw, dv_new, dk_part, dG_part, dk, dv, dbeta, dg, B, T, H, K, V, max_nk,
-           C=CHUNK, BK=sizes["BK"], BV=sizes["BV"])
+           C=CHUNK, BK=min(32, sizes["BK"]), BV=min(32, sizes["BV"]))  # 64-wide blocks spill on sm_80
     return dq, dk, dv, dg, dbeta, dh0

@@ -20,8 +20,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hymo_core.kernels.gdn_triton_tiles import causal_decay, chunk_rows, load_rows, mm, mm32, store_rows, token_rows
-from hymo_core.kernels.tuning import autotuned
+from hymo_core.kernels.gdn_triton_tiles import (causal_decay, chunk_rows, load_seq, load_seq_transposed, mm, mm32, store_seq,
+                                                token_rows)
+from hymo_core.kernels.tuning import autotuned, only_on
 
 BT = 16  # sub-block of the chunk for the inverse
 
@@ -32,7 +33,7 @@ def unit_lower_inverse16(A):
     s = tl.arange(0, 16)
     At = tl.trans(A)
     inv = tl.where(s[:, None] == s[None, :], 1.0, 0.0)
-    for i in tl.static_range(1, 16):
+    for i in range(1, 16):
         a_j = tl.sum(tl.where(s[None, :] == i, At, 0.0), 1)  # a_j[j] = A[i, j]
         row = tl.where(s == i, 1.0, 0.0) - tl.sum(a_j[:, None] * inv, 0)
         inv = tl.where(s[:, None] == i, row[None, :], inv)
@@ -54,12 +55,12 @@ def _strict_block(b_r, G_r, G_c, KK, DIAGONAL: tl.constexpr):
 
 
 @triton.jit
-def _store_block(ptr, rows, mask, c: tl.constexpr, C: tl.constexpr, tile):
-    cols = c * 16 + tl.arange(0, 16)
-    tl.store(ptr + rows[:, None] * C + cols[None, :], tile, mask=mask[:, None])
+def _store_block(ptr, i_b, i_h, T, H, i_n, r: tl.constexpr, c: tl.constexpr, C: tl.constexpr, tile):
+    store_seq(ptr, i_b, i_h, T, H, C, i_n * C + r * 16, c * 16, tile)
 
 
-@autotuned([triton.Config({}, num_warps=w) for w in (2, 4)], key=["K"])
+@autotuned([only_on("hopper", triton.Config({}, num_warps=2, num_stages=2)),
+            only_on("ampere", triton.Config({}, num_warps=4, num_stages=2))], key=["K"])
 @triton.jit
 def gate_inverse_kernel(k_ptr, g_ptr, beta_ptr, G_ptr, Tinv_ptr, T, H, K, C: tl.constexpr, BK: tl.constexpr):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
@@ -88,11 +89,10 @@ def gate_inverse_kernel(k_ptr, g_ptr, beta_ptr, G_ptr, Tinv_ptr, T, H, K, C: tl.
     z = tl.zeros([16, 16], dtype=tl.float32)
     KK00, KK10, KK11, KK20, KK21, KK22, KK30, KK31, KK32, KK33 = z, z, z, z, z, z, z, z, z, z
     for kk in range(0, K, BK):
-        ok = kk + tl.arange(0, BK)
-        k0 = load_rows(k_ptr, r0, m0, ok, K)
-        k1 = load_rows(k_ptr, r1, m1, ok, K)
-        k2 = load_rows(k_ptr, r2, m2, ok, K)
-        k3 = load_rows(k_ptr, r3, m3, ok, K)
+        k0 = load_seq(k_ptr, i_b, i_h, T, H, K, i_n * C + 0, kk, 16, BK)
+        k1 = load_seq(k_ptr, i_b, i_h, T, H, K, i_n * C + 16, kk, 16, BK)
+        k2 = load_seq(k_ptr, i_b, i_h, T, H, K, i_n * C + 32, kk, 16, BK)
+        k3 = load_seq(k_ptr, i_b, i_h, T, H, K, i_n * C + 48, kk, 16, BK)
         KK00 += mm(k0, tl.trans(k0), DT)
         KK10 += mm(k1, tl.trans(k0), DT)
         KK11 += mm(k1, tl.trans(k1), DT)
@@ -119,25 +119,25 @@ def gate_inverse_kernel(k_ptr, g_ptr, beta_ptr, G_ptr, Tinv_ptr, T, H, K, C: tl.
     T32 = -mm32(T33, mm32(A32, T22, DT), DT)
     T31 = -mm32(T33, mm32(A31, T11, DT) + mm32(A32, T21, DT), DT)
     T30 = -mm32(T33, mm32(A30, T00, DT) + mm32(A31, T10, DT) + mm32(A32, T20, DT), DT)
-    _store_block(Tinv_ptr, r0, m0, 0, C, T00)
-    _store_block(Tinv_ptr, r0, m0, 1, C, z)
-    _store_block(Tinv_ptr, r0, m0, 2, C, z)
-    _store_block(Tinv_ptr, r0, m0, 3, C, z)
-    _store_block(Tinv_ptr, r1, m1, 0, C, T10)
-    _store_block(Tinv_ptr, r1, m1, 1, C, T11)
-    _store_block(Tinv_ptr, r1, m1, 2, C, z)
-    _store_block(Tinv_ptr, r1, m1, 3, C, z)
-    _store_block(Tinv_ptr, r2, m2, 0, C, T20)
-    _store_block(Tinv_ptr, r2, m2, 1, C, T21)
-    _store_block(Tinv_ptr, r2, m2, 2, C, T22)
-    _store_block(Tinv_ptr, r2, m2, 3, C, z)
-    _store_block(Tinv_ptr, r3, m3, 0, C, T30)
-    _store_block(Tinv_ptr, r3, m3, 1, C, T31)
-    _store_block(Tinv_ptr, r3, m3, 2, C, T32)
-    _store_block(Tinv_ptr, r3, m3, 3, C, T33)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 0, 0, C, T00)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 0, 1, C, z)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 0, 2, C, z)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 0, 3, C, z)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 1, 0, C, T10)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 1, 1, C, T11)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 1, 2, C, z)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 1, 3, C, z)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 2, 0, C, T20)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 2, 1, C, T21)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 2, 2, C, T22)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 2, 3, C, z)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 3, 0, C, T30)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 3, 1, C, T31)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 3, 2, C, T32)
+    _store_block(Tinv_ptr, i_b, i_h, T, H, i_n, 3, 3, C, T33)
 
 
-@autotuned([triton.Config({}, num_warps=w) for w in (4, 8)], key=["K", "V"])
+@autotuned([triton.Config({}, num_warps=4, num_stages=2)], key=["K", "V"])
 @triton.jit
 def wu_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, Tinv_ptr, w_ptr, u_ptr, T, H, K, V,
               C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
@@ -145,22 +145,20 @@ def wu_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, Tinv_ptr, w_ptr, u_ptr, T, H, K, V,
     i_b, i_h = i_bh // H, i_bh % H
     DT = k_ptr.dtype.element_ty
     rows, mask, _ = chunk_rows(i_n, i_b, i_h, T, H, C)
-    cc = tl.arange(0, C)
-    Tinv = load_rows(Tinv_ptr, rows, mask, cc, C)
+    t0 = i_n * C
+    Tinv = load_seq(Tinv_ptr, i_b, i_h, T, H, C, t0, 0, C, C)
     beta = tl.load(beta_ptr + rows, mask=mask, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + rows, mask=mask, other=0.0)
     kscale = beta * tl.exp(G)
     for kk in range(0, K, BK):
-        ok = kk + tl.arange(0, BK)
-        k = load_rows(k_ptr, rows, mask, ok, K).to(tl.float32)
-        store_rows(w_ptr, rows, mask, ok, K, mm(Tinv, k * kscale[:, None], DT))
+        k = load_seq(k_ptr, i_b, i_h, T, H, K, t0, kk, C, BK).to(tl.float32)
+        store_seq(w_ptr, i_b, i_h, T, H, K, t0, kk, mm(Tinv, k * kscale[:, None], DT))
     for vv in range(0, V, BV):
-        ov = vv + tl.arange(0, BV)
-        v = load_rows(v_ptr, rows, mask, ov, V).to(tl.float32)
-        store_rows(u_ptr, rows, mask, ov, V, mm(Tinv, v * beta[:, None], DT))
+        v = load_seq(v_ptr, i_b, i_h, T, H, V, t0, vv, C, BV).to(tl.float32)
+        store_seq(u_ptr, i_b, i_h, T, H, V, t0, vv, mm(Tinv, v * beta[:, None], DT))
 
 
-@autotuned([triton.Config({}, num_warps=w) for w in (4, 8)], key=["K", "V"])
+@autotuned([triton.Config({}, num_warps=4, num_stages=2)], key=["K", "V"])
 @triton.jit
 def wy_backward_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, Tinv_ptr, dw_ptr, du_ptr, dk_part_ptr, dG_part_ptr,
                        dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, B, T, H, K, V, NK,
@@ -169,10 +167,10 @@ def wy_backward_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, Tinv_ptr, dw_ptr, du_ptr, 
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     DT = k_ptr.dtype.element_ty
-    rows, mask, last_row = chunk_rows(i_n, i_b, i_h, T, H, C)
+    rows, mask, _ = chunk_rows(i_n, i_b, i_h, T, H, C)
+    t0 = i_n * C
     cc = tl.arange(0, C)
-    Tinv = load_rows(Tinv_ptr, rows, mask, cc, C)
-    TinvT = tl.trans(Tinv)
+    TinvT = load_seq_transposed(Tinv_ptr, i_b, i_h, T, H, C, t0, 0, C, C)  # only Tinv^T is used
     beta = tl.load(beta_ptr + rows, mask=mask, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + rows, mask=mask, other=0.0)
     eG = tl.exp(G)
@@ -182,21 +180,19 @@ def wy_backward_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, Tinv_ptr, dw_ptr, du_ptr, 
     dbeta = tl.zeros([C], dtype=tl.float32)
     dG = tl.zeros([C], dtype=tl.float32)
     for kk in range(0, K, BK):
-        ok = kk + tl.arange(0, BK)
-        k = load_rows(k_ptr, rows, mask, ok, K)
-        dw = load_rows(dw_ptr, rows, mask, ok, K)
+        k = load_seq(k_ptr, i_b, i_h, T, H, K, t0, kk, C, BK)
+        dw = load_seq(dw_ptr, i_b, i_h, T, H, K, t0, kk, C, BK)
         KK += mm(k, tl.trans(k), DT)
         dTinv += mm(dw, tl.trans(k.to(tl.float32) * kscale[:, None]), DT)
         t_kb = tl.sum(k.to(tl.float32) * mm(TinvT, dw, DT), 1)  # k . dkb per row
         dbeta += eG * t_kb
         dG += kscale * t_kb
     for vv in range(0, V, BV):
-        ov = vv + tl.arange(0, BV)
-        v = load_rows(v_ptr, rows, mask, ov, V).to(tl.float32)
-        du = load_rows(du_ptr, rows, mask, ov, V)
+        v = load_seq(v_ptr, i_b, i_h, T, H, V, t0, vv, C, BV).to(tl.float32)
+        du = load_seq(du_ptr, i_b, i_h, T, H, V, t0, vv, C, BV)
         dTinv += mm(du, tl.trans(v * beta[:, None]), DT)
         dvb = mm(TinvT, du, DT)
-        store_rows(dv_ptr, rows, mask, ov, V, beta[:, None] * dvb)
+        store_seq(dv_ptr, i_b, i_h, T, H, V, t0, vv, beta[:, None] * dvb)
         dbeta += tl.sum(v * dvb, 1)
     # Tinv = (I + A)^-1  =>  dA = -Tinv^T dTinv Tinv^T on the strict lower triangle
     dA = -mm32(mm32(TinvT, dTinv, DT), TinvT, DT)
@@ -208,12 +204,11 @@ def wy_backward_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, Tinv_ptr, dw_ptr, du_ptr, 
     dG += tl.sum(dAA, 1) - tl.sum(dAA, 0)
     dKK = dAE * beta[:, None]
     for kk in range(0, K, BK):
-        ok = kk + tl.arange(0, BK)
-        k = load_rows(k_ptr, rows, mask, ok, K)
-        dw = load_rows(dw_ptr, rows, mask, ok, K)
-        dk = load_rows(dk_part_ptr, rows, mask, ok, K) + kscale[:, None] * mm(TinvT, dw, DT)
+        k = load_seq(k_ptr, i_b, i_h, T, H, K, t0, kk, C, BK)
+        dw = load_seq(dw_ptr, i_b, i_h, T, H, K, t0, kk, C, BK)
+        dk = load_seq(dk_part_ptr, i_b, i_h, T, H, K, t0, kk, C, BK) + kscale[:, None] * mm(TinvT, dw, DT)
         dk += mm(dKK, k, DT) + mm(tl.trans(dKK), k, DT)
-        store_rows(dk_ptr, rows, mask, ok, K, dk)
+        store_seq(dk_ptr, i_b, i_h, T, H, K, t0, kk, dk)
     for i_k in range(0, NK):  # the output pass's per-key-block gate gradients
         dG += tl.load(dG_part_ptr + i_k * B * T * H + rows, mask=mask, other=0.0)
     tl.store(dbeta_ptr + rows, dbeta, mask=mask)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hymo_core.kernels.gdn_triton_tiles import causal_decay, chunk_rows, load_rows, mm, state_offsets, store_rows
-from hymo_core.kernels.tuning import autotuned
+from hymo_core.kernels.gdn_triton_tiles import causal_decay, chunk_rows, load_seq, load_state, mm, store_seq
+from hymo_core.kernels.tuning import autotuned, only_on
 
-OUTPUT_CONFIGS = [triton.Config({"BV": bv}, num_warps=4) for bv in (32, 64)]
+OUTPUT_CONFIGS = [triton.Config({"BV": bv}, num_warps=4, num_stages=2) for bv in (32, 64)]
 
 
 @autotuned(OUTPUT_CONFIGS, key=["K", "V"])
@@ -28,24 +28,21 @@ def output_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, vnew_ptr, o_ptr, scale, T, H, K, 
     i_b, i_h = i_bh // H, i_bh % H
     DT = q_ptr.dtype.element_ty
     rows, mask, _ = chunk_rows(i_n, i_b, i_h, T, H, C)
-    ov = i_v * BV + tl.arange(0, BV)
+    t0, v0 = i_n * C, i_v * BV
     qh = tl.zeros([C, BV], dtype=tl.float32)
     qk = tl.zeros([C, C], dtype=tl.float32)
     for kk in range(0, K, BK):
-        ok = kk + tl.arange(0, BK)
-        q = load_rows(q_ptr, rows, mask, ok, K)
-        k = load_rows(k_ptr, rows, mask, ok, K)
-        h = tl.load(hs_ptr + state_offsets(i_bh, i_n, NT, K, V, ok, ov), mask=(ok < K)[:, None] & (ov < V)[None, :],
-                    other=0.0)
-        qh += mm(q, h, DT)
+        q = load_seq(q_ptr, i_b, i_h, T, H, K, t0, kk, C, BK)
+        k = load_seq(k_ptr, i_b, i_h, T, H, K, t0, kk, C, BK)
+        qh += mm(q, load_state(hs_ptr, i_bh, i_n, NT, K, V, kk, v0, BK, BV), DT)
         qk += mm(q, tl.trans(k), DT)
     G = tl.load(G_ptr + rows, mask=mask, other=0.0)
     P = qk * causal_decay(G, True)
-    o = scale * (tl.exp(G)[:, None] * qh + mm(P, load_rows(vnew_ptr, rows, mask, ov, V), DT))
-    store_rows(o_ptr, rows, mask, ov, V, o)
+    o = scale * (tl.exp(G)[:, None] * qh + mm(P, load_seq(vnew_ptr, i_b, i_h, T, H, V, t0, v0, C, BV), DT))
+    store_seq(o_ptr, i_b, i_h, T, H, V, t0, v0, o)
 
 
-@autotuned([triton.Config({}, num_warps=w) for w in (4, 8)], key=["K", "V"])
+@autotuned([triton.Config({}, num_warps=4, num_stages=2)], key=["K", "V"])
 @triton.jit
 def dv_local_kernel(q_ptr, k_ptr, G_ptr, do_ptr, dv_local_ptr, scale, T, H, K, V,
                     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
@@ -53,23 +50,26 @@ def dv_local_kernel(q_ptr, k_ptr, G_ptr, do_ptr, dv_local_ptr, scale, T, H, K, V
     i_b, i_h = i_bh // H, i_bh % H
     DT = q_ptr.dtype.element_ty
     rows, mask, _ = chunk_rows(i_n, i_b, i_h, T, H, C)
+    t0 = i_n * C
     qk = tl.zeros([C, C], dtype=tl.float32)
     for kk in range(0, K, BK):
-        ok = kk + tl.arange(0, BK)
-        qk += mm(load_rows(q_ptr, rows, mask, ok, K), tl.trans(load_rows(k_ptr, rows, mask, ok, K)), DT)
+        q = load_seq(q_ptr, i_b, i_h, T, H, K, t0, kk, C, BK)
+        qk += mm(q, tl.trans(load_seq(k_ptr, i_b, i_h, T, H, K, t0, kk, C, BK)), DT)
     G = tl.load(G_ptr + rows, mask=mask, other=0.0)
     Pt = tl.trans(scale * qk * causal_decay(G, True))
     for vv in range(0, V, BV):
-        ov = vv + tl.arange(0, BV)
-        store_rows(dv_local_ptr, rows, mask, ov, V, mm(Pt, load_rows(do_ptr, rows, mask, ov, V), DT))
+        store_seq(dv_local_ptr, i_b, i_h, T, H, V, t0, vv, mm(Pt, load_seq(do_ptr, i_b, i_h, T, H, V, t0, vv, C, BV), DT))
 
 
-DQKWG_CONFIGS = [triton.Config({"BK": bk}, num_warps=w) for bk, w in ((16, 2), (32, 4), (64, 4), (64, 8))]
+DQKWG_CONFIGS = [only_on(arch, triton.Config({"BK": bk}, num_warps=w, num_stages=2))
+                 for arch, bk, w in (("hopper", 16, 2), ("hopper", 32, 4), ("hopper", 64, 8),
+                                     ("ampere", 16, 2), ("ampere", 16, 4), ("ampere", 32, 8))]
 
 
 def key_block_fits(config: triton.Config, meta: dict) -> bool:
     """A key block no wider than the padded key dim, and 16 only where nothing wider fits."""
-    return config.kwargs["BK"] <= meta["KP"] and (config.kwargs["BK"] > 16 or meta["KP"] == 16)
+    narrow = config.kwargs["BK"] == 16 and config.num_warps == 2
+    return config.kwargs["BK"] <= meta["KP"] and narrow == (meta["KP"] == 16)
 
 
 @autotuned(DQKWG_CONFIGS, key=["K", "V"], keep=key_block_fits)
@@ -81,28 +81,25 @@ def dqkwg_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, dhs_ptr, vnew_ptr, do_ptr, dvnew_p
     i_b, i_h = i_bh // H, i_bh % H
     DT = q_ptr.dtype.element_ty
     rows, mask, last_row = chunk_rows(i_n, i_b, i_h, T, H, C)
-    ok = i_k * BK + tl.arange(0, BK)
+    t0, k0 = i_n * C, i_k * BK
     do_h = tl.zeros([C, BK], dtype=tl.float32)  # do h^T
     dkd = tl.zeros([C, BK], dtype=tl.float32)  # v_new dh^T: the gradient of k exp(G_L - G)
     dw = tl.zeros([C, BK], dtype=tl.float32)
     dP = tl.zeros([C, C], dtype=tl.float32)
     h_dh = 0.0
     for vv in range(0, V, BV):
-        ov = vv + tl.arange(0, BV)
-        state = state_offsets(i_bh, i_n, NT, K, V, ok, ov)
-        state_mask = (ok < K)[:, None] & (ov < V)[None, :]
-        h = tl.load(hs_ptr + state, mask=state_mask, other=0.0)
-        dh = tl.load(dhs_ptr + state, mask=state_mask, other=0.0)
-        do = load_rows(do_ptr, rows, mask, ov, V)
-        v_new = load_rows(vnew_ptr, rows, mask, ov, V)
-        dv_new = load_rows(dvnew_ptr, rows, mask, ov, V)
+        h = load_state(hs_ptr, i_bh, i_n, NT, K, V, k0, vv, BK, BV)
+        dh = load_state(dhs_ptr, i_bh, i_n, NT, K, V, k0, vv, BK, BV)
+        do = load_seq(do_ptr, i_b, i_h, T, H, V, t0, vv, C, BV)
+        v_new = load_seq(vnew_ptr, i_b, i_h, T, H, V, t0, vv, C, BV)
+        dv_new = load_seq(dvnew_ptr, i_b, i_h, T, H, V, t0, vv, C, BV)
         do_h += mm(do, tl.trans(h), DT)
         dkd += mm(v_new, tl.trans(dh), DT)
         dw -= mm(dv_new, tl.trans(h), DT)
         dP += mm(do, tl.trans(v_new), DT)
         h_dh += tl.sum(tl.sum(h.to(tl.float32) * dh.to(tl.float32), 1), 0)
-    q = load_rows(q_ptr, rows, mask, ok, K)
-    k = load_rows(k_ptr, rows, mask, ok, K)
+    q = load_seq(q_ptr, i_b, i_h, T, H, K, t0, k0, C, BK)
+    k = load_seq(k_ptr, i_b, i_h, T, H, K, t0, k0, C, BK)
     G = tl.load(G_ptr + rows, mask=mask, other=0.0)
     G_last = tl.load(G_ptr + last_row)
     eG = tl.exp(G)
@@ -117,7 +114,7 @@ def dqkwg_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, dhs_ptr, vnew_ptr, do_ptr, dvnew_p
     dG = tl.sum(dPP, 1) - tl.sum(dPP, 0) + scale * eG * tl.sum(q.to(tl.float32) * do_h, 1) - kdkd
     dG_last = tl.sum(kdkd, 0) + tl.exp(G_last) * h_dh
     dG += tl.where(rows == last_row, dG_last, 0.0)
-    store_rows(dq_ptr, rows, mask, ok, K, dq)
-    store_rows(dk_part_ptr, rows, mask, ok, K, dk)
-    store_rows(dw_ptr, rows, mask, ok, K, dw)
+    store_seq(dq_ptr, i_b, i_h, T, H, K, t0, k0, dq)
+    store_seq(dk_part_ptr, i_b, i_h, T, H, K, t0, k0, dk)
+    store_seq(dw_ptr, i_b, i_h, T, H, K, t0, k0, dw)
     tl.store(dG_part_ptr + i_k * B * T * H + rows, dG, mask=mask)

@@ -18,15 +18,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hymo_core.kernels.gdn_triton_tiles import chunk_rows, load_rows, mm, state_offsets, store_rows
-from hymo_core.kernels.tuning import autotuned
+from hymo_core.kernels.gdn_triton_tiles import chunk_rows, load_seq, load_state, mm, store_seq, store_state
+from hymo_core.kernels.tuning import autotuned, only_on
 
-STATE_CONFIGS = [triton.Config({"BV": bv}, num_warps=w) for bv, w in ((16, 2), (32, 4), (64, 4), (64, 8))]
+STATE_CONFIGS = [only_on(arch, triton.Config({"BV": bv}, num_warps=w, num_stages=2))
+                 for arch, bv, w in (("hopper", 16, 2), ("hopper", 32, 4), ("hopper", 64, 8),
+                                     ("ampere", 16, 4), ("ampere", 32, 8))]
 
 
 def state_fits(config: triton.Config, meta: dict) -> bool:
-    """A (KP x BV) fp32 state tile of at most 8,192 numbers (32 KB of registers), as in fla."""
-    return meta["KP"] * config.kwargs["BV"] <= 8192
+    """At most 96 numbers per thread in the (64 x KP) chunk tiles plus the (KP x BV) state: above that
+    ptxas spills (tests/hymo_core/test_kernel_resources.py checks every config kept here)."""
+    per_thread = (64 * meta["KP"] + meta["KP"] * config.kwargs["BV"]) / (32 * config.num_warps)
+    return per_thread <= 96
 
 
 @autotuned(STATE_CONFIGS, key=["K", "V"], keep=state_fits)
@@ -37,26 +41,24 @@ def state_forward_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h0_ptr, hs_ptr, vnew_ptr, h
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     DT = k_ptr.dtype.element_ty
-    ok = tl.arange(0, KP)
-    ov = i_v * BV + tl.arange(0, BV)
-    state_mask = (ok < K)[:, None] & (ov < V)[None, :]
-    state = ((i_bh.to(tl.int64) * K + ok[:, None]) * V + ov[None, :])
+    v0 = i_v * BV
     h = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_H0:
-        h = tl.load(h0_ptr + state, mask=state_mask, other=0.0)
+        h = load_state(h0_ptr, i_bh, 0, 1, K, V, 0, v0, KP, BV)
     for i_n in range(NT):
-        tl.store(hs_ptr + state_offsets(i_bh, i_n, NT, K, V, ok, ov), h.to(hs_ptr.dtype.element_ty), mask=state_mask)
+        store_state(hs_ptr, i_bh, i_n, NT, K, V, 0, v0, h)
         rows, mask, last_row = chunk_rows(i_n, i_b, i_h, T, H, C)
-        w = load_rows(w_ptr, rows, mask, ok, K)
-        v_new = load_rows(u_ptr, rows, mask, ov, V).to(tl.float32) - mm(w, h, DT)
-        store_rows(vnew_ptr, rows, mask, ov, V, v_new)
+        t0 = i_n * C
+        w = load_seq(w_ptr, i_b, i_h, T, H, K, t0, 0, C, KP)
+        v_new = load_seq(u_ptr, i_b, i_h, T, H, V, t0, v0, C, BV).to(tl.float32) - mm(w, h, DT)
+        store_seq(vnew_ptr, i_b, i_h, T, H, V, t0, v0, v_new)
         G = tl.load(G_ptr + rows, mask=mask, other=0.0)
         G_last = tl.load(G_ptr + last_row)
-        k = load_rows(k_ptr, rows, mask, ok, K).to(tl.float32)
+        k = load_seq(k_ptr, i_b, i_h, T, H, K, t0, 0, C, KP).to(tl.float32)
         kd = k * tl.exp(G_last - G)[:, None]
         h = tl.exp(G_last) * h + mm(tl.trans(kd), v_new, DT)
     if STORE_FINAL:
-        tl.store(ht_ptr + state, h, mask=state_mask)
+        store_state(ht_ptr, i_bh, 0, 1, K, V, 0, v0, h)
 
 
 @autotuned(STATE_CONFIGS, key=["K", "V"], keep=state_fits)
@@ -67,25 +69,23 @@ def state_backward_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dv_local_ptr, dht_
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     DT = k_ptr.dtype.element_ty
-    ok = tl.arange(0, KP)
-    ov = i_v * BV + tl.arange(0, BV)
-    state_mask = (ok < K)[:, None] & (ov < V)[None, :]
-    state = ((i_bh.to(tl.int64) * K + ok[:, None]) * V + ov[None, :])
+    v0 = i_v * BV
     dh = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_DHT:
-        dh = tl.load(dht_ptr + state, mask=state_mask, other=0.0)
+        dh = load_state(dht_ptr, i_bh, 0, 1, K, V, 0, v0, KP, BV)
     for step in range(NT):
         i_n = NT - 1 - step
-        tl.store(dhs_ptr + state_offsets(i_bh, i_n, NT, K, V, ok, ov), dh.to(dhs_ptr.dtype.element_ty), mask=state_mask)
+        store_state(dhs_ptr, i_bh, i_n, NT, K, V, 0, v0, dh)
         rows, mask, last_row = chunk_rows(i_n, i_b, i_h, T, H, C)
+        t0 = i_n * C
         G = tl.load(G_ptr + rows, mask=mask, other=0.0)
         G_last = tl.load(G_ptr + last_row)
-        k = load_rows(k_ptr, rows, mask, ok, K).to(tl.float32)
+        k = load_seq(k_ptr, i_b, i_h, T, H, K, t0, 0, C, KP).to(tl.float32)
         kd = k * tl.exp(G_last - G)[:, None]
-        dv_new = load_rows(dv_local_ptr, rows, mask, ov, V).to(tl.float32) + mm(kd, dh, DT)
-        store_rows(dvnew_ptr, rows, mask, ov, V, dv_new)
-        q = load_rows(q_ptr, rows, mask, ok, K).to(tl.float32) * (scale * tl.exp(G))[:, None]
-        do = load_rows(do_ptr, rows, mask, ov, V)
-        w = load_rows(w_ptr, rows, mask, ok, K)
+        dv_new = load_seq(dv_local_ptr, i_b, i_h, T, H, V, t0, v0, C, BV).to(tl.float32) + mm(kd, dh, DT)
+        store_seq(dvnew_ptr, i_b, i_h, T, H, V, t0, v0, dv_new)
+        q = load_seq(q_ptr, i_b, i_h, T, H, K, t0, 0, C, KP).to(tl.float32) * (scale * tl.exp(G))[:, None]
+        do = load_seq(do_ptr, i_b, i_h, T, H, V, t0, v0, C, BV)
+        w = load_seq(w_ptr, i_b, i_h, T, H, K, t0, 0, C, KP)
         dh = tl.exp(G_last) * dh + mm(tl.trans(q), do, DT) - mm(tl.trans(w), dv_new, DT)
-    tl.store(dh0_ptr + state, dh, mask=state_mask)
+    store_state(dh0_ptr, i_bh, 0, 1, K, V, 0, v0, dh)

@@ -43,7 +43,7 @@ def token_rows(i_b, i_h, t, T, H):
 
 @triton.jit
 def chunk_rows(i_n, i_b, i_h, T, H, C: tl.constexpr):
-    """Rows of chunk i_n, their mask, and the row of the chunk's last real token."""
+    """Rows of chunk i_n (for the per-token vectors g, beta, G), their mask, and the row of its last real token."""
     t = i_n * C + tl.arange(0, C)
     rows, mask = token_rows(i_b, i_h, t, T, H)
     last = tl.minimum(T, i_n * C + C) - 1
@@ -51,21 +51,58 @@ def chunk_rows(i_n, i_b, i_h, T, H, C: tl.constexpr):
 
 
 @triton.jit
-def load_rows(ptr, rows, mask, cols, width):
-    """(len(rows), len(cols)) tile of a (B, T, H, width) tensor; out-of-range entries are 0."""
-    return tl.load(ptr + rows[:, None] * width + cols[None, :], mask=mask[:, None] & (cols < width)[None, :], other=0.0)
+def _seq_offsets(ptr, i_b, i_h, T, H, width, t0, c0, BR: tl.constexpr, BC: tl.constexpr):
+    """Base pointer of (batch i_b, head i_h) in a (B, T, H, width) tensor, and the in-sequence offsets
+    and mask of tokens t0 .. t0 + BR, columns c0 .. c0 + BC.
+
+    The base is 64-bit, the offsets 32-bit (the launcher checks T H width < 2**31): a tile then
+    needs no 64-bit integer per element.
+    """
+    base = ptr + (i_b.to(tl.int64) * T * H + i_h) * width
+    t = t0 + tl.arange(0, BR)
+    c = c0 + tl.arange(0, BC)
+    return base, t[:, None] * (H * width) + c[None, :], (t < T)[:, None] & (c < width)[None, :]
 
 
 @triton.jit
-def store_rows(ptr, rows, mask, cols, width, tile):
-    tl.store(ptr + rows[:, None] * width + cols[None, :], tile.to(ptr.dtype.element_ty),
-             mask=mask[:, None] & (cols < width)[None, :])
+def load_seq(ptr, i_b, i_h, T, H, width, t0, c0, BR: tl.constexpr, BC: tl.constexpr):
+    """(BR, BC) tile of a (B, T, H, width) tensor; entries past T or width read as 0."""
+    base, offsets, mask = _seq_offsets(ptr, i_b, i_h, T, H, width, t0, c0, BR, BC)
+    return tl.load(base + offsets, mask=mask, other=0.0)
 
 
 @triton.jit
-def state_offsets(i_bh, i_n, NT, K, V, ok, ov):
-    """Offsets of a (len(ok), len(ov)) tile of chunk i_n's state in a (B H, NT, K, V) tensor."""
-    return ((i_bh.to(tl.int64) * NT + i_n) * K + ok[:, None]) * V + ov[None, :]
+def load_seq_transposed(ptr, i_b, i_h, T, H, width, t0, c0, BR: tl.constexpr, BC: tl.constexpr):
+    """The (BC, BR) transpose of load_seq's tile, read transposed from memory (no register shuffle)."""
+    base, offsets, mask = _seq_offsets(ptr, i_b, i_h, T, H, width, t0, c0, BR, BC)
+    return tl.load(base + tl.trans(offsets), mask=tl.trans(mask), other=0.0)
+
+
+@triton.jit
+def store_seq(ptr, i_b, i_h, T, H, width, t0, c0, tile):
+    base, offsets, mask = _seq_offsets(ptr, i_b, i_h, T, H, width, t0, c0, tile.shape[0], tile.shape[1])
+    tl.store(base + offsets, tile.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _state_offsets(ptr, i_bh, i_n, NT, K, V, k0, v0, BK: tl.constexpr, BV: tl.constexpr):
+    """Chunk i_n's (K, V) state in a (B H, NT, K, V) tensor (NT = 1, i_n = 0: a (B, H, K, V) state)."""
+    base = ptr + (i_bh.to(tl.int64) * NT + i_n) * K * V
+    k = k0 + tl.arange(0, BK)
+    v = v0 + tl.arange(0, BV)
+    return base, k[:, None] * V + v[None, :], (k < K)[:, None] & (v < V)[None, :]
+
+
+@triton.jit
+def load_state(ptr, i_bh, i_n, NT, K, V, k0, v0, BK: tl.constexpr, BV: tl.constexpr):
+    base, offsets, mask = _state_offsets(ptr, i_bh, i_n, NT, K, V, k0, v0, BK, BV)
+    return tl.load(base + offsets, mask=mask, other=0.0)
+
+
+@triton.jit
+def store_state(ptr, i_bh, i_n, NT, K, V, k0, v0, tile):
+    base, offsets, mask = _state_offsets(ptr, i_bh, i_n, NT, K, V, k0, v0, tile.shape[0], tile.shape[1])
+    tl.store(base + offsets, tile.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -5,7 +5,8 @@ visible pairs. Materialising the scores beside SDPA would cost B*H*T*T
 floats (17 GB at B8 H32 T4096); here queries are taken in row chunks so at
 most `PROBE_CHUNK_ELEMENTS` scores exist at once, keys only up to the chunk's
 last query, and GQA groups share their key head through a view instead of
-`repeat_interleave`.
+`repeat_interleave`. On CUDA a Triton kernel does the same tile by tile (scores
+never reach memory); both are the op `hymo::causal_max_logits`.
 
 The rescale multiplies a projection's rows head by head with one broadcast
 multiply (no per-head Python loop, no device-to-host reads). Under FSDP2 the
@@ -16,13 +17,65 @@ from __future__ import annotations
 
 import torch
 
+from hymo_core.kernels.backend import HAVE_TRITON, resolve_backend
+
 PROBE_CHUNK_ELEMENTS = 1 << 26  # 256 MB of fp32 scores per chunk at most
 
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
 
-@torch.no_grad()
-def causal_max_logits(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, sqrt_d: float,
-                      chunk_elements: int = PROBE_CHUNK_ELEMENTS) -> torch.Tensor:
-    """(H,) fp32: max over batch and visible pairs of |q.k| / sqrt_d; key head k serves query heads k*G .. k*G+G-1."""
+    from hymo_core.kernels.tuning import autotuned, launch
+
+    PROBE_CONFIGS = [triton.Config({"BM": 64, "BN": bn}, num_warps=w) for bn, w in ((32, 4), (64, 4), (64, 8))]
+
+    @autotuned(PROBE_CONFIGS, key=["D"])
+    @triton.jit
+    def _causal_max_logit_kernel(q_ptr, k_ptr, out_ptr, T, H, G, D, NQ, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t,
+                                 BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+        """max |q.k| over one block of BM queries and every key at or before each query (one number per program).
+
+        Scores live one (BM, BN) tile at a time, never in memory. The dot multiplies the inputs as
+        they are (bf16 MMA with fp32 accumulation on bf16 activations, IEEE fp32 on fp32): the probe
+        reads the logits attention itself computes from those operands.
+        """
+        i_m, i_bh = tl.program_id(0), tl.program_id(1)
+        i_b, i_h = i_bh // H, i_bh % H
+        rows = i_m * BM + tl.arange(0, BM)
+        d = tl.arange(0, BD)
+        q_base = q_ptr + i_b.to(tl.int64) * sq_b + i_h.to(tl.int64) * sq_h
+        k_base = k_ptr + i_b.to(tl.int64) * sk_b + (i_h // G).to(tl.int64) * sk_h
+        q = tl.load(q_base + rows[:, None].to(tl.int64) * sq_t + d[None, :],
+                    mask=(rows < T)[:, None] & (d < D)[None, :], other=0.0)
+        peak = tl.zeros([BM], dtype=tl.float32)
+        for n0 in range(0, tl.minimum(T, i_m * BM + BM), BN):
+            cols = n0 + tl.arange(0, BN)
+            k = tl.load(k_base + cols[:, None].to(tl.int64) * sk_t + d[None, :],
+                        mask=(cols < T)[:, None] & (d < D)[None, :], other=0.0)
+            if q_ptr.dtype.element_ty == tl.float32:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            visible = (cols[None, :] <= rows[:, None]) & (cols < T)[None, :]
+            peak = tl.maximum(peak, tl.max(tl.where(visible, tl.abs(scores), 0.0), 1))
+        tl.store(out_ptr + i_bh.to(tl.int64) * NQ + i_m, tl.max(peak, 0))
+
+
+def causal_max_logits_triton(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor) -> torch.Tensor:
+    """(H,) max |q.k| (not yet divided by sqrt d): one partial maximum per (query block, batch, head)."""
+    B, H, T, D = q_BHTD.shape
+    q_BHTD, k_BKTD = (x if x.stride(-1) == 1 else x.contiguous() for x in (q_BHTD, k_BKTD))
+    NQ = triton.cdiv(T, 64)  # every config uses BM = 64
+    partial_BHN = torch.empty(B, H, NQ, device=q_BHTD.device, dtype=torch.float32)
+    launch(_causal_max_logit_kernel, lambda meta: (NQ, B * H), q_BHTD, k_BKTD, partial_BHN, T, H,
+           H // k_BKTD.shape[1], D, NQ, *q_BHTD.stride()[:3], *k_BKTD.stride()[:3],
+           BD=max(16, triton.next_power_of_2(D)))
+    return partial_BHN.amax(dim=(0, 2))
+
+
+def causal_max_logits_reference(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor,
+                                chunk_elements: int = PROBE_CHUNK_ELEMENTS) -> torch.Tensor:
+    """(H,) max |q.k| in PyTorch, queries in row chunks so at most `chunk_elements` scores exist at once."""
     B, H, T, D = q_BHTD.shape
     K = k_BKTD.shape[1]
     G = H // K
@@ -37,7 +90,27 @@ def causal_max_logits(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, sqrt_d: float,
         hidden_CS = positions_T[None, :end] > positions_T[start:end, None]  # key after query
         scores_BKGCS.masked_fill_(hidden_CS, 0.0)
         peak_KG = torch.maximum(peak_KG, scores_BKGCS.amax(dim=(0, 3, 4)))
-    return peak_KG.reshape(H) / sqrt_d
+    return peak_KG.reshape(H)
+
+
+@torch.library.custom_op("hymo::causal_max_logits", mutates_args=())
+def causal_max_logits_op(q: torch.Tensor, k: torch.Tensor, chunk_elements: int, backend: str) -> torch.Tensor:
+    """(H,) fp32 max |q.k|. A read-only probe: no autograd rule (it runs under no_grad)."""
+    if backend == "triton":
+        return causal_max_logits_triton(q, k)
+    return causal_max_logits_reference(q, k, chunk_elements)
+
+
+@causal_max_logits_op.register_fake
+def _(q, k, chunk_elements, backend):
+    return q.new_empty(q.shape[1], dtype=torch.float32)
+
+
+@torch.no_grad()
+def causal_max_logits(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, sqrt_d: float,
+                      chunk_elements: int = PROBE_CHUNK_ELEMENTS, backend: str | None = None) -> torch.Tensor:
+    """(H,) fp32: max over batch and visible pairs of |q.k| / sqrt_d; key head k serves query heads k*G .. k*G+G-1."""
+    return causal_max_logits_op(q_BHTD, k_BKTD, chunk_elements, resolve_backend(q_BHTD, backend)) / sqrt_d
 
 
 @torch.no_grad()

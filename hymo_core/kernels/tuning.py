@@ -2,7 +2,7 @@
 
 `autotuned(configs, key, keep)` wraps a jitted kernel in `triton.autotune` on a GPU; `keep(config,
 meta)` drops the configs that cannot fit a given shape (say a value block too wide for a 256-wide
-key state) before any is timed. Under TRITON_INTERPRET=1 autotune would time each config with CUDA
+key state) before any is timed, and `only_on` marks configs for Hopper or Ampere. Under TRITON_INTERPRET=1 autotune would time each config with CUDA
 events, so there the kernel stays a plain interpreted function and `launch` runs the first config
 kept. Either way `.configs`, `.keep` and `.jit_fn` hang off the kernel: they are what
 tests/hymo_core/test_kernel_resources.py compiles for sm_80 and sm_90.
@@ -18,13 +18,35 @@ import triton
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+HOPPER = 90  # capabilities from here up get the configs marked for Hopper, the rest those for Ampere
+
+
 def keep_all(config: triton.Config, meta: dict) -> bool:
     return True
 
 
+def only_on(arch: str, config: triton.Config) -> triton.Config:
+    """Mark a config for "hopper" (sm_90+: wgmma, operands in shared memory) or "ampere" (sm_80-89: mma.sync,
+    operand fragments in registers, so the same tile needs more registers)."""
+    config.arch = arch
+    return config
+
+
+def device_capability() -> int:
+    """major * 10 + minor of the current CUDA device; the interpreter counts as Hopper."""
+    import torch
+
+    if INTERPRET or not torch.cuda.is_available():
+        return HOPPER
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
 def configs_for(kernel, meta: dict) -> list[triton.Config]:
-    """The configs autotune may pick for a launch whose arguments/constexprs are `meta`."""
-    return [config for config in kernel.configs if kernel.keep(config, meta)]
+    """The configs autotune may pick for a launch whose arguments/constexprs are `meta` (with its "capability")."""
+    arch = "hopper" if meta.get("capability", HOPPER) >= HOPPER else "ampere"
+    return [config for config in kernel.configs
+            if getattr(config, "arch", arch) == arch and kernel.keep(config, meta)]
 
 
 def autotuned(configs: list[triton.Config], key: list[str], keep: Callable[[triton.Config, dict], bool] = keep_all):
@@ -33,7 +55,7 @@ def autotuned(configs: list[triton.Config], key: list[str], keep: Callable[[trit
             kernel = fn
         else:
             def prune(candidates, named_args, **kwargs):
-                return [c for c in candidates if keep(c, {**named_args, **kwargs})]
+                return configs_for(kernel, {**named_args, **kwargs, "capability": device_capability()})
 
             kernel = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})(fn)
         kernel.configs, kernel.keep, kernel.jit_fn = configs, keep, fn
@@ -48,7 +70,7 @@ def launch(kernel, grid: Callable[[dict], tuple], *args, **constexprs) -> None:
         kernel[grid](*args, **constexprs)
         return
     names = list(kernel.arg_names)
-    meta = {**dict(zip(names, args)), **constexprs}
+    meta = {**dict(zip(names, args)), **constexprs, "capability": device_capability()}
     config = configs_for(kernel, meta)[0]
     meta = {**constexprs, **config.kwargs}
     kernel[grid(meta)](*args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)

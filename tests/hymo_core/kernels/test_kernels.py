@@ -207,9 +207,11 @@ def test_interpreter_is_really_in_use(device):
 
 
 @pytest.mark.parametrize("B, T, H, K, V, with_state", [(1, 1, 2, 16, 16, True), (1, 70, 2, 16, 32, True),
-                                                       (2, 64, 1, 16, 16, False)])
+                                                       (2, 64, 1, 16, 16, False), (1, 130, 1, 128, 96, True)])
 def test_gated_delta_rule_triton_matches_recurrent_and_chunked(device, B, T, H, K, V, with_state):
-    """Odd T (a ragged second chunk), T = 1, several heads, V split over two programs, carried state."""
+    """Odd T (a ragged last chunk), T = 1, several heads, carried state; K = 128 (hymo-750m's key head)
+    loops over two key blocks in the inverse, w/u and output kernels and over several blocks in dq/dk,
+    and V = 96 leaves a ragged value block in every kernel that blocks the values."""
     from test_gdn import assert_agree, gdn_inputs, run
 
     inputs = [x.to(device) for x in gdn_inputs(B, T, H, K, V)]
@@ -218,11 +220,41 @@ def test_gated_delta_rule_triton_matches_recurrent_and_chunked(device, B, T, H, 
     assert_agree(triton_out, run("reference", inputs, with_state), 1e-4)
 
 
+def test_gated_delta_rule_triton_with_the_ampere_configs(device, monkeypatch):
+    """The configs autotune keeps on sm_80 block the keys at 16 in dq/dk (four key blocks whose gate
+    gradients are summed) and the values at 16 / 32 in the state passes: the same numbers come out."""
+    from test_gdn import assert_agree, gdn_inputs, run
+
+    from hymo_core.kernels import tuning
+
+    if not IN_INTERPRETER:
+        pytest.skip("on a GPU the device's own configs run")
+    monkeypatch.setattr(tuning, "device_capability", lambda: 80)
+    inputs = [x.to(device) for x in gdn_inputs(1, 70, 2, 64, 48)]
+    assert_agree(run("triton", inputs), run("recurrent", inputs), 1e-4)
+
+
 def test_gated_delta_rule_triton_fp16(device):
     from test_gdn import assert_agree, gdn_inputs, run
 
     inputs = [x.to(device) for x in gdn_inputs(1, 70, 2, 16, 16, dtype=torch.float16)]
     assert_agree(run("triton", inputs), run("recurrent", inputs), 2e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_causal_max_logits_triton(device, dtype):
+    """GQA (4 query heads on 2 key heads), T = 70 (a ragged query and key block), head dim 24 (padded to 32);
+    one huge last key is visible only to the last query, so the causal mask is exercised."""
+    from hymo_core.kernels.logit_probe import causal_max_logits
+
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 70, 24, generator=generator)
+    k = torch.randn(2, 2, 70, 24, generator=generator)
+    k[:, :, -1] *= 50
+    q, k = q.to(device, dtype), k.to(device, dtype)
+    got = causal_max_logits(q, k, 24 ** 0.5, backend="triton")
+    want = causal_max_logits(q, k, 24 ** 0.5, backend="reference")
+    torch.testing.assert_close(got, want, **TOLERANCE[dtype])
 
 
 if kernels.HAVE_TRITON:

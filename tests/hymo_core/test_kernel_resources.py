@@ -1,0 +1,87 @@
+"""Every Triton kernel, compiled ahead of time for sm_90 (H100/H200) and sm_80 (A100), fits the chip.
+
+No GPU is needed: Triton compiles to a cubin with the ptxas it ships and cuobjdump reads the
+cubin's registers and stack (hymo_core/kernels/aot.py). Compiled: GDN forward and backward
+(eight kernels), RMSNorm forward and backward, RoPE, SwiGLU forward and backward, cross-entropy
++ z-loss forward and backward and the logit probe, at the shapes of the dense sample, hymo-tiny,
+hymo-750m and Lab 4's head sizes, under every config autotune may pick at that shape. Each must
+keep shared memory within the target's per-block limit (227 KB / 163 KB), registers <= 255, and
+spill no more than its budget (aot.GDN_SPILL_BUDGET; 0 for the elementwise and row kernels).
+A kernel that does not fit fails the test by name, shape, config and target.
+
+Compiles run in a process pool and are cached for the session (and on disk by Triton).
+"""
+
+import os
+
+import pytest
+
+pytest.importorskip("triton")
+
+from hymo_core.kernels import aot  # noqa: E402
+from hymo_core.kernels.tuning import INTERPRET, configs_for  # noqa: E402
+
+pytestmark = pytest.mark.skipif(INTERPRET, reason="compiles real kernels; the interpreter replaces them")
+
+KERNELS = {
+    "gate_inverse_kernel", "wu_kernel", "state_forward_kernel", "output_kernel",  # GDN forward
+    "dv_local_kernel", "state_backward_kernel", "dqkwg_kernel", "wy_backward_kernel",  # GDN backward
+    "_rms_norm_forward_kernel", "_rms_norm_backward_kernel", "_rope_kernel", "_swiglu_forward_kernel",
+    "_swiglu_backward_kernel", "_cross_entropy_forward_kernel", "_cross_entropy_backward_kernel",
+    "_causal_max_logit_kernel",
+}
+
+
+@pytest.fixture(scope="session")
+def usages() -> list[aot.Usage]:
+    workers = min(4, os.cpu_count() or 1)
+    return aot.all_usages(list(aot.TARGETS), workers)
+
+
+def describe(u: aot.Usage) -> str:
+    return f"{u.launch.kernel} [{u.launch.preset}, {u.launch.shape}, {u.launch.config}] on {u.target.name}"
+
+
+def test_every_kernel_fits_sm90_and_sm80(usages):
+    misfits = [f"{describe(u)}: {'; '.join(u.problems)}" for u in usages if u.problems]
+    assert not misfits, "kernels that do not fit:\n" + "\n".join(misfits)
+
+
+def test_every_kernel_preset_and_target_was_compiled(usages):
+    assert {u.launch.kernel.rsplit(".", 1)[1] for u in usages} == KERNELS
+    assert {u.launch.preset for u in usages} == set(aot.preset_shapes())
+    assert {u.target.name for u in usages} == {"sm_80", "sm_90"}
+    gdn = {(u.launch.preset, u.launch.kernel) for u in usages if ".gdn_triton_" in u.launch.kernel}
+    assert {preset for preset, _ in gdn} == {"hymo-tiny", "hymo-750m", "lab-4"}
+    assert all(u.registers > 0 for u in usages)  # a resource report was really read
+
+
+def test_every_config_autotune_may_pick_is_compiled(usages):
+    """hymo-750m: the GDN launches cover each tuned kernel's kept configs, no more, no fewer."""
+    from hymo_core.kernels import gdn_triton_state
+
+    for target in aot.TARGETS.values():
+        kept = configs_for(gdn_triton_state.state_forward_kernel, {"KP": 128, "capability": target.capability})
+        compiled = {u.launch.config for u in usages if u.target == target and u.launch.preset == "hymo-750m"
+                    and u.launch.kernel.endswith("state_forward_kernel")}
+        assert len(kept) >= 2 and compiled == {f"BV={c.kwargs['BV']}, w{c.num_warps} s{c.num_stages}" for c in kept}
+        # BV 16 on two warps spills with a 128-wide key state: not a config autotune may pick there
+        assert all(c.num_warps > 2 for c in kept)
+
+
+def test_a_kernel_that_does_not_fit_is_named():
+    """A 64k-wide vocabulary block on one warp cannot be held in registers: the check says which launch failed."""
+    kernel = "hymo_core.kernels.cross_entropy._cross_entropy_forward_kernel"
+    launch = aot.Launch(kernel, "oversized", "vocab 65536", (("logits_ptr", "*bf16"), ("targets_ptr", "*i64"),
+                        ("ce_ptr", "*fp32"), ("lse_ptr", "*fp32"), ("row_stride", 65536), ("V", 65536),
+                        ("ignore_index", -100)), (("BLOCK_V", 65536),), 1, 1, 1, aot.ELEMENTWISE)
+    result = aot.usage(launch, aot.TARGETS["sm_90"])
+    assert result.problems and any("spills" in p or "registers" in p or "shared" in p for p in result.problems)
+    assert "_cross_entropy_forward_kernel [oversized" in describe(result)
+
+
+def test_occupancy_counts_the_tightest_resource():
+    h100 = aot.TARGETS["sm_90"]
+    assert aot.occupancy(32, 0, 4, h100) == 16  # threads: 2048 / 128
+    assert aot.occupancy(255, 0, 4, h100) == 2  # registers: 65536 / (256 * 128)
+    assert aot.occupancy(64, 100 * 1024, 4, h100) == 2  # shared memory: 228 KB / 101 KB
