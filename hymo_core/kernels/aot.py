@@ -7,11 +7,11 @@ gives the dynamic shared memory. Each launch is compiled as the JIT would specia
 pointers 16-byte aligned, integers that are multiples of 16 marked so (that is what lets loads
 vectorise), constexprs and num_warps / num_stages as the launcher or an autotune config sets them.
 
-`preset_launches()` lists the launches of every kernel at the shapes of every preset
-(hymo-tiny, hymo-750m, the dense sample, Lab 4's head sizes) and every config autotune may pick
-there; `usage()` compiles one (cached on disk by Triton and in memory here) and returns its
-resources, occupancy and waves. tests/hymo_core/test_kernel_resources.py asserts the limits;
-bench/kernel_resources.py writes the table in docs/benchmarks.md.
+`model_launches(shapes, capability)` lists the launches of every kernel at one model's widths
+(`ModelKernelShapes`; hymo_core/models/kernel_shapes.py fills them for every preset) and every
+config autotune may pick there; `usage()` compiles one (cached on disk by Triton and in memory
+here) and returns its resources, occupancy and waves. tests/hymo_core/kernels/test_kernel_resources.py
+asserts the limits; bench/kernel_resources.py writes the table in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -29,9 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from hymo_core.configs import SAMPLE_MODEL, ModelConfig
 from hymo_core.kernels.tuning import configs_for
-from hymo_core.presets import PRESETS
 
 # The runtime shape the grids (and so the waves) are counted at: hymo-750m's batch x heads.
 WAVE_BATCH, WAVE_T = 4, 4096
@@ -195,34 +193,26 @@ def _launches(kernel: str, preset: str, shape: str, args: dict, constexprs: dict
     return out
 
 
-def _norm_widths(config: ModelConfig) -> list[int]:
-    widths = {config.d_model}
-    if "G" in config.layer_pattern:
-        widths.add(config.gdn_value_head_dim)
-    if "M" in config.layer_pattern:
-        widths |= {config.mla_q_rank, config.mla_kv_rank}
-        if config.qk_norm:
-            widths.add(config.mla_nope_dim + config.mla_rope_dim)
-    if "A" in config.layer_pattern and config.qk_norm:
-        widths.add(config.head_dim)
-    return sorted(widths)
+@dataclass(frozen=True)
+class ModelKernelShapes:
+    """The widths one model launches its kernels at."""
+
+    preset: str
+    norm_widths: tuple[int, ...]  # every RMSNorm's width
+    rope_dim: int
+    heads: int  # attention heads (RoPE, the probe)
+    ffn_dim: int
+    vocab_size: int
+    probe_dims: tuple[int, ...]  # q.k widths of the attention kinds QK-Clip probes
+    gdn: tuple[int, int, int] | None  # (key head dim, value head dim, heads) of its GDN layers
 
 
-def _probe_dims(config: ModelConfig) -> list[int]:
-    dims = set()
-    if "A" in config.layer_pattern:
-        dims.add(config.head_dim)
-    if "M" in config.layer_pattern:
-        dims.add(config.mla_nope_dim + config.mla_rope_dim)
-    return sorted(dims)
-
-
-def row_kernel_launches(preset: str, config: ModelConfig, capability: int) -> list[Launch]:
-    """RMSNorm, RoPE, SwiGLU, cross-entropy + z-loss and the logit probe at one preset's widths."""
-    rows = WAVE_BATCH * WAVE_T
+def row_kernel_launches(model: ModelKernelShapes, capability: int) -> list[Launch]:
+    """RMSNorm, RoPE, SwiGLU, cross-entropy + z-loss and the logit probe at one model's widths."""
+    preset, rows = model.preset, WAVE_BATCH * WAVE_T
     bf16, fp32 = "*bf16", "*fp32"
     out = []
-    for D in _norm_widths(config):
+    for D in model.norm_widths:
         block = triton.next_power_of_2(D)
         out += _launches("hymo_core.kernels.norm._rms_norm_forward_kernel", preset, f"D={D}",
                          dict(x_ptr=bf16, weight_ptr=fp32, y_ptr=bf16, rstd_ptr=fp32, row_stride=D, D=D, eps=1e-5),
@@ -233,20 +223,20 @@ def row_kernel_launches(preset: str, config: ModelConfig, capability: int) -> li
                               dweight_partial_ptr=fp32, row_stride=D, N=rows, D=D,
                               rows_per_program=math.ceil(rows / programs)),
                          dict(BLOCK_D=block), programs, ELEMENTWISE, capability)
-    heads = config.n_heads
-    half = config.rope_dim // 2
-    out += _launches("hymo_core.kernels.rotary._rope_kernel", preset, f"rope dim {config.rope_dim}",
+    heads = model.heads
+    half = model.rope_dim // 2
+    out += _launches("hymo_core.kernels.rotary._rope_kernel", preset, f"rope dim {model.rope_dim}",
                      dict(x_ptr=bf16, cos_ptr=fp32, sin_ptr=fp32, y_ptr=bf16, T=WAVE_T, H=heads, HALF=half),
                      dict(SIN_SIGN=1.0, BLOCK_HALF=triton.next_power_of_2(half)), rows * heads, ELEMENTWISE,
                      capability)
-    n = rows * config.ffn_dim
+    n = rows * model.ffn_dim
     out += _launches("hymo_core.kernels.activation._swiglu_forward_kernel", preset, "1024 elements/program",
                      dict(gate_ptr=bf16, up_ptr=bf16, h_ptr=bf16, n=n), dict(BLOCK=1024), math.ceil(n / 1024),
                      ELEMENTWISE, capability)
     out += _launches("hymo_core.kernels.activation._swiglu_backward_kernel", preset, "1024 elements/program",
                      dict(dh_ptr=bf16, gate_ptr=bf16, up_ptr=bf16, dgate_ptr=bf16, dup_ptr=bf16, n=n),
                      dict(BLOCK=1024), math.ceil(n / 1024), ELEMENTWISE, capability)
-    V = config.vocab_size
+    V = model.vocab_size
     block_v = min(4096, triton.next_power_of_2(V))
     out += _launches("hymo_core.kernels.cross_entropy._cross_entropy_forward_kernel", preset, f"vocab {V}",
                      dict(logits_ptr=bf16, targets_ptr="*i64", ce_ptr=fp32, lse_ptr=fp32, row_stride=V, V=V,
@@ -255,7 +245,7 @@ def row_kernel_launches(preset: str, config: ModelConfig, capability: int) -> li
                      dict(logits_ptr=bf16, targets_ptr="*i64", lse_ptr=fp32, dce_ptr=fp32, dlse_ptr=fp32,
                           dlogits_ptr=bf16, row_stride=V, V=V, ignore_index=-100), dict(BLOCK_V=block_v), rows,
                      ELEMENTWISE, capability)
-    for D in _probe_dims(config):
+    for D in model.probe_dims:
         out += _launches("hymo_core.kernels.logit_probe._causal_max_logit_kernel", preset, f"qk dim {D}",
                          dict(q_ptr=bf16, k_ptr=bf16, out_ptr=fp32, T=WAVE_T, H=heads, G=1, D=D, NQ=WAVE_T // 64,
                               sq_b=WAVE_T * heads * D, sq_h=D, sq_t=heads * D, sk_b=WAVE_T * heads * D, sk_h=D,
@@ -313,24 +303,13 @@ def gdn_launches(preset: str, K: int, V: int, H: int, capability: int) -> list[L
     return out
 
 
-def preset_shapes() -> dict[str, ModelConfig]:
-    """The dense sample, the two hybrid presets, and Lab 4's case study (head dim 128; GDN heads at 128 / 128)."""
-    lab4 = ModelConfig(vocab_size=152064, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, ffn_dim=15360,
-                       max_seq_len=4096, layer_pattern="A")
-    return {"dense sample": SAMPLE_MODEL, "hymo-tiny": PRESETS["hymo-tiny"], "hymo-750m": PRESETS["hymo-750m"],
-            "lab-4": lab4}
-
-
-def preset_launches(capability: int) -> list[Launch]:
-    """Every kernel at every preset's shapes and every config autotune may pick there on `capability`."""
+def model_launches(models: list[ModelKernelShapes], capability: int) -> list[Launch]:
+    """Every kernel at every model's widths and every config autotune may pick there on `capability`."""
     out, seen = [], set()
-    for preset, config in preset_shapes().items():
-        launches = row_kernel_launches(preset, config, capability)
-        if "G" in config.layer_pattern:
-            launches += gdn_launches(preset, config.gdn_key_head_dim, config.gdn_value_head_dim, config.gdn_heads,
-                                     capability)
-        elif preset == "lab-4":  # Lab 4 has no GDN layer; its head size is the one a GDN at that width would use
-            launches += gdn_launches(preset, config.head_dim, config.head_dim, 7, capability)
+    for model in models:
+        launches = row_kernel_launches(model, capability)
+        if model.gdn:
+            launches += gdn_launches(model.preset, *model.gdn, capability)
         for launch in launches:
             key = (launch.kernel, launch.args, launch.constexprs, launch.num_warps, launch.num_stages)
             if key not in seen:
@@ -344,10 +323,10 @@ def _usage_job(job: tuple[Launch, str]) -> Usage:
     return usage(launch, TARGETS[target])
 
 
-def all_usages(targets: list[str], workers: int) -> list[Usage]:
-    """usage() of every preset launch on every target; compiles run in `workers` processes (Triton's
+def all_usages(models: list[ModelKernelShapes], targets: list[str], workers: int) -> list[Usage]:
+    """usage() of every model's launches on every target; compiles run in `workers` processes (Triton's
     pipeline holds the GIL for most of a compile)."""
-    jobs = [(launch, target) for target in targets for launch in preset_launches(TARGETS[target].capability)]
+    jobs = [(launch, target) for target in targets for launch in model_launches(models, TARGETS[target].capability)]
     if workers <= 1:
         return [_usage_job(job) for job in jobs]
     import multiprocessing

@@ -39,7 +39,7 @@ def gated_delta_rule_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         h0 = initial_state.float().contiguous() if initial_state is not None else None
         return gdn_forward(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), scale, h0)
     o, ht = gated_delta_rule_chunked(q, k, v, g, beta, scale, initial_state)
-    return o, ht, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32)
+    return o.contiguous(), ht.contiguous(), q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32)
 
 
 @gated_delta_rule_op.register_fake
