@@ -20,8 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hymo_core.kernels.gdn_triton_tiles import (causal_decay, chunk_rows, load_seq, load_seq_transposed, mm, mm32, store_seq,
-                                                token_rows)
+from hymo_core.kernels.gdn_triton_tiles import (causal_decay, chunk_program, load_seq, load_seq_transposed, mm, mm32,
+                                                store_seq, token_rows)
 from hymo_core.kernels.tuning import autotuned, only_on
 
 BT = 16  # sub-block of the chunk for the inverse
@@ -142,10 +142,8 @@ def gate_inverse_kernel(k_ptr, g_ptr, beta_ptr, G_ptr, Tinv_ptr, T, H, K, C: tl.
 def wu_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, Tinv_ptr, w_ptr, u_ptr, T, H, K, V,
               C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
     DT = k_ptr.dtype.element_ty
-    rows, mask, _ = chunk_rows(i_n, i_b, i_h, T, H, C)
-    t0 = i_n * C
+    i_b, i_h, rows, mask, _, t0 = chunk_program(i_n, i_bh, T, H, C)
     Tinv = load_seq(Tinv_ptr, i_b, i_h, T, H, C, t0, 0, C, C)
     beta = tl.load(beta_ptr + rows, mask=mask, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + rows, mask=mask, other=0.0)
@@ -165,10 +163,8 @@ def wy_backward_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, Tinv_ptr, dw_ptr, du_ptr, 
                        C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Through w = Tinv kb, u = Tinv vb, Tinv = (I + A)^-1 and A = strict(b E2 k k^T) to k, v, beta, g."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
     DT = k_ptr.dtype.element_ty
-    rows, mask, _ = chunk_rows(i_n, i_b, i_h, T, H, C)
-    t0 = i_n * C
+    i_b, i_h, rows, mask, _, t0 = chunk_program(i_n, i_bh, T, H, C)
     cc = tl.arange(0, C)
     TinvT = load_seq_transposed(Tinv_ptr, i_b, i_h, T, H, C, t0, 0, C, C)  # only Tinv^T is used
     beta = tl.load(beta_ptr + rows, mask=mask, other=0.0).to(tl.float32)

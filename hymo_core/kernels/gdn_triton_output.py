@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hymo_core.kernels.gdn_triton_tiles import causal_decay, chunk_rows, load_seq, load_state, mm, store_seq
+from hymo_core.kernels.gdn_triton_tiles import causal_decay, chunk_program, load_seq, load_state, mm, store_seq
 from hymo_core.kernels.tuning import autotuned, only_on
 
 OUTPUT_CONFIGS = [triton.Config({"BV": bv}, num_warps=4, num_stages=2) for bv in (32, 64)]
@@ -25,10 +25,9 @@ OUTPUT_CONFIGS = [triton.Config({"BV": bv}, num_warps=4, num_stages=2) for bv in
 def output_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, vnew_ptr, o_ptr, scale, T, H, K, V, NT,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
     DT = q_ptr.dtype.element_ty
-    rows, mask, _ = chunk_rows(i_n, i_b, i_h, T, H, C)
-    t0, v0 = i_n * C, i_v * BV
+    i_b, i_h, rows, mask, _, t0 = chunk_program(i_n, i_bh, T, H, C)
+    v0 = i_v * BV
     qh = tl.zeros([C, BV], dtype=tl.float32)
     qk = tl.zeros([C, C], dtype=tl.float32)
     for kk in range(0, K, BK):
@@ -47,10 +46,8 @@ def output_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, vnew_ptr, o_ptr, scale, T, H, K, 
 def dv_local_kernel(q_ptr, k_ptr, G_ptr, do_ptr, dv_local_ptr, scale, T, H, K, V,
                     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
     DT = q_ptr.dtype.element_ty
-    rows, mask, _ = chunk_rows(i_n, i_b, i_h, T, H, C)
-    t0 = i_n * C
+    i_b, i_h, rows, mask, _, t0 = chunk_program(i_n, i_bh, T, H, C)
     qk = tl.zeros([C, C], dtype=tl.float32)
     for kk in range(0, K, BK):
         q = load_seq(q_ptr, i_b, i_h, T, H, K, t0, kk, C, BK)
@@ -78,10 +75,9 @@ def dqkwg_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, dhs_ptr, vnew_ptr, do_ptr, dvnew_p
                  dq_ptr, dk_part_ptr, dw_ptr, dG_part_ptr, scale, B, T, H, K, V, NT,
                  C: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
     DT = q_ptr.dtype.element_ty
-    rows, mask, last_row = chunk_rows(i_n, i_b, i_h, T, H, C)
-    t0, k0 = i_n * C, i_k * BK
+    i_b, i_h, rows, mask, last_row, t0 = chunk_program(i_n, i_bh, T, H, C)
+    k0 = i_k * BK
     do_h = tl.zeros([C, BK], dtype=tl.float32)  # do h^T
     dkd = tl.zeros([C, BK], dtype=tl.float32)  # v_new dh^T: the gradient of k exp(G_L - G)
     dw = tl.zeros([C, BK], dtype=tl.float32)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hymo_core.kernels.gdn_triton_tiles import chunk_rows, load_seq, load_state, mm, store_seq, store_state
+from hymo_core.kernels.gdn_triton_tiles import chunk_program, load_seq, load_state, mm, store_seq, store_state
 from hymo_core.kernels.tuning import autotuned, only_on
 
 STATE_CONFIGS = [only_on(arch, triton.Config({"BV": bv}, num_warps=w, num_stages=2))
@@ -38,17 +38,13 @@ def state_fits(config: triton.Config, meta: dict) -> bool:
 def state_forward_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h0_ptr, hs_ptr, vnew_ptr, ht_ptr, T, H, K, V, NT,
                          C: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                          STORE_FINAL: tl.constexpr):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    DT = k_ptr.dtype.element_ty
-    v0 = i_v * BV
+    i_bh, v0, DT = tl.program_id(1), tl.program_id(0) * BV, k_ptr.dtype.element_ty
     h = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_H0:
         h = load_state(h0_ptr, i_bh, 0, 1, K, V, 0, v0, KP, BV)
     for i_n in range(NT):
         store_state(hs_ptr, i_bh, i_n, NT, K, V, 0, v0, h)
-        rows, mask, last_row = chunk_rows(i_n, i_b, i_h, T, H, C)
-        t0 = i_n * C
+        i_b, i_h, rows, mask, last_row, t0 = chunk_program(i_n, i_bh, T, H, C)
         w = load_seq(w_ptr, i_b, i_h, T, H, K, t0, 0, C, KP)
         v_new = load_seq(u_ptr, i_b, i_h, T, H, V, t0, v0, C, BV).to(tl.float32) - mm(w, h, DT)
         store_seq(vnew_ptr, i_b, i_h, T, H, V, t0, v0, v_new)
@@ -66,18 +62,14 @@ def state_forward_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h0_ptr, hs_ptr, vnew_ptr, h
 def state_backward_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dv_local_ptr, dht_ptr, dhs_ptr, dvnew_ptr, dh0_ptr,
                           scale, T, H, K, V, NT,
                           C: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    DT = k_ptr.dtype.element_ty
-    v0 = i_v * BV
+    i_bh, v0, DT = tl.program_id(1), tl.program_id(0) * BV, k_ptr.dtype.element_ty
     dh = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_DHT:
         dh = load_state(dht_ptr, i_bh, 0, 1, K, V, 0, v0, KP, BV)
     for step in range(NT):
         i_n = NT - 1 - step
         store_state(dhs_ptr, i_bh, i_n, NT, K, V, 0, v0, dh)
-        rows, mask, last_row = chunk_rows(i_n, i_b, i_h, T, H, C)
-        t0 = i_n * C
+        i_b, i_h, rows, mask, last_row, t0 = chunk_program(i_n, i_bh, T, H, C)
         G = tl.load(G_ptr + rows, mask=mask, other=0.0)
         G_last = tl.load(G_ptr + last_row)
         k = load_seq(k_ptr, i_b, i_h, T, H, K, t0, 0, C, KP).to(tl.float32)

@@ -51,6 +51,15 @@ def chunk_rows(i_n, i_b, i_h, T, H, C: tl.constexpr):
 
 
 @triton.jit
+def chunk_program(i_n, i_bh, T, H, C: tl.constexpr):
+    """What a program on chunk i_n of batch x head i_bh needs: (i_b, i_h, the chunk's rows, their mask,
+    the row of its last real token, its first token)."""
+    i_b, i_h = i_bh // H, i_bh % H
+    rows, mask, last_row = chunk_rows(i_n, i_b, i_h, T, H, C)
+    return i_b, i_h, rows, mask, last_row, i_n * C
+
+
+@triton.jit
 def _seq_offsets(ptr, i_b, i_h, T, H, width, t0, c0, BR: tl.constexpr, BC: tl.constexpr):
     """Base pointer of (batch i_b, head i_h) in a (B, T, H, width) tensor, and the in-sequence offsets
     and mask of tokens t0 .. t0 + BR, columns c0 .. c0 + BC.

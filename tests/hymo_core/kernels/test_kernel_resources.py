@@ -12,6 +12,7 @@ A kernel that does not fit fails the test by name, shape, config and target.
 Compiles run in a process pool and are cached for the session (and on disk by Triton).
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -70,15 +71,15 @@ def test_every_config_autotune_may_pick_is_compiled(usages):
         assert all(c.num_warps > 2 for c in kept)
 
 
-def test_a_kernel_that_does_not_fit_is_named():
-    """A 64k-wide vocabulary block on one warp cannot be held in registers: the check says which launch failed."""
-    kernel = "hymo_core.kernels.cross_entropy._cross_entropy_forward_kernel"
-    launch = aot.Launch(kernel, "oversized", "vocab 65536", (("logits_ptr", "*bf16"), ("targets_ptr", "*i64"),
-                        ("ce_ptr", "*fp32"), ("lse_ptr", "*fp32"), ("row_stride", 65536), ("V", 65536),
-                        ("ignore_index", -100)), (("BLOCK_V", 65536),), 1, 1, 1, aot.ELEMENTWISE)
-    result = aot.usage(launch, aot.TARGETS["sm_90"])
-    assert result.problems and any("spills" in p or "registers" in p or "shared" in p for p in result.problems)
-    assert "_cross_entropy_forward_kernel [oversized" in describe(result)
+def test_a_kernel_that_does_not_fit_is_named(usages):
+    """On a made-up chip with 8 KB of shared memory per block, the GDN output kernel (41 KB or more at
+    hymo-750m) does not fit, and the report says which launch and why (the same compile, cached)."""
+    launch = next(u.launch for u in usages if u.launch.kernel.endswith("output_kernel")
+                  and u.launch.preset == "hymo-750m" and u.target.name == "sm_90")
+    small = dataclasses.replace(aot.TARGETS["sm_90"], name="sm_90 with 8 KB", smem_per_block=8 * 1024)
+    result = aot.usage(launch, small)
+    assert len(result.problems) == 1 and result.problems[0].startswith("shared memory")
+    assert describe(result).startswith("hymo_core.kernels.gdn_triton_output.output_kernel [hymo-750m, K=128 V=256")
 
 
 def test_occupancy_counts_the_tightest_resource():
