@@ -38,7 +38,8 @@ def state_fits(config: triton.Config, meta: dict) -> bool:
 def state_forward_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h0_ptr, hs_ptr, vnew_ptr, ht_ptr, T, H, K, V, NT,
                          C: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                          STORE_FINAL: tl.constexpr):
-    i_bh, v0, DT = tl.program_id(1), tl.program_id(0) * BV, k_ptr.dtype.element_ty
+    i_bh, v0 = tl.program_id(1), tl.program_id(0) * BV
+    DT = k_ptr.dtype.element_ty
     h = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_H0:
         h = load_state(h0_ptr, i_bh, 0, 1, K, V, 0, v0, KP, BV)
@@ -62,7 +63,8 @@ def state_forward_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h0_ptr, hs_ptr, vnew_ptr, h
 def state_backward_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dv_local_ptr, dht_ptr, dhs_ptr, dvnew_ptr, dh0_ptr,
                           scale, T, H, K, V, NT,
                           C: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr):
-    i_bh, v0, DT = tl.program_id(1), tl.program_id(0) * BV, k_ptr.dtype.element_ty
+    i_bh, v0 = tl.program_id(1), tl.program_id(0) * BV
+    DT = k_ptr.dtype.element_ty
     dh = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_DHT:
         dh = load_state(dht_ptr, i_bh, 0, 1, K, V, 0, v0, KP, BV)
