@@ -46,7 +46,7 @@ def main() -> int:
     misfits = sum(1 for u in usages if u.problems)
     note = (f"Not measured on a GPU: compiled offline with Triton {triton.__version__} and its bundled ptxas, "
             f"read with its cuobjdump, at commit {commit}. Machine: {platform.machine()}, {os.cpu_count()} CPUs, "
-            f"load average {load:.1f}; {len(usages)} compiles in {seconds:.0f} s (Triton's disk cache counts). "
+            f"load average {load:.1f}; {len(usages)} launches read in {seconds:.0f} s (a warm Triton disk cache makes that fast; the compiles themselves take ~2 CPU-minutes). "
             f"Limits: shared memory 227 KB (sm_90) / 163 KB (sm_80) per block, 255 registers, spill budget 0 B "
             f"for every kernel (aot.GDN_SPILL_BUDGET, aot.ELEMENTWISE). Configs are those autotune may pick "
             f"at the shape on that target (Hopper and Ampere lists differ: mma.sync keeps operand fragments in "

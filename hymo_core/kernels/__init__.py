@@ -3,7 +3,10 @@
 Every op takes `backend=None|"auto"|"triton"|"reference"`; see `backend.py`
 for the dispatch rule (CUDA -> Triton, CPU -> reference, `HYMO_KERNELS`
 overrides). Importing this package never requires Triton. The GDN op (gdn.py) keeps its three forms
-side by side: recurrent reference, chunked PyTorch, chunked Triton.
+side by side: recurrent reference, chunked PyTorch, chunked Triton (gdn_triton*.py). Every kernel is a
+torch.library custom op (`hymo::...`) with a fake implementation and an autograd rule, so
+torch.compile keeps it as one node; the op's CPU body is the PyTorch reference. aot.py compiles every
+kernel for sm_90 / sm_80 without a GPU and reports what a block costs.
 
 May import: nothing else of HyMo (layers call kernels, never the reverse).
 """
