@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from hymo_core.kernels.gdn import gated_delta_rule
 from hymo_core.models.model import ModelConfig, Transformer
+from hymo_core.train.optim import MUON_ADAMW_GROUPS
 from hymo_core.train.partition import partition_parameters
 
 
@@ -100,7 +101,8 @@ def test_bad_shapes_are_refused():
 def test_gdn_scalars_go_to_adamw_by_name():
     model = Transformer(ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=32,
                                     max_seq_len=16, layer_pattern="G"))
-    groups = {assignment.name: assignment.group for assignment, _ in partition_parameters(model.named_parameters())}
+    groups = {assignment.name: assignment.group for assignment, _ in partition_parameters(model.named_parameters(),
+                                                                                             MUON_ADAMW_GROUPS)}
     assert groups["layers.0.attn.A_log"] == groups["layers.0.attn.dt_bias"] == "adamw_no_decay"
     assert groups["layers.0.attn.q_proj.weight"] == groups["layers.0.attn.o_proj.weight"] == "muon"
-    assert groups["layers.0.attn.q_conv1d.weight"] == "adamw"  # (channels, 1, width): not a matrix
+    assert groups["layers.0.attn.q_conv1d.weight"] == "adamw_no_decay"  # 3-D conv weight: no decay
