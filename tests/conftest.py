@@ -2,6 +2,7 @@
 run from sources to shards (ingest, extract, a stand-in dedup_fuzzy, split, tokenizer, mixture, shards)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -314,15 +315,23 @@ def tiny_corpus(tmp_path: Path) -> Path:
     return write_corpus(tmp_path / "corpus")
 
 
-@pytest.fixture
-def one_torch_thread():
+@contextlib.contextmanager
+def single_torch_thread():
     """Tiny layers run fastest on one thread: two threads' spin-waits cost seconds on a shared machine."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_torch_thread():
+    with single_torch_thread():
+        yield
 
 
 @pytest.fixture
@@ -338,3 +347,80 @@ def single_rank_mesh():
         yield init_device_mesh("cpu", (1,))
     finally:
         dist.destroy_process_group()
+
+
+# --- checkpoints for the interop tests (tests/hymo_core/interop): one per exported architecture, trained on demand ---
+
+INTEROP_TRAIN = """
+[train]
+batch_size = 4
+seq_len = 64
+max_steps = 3
+warmup_steps = 1
+log_interval = 1
+eval_interval = 3
+checkpoint_interval = 3
+eval_batches = 1
+"""
+
+INTEROP_MODELS = {
+    # the dense decoder -> LlamaForCausalLM (GQA, tied embeddings)
+    "llama": "d_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 64\nmax_seq_len = 64\n",
+    # QK-norm and an untied head -> Qwen3ForCausalLM
+    "qwen3": "d_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 64\nmax_seq_len = 64\nqk_norm = true\ntie_embeddings = false\n",
+    # the hybrid at its sample size: GDN x 3 + MLA with MoE, MTP depth 2 (training-only)
+    "hymo-tiny": 'preset = "hymo-tiny"\n',
+}
+
+
+def two_cloze_items(root: Path) -> Path:
+    """The end-of-training cloze score on two items instead of forty: these tests are about the weights."""
+    from hymo_core.eval.evaluation import SAMPLE_CLOZE
+
+    path = root / "cloze.jsonl"
+    path.write_text("".join(SAMPLE_CLOZE.read_text(encoding="utf-8").splitlines(keepends=True)[:2]), encoding="utf-8")
+    return path
+
+
+def train_checkpoint(tiny_run: Path, root: Path, name: str) -> Path:
+    from flows.cli import main
+
+    recipe = root / f"{name}.toml"
+    extra = "qk_clip = false\n" if "qk_norm" in INTEROP_MODELS[name] else ""  # QK-Clip and QK-norm exclude each other
+    recipe.write_text(INTEROP_TRAIN + extra + "\n[model]\n" + INTEROP_MODELS[name], encoding="utf-8")
+    out = root / name
+    with single_torch_thread():
+        assert main(["train", "--corpus", str(tiny_run), "--config", str(recipe), "--out", str(out), "--cloze", str(two_cloze_items(root))]) == 0
+    return out / "checkpoints" / "step-00000003.pt"
+
+
+class OnDemand(dict):
+    """name -> path, made the first time a test asks for it (a test of the dense model never trains the hybrid)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, name: str) -> Path:
+        self[name] = self.make(name)
+        return self[name]
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tiny_run: Path, tmp_path_factory) -> OnDemand:
+    root = tmp_path_factory.mktemp("interop-train")
+    return OnDemand(lambda name: train_checkpoint(tiny_run, root, name))
+
+
+@pytest.fixture(scope="session")
+def exports(checkpoints: OnDemand, tiny_run: Path, tmp_path_factory) -> OnDemand:
+    """`hymo export --hf` of each checkpoint."""
+    from hymo_core.interop.hf_export import export_hf
+
+    root = tmp_path_factory.mktemp("hf")
+
+    def export(name: str) -> Path:
+        with single_torch_thread():
+            export_hf(checkpoints[name], root / name, corpus=tiny_run)
+        return root / name
+    return OnDemand(export)

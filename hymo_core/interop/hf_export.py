@@ -1,0 +1,95 @@
+"""`hymo export CKPT --hf DIR`: a checkpoint as a directory transformers loads with `from_pretrained(DIR)`.
+
+DIR holds config.json (hf_layout), model.safetensors (fp32, transformers' names), tokenizer.json
+and tokenizer_config.json (hf_tokenizer), generation_config.json (greedy, the corpus's EOS and pad),
+hymo_export.json (where it came from: checkpoint, step, weight and tokenizer digests, what was left
+out) and, for the hybrid, the modeling files loaded with `trust_remote_code=True`. The directory is
+built beside DIR and renamed into place, so a crash leaves no half export; the same checkpoint
+exports to the same bytes. Neither transformers nor lm-eval is needed to export.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from hymo_core.checkpoint.load import load_model
+from hymo_core.interop.hf_layout import HYBRID, REMOTE_CODE_FILES, architecture, hf_config, hf_state_dict
+from hymo_core.interop.hf_tokenizer import write_hf_tokenizer
+from hymo_core.train.data import CorpusReader
+
+EXPORT_RECORD = "hymo_export.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _json(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def corpus_of(checkpoint: Path, payload: dict[str, Any], corpus: str | Path | None) -> CorpusReader:
+    """The given corpus, or the one in the run directory above the checkpoint with the recorded digest."""
+    from hymo_core.eval.report import find_corpus
+
+    return CorpusReader(corpus, verify=False) if corpus else find_corpus(checkpoint, payload["manifest_digest"])
+
+
+def export_hf(checkpoint: str | Path, out: str | Path, corpus: str | Path | None = None) -> dict[str, Any]:
+    """Write the export into `out` (which must not exist or be empty); returns hymo_export.json's content."""
+    from safetensors.torch import save_file
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out}: exists and is not an empty directory; export into a new one")
+    model, payload = load_model(checkpoint)
+    reader = corpus_of(checkpoint, payload, corpus)
+    if reader.vocab_size > model.config.vocab_size:
+        raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but the tokenizer of {reader.path} has {reader.vocab_size} ids")
+    config = model.config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tokenizer_file = reader.root / reader.manifest["tokenizer"]["path"]
+        specials = write_hf_tokenizer(tokenizer_file, work, reader.eos_id, config.max_seq_len)
+        arch = architecture(config)
+        _json(work / "config.json", hf_config(config, specials["eos_token_id"], specials["pad_token_id"]))
+        _json(work / "generation_config.json", {"eos_token_id": specials["eos_token_id"], "pad_token_id": specials["pad_token_id"],
+                                                "bos_token_id": None, "do_sample": False, "max_length": config.max_seq_len})
+        tensors = hf_state_dict(config, model.state_dict())
+        save_file(tensors, work / WEIGHTS_FILE, metadata={"format": "pt"})
+        if arch == HYBRID:
+            code = resources.files("hymo_core.interop") / "remote_code"
+            for name in REMOTE_CODE_FILES:
+                (work / name).write_bytes((code / name).read_bytes())
+        record = {
+            "architecture": arch, "checkpoint": checkpoint.name, "step": payload["state"]["step"],
+            "corpus_digest": reader.digest, "tokenizer_sha256": _sha256(tokenizer_file),
+            "weights_sha256": _sha256(work / WEIGHTS_FILE), "tensors": len(tensors),
+            "parameters": sum(t.numel() for t in tensors.values()), "trust_remote_code": arch == HYBRID,
+            "left_out": (["mtp.* (multi-token prediction is training-only)"] if config.mtp_depth else [])
+                        + (["MoE balancing counters (load EMA, token counts); the gate bias is kept"] if config.moe_on else []),
+            **specials,
+        }
+        _json(work / EXPORT_RECORD, record)
+        for path in work.iterdir():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        if out.exists():
+            out.rmdir()
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return record

@@ -1,0 +1,87 @@
+"""`hymo export --hf`: transformers loads the export and computes HyMo's logits, greedy text and token ids."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+from hymo_core.checkpoint.load import load_model  # noqa: E402
+from hymo_core.eval.evaluation import load_tokenizer, sample_tokens  # noqa: E402
+from hymo_core.interop.hf_export import export_hf  # noqa: E402
+from hymo_core.train.data import CorpusReader  # noqa: E402
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "hymo-tiny": "HymoForCausalLM"}
+
+
+def validation_batch(tiny_run: Path, batch: int = 3, length: int = 64) -> torch.Tensor:
+    reader = CorpusReader(tiny_run)
+    tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t in reader.open_all("validation")])
+    return torch.from_numpy(tokens[: batch * length].reshape(batch, length).copy())
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_transformers_computes_hymos_logits_and_greedy_text(name: str, exports, checkpoints, tiny_run: Path):
+    model, _ = load_model(checkpoints[name])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exports[name], trust_remote_code=name == "hymo-tiny", dtype=torch.float32).eval()
+    assert type(hf).__name__ == ARCHITECTURES[name]
+    tokens_BT = validation_batch(tiny_run)
+    with torch.no_grad():
+        ours, _ = model(tokens_BT)
+        theirs = hf(tokens_BT).logits
+    assert theirs.dtype == torch.float32 and (ours - theirs).abs().max().item() <= 1e-5
+
+    record = json.loads((exports[name] / "hymo_export.json").read_text())
+    prompt = tokens_BT[0, :12].tolist()
+    expected = sample_tokens(model, prompt, 24, 0.0, 0, torch.Generator(), record["eos_token_id"])
+    generated = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+    assert generated[: len(expected)] == expected  # HyMo stops before EOS; transformers appends it and stops
+    assert generated[len(expected):] in ([], [record["eos_token_id"]])
+
+
+def test_hybrid_left_padded_batch_generates_as_each_prompt_alone(exports, checkpoints, tiny_run: Path):
+    """Padding feeds zeros to the Gated DeltaNet state and is masked out of attention: the padded row is unchanged."""
+    model, _ = load_model(checkpoints["hymo-tiny"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exports["hymo-tiny"], trust_remote_code=True, dtype=torch.float32).eval()
+    tokens_BT = validation_batch(tiny_run, 2, 20)
+    short, long = tokens_BT[0, :12].tolist(), tokens_BT[1].tolist()
+    pad = hf.generation_config.pad_token_id
+    ids = torch.tensor([[pad] * 8 + short, long])
+    mask = torch.tensor([[0] * 8 + [1] * 12, [1] * 20])
+    out = hf.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=None)
+    assert out[0, 20:].tolist() == sample_tokens(model, short, 10, 0.0, 0, torch.Generator(), None)
+    assert out[1, 20:].tolist() == sample_tokens(model, long, 10, 0.0, 0, torch.Generator(), None)
+
+
+def test_tokenizer_round_trips_the_sample_documents(exports, tiny_run: Path):
+    from tasks.corpus.split import iter_split_docs
+
+    reader = CorpusReader(tiny_run)
+    ours = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
+    theirs = transformers.AutoTokenizer.from_pretrained(exports["llama"])
+    assert type(theirs).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend")
+    assert theirs.eos_token_id == reader.eos_id and theirs.bos_token_id is None
+    texts = [text for side in ("train", "validation") for table in iter_split_docs(tiny_run / "04_split", side, ["text"])
+             for text in table.column("text").to_pylist()]
+    assert len(texts) > 90 and any("<|endoftext|>" in t for t in texts)  # the literal EOS text stays text
+    for text in texts:
+        ids = theirs(text)["input_ids"]
+        assert ids == ours.encode(text, add_special_tokens=False).ids
+        assert theirs.decode(ids) == text
+
+
+def test_export_is_reproducible_and_never_overwrites(checkpoints, exports, tiny_run: Path, tmp_path: Path):
+    again = tmp_path / "again"
+    record = export_hf(checkpoints["hymo-tiny"], again, corpus=tiny_run)
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "modeling_hymo.py"):
+        assert (again / name).read_bytes() == (exports["hymo-tiny"] / name).read_bytes()
+    assert record["architecture"] == "HymoForCausalLM" and record["trust_remote_code"]
+    assert any("mtp" in item for item in record["left_out"])
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        export_hf(checkpoints["hymo-tiny"], again, corpus=tiny_run)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # no half-built directory left beside it
