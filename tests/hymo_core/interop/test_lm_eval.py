@@ -1,0 +1,90 @@
+"""lm-evaluation-harness, offline, agrees with HyMo's own suite item by item: through the `hymo` model
+on the checkpoint, and through lm-eval's own `hf` model on the transformers export."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+from hymo_core.checkpoint.load import load_model  # noqa: E402
+from hymo_core.eval.evaluation import encode, load_tokenizer  # noqa: E402
+from hymo_core.eval.suite import run_task  # noqa: E402
+from hymo_core.interop.harness import run_harness  # noqa: E402
+from hymo_core.train.data import CorpusReader  # noqa: E402
+
+MC = ("hellaswag", "arc_easy", "arc_challenge")
+LIMIT = 12
+
+
+@pytest.fixture(scope="module")
+def dense(checkpoints, tiny_run: Path):
+    """The dense checkpoint, its tokenizer and EOS, and HyMo's own suite on the first LIMIT items of each task."""
+    model, _ = load_model(checkpoints["llama"])
+    reader = CorpusReader(tiny_run)
+    tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
+    suite = {task: run_task(task, model, tokenizer, limit=LIMIT, eos_id=reader.eos_id) for task in MC}
+    suite["mmlu"] = run_task("mmlu", model, tokenizer, limit=1, eos_id=reader.eos_id)
+    suite["gsm8k"] = run_task("gsm8k", model, tokenizer, limit=1, eos_id=reader.eos_id, max_new_tokens={"gsm8k": 256})
+    return model, tokenizer, reader.eos_id, suite
+
+
+def lm_eval_norm_pick(logprobs: list[float], choices: list[str]) -> int:
+    """lm-eval's acc_norm pick: log-likelihood over the choice's length in characters, delimiter excluded."""
+    normalised = [lp / len(choice) for lp, choice in zip(logprobs, choices)]
+    return max(range(len(normalised)), key=normalised.__getitem__)
+
+
+def assert_agrees(report: dict, suite: dict, tokenizer) -> None:
+    from hymo_core.eval.suite import choice_items, first_n
+    from manifests.benchmark_sets import eval_items
+
+    for task in MC:
+        items = report["items"][task]
+        ours = suite[task]["per_item"]
+        assert len(items) == len(ours) == LIMIT
+        options = [item.options for item in choice_items(task, first_n(eval_items(task)[0], LIMIT))]
+        for theirs, mine, opts in zip(sorted(items, key=lambda r: r["doc_id"]), ours, options):
+            assert theirs["loglikelihoods"] == pytest.approx(mine["logprobs"], abs=1e-4)
+            assert theirs["acc"] == float(mine["pick"] == mine["answer"])
+            assert theirs["acc_norm"] == float(lm_eval_norm_pick(mine["logprobs"], [o[1:] for o in opts]) == mine["answer"])
+        assert report["results"][task]["acc,none"] == pytest.approx(suite[task]["accuracy"], abs=1e-12)
+
+
+def test_hymo_model_in_lm_eval_agrees_with_the_suite(dense, checkpoints, tiny_run: Path, tmp_path: Path):
+    model, tokenizer, eos_id, suite = dense
+    report = run_harness(checkpoints["llama"], list(MC), tmp_path / "mc", corpus=tiny_run, limit=LIMIT)
+    assert report["route"] == "hymo"
+    assert_agrees(report, suite, tokenizer)
+    assert (tmp_path / "mc" / "lm_eval.json").is_file() and (tmp_path / "mc" / "lm_eval_tasks" / "hellaswag.yaml").is_file()
+    # MMLU: one item per subject (lm-eval's --limit is per subtask, as the suite's), macro-averaged by the group;
+    # GSM8K: generate_until gives the suite's greedy generation
+    report = run_harness(checkpoints["llama"], ["mmlu", "gsm8k"], tmp_path / "more", corpus=tiny_run, limit=1)
+    assert report["groups"]["mmlu"]["acc,none"] == pytest.approx(suite["mmlu"]["accuracy"], abs=1e-12)
+    assert [g["generation"] for g in report["items"]["gsm8k"]] == [r["generation"] for r in suite["gsm8k"]["per_item"]]
+
+
+def test_hf_model_on_the_export_agrees_with_the_suite(dense, exports, tmp_path: Path):
+    _, tokenizer, _, suite = dense
+    report = run_harness(exports["llama"], list(MC), tmp_path, limit=LIMIT)
+    assert report["route"] == "hf"
+    assert_agrees(report, suite, tokenizer)
+
+
+def test_rolling_loglikelihood_matches_lm_evals_hf_model(dense, exports):
+    """A text longer than the window: lm-eval's disjoint windows, first one after EOS, summed."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from hymo_core.interop.lm_eval_adapter import HymoLM
+
+    model, tokenizer, eos_id, _ = dense
+    text = " ".join(["The river ran past the old mill and the miller's daughter watched the wheel."] * 12)
+    assert len(encode(tokenizer, text)) > 2 * model.config.max_seq_len
+    request = [Instance("loglikelihood_rolling", {}, (text,), 0)]
+    ours = HymoLM(model=model, tokenizer=tokenizer, eos_id=eos_id).loglikelihood_rolling(request)
+    theirs = HFLM(pretrained=str(exports["llama"]), dtype="float32", batch_size=4).loglikelihood_rolling(request)
+    assert ours[0] == pytest.approx(theirs[0], abs=1e-3) and ours[0] < 0
