@@ -86,6 +86,10 @@ def cmd_eval_suite(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if args.harness:
+        from flows.cli_interop import cmd_eval_harness
+
+        return cmd_eval_harness(args)
     if args.suite:
         return cmd_eval_suite(args)
     if not args.corpus:
@@ -138,6 +142,10 @@ def export_safetensors(checkpoint: str, target: str) -> dict[str, Any]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.hf:
+        from flows.cli_interop import cmd_export_hf
+
+        return cmd_export_hf(args)
     result = export_safetensors(args.checkpoint, args.safetensors)
     console.print(f"wrote {result['path']}: {result['tensors']} tensors, {result['parameters']:,} values", markup=False)
     return 0
@@ -152,7 +160,7 @@ def add_commands(sub: Any) -> None:
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and cloze accuracy of a checkpoint; --suite: the benchmark suite")
-    evaluate.add_argument("checkpoint")
+    evaluate.add_argument("checkpoint", help="a checkpoint; with --harness also a `hymo export --hf` directory (lm-eval's hf model)")
     evaluate.add_argument("--corpus", help="run directory, shards stage directory or corpus.json (with --suite: default, the run above the checkpoint)")
     evaluate.add_argument("--suite", help="benchmark suite: default (HellaSwag, ARC-E/C, MMLU, GSM8K, HumanEval + held-out perplexity) or mc")
     evaluate.add_argument("--limit", type=int, help="with --suite: the first N items of each task (of each MMLU subject)")
@@ -162,6 +170,9 @@ def add_commands(sub: Any) -> None:
                           help="with --suite: run HumanEval's generated code even where the namespace sandbox fails (eval.json records sandbox: unsafe)")
     evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")
     evaluate.add_argument("--cloze", help="cloze JSONL (default: the bundled sample set)")
+    evaluate.add_argument("--harness", choices=["lm-eval"], help="run lm-evaluation-harness itself, offline, on the bundled benchmark files")
+    evaluate.add_argument("--tasks", help="with --harness: comma-separated, of hellaswag, arc_easy, arc_challenge, mmlu, gsm8k "
+                                          "(default: hellaswag,arc_easy,arc_challenge)")
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(func=cmd_eval)
 
@@ -175,7 +186,11 @@ def add_commands(sub: Any) -> None:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate)
 
-    export = sub.add_parser("export", help="write a checkpoint (single file or DCP directory) as one safetensors file")
+    export = sub.add_parser("export", help="a checkpoint (single file or DCP directory) as one safetensors file, or as a Hugging Face model directory")
     export.add_argument("checkpoint")
-    export.add_argument("--safetensors", required=True, metavar="FILE", help="where to write the consolidated weights")
+    target = export.add_mutually_exclusive_group(required=True)
+    target.add_argument("--safetensors", metavar="FILE", help="where to write the consolidated weights")
+    target.add_argument("--hf", metavar="DIR", help="a transformers directory: Llama / Qwen3 for the dense model, HymoForCausalLM "
+                                                    "(shipped modeling code, trust_remote_code) for the hybrid; tokenizer included")
+    export.add_argument("--corpus", help="with --hf: the corpus whose tokenizer the model was trained with (default: the run above the checkpoint)")
     export.set_defaults(func=cmd_export)
