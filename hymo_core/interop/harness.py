@@ -36,8 +36,8 @@ def is_hf_export(path: Path) -> bool:
 
 
 def _item(sample: dict[str, Any]) -> dict[str, Any]:
-    """One item of lm-eval's samples log, without the document body."""
-    row: dict[str, Any] = {"doc_id": sample["doc_id"], "target": sample["target"]}
+    """One item of lm-eval's samples log, without the document body (a generation task logs each item once per filter)."""
+    row: dict[str, Any] = {"doc_id": sample["doc_id"], "target": sample["target"], "filter": sample.get("filter", "none")}
     responses = sample["filtered_resps"]
     if responses and isinstance(responses[0], (list, tuple)) and len(responses[0]) == 2:  # loglikelihood
         row["loglikelihoods"] = [float(r[0]) for r in responses]
@@ -56,6 +56,7 @@ def run_harness(model_path: str | Path, tasks: list[str], out: str | Path, corpu
     """Run lm-eval on `tasks`; write OUT/lm_eval.json and return it. `model` may be a ready HymoLM."""
     go_offline()
     import lm_eval
+    import lm_eval.models  # noqa: F401  (registers lm-eval's own models, `hf` among them)
     from lm_eval.tasks import TaskManager
 
     import hymo_core.interop.lm_eval_adapter  # noqa: F401  (registers the `hymo` model)

@@ -9,30 +9,21 @@ exports to the same bytes. Neither transformers nor lm-eval is needed to export.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from hymo_core.checkpoint.load import load_model
+from hymo_core.interop.atomic_dir import new_directory
 from hymo_core.interop.hf_layout import HYBRID, REMOTE_CODE_FILES, architecture, hf_config, hf_state_dict
 from hymo_core.interop.hf_tokenizer import write_hf_tokenizer
 from hymo_core.train.data import CorpusReader
+from manifests.digest import sha256_file
 
 EXPORT_RECORD = "hymo_export.json"
 WEIGHTS_FILE = "model.safetensors"
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _json(path: Path, payload: dict[str, Any]) -> None:
@@ -51,16 +42,12 @@ def export_hf(checkpoint: str | Path, out: str | Path, corpus: str | Path | None
     from safetensors.torch import save_file
 
     checkpoint, out = Path(checkpoint), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out}: exists and is not an empty directory; export into a new one")
     model, payload = load_model(checkpoint)
     reader = corpus_of(checkpoint, payload, corpus)
     if reader.vocab_size > model.config.vocab_size:
         raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but the tokenizer of {reader.path} has {reader.vocab_size} ids")
     config = model.config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with new_directory(out, "export") as work:
         tokenizer_file = reader.root / reader.manifest["tokenizer"]["path"]
         specials = write_hf_tokenizer(tokenizer_file, work, reader.eos_id, config.max_seq_len)
         arch = architecture(config)
@@ -75,21 +62,12 @@ def export_hf(checkpoint: str | Path, out: str | Path, corpus: str | Path | None
                 (work / name).write_bytes((code / name).read_bytes())
         record = {
             "architecture": arch, "checkpoint": checkpoint.name, "step": payload["state"]["step"],
-            "corpus_digest": reader.digest, "tokenizer_sha256": _sha256(tokenizer_file),
-            "weights_sha256": _sha256(work / WEIGHTS_FILE), "tensors": len(tensors),
+            "corpus_digest": reader.digest, "tokenizer_sha256": sha256_file(tokenizer_file),
+            "weights_sha256": sha256_file(work / WEIGHTS_FILE), "tensors": len(tensors),
             "parameters": sum(t.numel() for t in tensors.values()), "trust_remote_code": arch == HYBRID,
             "left_out": (["mtp.* (multi-token prediction is training-only)"] if config.mtp_depth else [])
                         + (["MoE balancing counters (load EMA, token counts); the gate bias is kept"] if config.moe_on else []),
             **specials,
         }
         _json(work / EXPORT_RECORD, record)
-        for path in work.iterdir():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-        if out.exists():
-            out.rmdir()
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return record

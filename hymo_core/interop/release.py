@@ -14,18 +14,18 @@ The bundle is assembled beside DIR and renamed into place: a failed release leav
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from hymo_core.interop.atomic_dir import new_directory
 from hymo_core.interop.cards import Facts, data_card, model_card
 from hymo_core.interop.hf_export import export_hf
 from hymo_core.train.config import EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SUMMARY_FILE
 from manifests.audit_query import funnel
+from manifests.digest import sha256_file
 from manifests.run_dir import find_stage
 
 SUMS_FILE = "SHA256SUMS"
@@ -36,13 +36,6 @@ def _write_json(path: Path, payload: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def copy_training(pretrain: Path, out: Path) -> None:
@@ -74,10 +67,13 @@ def decontamination_record(run: Path, out: Path) -> None:
     })
 
 
-def _headline(task: dict[str, Any]) -> tuple[str, float, float]:
-    from hymo_core.eval.suite import headline
+HEADLINE_METRICS = ("accuracy_per_char", "exact_match_flexible", "pass_at_1")  # multiple choice, GSM8K, HumanEval
 
-    return headline(task)
+
+def _headline(task: dict[str, Any]) -> tuple[str, float, float]:
+    """(metric, value, standard error) a curve shows for one task of a suite result."""
+    metric = next(m for m in HEADLINE_METRICS if m in task)
+    return metric, task[metric], task[f"{metric}_stderr"]
 
 
 def eval_curve(pretrain: Path, corpus: Path, out: Path, suite: str, limit: int | None) -> None:
@@ -120,7 +116,7 @@ def eval_curve(pretrain: Path, corpus: Path, out: Path, suite: str, limit: int |
 
 def write_sums(bundle: Path) -> int:
     files = sorted(p for p in bundle.rglob("*") if p.is_file() and p.name != SUMS_FILE)
-    lines = [f"{_sha256(p)}  {p.relative_to(bundle).as_posix()}" for p in files]
+    lines = [f"{sha256_file(p)}  {p.relative_to(bundle).as_posix()}" for p in files]
     (bundle / SUMS_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return len(files)
 
@@ -128,14 +124,10 @@ def write_sums(bundle: Path) -> int:
 def make_release(run: str | Path, out: str | Path, eval_limit: int | None = 100, suite: str = "mc") -> dict[str, Any]:
     """Assemble the bundle for `run` into `out` (absent or empty); returns what was written."""
     run, out = Path(run).resolve(), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out}: exists and is not an empty directory; release into a new one")
     pretrain, _ = find_stage(run, "pretrain")
     shards, _ = find_stage(run, "shards")
     summary = json.loads((pretrain.path / SUMMARY_FILE).read_text(encoding="utf-8"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with new_directory(out, "release") as work:
         export_hf(pretrain.path / summary["checkpoint"], work / "model", corpus=shards.path)
         copy_training(pretrain.path, work / "training")
         (work / "data").mkdir()
@@ -148,10 +140,4 @@ def make_release(run: str | Path, out: str | Path, eval_limit: int | None = 100,
         (work / "DATA_CARD.md").write_text(data_card(facts), encoding="utf-8")
         facts.write()
         files = write_sums(work)
-        if out.exists():
-            out.rmdir()
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return {"out": str(out), "files": files, "checkpoint": summary["checkpoint"]}
