@@ -85,3 +85,23 @@ def test_export_is_reproducible_and_never_overwrites(checkpoints, exports, tiny_
     with pytest.raises(FileExistsError, match="not an empty directory"):
         export_hf(checkpoints["hymo-tiny"], again, corpus=tiny_run)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # no half-built directory left beside it
+
+
+def test_tokenizer_with_seed_000s_byte_id_layout_keeps_ids_and_specials(tmp_path: Path):
+    """The 256 `<0xXX>` ids after the BPE part stay where they are; literal special-token text stays text."""
+    from hymo_core.interop.hf_tokenizer import write_hf_tokenizer
+    from tasks.corpus.tokenizer import BYTE_TOKENS, TokenizerConfig, build_tokenizer
+
+    texts = ["The river ran quietly past the old mill.", "数据清洗之后语料由多个来源组成 🙂", "def f(x):\n    return x + 1\n"] * 5
+    ours = build_tokenizer(texts, TokenizerConfig(vocab_size=320, byte_fallback_layout=True, min_frequency=1))
+    ours.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "hf").mkdir()
+    specials = write_hf_tokenizer(tmp_path / "tokenizer.json", tmp_path / "hf", eos_id=0, max_length=64)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert specials["pad_token"] == "<|pad|>" and theirs.pad_token_id == specials["pad_token_id"] == ours.token_to_id("<|pad|>")
+    assert [theirs.convert_tokens_to_ids(t) for t in BYTE_TOKENS] == [ours.token_to_id(t) for t in BYTE_TOKENS]
+    for text in texts + ["a literal <|endoftext|> and <0x41> stay text", "  leading and trailing spaces  "]:
+        ids = theirs(text)["input_ids"]
+        assert ids == ours.encode(text).ids and theirs.decode(ids) == text
+    byte_a = ours.token_to_id("<0x41>")
+    assert theirs.decode([byte_a]) == ours.decode([byte_a], skip_special_tokens=False) == "<0x41>"
