@@ -364,8 +364,9 @@ eval_batches = 1
 """
 
 INTEROP_MODELS = {
-    # the dense decoder -> LlamaForCausalLM (GQA, tied embeddings)
-    "llama": "d_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 64\nmax_seq_len = 64\n",
+    # the dense decoder -> LlamaForCausalLM (GQA, tied embeddings); a window of 128 holds every continuation of the
+    # lm-eval items the tests score (lm-eval's hf model refuses longer ones) and still cuts long contexts
+    "llama": "d_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 64\nmax_seq_len = 128\n",
     # QK-norm and an untied head -> Qwen3ForCausalLM
     "qwen3": "d_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 64\nmax_seq_len = 64\nqk_norm = true\ntie_embeddings = false\n",
     # the hybrid at its sample size: GDN x 3 + MLA with MoE, MTP depth 2 (training-only)

@@ -16,6 +16,8 @@ from hymo_core.eval.evaluation import load_tokenizer, sample_tokens  # noqa: E40
 from hymo_core.interop.hf_export import export_hf  # noqa: E402
 from hymo_core.train.data import CorpusReader  # noqa: E402
 
+SAMPLE = Path(__file__).resolve().parents[3] / "manifests" / "sample"
+
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "hymo-tiny": "HymoForCausalLM"}
 
 
@@ -69,6 +71,8 @@ def test_tokenizer_round_trips_the_sample_documents(exports, tiny_run: Path):
     texts = [text for side in ("train", "validation") for table in iter_split_docs(tiny_run / "04_split", side, ["text"])
              for text in table.column("text").to_pylist()]
     assert len(texts) > 90 and any("<|endoftext|>" in t for t in texts)  # the literal EOS text stays text
+    for path in (SAMPLE / "prose-enwiki" / "enwiki.jsonl", SAMPLE / "multilingual" / "multilingual.jsonl"):  # the bundled sample
+        texts += [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()[:150]]
     for text in texts:
         ids = theirs(text)["input_ids"]
         assert ids == ours.encode(text, add_special_tokens=False).ids

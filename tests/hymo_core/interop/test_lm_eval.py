@@ -88,5 +88,25 @@ def test_rolling_loglikelihood_matches_lm_evals_hf_model(dense, exports):
     assert len(encode(tokenizer, text)) > 2 * model.config.max_seq_len
     request = [Instance("loglikelihood_rolling", {}, (text,), 0)]
     ours = HymoLM(model=model, tokenizer=tokenizer, eos_id=eos_id).loglikelihood_rolling(request)
-    theirs = HFLM(pretrained=str(exports["llama"]), dtype="float32", batch_size=4).loglikelihood_rolling(request)
+    theirs = HFLM(pretrained=str(exports["llama"]), dtype="float32", batch_size=4, device="cpu").loglikelihood_rolling(request)
     assert ours[0] == pytest.approx(theirs[0], abs=1e-3) and ours[0] < 0
+
+
+def test_readme_commands_export_load_and_evaluate(checkpoints, tiny_run: Path, tmp_path: Path, capsys):
+    """The README's three commands: `hymo export --hf`, transformers' from_pretrained, `hymo eval DIR --harness lm-eval`."""
+    import json
+
+    import transformers
+
+    from flows.cli import main
+
+    assert main(["export", str(checkpoints["llama"]), "--hf", str(tmp_path / "hf"), "--corpus", str(tiny_run)]) == 0
+    assert "LlamaForCausalLM" in capsys.readouterr().out
+    assert type(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")).__name__ == "LlamaForCausalLM"
+    assert main(["eval", str(tmp_path / "hf"), "--harness", "lm-eval", "--tasks", "arc_easy", "--limit", "2",
+                 "--out", str(tmp_path / "lm_eval"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert set(rows) == {"arc_easy"} and 0.0 <= rows["arc_easy"]["acc,none"] <= 1.0
+    assert main(["export", str(checkpoints["llama"]), "--hf", str(tmp_path / "hf"), "--corpus", str(tiny_run)]) == 1
+    error = capsys.readouterr().err.strip()
+    assert "not an empty directory" in error and "\n" not in error
