@@ -22,14 +22,23 @@ LIMIT = 12
 
 @pytest.fixture(scope="module")
 def dense(checkpoints, tiny_run: Path):
-    """The dense checkpoint, its tokenizer and EOS, and HyMo's own suite on the first LIMIT items of each task."""
+    """The dense checkpoint, its tokenizer and EOS."""
     model, _ = load_model(checkpoints["llama"])
     reader = CorpusReader(tiny_run)
-    tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
-    suite = {task: run_task(task, model, tokenizer, limit=LIMIT, eos_id=reader.eos_id) for task in MC}
-    suite["mmlu"] = run_task("mmlu", model, tokenizer, limit=1, eos_id=reader.eos_id)
-    suite["gsm8k"] = run_task("gsm8k", model, tokenizer, limit=1, eos_id=reader.eos_id, max_new_tokens={"gsm8k": 256})
-    return model, tokenizer, reader.eos_id, suite
+    return model, load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"]), reader.eos_id
+
+
+@pytest.fixture(scope="module")
+def suite(dense):
+    """HyMo's own suite on the first LIMIT items of each task (MMLU: one per subject; GSM8K: one)."""
+    from conftest import single_torch_thread
+
+    model, tokenizer, eos_id = dense
+    with single_torch_thread():
+        scores = {task: run_task(task, model, tokenizer, limit=LIMIT, eos_id=eos_id) for task in MC}
+        scores["mmlu"] = run_task("mmlu", model, tokenizer, limit=1, eos_id=eos_id)
+        scores["gsm8k"] = run_task("gsm8k", model, tokenizer, limit=1, eos_id=eos_id, max_new_tokens={"gsm8k": 256})
+    return scores
 
 
 def lm_eval_norm_pick(logprobs: list[float], choices: list[str]) -> int:
@@ -38,7 +47,7 @@ def lm_eval_norm_pick(logprobs: list[float], choices: list[str]) -> int:
     return max(range(len(normalised)), key=normalised.__getitem__)
 
 
-def assert_agrees(report: dict, suite: dict, tokenizer) -> None:
+def assert_agrees(report: dict, suite: dict) -> None:
     from hymo_core.eval.suite import choice_items, first_n
     from manifests.benchmark_sets import eval_items
 
@@ -54,11 +63,10 @@ def assert_agrees(report: dict, suite: dict, tokenizer) -> None:
         assert report["results"][task]["acc,none"] == pytest.approx(suite[task]["accuracy"], abs=1e-12)
 
 
-def test_hymo_model_in_lm_eval_agrees_with_the_suite(dense, checkpoints, tiny_run: Path, tmp_path: Path):
-    model, tokenizer, eos_id, suite = dense
+def test_hymo_model_in_lm_eval_agrees_with_the_suite(suite, checkpoints, tiny_run: Path, tmp_path: Path):
     report = run_harness(checkpoints["llama"], list(MC), tmp_path / "mc", corpus=tiny_run, limit=LIMIT)
     assert report["route"] == "hymo"
-    assert_agrees(report, suite, tokenizer)
+    assert_agrees(report, suite)
     assert (tmp_path / "mc" / "lm_eval.json").is_file() and (tmp_path / "mc" / "lm_eval_tasks" / "hellaswag.yaml").is_file()
     # MMLU: one item per subject (lm-eval's --limit is per subtask, as the suite's), macro-averaged by the group;
     # GSM8K: generate_until gives the suite's greedy generation
@@ -69,11 +77,10 @@ def test_hymo_model_in_lm_eval_agrees_with_the_suite(dense, checkpoints, tiny_ru
     assert report["results"]["gsm8k"]["exact_match,flexible-extract"] == suite["gsm8k"]["exact_match_flexible"]
 
 
-def test_hf_model_on_the_export_agrees_with_the_suite(dense, exports, tmp_path: Path):
-    _, tokenizer, _, suite = dense
+def test_hf_model_on_the_export_agrees_with_the_suite(suite, exports, tmp_path: Path):
     report = run_harness(exports["llama"], list(MC), tmp_path, limit=LIMIT)
     assert report["route"] == "hf"
-    assert_agrees(report, suite, tokenizer)
+    assert_agrees(report, suite)
 
 
 def test_rolling_loglikelihood_matches_lm_evals_hf_model(dense, exports):
@@ -83,7 +90,7 @@ def test_rolling_loglikelihood_matches_lm_evals_hf_model(dense, exports):
 
     from hymo_core.interop.lm_eval_adapter import HymoLM
 
-    model, tokenizer, eos_id, _ = dense
+    model, tokenizer, eos_id = dense
     text = " ".join(["The river ran past the old mill and the miller's daughter watched the wheel."] * 12)
     assert len(encode(tokenizer, text)) > 2 * model.config.max_seq_len
     request = [Instance("loglikelihood_rolling", {}, (text,), 0)]
