@@ -117,3 +117,12 @@ def test_readme_commands_export_load_and_evaluate(checkpoints, tiny_run: Path, t
     assert main(["export", str(checkpoints["llama"]), "--hf", str(tmp_path / "hf"), "--corpus", str(tiny_run)]) == 1
     error = capsys.readouterr().err.strip()
     assert "not an empty directory" in error and "\n" not in error
+
+
+def test_hybrid_through_lm_evals_hf_model_agrees_with_the_hymo_model(checkpoints, exports, tiny_run: Path, tmp_path: Path):
+    """hymo-tiny's export (shipped modeling code, trust_remote_code) scores as the checkpoint does."""
+    ours = run_harness(checkpoints["hymo-tiny"], ["arc_easy"], tmp_path / "hymo", corpus=tiny_run, limit=4)
+    theirs = run_harness(exports["hymo-tiny"], ["arc_easy"], tmp_path / "hf", limit=4)
+    assert theirs["route"] == "hf"
+    for a, b in zip(sorted(ours["items"]["arc_easy"], key=lambda r: r["doc_id"]), sorted(theirs["items"]["arc_easy"], key=lambda r: r["doc_id"])):
+        assert b["loglikelihoods"] == pytest.approx(a["loglikelihoods"], abs=1e-4) and a["acc"] == b["acc"]
