@@ -16,7 +16,7 @@ from flows import cli_classifier, cli_cpt, cli_interop, cli_trace, cli_train, se
 from flows.console import console
 from flows.prefect_env import apply_prefect_defaults
 
-DEFAULT_RUN = "runs/sample"
+DEFAULT_RUN = "$HYMO_HOME/runs/sample"  # HYMO_HOME: the current directory when unset (flows.config.default_run)
 
 # Sub-command modules outside this file register here: add_commands(subparsers).
 EXTRA_COMMANDS: list[Callable[[Any], None]] = [cli_trace.add_commands, cli_train.add_commands, serve.add_commands, cli_classifier.add_commands,
@@ -79,16 +79,18 @@ def print_funnel(run: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from flows.config import load_config
+    from flows.config import default_run, load_config
     from flows.pipeline import Runner, hymo_pipeline
     from flows.server import prefect_api
 
     config = load_config(args.config)
     if args.workers:
         config = config.model_copy(update={"workers": args.workers})
+    out = Path(args.out).resolve() if args.out else default_run()
     with prefect_api(args.api_url):
-        hymo_pipeline(config=config, out=args.out, until=args.until, runner=Runner(args.runner), dask_address=args.dask_address)
-    print_funnel(Path(args.out))
+        hymo_pipeline(config=config, out=str(out), until=args.until, runner=Runner(args.runner), dask_address=args.dask_address,
+                      change_stages=args.change_stages)
+    print_funnel(out)
     return 0
 
 
@@ -174,8 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the whole pipeline (default: the bundled real sample)")
     run.add_argument("--config", help="pipeline TOML (default: the bundled sample config)")
-    run.add_argument("--out", default=DEFAULT_RUN, help=f"run directory (default: {DEFAULT_RUN})")
+    run.add_argument("--out", help=f"run directory (default: {DEFAULT_RUN})")
     run.add_argument("--until", help="stop after this stage")
+    run.add_argument("--change-stages", action="store_true",
+                     help="the config's stage list differs from the run directory's: move the other list's stage directories aside "
+                          "(to RUN.replaced-TIME) instead of refusing")
     run.add_argument("--workers", type=int, help="worker processes per stage (default: all cores)")
     add_runner_options(run)
     run.set_defaults(func=cmd_run)

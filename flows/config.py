@@ -6,6 +6,7 @@ is that stage's own frozen dataclass, defined beside the stage's code.
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,8 @@ from tasks.filters.user_filter import UserFilterConfig
 
 SAMPLE_CONFIG = PACKAGE_DIR / "configs" / "sample.toml"
 RUN_CONFIG = "config.json"  # the config a run was started with, in its directory
+HOME_ENV = "HYMO_HOME"  # where run directories go when no path is given (default: the current directory)
+SAMPLE_RUN = "sample"  # the default run directory's name, under default_run_root()
 
 
 class PipelineConfig(BaseModel):
@@ -80,7 +83,9 @@ class PipelineConfig(BaseModel):
 
 
 def load_config(path: str | Path | None = None) -> PipelineConfig:
-    """Read a pipeline TOML: a [run] table (sources, workers) and one table per stage."""
+    """Read a pipeline TOML: a [run] table (sources, workers) and one table per stage. Without a path: the
+    bundled sample config, the one source of defaults for `hymo run` and the `hymo-pipeline` flow and form
+    (the class defaults below leave the optional stages off)."""
     path = Path(path) if path else SAMPLE_CONFIG
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -101,6 +106,20 @@ def load_config(path: str | Path | None = None) -> PipelineConfig:
         values["pretrain"] = {**pretrain, "model": expand_preset(pretrain["model"], f"{path} [pretrain.model]"),
                               **({"train": train} if train else {})}
     return PipelineConfig(**values)
+
+
+def hymo_home() -> Path:
+    """$HYMO_HOME, else the current directory; absolute, so a served deployment's defaults say where runs go."""
+    return Path(os.environ.get(HOME_ENV) or ".").resolve()
+
+
+def default_run_root() -> Path:
+    return hymo_home() / "runs"
+
+
+def default_run() -> Path:
+    """`hymo run`'s output directory without --out, and the `hymo-pipeline/full` form's default under `hymo serve`."""
+    return default_run_root() / SAMPLE_RUN
 
 
 def load_run_config(run: Path) -> PipelineConfig:

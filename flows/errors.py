@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from manifests.run_layout import StageListChanged
+
 DEBUG_HINT = "--debug shows the traceback"
 
 
@@ -44,6 +46,8 @@ def fix_for(exc: BaseException) -> str:
 
     if isinstance(exc, RunLocked):
         return "wait for the other run, stop it, or choose another --out"
+    if isinstance(exc, StageListChanged):
+        return "`hymo run --change-stages` to replace the directory's pipeline, or another --out"
     if isinstance(exc, InputFileError):
         return "repair or remove that input file (or fix its source spec), then run the same command again"
     if isinstance(exc, DigestMismatch):
@@ -87,10 +91,12 @@ def explain(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, FileNotFoundError) and os.strerror(exc.errno) not in message:
         message = f"{message} ({os.strerror(exc.errno)})"
     where = f"stage {stage} failed: " if stage else ""
+    if not isinstance(exc, StageListChanged):  # that one names two stage lists and stays one line of our own
+        message = message[:400]
     fix = fix_for(exc)
     if DEBUG_HINT not in fix:
         fix = f"{fix} ({DEBUG_HINT})"
-    return f"hymo: {where}{type(exc).__name__}: {message[:400]} — fix: {fix}"
+    return f"hymo: {where}{type(exc).__name__}: {message} — fix: {fix}"
 
 
 def quiet_console_tracebacks() -> None:

@@ -24,14 +24,14 @@ from prefect import flow, get_run_logger, task
 from prefect.context import TaskRunContext
 from prefect.futures import as_completed
 
-from manifests.atomic import atomic_write_text
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan
 
 from flows.artifacts import BackgroundPublisher, draw_funnel, publish_run_summary, publish_stage_artifacts
-from flows.config import RUN_CONFIG, PipelineConfig, load_run_config  # noqa: F401 (load_run_config: re-exported)
+from flows.config import RUN_CONFIG, PipelineConfig, default_run, load_config, load_run_config  # noqa: F401 (RUN_CONFIG, load_run_config: re-exported)
 from flows.errors import may_pass_on_retry
+from flows.run_config import claim_run_dir
 from flows.run_report import StageProgress
 from flows.shard_batch import shard_batch
 from flows.stage_cache import STAGE_CONTRACT, record_dir
@@ -237,16 +237,29 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     return summary
 
 
+def log_lines(lines: list[str]) -> None:
+    for line in lines:
+        get_run_logger().info("%s", line)
+
+
+# `hymo run`'s config without --config: the flow's default, hence the form's under any deployment of it.
+SAMPLE_DEFAULTS = load_config()
+
+
 @flow(name="hymo-pipeline", log_prints=True)
 def hymo_pipeline(
-    config: PipelineConfig = PipelineConfig(),
-    out: str = "runs/sample",
+    config: PipelineConfig = SAMPLE_DEFAULTS,
+    out: str | None = None,
     until: str | None = None,
     runner: Runner = Runner.process,
     dask_address: str | None = None,
+    change_stages: bool = False,
 ) -> dict[str, Any]:
-    """The whole DAG, from sources to a trained checkpoint; the defaults run the bundled real sample."""
-    run = Path(out)
+    """The whole DAG, from sources to a trained checkpoint; the defaults are `hymo run`'s: the bundled sample config
+    into $HYMO_HOME/runs/sample (`out` empty; HYMO_HOME defaults to the working directory). A run directory holds one
+    pipeline: a config whose stage list differs from the directory's fails at once, unless `change_stages` moves the
+    other list's stage directories aside (beside the run, as RUN.replaced-TIME)."""
+    run = Path(out).resolve() if out else default_run()
     with run_lock(run):  # one writer per run directory: a second run fails naming this one
-        atomic_write_text(run / RUN_CONFIG, json.dumps({"config": config.model_dump(mode="json"), "runner": runner.value}, indent=2) + "\n")
+        log_lines(claim_run_dir(run, config, runner.value, change_stages))
         return run_stages(config, run, None, until, runner, dask_address)

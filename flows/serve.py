@@ -1,5 +1,9 @@
 """`hymo serve`: a Prefect server (started if none answers) plus the deployments the UI triggers.
 
+The `hymo-pipeline/full` form's defaults are `hymo run`'s with the same arguments: the config
+`load_config` gives (the bundled sample config, or `--config`), written into the deployment field
+by field, and an absolute run directory (`--run-root`, default $HYMO_HOME/runs, then `sample`), so
+a run started from the UI lands where `hymo run` wrote and finds every stage Cached.
 Ctrl-C stops serving first, then the server it started: no run is left claimed by a dead runner.
 """
 from __future__ import annotations
@@ -12,37 +16,47 @@ from flows.server import DEFAULT_HOME, prefect_api
 DEPLOYMENTS = ("hymo-pipeline/full", "hymo-stage/rerun", "hymo-train/train", "hymo-cpt/cpt")
 
 
-def build_deployments(run_root: str, config_path: str | None = None) -> list:
-    from flows.config import load_config
+def pipeline_defaults(run_root: str | Path, config_path: str | None = None) -> dict:
+    """The `hymo-pipeline/full` form's values where they are not the flow's own defaults (those are `hymo run`'s already):
+    the config of `hymo run [--config PATH]`, and the absolute run directory RUN_ROOT/sample."""
+    from flows.config import SAMPLE_RUN, load_config
+
+    return {"config": load_config(config_path).model_dump(mode="json"), "out": str(Path(run_root).resolve() / SAMPLE_RUN)}
+
+
+def build_deployments(run_root: str | Path, config_path: str | None = None) -> list:
+    from flows.config import SAMPLE_CONFIG
     from flows.cpt_flow import hymo_cpt
     from flows.pipeline import hymo_pipeline
     from flows.stage_flow import hymo_stage
     from flows.train_flow import hymo_train
 
-    pipeline_defaults = {"out": f"{run_root}/sample"}
-    if config_path:
-        pipeline_defaults["config"] = load_config(config_path).model_dump(mode="json")
+    defaults = pipeline_defaults(run_root, config_path)
+    run = defaults["out"]
     return [
         hymo_pipeline.to_deployment(
-            "full", parameters=pipeline_defaults,
-            description="The whole HyMo DAG; the form's defaults run the bundled real sample."),
+            "full", parameters=defaults,
+            description=(f"The whole HyMo DAG. The form's defaults are `hymo run`'s: the config {config_path or SAMPLE_CONFIG} "
+                         f"into {run}. A config with another stage list fails unless change_stages is on.")),
         hymo_stage.to_deployment(
-            "rerun", parameters={"run": f"{run_root}/sample"},
+            "rerun", parameters={"run": run},
             description="Re-run one stage of an existing run directory, and what follows it if its output changed."),
         hymo_train.to_deployment(
-            "train", parameters={"corpus": f"{run_root}/sample"},
+            "train", parameters={"corpus": run},
             description="Pretrain on a run's corpus manifest."),
         hymo_cpt.to_deployment(
-            "cpt", parameters={"general": f"{run_root}/sample"},
+            "cpt", parameters={"general": run},
             description="Continue a checkpoint on a domain corpus with general replay; the verdict comes from a gate written before training."),
     ]
 
 
-def serve(api_url: str | None, home: Path, port: int, run_root: str, limit: int | None, config_path: str | None = None) -> int:
+def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limit: int | None, config_path: str | None = None) -> int:
     from prefect import serve as prefect_serve
 
+    run_root = Path(run_root).resolve()
     with prefect_api(api_url, home=home, port=port) as (api, ui):
-        print(f"Prefect API: {api}\nPrefect UI:  {ui}\nDeployments: {', '.join(DEPLOYMENTS)}\nCtrl-C to stop.", flush=True)
+        print(f"Prefect API: {api}\nPrefect UI:  {ui}\nDeployments: {', '.join(DEPLOYMENTS)}\nRuns:        {run_root}\nCtrl-C to stop.",
+              flush=True)
         try:
             prefect_serve(*build_deployments(run_root, config_path), limit=limit, print_starting_message=False)
         except KeyboardInterrupt:
@@ -51,7 +65,9 @@ def serve(api_url: str | None, home: Path, port: int, run_root: str, limit: int 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    return serve(args.api_url, Path(args.home), args.port, args.run_root, args.limit, args.config)
+    from flows.config import default_run_root
+
+    return serve(args.api_url, Path(args.home), args.port, args.run_root or default_run_root(), args.limit, args.config)
 
 
 def add_commands(sub) -> None:
@@ -60,7 +76,8 @@ def add_commands(sub) -> None:
     parser.add_argument("--home", default=str(DEFAULT_HOME), help=f"where a started server keeps its SQLite database (default: {DEFAULT_HOME})")
     parser.add_argument("--port", type=int, default=4200,
                         help="port of a started server when neither --api-url nor $PREFECT_API_URL names one (default: 4200)")
-    parser.add_argument("--run-root", default="runs", help="directory the deployments' default run directories live in")
+    parser.add_argument("--run-root", help="directory the deployments' default run directory (RUN_ROOT/sample) lives in "
+                                               "(default: $HYMO_HOME/runs, HYMO_HOME being the current directory when unset)")
     parser.add_argument("--limit", type=int, default=1, help="flow runs executed at once")
     parser.add_argument("--config", help="pipeline TOML whose values become the defaults of the hymo-pipeline/full form")
     parser.set_defaults(func=cmd_serve)

@@ -14,7 +14,8 @@ from prefect import flow
 
 from manifests.run_lock import run_lock
 
-from flows.pipeline import Runner, load_run_config, run_stages
+from flows.pipeline import Runner, load_run_config, log_lines, run_stages
+from flows.run_config import claim_run_dir
 from flows.stages import STAGE_NAMES
 
 StageName = Enum("StageName", {name: name for name in STAGE_NAMES}, type=str)  # built-in stages; a user filter is named as text
@@ -30,8 +31,9 @@ def hymo_stage(
     dask_address: str | None = None,
 ) -> dict[str, Any]:
     """Re-run `stage` of the run directory `run` (from its saved config) and what follows it."""
-    run_dir = Path(run)
+    run_dir = Path(run).resolve()
     config = load_run_config(run_dir)
     name = stage.value if isinstance(stage, Enum) else str(stage)
     with run_lock(run_dir):  # one writer per run directory: a second run fails naming this one
+        log_lines(claim_run_dir(run_dir, config, None))  # stray directories of another stage list are refused here too
         return run_stages(config, run_dir, name, until, runner, dask_address, refresh=name if force else None)

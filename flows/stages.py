@@ -1,7 +1,9 @@
 """The ordered list of pipeline stages; each entry runs one stage of a run directory.
 
-The position in a run's list is the `NN_` prefix of the stage's directory. A new
-stage is one entry here plus its module in `tasks/`. A document stage whose
+A built-in stage's position in `STAGES` is the `NN_` prefix of its directory in
+every run, with or without the optional stages before it; a user filter takes
+the number of the built-in stage it follows plus a letter (manifests.run_dir).
+A new stage is one entry here plus its module in `tasks/`. A document stage whose
 shards are independent also names its `StageDef`, so the flow can map its
 shards over the task runner (processes, or Dask workers on other machines).
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from string import ascii_lowercase
 from typing import Any, Callable
 
 from manifests.run_dir import stage_dir_name
@@ -103,6 +106,7 @@ STAGES: list[StageEntry] = [
 
 STAGE_NAMES = [entry.name for entry in STAGES]  # every built-in stage, optional ones included
 STAGE_BY_NAME = {entry.name: entry for entry in STAGES}
+STAGE_NUMBER = {name: number for number, name in enumerate(STAGE_NAMES, start=1)}  # the NN_ of its directory in every run
 # A user filter may follow any stage that passes documents on, up to the split.
 FILTERABLE = STAGE_NAMES[STAGE_NAMES.index("extract"): STAGE_NAMES.index("split")]
 
@@ -116,9 +120,10 @@ def user_filter_entry(spec: UserFilterConfig) -> StageEntry:
     return StageEntry(spec.name, run_filter, lambda c: (stage, spec))
 
 
-def pipeline_stages(config: PipelineConfig) -> list[StageEntry]:
+def pipeline_stages(config: PipelineConfig, import_functions: bool = True) -> list[StageEntry]:
     """This config's stages in order. Every user filter's function is imported here, so one that
-    cannot be imported fails the run before any stage starts."""
+    cannot be imported fails the run before any stage starts (`import_functions=False`: only the list,
+    e.g. of a run's recorded config whose plugin has gone)."""
     entries = [entry for entry in STAGES if entry.enabled is None or entry.enabled(config)]
     for spec in config.filters:
         spec = plugin_path_default(spec, config.config_dir)
@@ -128,7 +133,8 @@ def pipeline_stages(config: PipelineConfig) -> list[StageEntry]:
         if spec.after not in names or (spec.after in STAGE_BY_NAME and spec.after not in FILTERABLE):
             allowed = [n for n in names if n in FILTERABLE or n not in STAGE_BY_NAME]
             raise UserFilterError(f"filter {spec.name!r}: after = {spec.after!r} is not a document stage of this run; one of {', '.join(allowed)}")
-        load_function(spec)
+        if import_functions:
+            load_function(spec)
         entries.insert(names.index(spec.after) + 1, user_filter_entry(spec))
     return entries
 
@@ -140,12 +146,28 @@ def stage_entry(config: PipelineConfig, name: str) -> StageEntry:
     raise ValueError(f"unknown stage {name!r}; stages: {', '.join(e.name for e in pipeline_stages(config))}")
 
 
+def stage_dir_names(entries: list[StageEntry]) -> dict[str, str]:
+    """Stage name -> directory name, in pipeline order: `NN_stage` from the built-in list, `NNx_filter` after it."""
+    names: dict[str, str] = {}
+    number, letters = 0, iter(ascii_lowercase)
+    for entry in entries:
+        if entry.name in STAGE_NUMBER:
+            number, letters = STAGE_NUMBER[entry.name], iter(ascii_lowercase)
+            names[entry.name] = stage_dir_name(number, entry.name)
+            continue
+        letter = next(letters, None)
+        if letter is None:
+            raise UserFilterError(f"filter {entry.name!r}: at most {len(ascii_lowercase)} filters may follow one built-in stage")
+        names[entry.name] = stage_dir_name(number, entry.name, letter)
+    return names
+
+
 def stage_path(run: Path, name: str, config: PipelineConfig | None = None) -> Path:
     """RUN/NN_name for this config (default: the config the run was started with, else the built-in default)."""
-    names = [entry.name for entry in pipeline_stages(config or saved_run_config(run))]
-    if name not in names:
-        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(names)}")
-    return Path(run) / stage_dir_name(names.index(name) + 1, name)
+    dirs = stage_dir_names(pipeline_stages(config or saved_run_config(run)))
+    if name not in dirs:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(dirs)}")
+    return Path(run) / dirs[name]
 
 
 def previous_stage_path(run: Path, name: str, config: PipelineConfig | None = None) -> Path | None:

@@ -96,7 +96,7 @@ def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_
         rule_column = audit.column("rule")
         picked = [row for rule in rules for row in audit.take(pc.indices_nonzero(pc.equal(rule_column, rule))[:n]).to_pylist()]
     if with_text and picked:
-        texts = _texts_before(run, stage_dir.order, [r["id"] for r in picked])
+        texts = _texts_before(run, stage_dir.position, [r["id"] for r in picked])
         for row in picked:
             row["snippet"] = (texts.get(row["id"]) or "")[:200]
     for row in picked:
@@ -104,9 +104,9 @@ def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_
     return picked
 
 
-def _texts_before(run: Path, order: int, ids: list[str]) -> dict[str, str]:
-    """The text the documents had when they entered the stage numbered `order`."""
-    previous = [(s, m) for s, m in completed_stages(run) if s.order < order]
+def _texts_before(run: Path, position: tuple[int, str], ids: list[str]) -> dict[str, str]:
+    """The text the documents had when they entered the stage at `position` (StageDir.position)."""
+    previous = [(s, m) for s, m in completed_stages(run) if s.position < position]
     if not previous:
         return {}
     _, manifest = previous[-1]

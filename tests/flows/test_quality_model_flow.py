@@ -37,7 +37,7 @@ def run(tmp_path_factory, prefect_harness) -> Path:
 
 
 def test_classifier_and_plugin_stages_run_in_the_flow(run: Path, capsys) -> None:
-    assert sorted(p.name for p in run.glob("0*_*")) == ["01_ingest", "02_extract", "03_langid", "04_no_lorem", "05_quality", "06_quality_model"]
+    assert sorted(p.name for p in run.glob("0*_*")) == ["01_ingest", "02_extract", "03_langid", "03a_no_lorem", "04_quality", "05_quality_model"]
     assert main(["audit", "summary", str(run), "--json"]) == 0
     funnel = {row["stage"]: row for row in json.loads(capsys.readouterr().out)}
     assert funnel["no_lorem"]["removed"] == {"no_lorem_placeholder_text": 1}
