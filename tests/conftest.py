@@ -226,36 +226,42 @@ def tiny_config(tmp_path_factory) -> Path:
     return write_pipeline_config(tmp_path_factory.mktemp("tiny-pipeline"))
 
 
-@pytest.fixture(scope="session")
-def served(prefect_harness, tiny_config, tmp_path_factory):
-    """`hymo serve` as a user starts it, against the session's Prefect server; stopped with Ctrl-C."""
+@contextlib.contextmanager
+def hymo_serve(args: list[str], cwd: Path, env: dict[str, str], log_path: Path):
+    """`hymo serve ARGS` until its deployments answer at the Prefect API of the current settings; stopped with Ctrl-C."""
     from prefect.client.orchestration import get_client
 
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "flows", "serve", *args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            with get_client(sync_client=True) as client:
+                while True:
+                    try:
+                        client.read_deployment_by_name("hymo-pipeline/full")
+                        break
+                    except Exception:
+                        if process.poll() is not None or time.monotonic() > deadline:
+                            raise RuntimeError(f"hymo serve did not come up:\n{log_path.read_text(errors='replace')[-3000:]}")
+                        time.sleep(1)
+            yield process
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="session")
+def served(prefect_harness, tiny_config, tmp_path_factory):
+    """`hymo serve` as a user starts it, against the session's Prefect server."""
     run_root = tmp_path_factory.mktemp("served-runs")
     log_path = run_root / "serve.log"
-    log = open(log_path, "wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "flows", "serve", "--api-url", prefect_harness, "--config", str(tiny_config), "--run-root", str(run_root)],
-        cwd=REPO, env={**os.environ, "PREFECT_API_URL": prefect_harness}, stdout=log, stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 240
-    with get_client(sync_client=True) as client:
-        while True:
-            try:
-                client.read_deployment_by_name("hymo-pipeline/full")
-                break
-            except Exception:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"hymo serve did not come up:\n{log_path.read_text(errors='replace')[-3000:]}")
-                time.sleep(1)
-    yield {"api_url": prefect_harness, "ui_url": prefect_harness.removesuffix("/api"), "run_root": run_root, "process": process, "log": log_path}
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    log.close()
+    args = ["--api-url", prefect_harness, "--config", str(tiny_config), "--run-root", str(run_root)]
+    with hymo_serve(args, REPO, {**os.environ, "PREFECT_API_URL": prefect_harness}, log_path) as process:
+        yield {"api_url": prefect_harness, "ui_url": prefect_harness.removesuffix("/api"), "run_root": run_root, "process": process, "log": log_path}
 
 
 # --- stage tests: publish documents as an upstream stage directory ---

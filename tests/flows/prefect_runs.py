@@ -36,3 +36,21 @@ def task_runs(flow_run_id, settle_s: float = 30.0) -> list:
             if all(r.state is not None and r.state.is_final() for r in runs) or time.monotonic() > deadline:
                 return runs
             time.sleep(0.5)
+
+
+def task_states(flow_run_id) -> dict[str, list[str]]:
+    """Task run name -> the state names of its runs, oldest first."""
+    runs = task_runs(flow_run_id)
+    states: dict[str, list[str]] = {}
+    for task_run in sorted(runs, key=lambda t: t.expected_start_time or t.created):
+        states.setdefault(task_run.name, []).append(task_run.state.name if task_run.state else "?")
+    return states
+
+
+def create_from_deployment(parameters: dict | None = None, name: str = "hymo-pipeline/full"):
+    """A flow run of the deployment as the UI's Run button makes it: the deployment's parameters, updated by `parameters`."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(name)
+        return client.create_flow_run_from_deployment(deployment.id, parameters=parameters or {})

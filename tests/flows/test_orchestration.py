@@ -15,7 +15,7 @@ from flows.pipeline import Runner, hymo_pipeline
 from flows.stages import stage_path
 from manifests.run_dir import completed_stages
 
-from prefect_runs import task_runs, wait_for_flow_run
+from prefect_runs import create_from_deployment, task_states, wait_for_flow_run
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -32,22 +32,6 @@ def digests(run: Path) -> dict[str, dict[str, str]]:
     if summary.exists():
         found.setdefault("pretrain", {})["weights_sha256"] = json.loads(summary.read_text())["weights_sha256"]
     return found
-
-
-def task_states(flow_run_id) -> dict[str, list[str]]:
-    runs = task_runs(flow_run_id)
-    states: dict[str, list[str]] = {}
-    for task_run in sorted(runs, key=lambda t: t.expected_start_time or t.created):
-        states.setdefault(task_run.name, []).append(task_run.state.name if task_run.state else "?")
-    return states
-
-
-def create_from_deployment(parameters: dict | None = None):
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("hymo-pipeline/full")
-        return client.create_flow_run_from_deployment(deployment.id, parameters=parameters or {})
 
 
 REFERENCE_FLOW_RUN: list = []
