@@ -14,6 +14,7 @@ from prefect import flow
 
 from manifests.run_lock import run_lock
 
+from flows.config import default_run
 from flows.pipeline import Runner, load_run_config, log_lines, run_stages
 from flows.run_config import claim_run_dir
 from flows.stages import STAGE_NAMES
@@ -23,15 +24,16 @@ StageName = Enum("StageName", {name: name for name in STAGE_NAMES}, type=str)  #
 
 @flow(name="hymo-stage", log_prints=True)
 def hymo_stage(
-    run: str = "runs/sample",
+    run: str | None = None,
     stage: StageName | str = StageName(STAGE_NAMES[0]),
     force: bool = False,
     until: str | None = None,
     runner: Runner = Runner.process,
     dask_address: str | None = None,
 ) -> dict[str, Any]:
-    """Re-run `stage` of the run directory `run` (from its saved config) and what follows it."""
-    run_dir = Path(run).resolve()
+    """Re-run `stage` of the run directory `run` (from its saved config) and what follows it; `run` empty: `hymo run`'s
+    default run directory, $HYMO_HOME/runs/sample."""
+    run_dir = Path(run).resolve() if run else default_run()
     config = load_run_config(run_dir)
     name = stage.value if isinstance(stage, Enum) else str(stage)
     with run_lock(run_dir):  # one writer per run directory: a second run fails naming this one
