@@ -4,7 +4,10 @@ from __future__ import annotations
 import argparse
 
 from hymo_core.models.presets import PRESETS
+from hymo_core.planner.muon import format_muon_costs, muon_matrix_shapes
 from hymo_core.planner.planner import ModelShape, RunPlan, format_hybrid, format_plan, model_shape
+
+MUON_RANKS = (8, 64)
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,6 +32,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--sustained-flops", type=float, default=run.sustained_flops)
     parser.add_argument("--shard-gpus", type=int, default=run.shard_gpus, help="ZeRO degree")
     parser.add_argument("--capacity-gb", type=float, default=run.capacity_gb)
+    parser.add_argument("--muon-ranks", default=",".join(map(str, MUON_RANKS)),
+                        help="ranks for the Muon / NorMuon update cost table (Newton-Schulz FLOPs, bytes per rank), "
+                             "comma-separated; '' for none")
     parser.set_defaults(func=_run_cli)
     return parser
 
@@ -40,6 +46,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         config = PRESETS[args.preset]
         # The seed's table describes its production shape only.
         print(format_hybrid(model_shape(config), args.seq_len or config.max_seq_len, compare_seed=args.preset == "hymo-750m"))
+        _print_muon_costs(args.preset, model_shape(config), args.muon_ranks)
         return 0
     args.seq_len = args.seq_len or RunPlan().seq_len
     shape = ModelShape(
@@ -61,7 +68,20 @@ def _run_cli(args: argparse.Namespace) -> int:
         capacity_gb=args.capacity_gb,
     )
     print(format_plan(shape, run))
+    _print_muon_costs("this shape", shape, args.muon_ranks)
     return 0
+
+
+def _print_muon_costs(label: str, shape: ModelShape, ranks: str) -> None:
+    try:
+        counts = [int(r) for r in ranks.split(",") if r.strip()]
+    except ValueError:
+        raise SystemExit(f"--muon-ranks must be comma-separated integers, got {ranks!r}") from None
+    if any(r < 1 for r in counts):
+        raise SystemExit(f"--muon-ranks must be positive, got {ranks!r}")
+    if counts:
+        print()
+        print(format_muon_costs(label, muon_matrix_shapes(shape), counts))
 
 
 def main(argv: list[str] | None = None) -> int:

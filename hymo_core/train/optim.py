@@ -33,10 +33,7 @@ import torch.nn as nn
 from hymo_core.train.partition import partition_parameters, weight_decay_for
 from hymo_core.train.optim_config import NS_DTYPE_NAMES, NorMuonConfig, OptimizerConfig
 
-try:  # FSDP2 shards parameters as DTensors; Newton-Schulz needs the whole matrix.
-    from torch.distributed.tensor import DTensor, distribute_tensor
-except ImportError:  # pragma: no cover - torch built without distributed
-    DTensor = None
+from hymo_core.train.owned_newton_schulz import local_part, orthogonalise_groups, rows_like, shard_group, sum_over_shards_
 
 NS_DTYPES = {name: getattr(torch, name) for name in NS_DTYPE_NAMES}
 # Each optimizer's group name for each partition kind (hymo_core/train/partition.py), in group order.
@@ -82,16 +79,32 @@ def muon_lr_scale(shape: tuple[int, ...], adjustment: str) -> float:
     return 1.0
 
 
-def _orthogonalise(update: torch.Tensor, group: dict) -> torch.Tensor:
-    ns = lambda m: newton_schulz(  # noqa: E731
-        m, group["ns_steps"], tuple(group["ns_coefficients"]), group["ns_eps"], NS_DTYPES[group["ns_dtype"]]
-    )
-    if DTensor is not None and isinstance(update, DTensor):
-        # Never orthogonalise a shard: gather the whole matrix (as Moonlight/torchtitan do),
-        # orthogonalise it on every rank (same input, same result), keep this rank's rows.
-        full = ns(update.full_tensor()).to(update.dtype)
-        return distribute_tensor(full, update.device_mesh, update.placements, src_data_rank=None)
-    return ns(update).to(update.dtype)
+def _stack_function(group: dict, per_matrix: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Newton-Schulz of a stack (N, A, B) with the group's settings: one bmm chain, or the per-matrix addmm loop."""
+    steps, coefficients, eps = group["ns_steps"], tuple(group["ns_coefficients"]), group["ns_eps"]
+    dtype = NS_DTYPES[group["ns_dtype"]]
+    if per_matrix:  # MuonAdamW: held bit for bit to torch.optim.Muon's addmm chain
+        return lambda x_NAB: torch.stack([newton_schulz(m, steps, coefficients, eps, dtype) for m in x_NAB.unbind(0)])
+    return lambda x_NAB: newton_schulz_batched(x_NAB, steps, coefficients, eps, dtype)
+
+
+def orthogonalise(updates: list[torch.Tensor], group: dict, per_matrix: bool) -> list[torch.Tensor]:
+    """Newton-Schulz of every update, same-shape matrices stacked; row shards go whole to one owner rank each.
+
+    Never a shard: a shard's Newton-Schulz is not a shard of the matrix's. Under FSDP2 each
+    matrix is orthogonalised once, by the rank that owns it (hymo_core.train.owned_newton_schulz).
+    """
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for index, update in enumerate(updates):
+        by_shape.setdefault(tuple(update.shape), []).append(index)
+    order = list(by_shape.values())
+    results = orthogonalise_groups([[updates[i] for i in indices] for indices in order], _stack_function(group, per_matrix),
+                                   NS_DTYPES[group["ns_dtype"]])
+    directions: list[torch.Tensor | None] = [None] * len(updates)
+    for indices, stack in zip(order, results):
+        for index, direction in zip(indices, stack):
+            directions[index] = direction
+    return directions  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------- the optimizer
@@ -187,6 +200,7 @@ class MuonAdamW(PartitionedOptimizer):
 
     def _muon_step(self, group: dict) -> None:
         momentum = group["momentum"]
+        params, updates = [], []
         for param in group["params"]:
             if param.grad is None:
                 continue
@@ -196,8 +210,9 @@ class MuonAdamW(PartitionedOptimizer):
                 state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
             buffer = state["momentum_buffer"]
             buffer.lerp_(grad, 1.0 - momentum)
-            update = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
-            direction = _orthogonalise(update, group)
+            params.append(param)
+            updates.append(grad.lerp(buffer, momentum) if group["nesterov"] else buffer)
+        for param, direction in zip(params, orthogonalise(updates, group, per_matrix=True)):
             self._decay(param, direction, group)
             scale = muon_lr_scale(tuple(param.shape), group["lr_adjustment"])
             param.add_(direction, alpha=-group["lr"] * scale)
@@ -335,17 +350,15 @@ class NorMuonAdamW(PartitionedOptimizer):
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if group["algorithm"] == "normuon":
-                by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
-                for param in params:
-                    by_shape.setdefault(tuple(param.shape), []).append(param)
-                for same_shape in by_shape.values():
-                    self._normuon_step(same_shape, group)
+                if params:
+                    self._normuon_step(params, group)
             else:
                 for param in params:
                     self._cautious_adamw_step(param, group)
         return loss
 
     def _normuon_step(self, params: list[torch.Tensor], group: dict) -> None:
+        """Every NorMuon matrix of the group at once: one exchange per shape, one norm reduction for all."""
         masters = [self._master(p) for p in params]
         grads = [p.grad.to(m.dtype) for p, m in zip(params, masters)]
         momenta = []
@@ -354,27 +367,42 @@ class NorMuonAdamW(PartitionedOptimizer):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(master, memory_format=torch.preserve_format)
             momenta.append(state["momentum_buffer"].mul_(group["momentum"]).add_(grad))
-        directions = _orthogonalise_stack(momenta, group)
+        # From here on this rank's rows only (plain tensors): FSDP2 shards by row, so rows are whole on
+        # every rank; the per-row work needs no communication and the norms one all-reduce for all matrices.
+        directions = [local_part(d).to(m.dtype) for d, m in zip(orthogonalise(momenta, group, per_matrix=False), momenta)]
         if group["row_normalisation"]:
             # Published NorMuon: v <- b2 v + (1 - b2) mean_j O_ij^2 per row (neuron), O <- O / (sqrt(v) + eps).
             rows = []
             for param, direction in zip(params, directions):
                 state = self.state[param]
                 if "row_second_moment" not in state:
-                    state["row_second_moment"] = direction.new_zeros(direction.shape[0])
-                second = state["row_second_moment"]
+                    state["row_second_moment"] = rows_like(state["momentum_buffer"])
+                second = local_part(state["row_second_moment"])
                 second.lerp_(direction.square().mean(dim=1), 1.0 - group["row_beta2"])
                 rows.append(direction / (second.sqrt() + group["row_eps"]).unsqueeze(1))
             directions = rows
-        for param, master, grad, momentum, direction in zip(params, masters, grads, momenta, directions):
-            # Norms of whole matrices: under FSDP2 a shard's norm() is a partial sum until reduced.
-            target = (0.2 * math.sqrt(direction.numel()) if group["update_scale"] == "match_rms_adamw"
-                      else float(_whole(momentum.norm())))
-            scale = target / max(float(_whole(direction.norm())), group["ns_eps"])
+        scales_N = self._update_scales([local_part(m) for m in momenta], directions, group, shard_group(momenta[0]))
+        for param, master, grad, direction, scale in zip(params, masters, grads, directions, scales_N.unbind(0)):
             self._decay_(master, grad, group)
-            master.add_(direction.to(master.dtype), alpha=-group["lr"] * scale)
+            # The scale stays on the device: no host read per matrix.
+            factor = 0.2 * math.sqrt(param.numel()) if group["update_scale"] == "match_rms_adamw" else 1.0
+            local_part(master).addcmul_(direction, scale, value=-group["lr"] * factor)
             if master is not param:
                 param.copy_(master)
+
+    @staticmethod
+    def _update_scales(momenta: list[torch.Tensor], directions: list[torch.Tensor], group: dict,
+                       shards: "torch.distributed.ProcessGroup | None") -> torch.Tensor:
+        """1 / ||direction||_F per matrix (times ||momentum||_F for "momentum_norm"), norms of whole matrices.
+
+        Each rank sums the squares of its rows; one all-reduce over the shard group serves every matrix.
+        """
+        by_momentum = group["update_scale"] == "momentum_norm"
+        squares = [d.square().sum() for d in directions] + ([m.square().sum() for m in momenta] if by_momentum else [])
+        norms = sum_over_shards_(torch.stack(squares), shards).sqrt()
+        count = len(directions)
+        inverse = 1.0 / norms[:count].clamp(min=group["ns_eps"])
+        return norms[count:] * inverse if by_momentum else inverse
 
     def _cautious_adamw_step(self, param: torch.Tensor, group: dict) -> None:
         master = self._master(param)
@@ -384,24 +412,6 @@ class NorMuonAdamW(PartitionedOptimizer):
         master.addcdiv_(exp_avg, denominator, value=-group["lr"] / bias_correction)
         if master is not param:
             param.copy_(master)
-
-
-def _whole(value: torch.Tensor) -> torch.Tensor:
-    """A reduction over a DTensor shard completed over all ranks; plain tensors unchanged."""
-    return value.full_tensor() if DTensor is not None and isinstance(value, DTensor) else value
-
-
-def _orthogonalise_stack(momenta: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
-    """Newton-Schulz over same-shape momenta as one stack; FSDP2 shards are gathered whole first."""
-    sharded = DTensor is not None and isinstance(momenta[0], DTensor)
-    full = [m.full_tensor() for m in momenta] if sharded else momenta
-    stacked_NAB = newton_schulz_batched(torch.stack(full), group["ns_steps"], tuple(group["ns_coefficients"]),
-                                        group["ns_eps"], NS_DTYPES[group["ns_dtype"]]).to(full[0].dtype)
-    directions = list(stacked_NAB.unbind(0))
-    if sharded:
-        # Every rank orthogonalised the same whole matrices: keep this rank's rows, no second communication.
-        directions = [distribute_tensor(d, m.device_mesh, m.placements, src_data_rank=None) for d, m in zip(directions, momenta)]
-    return directions
 
 
 def build_optimizer(model: nn.Module, config: OptimizerConfig | NorMuonConfig = OptimizerConfig()) -> PartitionedOptimizer:
