@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -14,7 +15,16 @@ console = Console()
 def cmd_train(args: argparse.Namespace) -> int:
     from hymo_core.train.run import train_from_args
 
-    summary = launch_from_args(args) if args.nproc else train_from_args(args)  # errors: one line from flows.cli.main
+    if args.nproc:
+        from hymo_core.distributed.launch import LaunchError
+
+        try:
+            summary = launch_from_args(args)
+        except (LaunchError, ValueError) as exc:  # the first error of any rank (or of the batch plan), one line
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        summary = train_from_args(args)  # errors: one line from flows.cli.main
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
                   f"validation loss {summary['final_val_loss']}, weights sha256 {summary['weights_sha256'][:16]}…")
     pictures = "loss.png, expert_load.png" if summary.get("final_expert_load") else "loss.png"
@@ -23,18 +33,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """`--nproc N`: the same run under torchrun, rank 0's lines streamed here; the summary it wrote."""
+    """`--nproc N`: the batch plan checked here, then the run under torchrun, rank 0's lines streamed; its summary.
+
+    Raises LaunchError naming the first rank that failed (each rank's output: OUT/logs/rank-N.log).
+    """
     from pathlib import Path
 
+    from hymo_core.distributed.launch import check_batch_plan, launch_training, train_arguments
     from hymo_core.train.config import SUMMARY_FILE
-    from hymo_core.distributed.launch import LaunchError, launch_training, train_arguments
+    from hymo_core.train.run import _configs
 
-    try:
-        train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume)
-        launch_training(args.nproc, train_args + (["--cloze", args.cloze] if args.cloze else []), on_line=lambda line: print(line, flush=True))
-    except LaunchError as exc:
-        errors = [line for line in str(exc).splitlines() if line.startswith("error: ")]
-        raise ValueError(errors[-1].removeprefix("error: ") if errors else str(exc)) from None
+    check_batch_plan(_configs(args)[0], args.nproc)
+    train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume, args.strict_resume)
+    launch_training(args.nproc, train_args + (["--cloze", args.cloze] if args.cloze else []), on_line=lambda line: print(line, flush=True),
+                    max_restarts=args.max_restarts)
     return json.loads((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
 
 
@@ -157,6 +169,9 @@ def add_commands(sub: Any) -> None:
     train = sub.add_parser("train", help="pretrain on a corpus: checkpoints, metrics.jsonl, loss.png, summary.json")
     add_train_arguments(train)
     train.add_argument("--nproc", type=int, help="ranks on this machine: run under torchrun with FSDP2 (gloo on CPU, nccl on CUDA)")
+    train.add_argument("--max-restarts", type=int, default=0,
+                       help="with --nproc: torchrun restarts the group this often after a rank dies; it resumes from the "
+                            "newest complete checkpoint")
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and cloze accuracy of a checkpoint; --suite: the benchmark suite")

@@ -57,17 +57,20 @@ def checkpoint_home(out_dir: Path, shards_dir: Path, config: PretrainConfig) -> 
     return Path(out_dir).parent / CHECKPOINT_ROOT / key[:16]
 
 
-def train_in_process_group(config: PretrainConfig, shards_dir: Path, home: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """`nproc` ranks under torchrun; rank 0's lines go to `log` (the Prefect run log: the flow logs prints)."""
-    from hymo_core.distributed.launch import launch_training, train_arguments
+def train_in_process_group(config: PretrainConfig, shards_dir: Path, home: Path, log: Callable[[str], None] = print,
+                           report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """`nproc` ranks under torchrun; rank 0's lines go to `log` (the Prefect run log: the flow logs prints), and
+    each metrics record rank 0 writes to `report` as it appears (the live training artifact)."""
+    from hymo_core.distributed.launch import check_batch_plan, launch_training, train_arguments
 
+    check_batch_plan(config.train, config.nproc)
     home.mkdir(parents=True, exist_ok=True)
     recipe = home / "recipe.toml"
     recipe.write_text(recipe_toml(config.train, config.model), encoding="utf-8")
     args = train_arguments(shards_dir, home, recipe, resume=True)
     if config.cloze:
         args += ["--cloze", str(config.cloze)]
-    launch_training(config.nproc, args, on_line=log)
+    launch_training(config.nproc, args, on_line=log, report=report)
     return json.loads((home / SUMMARY_FILE).read_text(encoding="utf-8"))
 
 
@@ -92,9 +95,9 @@ def _publish_checkpoint(source: Path, target: Path) -> list[str]:
 
 def build_pretrain(config: PretrainConfig, shards_dir: Path, work_dir: Path, home: Path,
                    report: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
-    """`report`: every metrics record while one process trains (under torchrun rank 0's lines go to the run log instead)."""
+    """`report`: every metrics record while it trains (one process or, read from metrics.jsonl, torchrun's rank 0)."""
     if config.nproc > 1:
-        summary = train_in_process_group(config, shards_dir, home)
+        summary = train_in_process_group(config, shards_dir, home, report=report)
     else:
         from hymo_core.train.run import run_training  # torch: imported when training runs, not with the pipeline
 

@@ -35,7 +35,7 @@ INDEX_FILE = "checkpoints.json"
 
 # TrainConfig fields a continuation may change: they steer this session, not the recipe.
 SESSION_FIELDS = frozenset({"max_steps", "log_interval", "eval_interval", "checkpoint_interval", "eval_batches", "keep_checkpoints",
-                            "activation_checkpointing", "compile", "bitwise_resume"})
+                            "activation_checkpointing", "compile", "bitwise_resume", "replicate", "shard"})
 
 
 class CheckpointError(ValueError):
@@ -128,8 +128,12 @@ def check_compatible(
     config: TrainConfig,
     train_loader: TokenLoader,
     warn: Callable[[str], None] | None = None,
+    strict: bool = False,
 ) -> TrainState:
     """Every condition a resume needs, checked without mutating anything; returns the saved state.
+
+    Another torch version or device warns (the continuation is then not bitwise); `strict`
+    (--strict-resume) refuses it. Another dtype or determinism setting always refuses.
 
     `payload` is a single-file checkpoint or a DCP checkpoint's metadata (same
     keys). Another world size is a reshard: allowed, with a warning that the
@@ -180,10 +184,11 @@ def check_compatible(
     if {"shard": cursor["shard"], "offset": cursor["offset"]} != _window_at(train_loader, cursor["epoch"], cursor["position"]):
         raise refuse("train loader cursor does not point at the window it recorded")
     saved_runtime, runtime = payload["runtime"], runtime_signature(model)
-    strict = ("torch", "device", "dtype", "deterministic")
-    if any(saved_runtime.get(key) != runtime[key] for key in strict):
-        raise refuse(f"runtime {saved_runtime} != {runtime} (version, device, dtype or determinism)")
-    notes = []
+    if any(saved_runtime.get(key) != runtime[key] for key in ("dtype", "deterministic")):
+        raise refuse(f"runtime {saved_runtime} != {runtime} (dtype or determinism)")
+    notes = [f"{key} {saved_runtime.get(key)} != {runtime[key]}" for key in ("torch", "device") if saved_runtime.get(key) != runtime[key]]
+    if notes and strict:
+        raise refuse(f"{'; '.join(notes)} and --strict-resume is on")
     if saved_runtime.get("threads") != runtime["threads"]:
         if config.bitwise_resume:
             raise refuse(f"thread count {saved_runtime.get('threads')} != {runtime['threads']} and bitwise_resume is on")

@@ -8,12 +8,16 @@ Layout of `checkpoints/step-NNNNNNNN/`:
                          every rank's loader cursor and RNG states, the runtime signature, and the
                          sha256 and size of every file above
 
-Atomic at the directory level: ranks write into `step-NNNNNNNN.tmp/`, rank 0
-writes metadata.json into it, fsyncs, and renames the directory. A directory
-without metadata.json never has the published name.
+Written in the background (`start_sharded_checkpoint`): `dcp.async_save` copies
+the state to CPU and returns, the files are written while training goes on,
+each hashed as its bytes go out (hashing_writer: no file is read back). Atomic
+at the directory level (`finish_sharded_checkpoint`): ranks write into
+`step-NNNNNNNN.tmp/`; once every rank is done, rank 0 writes metadata.json
+into it, fsyncs, and renames the directory. A directory without metadata.json
+never has the published name.
 
 Loading validates before it mutates: metadata.json is read and checked with
-the same rules as a single-file checkpoint (hymo_core.checkpoint.single.check_compatible),
+the same rules as a single-file checkpoint (hymo_core.checkpoint.common.check_compatible),
 then every shard file is re-hashed (spread over the ranks), and only then
 are weights, optimizer state, the loader cursor and RNG restored. DCP
 reshards on read: a checkpoint written by 2 ranks loads into 1 rank, into a
@@ -26,8 +30,9 @@ import io
 import json
 import os
 import shutil
+import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +42,7 @@ import torch.nn as nn
 from hymo_core.checkpoint.common import (CheckpointError, check_compatible, fsync_dir, model_from_config, optimizer_layout, optimizer_type,
                                         previous_checkpoint, rng_from_payload, rng_payload, runtime_signature, validation_cursor)
 from hymo_core.checkpoint.single import read_checkpoint
+from hymo_core.checkpoint.hashing_writer import hashing_writer
 from hymo_core.train.data import TokenLoader, ValidationLoader, _sha256_file
 from hymo_core.distributed.process_group import Runtime, all_gather_objects, any_rank, barrier
 from hymo_core.train.config import TrainConfig
@@ -67,7 +73,39 @@ def _state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str
     return {"model": model_state, "optimizer": optimizer_state}
 
 
-def save_sharded_checkpoint(
+@dataclass
+class PendingSave:
+    """A DCP save staged to CPU and being written in the background; published by `finish_sharded_checkpoint`."""
+
+    path: Path
+    temporary: Path
+    step: int
+    future: Any
+    file_system: Any
+    metadata: dict[str, Any] | None  # rank 0: everything but the files, captured at the update boundary
+    started: float
+    stage_seconds: float
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
+_SAVE_GROUPS: dict[tuple[int, ...], Any] = {}
+
+
+def _save_group() -> Any:
+    """A gloo group of all ranks for the background writer's own collectives (never the training group's)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    key = (dist.get_world_size(),)
+    if key not in _SAVE_GROUPS:
+        _SAVE_GROUPS[key] = dist.new_group(backend="gloo")
+    return _SAVE_GROUPS[key]
+
+
+def start_sharded_checkpoint(
     path: str | Path,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -76,8 +114,13 @@ def save_sharded_checkpoint(
     train_loader: TokenLoader,
     val_loader: ValidationLoader | None = None,
     runtime: Runtime = Runtime(),
-) -> Path:
-    """Every rank calls this at the same update boundary (gradients cleared); returns the published directory."""
+) -> PendingSave:
+    """Every rank, at one update boundary (gradients cleared): stage the state to CPU and start writing it.
+
+    Returns once the tensors are copied, so training goes on while the files are written
+    into `step-N.tmp/` (each file hashed as it is written); `finish_sharded_checkpoint`
+    publishes the directory under its name.
+    """
     import torch.distributed.checkpoint as dcp
 
     live = [name for name, p in model.named_parameters() if p.grad is not None]
@@ -89,16 +132,10 @@ def save_sharded_checkpoint(
         shutil.rmtree(temporary, ignore_errors=True)  # a crashed earlier attempt at this step
         temporary.mkdir(parents=True)
     barrier()
-    dcp.save(_state_dicts(model, optimizer), checkpoint_id=temporary)
-    mine = {p.name: {"sha256": _sha256_file(p), "bytes": p.stat().st_size}
-            for p in sorted(temporary.glob(f"__{runtime.rank}_*.distcp"))}
-    files_per_rank = all_gather_objects(mine)
     cursors = all_gather_objects(train_loader.state_dict())
     rngs = all_gather_objects(_rng_json())
+    metadata = None
     if runtime.is_writer:
-        files = {name: entry for rank_files in files_per_rank for name, entry in rank_files.items()}
-        index = temporary / ".metadata"
-        files[index.name] = {"sha256": _sha256_file(index), "bytes": index.stat().st_size}
         digest = train_loader.corpus.digest
         metadata = {
             "format": "hymo-dcp",
@@ -115,19 +152,41 @@ def save_sharded_checkpoint(
             "rng_per_rank": rngs,
             "runtime": runtime_signature(model),
             "world_size": runtime.world_size,
-            "files": files,
         }
-        with open(temporary / METADATA_FILE, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(metadata, indent=1) + "\n")
+    writer, file_system = hashing_writer(temporary)
+    started = time.perf_counter()
+    future = dcp.async_save(_state_dicts(model, optimizer), storage_writer=writer, checkpoint_id=temporary,
+                            process_group=_save_group())
+    return PendingSave(path, temporary, state.step, future, file_system, metadata, started, time.perf_counter() - started)
+
+
+def finish_sharded_checkpoint(pending: PendingSave, runtime: Runtime = Runtime()) -> Path:
+    """Every rank: wait for the write, then rank 0 writes metadata.json (last) and renames the directory."""
+    pending.future.result()
+    mine = {name: entry for name, entry in pending.file_system.digests.items() if name.endswith(".distcp")}
+    files_per_rank = all_gather_objects(mine)
+    if runtime.is_writer:
+        files = {name: entry for rank_files in files_per_rank for name, entry in rank_files.items()}
+        files[".metadata"] = pending.file_system.digests[".metadata"]  # the coordinator (rank 0) wrote it
+        with open(pending.temporary / METADATA_FILE, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps({**pending.metadata, "files": files}, indent=1) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        fsync_dir(temporary)
-        if path.exists():
-            shutil.rmtree(path)  # the same step saved again (a repeated final save)
-        os.replace(temporary, path)
-        fsync_dir(path.parent)
+        fsync_dir(pending.temporary)
+        if pending.path.exists():
+            shutil.rmtree(pending.path)  # the same step saved again (a repeated final save)
+        os.replace(pending.temporary, pending.path)
+        fsync_dir(pending.path.parent)
     barrier()
-    return path
+    return pending.path
+
+
+def save_sharded_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+                            config: TrainConfig, train_loader: TokenLoader, val_loader: ValidationLoader | None = None,
+                            runtime: Runtime = Runtime()) -> Path:
+    """Start and finish at once: the synchronous save (returns the published directory)."""
+    pending = start_sharded_checkpoint(path, model, optimizer, state, config, train_loader, val_loader, runtime)
+    return finish_sharded_checkpoint(pending, runtime)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -179,6 +238,7 @@ def load_sharded_checkpoint(
     train_loader: TokenLoader,
     runtime: Runtime = Runtime(),
     warn: Callable[[str], None] | None = None,
+    strict: bool = False,
 ) -> TrainState:
     """Validate the metadata and every file, then restore weights, optimizer, cursor and finally RNG."""
     import torch.distributed.checkpoint as dcp
@@ -186,7 +246,8 @@ def load_sharded_checkpoint(
 
     path = Path(path)
     metadata = read_metadata(path)
-    state = check_compatible(metadata, path, model, optimizer, config, train_loader, warn=warn if runtime.is_writer else None)
+    state = check_compatible(metadata, path, model, optimizer, config, train_loader, warn=warn if runtime.is_writer else None,
+                             strict=strict)
     verify_files(path, metadata, runtime)
     same_world = metadata["world_size"] == runtime.world_size
     cursor = metadata["loaders"]["train_per_rank"][runtime.rank] if same_world else metadata["loaders"]["train"]
@@ -210,13 +271,15 @@ def load_single_file_into_shards(
     train_loader: TokenLoader,
     runtime: Runtime,
     warn: Callable[[str], None] | None = None,
+    strict: bool = False,
 ) -> TrainState:
     """A one-process `step-N.pt` continued on W ranks (1 -> W reshard): same validation, then each rank keeps its rows."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = Path(path)
     payload = read_checkpoint(path)
-    state = check_compatible(payload, path, model, optimizer, config, train_loader, warn=warn if runtime.is_writer else None)
+    state = check_compatible(payload, path, model, optimizer, config, train_loader, warn=warn if runtime.is_writer else None,
+                             strict=strict)
     states = _state_dicts(model, optimizer)
     _fill_from_full(states, {"model": payload["model"], "optimizer": _keyed_by_name(payload["optimizer"])}, "")
     set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optimizer"])

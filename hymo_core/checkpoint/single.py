@@ -102,11 +102,12 @@ def load_checkpoint(
     config: TrainConfig,
     train_loader: TokenLoader,
     warn: Callable[[str], None] | None = None,
+    strict: bool = False,
 ) -> TrainState:
     """Validate everything, then restore weights, optimizer, train cursor and finally RNG; returns the counters."""
     path = Path(path)
     payload = read_checkpoint(path)
-    state = check_compatible(payload, path, model, optimizer, config, train_loader, warn)
+    state = check_compatible(payload, path, model, optimizer, config, train_loader, warn, strict)
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
     optimizer.zero_grad(set_to_none=True)
@@ -133,6 +134,10 @@ class CheckpointDirectory:
         """`save(path, **objects)` writes one checkpoint (default: the single-file save_checkpoint)."""
         path = save(checkpoint_path(self.directory, step, sharded=True), **objects) if save else \
             save_checkpoint(checkpoint_path(self.directory, step), **objects)
+        return self.record(step, val_loss, path)
+
+    def record(self, step: int, val_loss: float | None, path: Path) -> Path:
+        """Enter a published checkpoint in the index (best, latest) and prune the old ones (rank 0 only)."""
         if not self.writer:
             return path
         best = self.index.get("best")

@@ -12,17 +12,32 @@ cancelling the task), signals the whole group: SIGTERM, then SIGKILL after a
 grace period. Should the caller's process end without unwinding, an atexit
 hook does the same, and torchrun itself gets SIGTERM when its parent dies
 (PR_SET_PDEATHSIG), which makes it stop its ranks. No rank outlives its caller.
+
+`launch_training` runs torchrun with `--tee 3`, so every line a rank prints
+reaches us prefixed with its rank; `RankLogs` writes each rank's full output to
+`OUT/logs/rank-N.log` (torchrun's own lines to `OUT/logs/torchrun.log`), passes
+rank 0's lines on, and keeps the first error line of any rank: a failed launch
+raises LaunchError naming that rank and its line, not torchrun's traceback.
+`--max-restarts N` lets torchrun restart the whole group after a rank dies; a
+restarted rank resumes from the newest complete checkpoint (hymo_core.train.main).
 """
 from __future__ import annotations
 
 import atexit
 import ctypes
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
+
+from hymo_core.distributed.process_group import Runtime
+from hymo_core.train.config import METRICS_FILE, TrainConfig
 
 GRACE_SECONDS = 10.0
 PR_SET_PDEATHSIG = 1
@@ -30,17 +45,119 @@ _LIVE_GROUPS: set[subprocess.Popen] = set()  # taken down at interpreter exit, w
 
 
 class LaunchError(RuntimeError):
-    """The process group exited with a non-zero status; the message holds its last output lines."""
+    """The process group exited with a non-zero status; the message holds its last output lines,
+    or, from `launch_training`, the first error line of the rank that failed first."""
+
+    def __init__(self, message: str, rank: int | None = None, log: Path | None = None, code: int | None = None):
+        super().__init__(message)
+        self.rank, self.log, self.code = rank, log, code
 
 
-def torchrun_command(nproc: int, train_args: Sequence[str], module: str = "hymo_core.train") -> list[str]:
+def torchrun_command(nproc: int, train_args: Sequence[str], module: str = "hymo_core.train", max_restarts: int = 0,
+                     log_dir: str | Path | None = None) -> list[str]:
+    """Single-node torchrun; with `log_dir` every rank's output is teed, each line prefixed with its rank."""
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *train_args]
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    options = [f"--max-restarts={max_restarts}"] if max_restarts else []
+    if log_dir is not None:
+        options += ["--tee=3", f"--log-dir={log_dir}"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *options, "-m", module,
+            *train_args]
+
+
+RANK_PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]: ?)?")  # torchrun --tee: "[default<local rank>]:"
+ERROR_LINE = re.compile(r"^error: ")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
+CHILD_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+
+
+class RankLogs:
+    """Demultiplexes torchrun's teed output: OUT/logs/rank-N.log per rank, rank 0's lines passed on, first error kept."""
+
+    def __init__(self, directory: Path, on_line: Callable[[str], None], ranks: int = 0):
+        self.directory, self.on_line = Path(directory), on_line
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.files: dict[str, object] = {}
+        for rank in range(ranks):  # a rank that prints nothing still has its (empty) log
+            self._open(rank)
+        self.first_error: tuple[int, str] | None = None
+        self.in_traceback: set[int] = set()
+        self.exception: dict[int, str] = {}
+        self.exit_codes: dict[int, int] = {}
+
+    def path(self, rank: int | None) -> Path:
+        return self.directory / ("torchrun.log" if rank is None else f"rank-{rank}.log")
+
+    def _open(self, rank: int | None):
+        key = str(rank)
+        if key not in self.files:
+            self.files[key] = open(self.path(rank), "a", encoding="utf-8")
+        return self.files[key]
+
+    def _write(self, rank: int | None, line: str) -> None:
+        handle = self._open(rank)
+        handle.write(line + "\n")
+        handle.flush()
+
+    def __call__(self, line: str) -> None:
+        match = RANK_PREFIX.match(line)
+        if match is None:
+            self._write(None, line)
+            failed = CHILD_FAILED.search(line)
+            if failed:
+                self.exit_codes.setdefault(int(failed.group(2)), int(failed.group(1)))
+            return
+        rank, text = int(match.group(1)), line[match.end():]
+        self._write(rank, text)
+        if ERROR_LINE.match(text) and self.first_error is None:
+            self.first_error = (rank, text.removeprefix("error: "))
+        if text.startswith("Traceback (most recent call last)"):
+            self.in_traceback.add(rank)
+        elif rank in self.in_traceback and EXCEPTION_LINE.match(text):
+            self.in_traceback.discard(rank)
+            self.exception.setdefault(rank, text)
+        if rank == 0:
+            self.on_line(text)
+
+    def failure(self, code: int | None) -> LaunchError:
+        """The error a failed launch raises: the first `error:` line of any rank, else a rank killed by a signal,
+        else the first exception, else the first non-zero exit torchrun reported."""
+        killed = {rank: status for rank, status in self.exit_codes.items() if status < 0 and -status != signal.SIGTERM}
+        if self.first_error is not None:
+            rank, message = self.first_error
+        elif killed:  # killed from outside (OOM killer, SIGKILL): the others' errors are only its consequences
+            rank, status = next(iter(killed.items()))
+            message = f"exited with {_describe_status(status)}"
+        elif self.exception:
+            rank = next(iter(self.exception))
+            message = self.exception[rank]
+        elif self.exit_codes:
+            rank, status = next(iter(self.exit_codes.items()))
+            message = f"exited with {_describe_status(status)}"
+        else:
+            return LaunchError(f"torchrun exited with status {code} before any rank failed (see {self.path(None)})", None,
+                               self.path(None), code)
+        return LaunchError(f"rank {rank}: {message} (full output: {self.path(rank)})", rank, self.path(rank), code)
+
+    def close(self) -> None:
+        for handle in self.files.values():
+            handle.close()
+        self.files.clear()
+
+
+def _describe_status(status: int) -> str:
+    if status < 0:
+        try:
+            return f"signal {signal.Signals(-status).name}"
+        except ValueError:
+            return f"signal {-status}"
+    return f"status {status}"
 
 
 def train_arguments(corpus: str | Path, out: str | Path, config: str | Path | None = None, max_steps: int | None = None,
-                    horizon: int | None = None, resume: bool = False) -> list[str]:
+                    horizon: int | None = None, resume: bool = False, strict_resume: bool = False) -> list[str]:
     """The `python -m hymo_core.train` arguments for one run (the same flags as `hymo train`)."""
     args = ["--corpus", str(corpus), "--out", str(out)]
     if config:
@@ -51,6 +168,8 @@ def train_arguments(corpus: str | Path, out: str | Path, config: str | Path | No
         args += ["--horizon", str(horizon)]
     if resume:
         args.append("--resume")
+    if strict_resume:
+        args.append("--strict-resume")
     return args
 
 
@@ -109,13 +228,79 @@ def run_process_group(command: Sequence[str], on_line: Callable[[str], None], en
         terminate_group(process)
         _LIVE_GROUPS.discard(process)
     if code != 0:
-        raise LaunchError(f"{' '.join(command[:6])} … exited with status {code}:\n" + "\n".join(tail))
+        raise LaunchError(f"{' '.join(command[:6])} … exited with status {code}:\n" + "\n".join(tail), code=code)
+
+
+class MetricsFollower:
+    """Reads the records rank 0 appends to OUT/metrics.jsonl and hands each complete one to `report`, once.
+
+    How a supervising process (the CLI, the Prefect pretrain stage) sees the run live without
+    parsing console lines. A resumed run rewrites the file shorter: reading starts over.
+    """
+
+    def __init__(self, path: Path, report: Callable[[dict], None]):
+        self.path, self.report, self.offset = Path(path), report, 0
+
+    def __call__(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size < self.offset:
+            self.offset = 0
+        if size == self.offset:
+            return
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read(size - self.offset)
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode("utf-8").splitlines():
+            if line.strip():
+                self.report(json.loads(line))
+
+
+def check_batch_plan(config: TrainConfig, nproc: int) -> None:
+    """Before torchrun starts: the global batch must split over `nproc` ranks, and the mesh make `nproc` ranks."""
+    Runtime(world_size=nproc).batch_plan(config)
+    config.mesh_shape(nproc)
 
 
 def launch_training(nproc: int, train_args: Sequence[str], on_line: Callable[[str], None] = print,
-                    env: dict[str, str] | None = None) -> None:
-    """`python -m hymo_core.train` on `nproc` local ranks (gloo on CPU, nccl on CUDA: each rank picks)."""
+                    env: dict[str, str] | None = None, max_restarts: int = 0, logs: str | Path | None = None,
+                    report: Callable[[dict], None] | None = None, module: str = "hymo_core.train") -> None:
+    """`python -m hymo_core.train` on `nproc` local ranks (gloo on CPU, nccl on CUDA: each rank picks).
+
+    Each rank's output goes to `logs/rank-N.log` (default OUT/logs, OUT from `--out`), rank 0's
+    lines to `on_line`, and every metrics record rank 0 writes to `report` as it appears. A
+    failure raises LaunchError naming the rank that failed first and its first error line.
+    `max_restarts`: torchrun restarts the whole group that often after a rank dies.
+    """
     environment = dict(os.environ if env is None else env)
     environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     environment.setdefault("HYMO_PROGRESS", "0")  # a live bar through a pipe is noise
-    run_process_group(torchrun_command(nproc, train_args), on_line, environment)
+    environment.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the tee as they are printed
+    args = list(train_args)
+    out = Path(args[args.index("--out") + 1])
+    rank_logs = RankLogs(Path(logs) if logs is not None else out / "logs", on_line, nproc)
+    if max_restarts:
+        # A restarted group must not read the previous attempt's addresses from the rendezvous store it would
+        # otherwise share (pytorch/pytorch#135712): gloo then connects to a dead rank and the restart fails.
+        environment.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    follow = MetricsFollower(out / METRICS_FILE, report) if report is not None else None
+    tee_dir = tempfile.mkdtemp(prefix="hymo-torchrun-")
+
+    def each_line(line: str) -> None:
+        rank_logs(line)
+        if follow is not None:
+            follow()
+
+    try:
+        run_process_group(torchrun_command(nproc, args, module, max_restarts, tee_dir), each_line, environment)
+    except LaunchError as exc:
+        raise rank_logs.failure(exc.code) from None
+    finally:
+        rank_logs.close()
+        shutil.rmtree(tee_dir, ignore_errors=True)
+        if follow is not None:
+            follow()

@@ -12,6 +12,10 @@ the checkpoints and the state dicts read the same with and without them.
   compile covers the repeated unit once and graph breaks stay local;
 - FSDP2 (`fully_shard`): parameters sharded along dim 0 across ranks,
   all-gathered per block in forward and backward, gradients reduce-scattered.
+  With `[parallel] replicate = R, shard = S` the mesh is (R, S) and `fully_shard`
+  over it is HSDP: each replica group of S ranks shards the model, the R groups
+  hold the same shards and all-reduce their gradients (multi-node: S = ranks per
+  node keeps the all-gathers on the node's links).
   Mixed precision: bf16 parameters in compute with fp32 gradient reduction on
   CUDA for a bf16 recipe; fp32 everywhere on CPU. The fp32 master shards are
   what the optimizer updates.
@@ -52,7 +56,11 @@ def apply_fsdp(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.Mo
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
+    replicate, shard = config.mesh_shape(runtime.world_size)
+    if replicate == 1:
+        mesh = init_device_mesh(runtime.device.type, (shard,), mesh_dim_names=("shard",))
+    else:  # HSDP: fully_shard over a 2-D mesh shards over "shard" and replicates over "replicate"
+        mesh = init_device_mesh(runtime.device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
     policy = mixed_precision_policy(config, runtime.device)
     last = len(model.layers) - 1
     for index, block in enumerate(model.layers):

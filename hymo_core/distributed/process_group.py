@@ -129,6 +129,15 @@ def all_gather_objects(value: object) -> list[object]:
     return gathered
 
 
+def broadcast_object(value: object, source: int = 0) -> object:
+    """Rank `source`'s value on every rank (a check one rank made for all); the value itself on one process."""
+    if not group_active():
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=source)
+    return holder[0]
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True when the flag is set on at least one rank (so every rank takes the same branch)."""
     if not group_active():

@@ -90,31 +90,41 @@ def binomial_stderr(p: float, n: int) -> float:
     return math.sqrt(p * (1.0 - p) / n) if n else float("nan")
 
 
-def score_cloze(model: nn.Module, tokenizer, items: list[ClozeItem], device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Raw and length-normalised accuracy with standard errors, chance level, and per-item choices."""
+ContinuationScorer = Callable[[list[tuple[list[int], list[int]]]], list[float]]
+
+
+def score_cloze(model: nn.Module, tokenizer, items: list[ClozeItem], device: torch.device | str = "cpu",
+                scorer: ContinuationScorer | None = None) -> dict[str, Any]:
+    """Raw and length-normalised accuracy with standard errors, chance level, and per-item choices.
+
+    `scorer(pairs)`: the summed continuation log-probability of every (context ids, continuation
+    ids) pair, in order; default one `continuation_logprob` after another (ranks split them:
+    hymo_core.train.trainer.continuations_over_ranks).
+    """
     device = torch.device(device)
     was_training = model.training
     model.eval()
+    splits = [[split_ids(tokenizer, item.context, option) for option in item.options] for item in items]
+    pairs = [(context_ids, cont_ids) for options in splits for context_ids, cont_ids, _ in options]
+    try:
+        totals = scorer(pairs) if scorer is not None else [continuation_logprob(model, c, o, device) for c, o in pairs]
+    finally:
+        model.train(was_training)
     raw_correct = norm_correct = merged = 0
     chance = 0.0
     per_item = []
-    try:
-        for item in items:
-            sums, means = [], []
-            for option in item.options:
-                context_ids, cont_ids, prefix_ok = split_ids(tokenizer, item.context, option)
-                merged += not prefix_ok
-                total = continuation_logprob(model, context_ids, cont_ids, device)
-                sums.append(total)
-                means.append(total / len(cont_ids))
-            raw_pick = max(range(len(sums)), key=sums.__getitem__)
-            norm_pick = max(range(len(means)), key=means.__getitem__)
-            raw_correct += raw_pick == item.answer
-            norm_correct += norm_pick == item.answer
-            chance += 1.0 / len(item.options)
-            per_item.append({"id": item.id, "answer": item.answer, "raw_pick": raw_pick, "norm_pick": norm_pick, "logprob_sums": sums})
-    finally:
-        model.train(was_training)
+    position = 0
+    for item, options in zip(items, splits):
+        sums = totals[position:position + len(options)]
+        position += len(options)
+        means = [total / len(cont_ids) for total, (_, cont_ids, _) in zip(sums, options)]
+        merged += sum(not prefix_ok for _, _, prefix_ok in options)
+        raw_pick = max(range(len(sums)), key=sums.__getitem__)
+        norm_pick = max(range(len(means)), key=means.__getitem__)
+        raw_correct += raw_pick == item.answer
+        norm_correct += norm_pick == item.answer
+        chance += 1.0 / len(item.options)
+        per_item.append({"id": item.id, "answer": item.answer, "raw_pick": raw_pick, "norm_pick": norm_pick, "logprob_sums": sums})
     n = len(items)
     raw, norm = raw_correct / n, norm_correct / n
     return {

@@ -59,6 +59,11 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute each block's activations in the backward instead of storing them
     compile: bool = False  # torch.compile each block (hymo_core/distributed/parallelize.py)
     bitwise_resume: bool = False  # refuse a resume whose thread count differs (it changes float summation order)
+    # The data-parallel mesh under torchrun ([parallel] in a recipe): `replicate` x `shard` = the world size.
+    # replicate = 1 is FSDP over every rank; replicate = R > 1 is HSDP: R replica groups, each sharding over
+    # `shard` ranks (0 = world size / replicate), gradients reduce-scattered in a group and all-reduced across.
+    replicate: int = 1
+    shard: int = 0
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "max_steps", "log_interval", "eval_interval", "checkpoint_interval",
@@ -66,10 +71,12 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("warmup_steps", "horizon_steps", "decay_steps", "seed"):
+        for name in ("warmup_steps", "horizon_steps", "decay_steps", "seed", "shard"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative integer, got {value!r}")
+        if isinstance(self.replicate, bool) or not isinstance(self.replicate, int) or self.replicate < 1:
+            raise ValueError(f"TrainConfig.replicate must be a positive integer, got {self.replicate!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.schedule not in SCHEDULE_KINDS:
@@ -96,6 +103,14 @@ class TrainConfig:
         horizon = self.horizon_steps or self.max_steps
         return ScheduleConfig(peak_lr=self.peak_lr, warmup_steps=self.warmup_steps, kind=self.schedule,
                               horizon_steps=horizon, decay_steps=self.decay_steps, min_lr_ratio=self.min_lr_ratio)
+
+    def mesh_shape(self, world_size: int) -> tuple[int, int]:
+        """(replicate, shard) over `world_size` ranks; ValueError when they do not multiply to it."""
+        shard = self.shard or world_size // self.replicate
+        if self.replicate * shard != world_size:
+            raise ValueError(f"[parallel] replicate = {self.replicate} x shard = {self.shard or 'auto'} does not make "
+                             f"{world_size} ranks")
+        return self.replicate, shard
 
     def optimizer_config(self, device) -> OptimizerConfig | NorMuonConfig:
         ns_dtype = self.muon_ns_dtype or ("bfloat16" if device.type == "cuda" else "float32")

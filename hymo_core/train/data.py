@@ -172,6 +172,18 @@ class TokenLoader:
         self.position += self.step_windows
         return _gather(self.shards, picked, self.seq_len)
 
+    def reserve_update(self, windows: int) -> None:
+        """Before an update of `windows` global windows: start the next epoch now if fewer are left.
+
+        Epochs then turn between updates, never between the micro-batches of one, so the
+        windows an update reads do not depend on how it is split over ranks and micro-batches.
+        """
+        if windows > len(self._order):
+            raise CorpusError(f"{self.corpus.path}: {self.split} has {len(self._order)} windows of {self.seq_len + 1} tokens, "
+                              f"fewer than one update of {windows}")
+        if self.position + windows > len(self._order):
+            self.start_next_epoch()
+
     def start_next_epoch(self) -> None:
         self.epoch += 1
         self.position = 0
@@ -213,6 +225,12 @@ class ValidationLoader:
         full = len(self.windows) // self.batch_size
         return full if self.max_batches is None else min(full, self.max_batches)
 
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `index` of the prefix (ranks split the batches between them)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"validation batch {index} is outside the {len(self)} batches")
+        return _gather(self.shards, self.windows[index * self.batch_size:(index + 1) * self.batch_size], self.seq_len)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for b in range(len(self)):
-            yield _gather(self.shards, self.windows[b * self.batch_size:(b + 1) * self.batch_size], self.seq_len)
+            yield self.batch(b)

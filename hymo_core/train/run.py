@@ -35,35 +35,42 @@ from hymo_core.models.configs import SAMPLE_MODEL
 from hymo_core.train.config import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_TRAIN, SUMMARY_FILE
 from hymo_core.checkpoint.common import CheckpointError, list_checkpoints, weights_sha256
 from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint
-from hymo_core.train.data import CorpusReader, TokenLoader, ValidationLoader
-from hymo_core.distributed.process_group import Runtime, close_runtime, init_runtime
+from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader, ValidationLoader
+from hymo_core.distributed.process_group import Runtime, broadcast_object, close_runtime, init_runtime
 from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.models.model import ModelConfig, Transformer
 from hymo_core.models.presets import model_config_from_table, preset_training
 from hymo_core.train.optim import build_optimizer
 from hymo_core.distributed.parallelize import parallelize
-from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards, save_sharded_checkpoint
+from hymo_core.checkpoint.background import BackgroundCheckpoints
+from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards
 from hymo_core.train.config import TrainConfig
-from hymo_core.train.trainer import TrainHooks, TrainState, seed_training_rng, train
+from hymo_core.train.trainer import TrainHooks, TrainState, continuations_over_ranks, seed_training_rng, train
 
 
+
+
+PARALLEL_KEYS = ("replicate", "shard")  # [parallel]: the data-parallel mesh (TrainConfig.replicate / shard)
 
 
 def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:
-    """A TOML with optional [train] and [model] tables; missing keys take the sample recipe's values."""
+    """A TOML with optional [train], [model] and [parallel] tables; missing keys take the sample recipe's values."""
     if path is None:
         return SAMPLE_TRAIN, SAMPLE_MODEL
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"{path}: cannot read training config ({exc})") from exc
-    unknown = sorted(set(raw) - {"train", "model"})
+    unknown = sorted(set(raw) - {"train", "model", "parallel"})
     if unknown:
-        raise ValueError(f"{path}: unknown tables {unknown}; expected [train] and [model]")
+        raise ValueError(f"{path}: unknown tables {unknown}; expected [train], [model] and [parallel]")
+    parallel = raw.get("parallel", {})
+    if sorted(set(parallel) - set(PARALLEL_KEYS)):
+        raise ValueError(f"{path}: unknown [parallel] keys {sorted(set(parallel) - set(PARALLEL_KEYS))}; known: {', '.join(PARALLEL_KEYS)}")
     model = model_config_from_table(raw.get("model", {}), SAMPLE_MODEL, str(path))  # `preset = "..."` allowed
     try:
         defaults = {**SAMPLE_TRAIN.to_dict(), **preset_training(raw.get("model", {}))}
-        return TrainConfig.from_dict({**defaults, **raw.get("train", {})}), model
+        return TrainConfig.from_dict({**defaults, **raw.get("train", {}), **parallel}), model
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from exc
 
@@ -193,6 +200,26 @@ def _resume(directory: CheckpointDirectory, load: Any, log: Any) -> tuple[TrainS
     return TrainState(), None
 
 
+TRAINING_SPLITS = ("train", "validation")
+
+
+def open_corpus(corpus: str | Path, runtime: Runtime) -> CorpusReader:
+    """The corpus with its shard digests checked once, by rank 0; the other ranks take its verdict, not a re-hash."""
+    reader = CorpusReader(corpus, verify=runtime.is_writer)
+    problem = None
+    if runtime.is_writer:
+        try:
+            for split in TRAINING_SPLITS:
+                if split in reader.manifest["shards"]:
+                    reader.open_all(split)
+        except CorpusError as exc:
+            problem = str(exc)
+    problem = broadcast_object(problem)
+    if problem:
+        raise CorpusError(problem)
+    return reader
+
+
 def run_training(
     corpus: str | Path,
     out: str | Path,
@@ -207,6 +234,7 @@ def run_training(
     log: Any = print,
     report: Callable[[dict[str, Any]], None] | None = None,
     runtime: Runtime | None = None,
+    strict_resume: bool = False,
 ) -> dict[str, Any]:
     """Train (or continue) to `train_config.max_steps` and write checkpoints, metrics, loss.png and summary.json.
 
@@ -216,13 +244,14 @@ def run_training(
     `report(record)`: called on that rank with every metrics record (train rows at log_interval,
     evaluations, events) as it is written; how an orchestrator shows training live without this
     package knowing about it.
+    `strict_resume`: refuse a checkpoint written under another torch version or device (default: warn).
     """
     config = train_config or SAMPLE_TRAIN
     runtime = runtime or init_runtime(device)
     device = runtime.device
     if not runtime.is_writer:
         log, progress = (lambda *args, **kwargs: None), False
-    reader = CorpusReader(corpus)
+    reader = open_corpus(corpus, runtime)
     model_config = replace(model_config or SAMPLE_MODEL, vocab_size=reader.vocab_size)
     if model_config.max_seq_len < config.seq_len:
         model_config = replace(model_config, max_seq_len=config.seq_len)
@@ -234,6 +263,9 @@ def run_training(
 
     seed_everything(config.seed)
     model = parallelize(Transformer(model_config).to(device), runtime, config)
+    if runtime.launched:
+        replicate, shard = config.mesh_shape(runtime.world_size)
+        log(f"mesh: {replicate} replica group(s) x {shard} shards" + (" (HSDP)" if replicate > 1 else " (FSDP)"))
     optimizer = build_optimizer(model, config.optimizer_config(device))
     micro_batch, _ = runtime.batch_plan(config)
     train_loader = TokenLoader(reader, "train", config.seq_len, micro_batch, config.seed, rank=runtime.rank, world_size=runtime.world_size)
@@ -243,7 +275,8 @@ def run_training(
         val_loader = None
     state, resumed_from = TrainState(), None
     if resume:
-        state, resumed_from = _resume(checkpoints, lambda p: _load_any(p, model, optimizer, config, train_loader, runtime, log), log)
+        state, resumed_from = _resume(checkpoints, lambda p: _load_any(p, model, optimizer, config, train_loader, runtime, log, strict_resume),
+                                       log)
         if resumed_from:
             log(f"resumed from {resumed_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
 
@@ -263,21 +296,40 @@ def run_training(
         last_val[0] = val_loss
         record({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
 
+    background = BackgroundCheckpoints(checkpoints, runtime, record) if runtime.launched else None
+
     def on_checkpoint(current: TrainState) -> None:
-        sharded = {"save": save_sharded_checkpoint, "runtime": runtime} if runtime.launched else {}
-        checkpoints.save(current.step, last_val[0], model=model, optimizer=optimizer, state=current, config=config,
-                         train_loader=train_loader, val_loader=val_loader, **sharded)
+        objects = dict(model=model, optimizer=optimizer, state=current, config=config, train_loader=train_loader,
+                       val_loader=val_loader)
+        if background is not None:  # DCP: staged to CPU now, written while the next updates run
+            background.save(current.step, last_val[0], **objects)
+        else:
+            checkpoints.save(current.step, last_val[0], **objects)
+
+    def on_update(current: TrainState, loss: float, lr: float) -> None:
+        bar.update(current, loss, lr, config.tokens_per_update)
+        if background is not None:
+            background.poll()
+
+    def on_log(row: dict[str, Any]) -> None:
+        record({"kind": "train", **row})
+        if runtime.launched and not bar.enabled:  # under torchrun: rank 0's one line per logged step
+            lr = max(row["lr"].values())
+            log(f"step {row['step']}/{config.max_steps} loss {row['loss']:.4f} lr {lr:.3g} {row['tokens_per_s']:,.0f} tokens/s "
+                f"grad-norm {row['grad_norm_pre_clip']:.3g}")
 
     hooks = TrainHooks(
-        on_log=lambda row: record({"kind": "train", **row}),
+        on_log=on_log,
         on_eval=on_eval,
         on_checkpoint=on_checkpoint,
         on_event=lambda event: record({"kind": "event", **event}),
-        on_update=lambda current, loss, lr: bar.update(current, loss, lr, config.tokens_per_update),
+        on_update=on_update,
     )
     started = time.perf_counter()
     try:
         train(model, optimizer, train_loader, val_loader, config, state, device, hooks, runtime)
+        if background is not None:
+            background.close()  # the final checkpoint is published before anything reports it
     finally:
         bar.close()
     seconds = time.perf_counter() - started
@@ -285,7 +337,8 @@ def run_training(
     tokenizer_entry = reader.manifest.get("tokenizer", {})
     cloze = None
     if cloze_path and tokenizer_entry.get("path") and (reader.root / tokenizer_entry["path"]).is_file():
-        cloze = score_cloze(model, load_tokenizer(reader.root / tokenizer_entry["path"]), load_cloze(cloze_path), device)
+        cloze = score_cloze(model, load_tokenizer(reader.root / tokenizer_entry["path"]), load_cloze(cloze_path), device,
+                            scorer=continuations_over_ranks(model, device, runtime))
     if not runtime.is_writer:
         return {"final_step": state.step}  # rank 0 holds the full weights, writes and reports
 
@@ -325,13 +378,15 @@ def run_training(
     return summary
 
 
-def _load_any(path: Path, model, optimizer, config: TrainConfig, train_loader: TokenLoader, runtime: Runtime, log: Any) -> TrainState:
+def _load_any(path: Path, model, optimizer, config: TrainConfig, train_loader: TokenLoader, runtime: Runtime, log: Any,
+              strict: bool = False) -> TrainState:
     """A DCP directory (any world size, also into one plain process) or a single-file checkpoint (one process)."""
+    warn = lambda message: log(f"warning: {message}")  # noqa: E731
     if path.is_dir():
-        return load_sharded_checkpoint(path, model, optimizer, config, train_loader, runtime, warn=lambda m: log(f"warning: {m}"))
+        return load_sharded_checkpoint(path, model, optimizer, config, train_loader, runtime, warn=warn, strict=strict)
     if runtime.launched:  # one process -> W ranks: every rank reads the file and keeps its rows
-        return load_single_file_into_shards(path, model, optimizer, config, train_loader, runtime, warn=lambda m: log(f"warning: {m}"))
-    return load_checkpoint(path, model, optimizer, config, train_loader, warn=lambda m: log(f"warning: {m}"))
+        return load_single_file_into_shards(path, model, optimizer, config, train_loader, runtime, warn=warn, strict=strict)
+    return load_checkpoint(path, model, optimizer, config, train_loader, warn=warn, strict=strict)
 
 
 def full_weights_sha256(model) -> str:
@@ -360,6 +415,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, help="stop after this many updates; the LR schedule keeps the recipe's horizon")
     parser.add_argument("--horizon", type=int, help="move the LR schedule's horizon (where decay ends) to this step")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+    parser.add_argument("--strict-resume", action="store_true",
+                        help="refuse a resume across a torch version or device change (default: warn and continue)")
     parser.add_argument("--cloze", help="cloze JSONL scored into summary.json (default: the bundled sample set)")
 
 
@@ -379,7 +436,8 @@ def session_config(train_config: TrainConfig, max_steps: int | None = None, hori
 
 
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    return run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE)
+    return run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE,
+                        strict_resume=args.strict_resume)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runtime = init_runtime()
     try:
-        summary = run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE,
-                               runtime=runtime)
+        summary = run_training(args.corpus, args.out, *_configs(args), resume=args.resume or restarted_by_torchrun(),
+                               cloze_path=args.cloze or SAMPLE_CLOZE, runtime=runtime, strict_resume=args.strict_resume)
     except (ValueError, FileExistsError) as exc:  # configuration, corpus and checkpoint errors: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -397,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     if runtime.is_writer:
         print(json.dumps({k: summary[k] for k in ("final_step", "final_train_loss", "final_val_loss", "weights_sha256")}, indent=2))
     return 0
+
+
+def restarted_by_torchrun() -> bool:
+    """torchrun --max-restarts restarted this group after a rank failed: continue from the newest complete checkpoint."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
 def _configs(args: argparse.Namespace) -> tuple[TrainConfig, ModelConfig]:

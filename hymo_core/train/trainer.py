@@ -38,7 +38,8 @@ import torch.nn as nn
 from hymo_core.planner import planner
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.data import EndOfEpoch, TokenLoader, ValidationLoader
-from hymo_core.distributed.process_group import Runtime, all_reduce_max_, all_reduce_mean, full_value, reduce_expert_load_
+from hymo_core.distributed.process_group import (Runtime, all_gather_objects, all_reduce_max_, all_reduce_mean, all_reduce_sum_,
+                                                full_value, reduce_expert_load_)
 from hymo_core.train.optim import PartitionedOptimizer
 from hymo_core.train.schedule import learning_rate_at_step
 
@@ -198,36 +199,66 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: ValidationLoader, device: torch.device, precision: str = "fp32") -> float:
+def evaluate(model: nn.Module, loader: ValidationLoader, device: torch.device, precision: str = "fp32",
+             runtime: Runtime | None = None) -> float:
     """Token-weighted mean loss over the loader's fixed prefix (it restarts at offset 0 every time).
 
-    The model's mode, its attention probe and every RNG are restored afterwards,
-    even when the forward fails, so validation never perturbs training.
+    Over W ranks, rank r scores batches r, r + W, ...; the sums are all-reduced, so the
+    number equals one process's within float rounding. Every rank runs as many forwards
+    (FSDP's are collective): a rank short of a batch repeats one and counts it zero times.
+    The model's mode, its attention probe and every RNG are restored afterwards, even when
+    the forward fails, so validation never perturbs training.
     """
+    runtime = runtime or Runtime(device=device)
     was_training = model.training
     probe = any(getattr(b.attn, "probe", False) for b in getattr(model, "layers", []))
     rng = capture_rng()
     model.eval()
     if probe:
         model.set_attention_probe(False)
-    total, tokens = 0.0, 0
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # (loss x tokens, tokens), reduced where nccl can
     try:
-        for x_BT, y_BT in loader:
+        mine = list(range(runtime.rank, len(loader), runtime.world_size))
+        for index in range(-(-len(loader) // runtime.world_size)):
+            counted = index < len(mine)
+            x_BT, y_BT = loader.batch(mine[index] if counted else (mine[-1] if mine else 0))
             x_BT, y_BT = x_BT.to(device), y_BT.to(device)
             with autocast(device, precision):
                 _, loss = model(x_BT, y_BT)
             ce = getattr(model, "last_ce", None)
-            value = float(ce if ce is not None else loss)
-            total += value * y_BT.numel()
-            tokens += y_BT.numel()
+            if counted:
+                sums += torch.tensor([float(ce if ce is not None else loss) * y_BT.numel(), y_BT.numel()], dtype=torch.float64,
+                                     device=device)
     finally:
         model.train(was_training)
         if probe:
             model.set_attention_probe(True)
         restore_rng(rng)
-    if tokens == 0:
+    all_reduce_sum_(sums)
+    if sums[1] == 0:
         raise ValueError("validation loader yielded no full batch; lower batch_size / seq_len or add validation data")
-    return total / tokens
+    return float(sums[0] / sums[1])
+
+
+def continuations_over_ranks(model: nn.Module, device: torch.device, runtime: Runtime):
+    """A cloze scorer for hymo_core.evaluation.score_cloze: rank r scores pairs r, r + W, ...; all ranks get all.
+
+    As in `evaluate`, every rank runs the same number of forwards (a short rank repeats one).
+    """
+    from hymo_core.eval.evaluation import continuation_logprob
+
+    def score(pairs: list[tuple[list[int], list[int]]]) -> list[float]:
+        mine = list(range(runtime.rank, len(pairs), runtime.world_size))
+        totals = {}
+        for index in range(-(-len(pairs) // runtime.world_size)):
+            pair = mine[index] if index < len(mine) else (mine[-1] if mine else 0)
+            total = continuation_logprob(model, *pairs[pair], device)
+            if index < len(mine):
+                totals[pair] = total
+        merged = {k: v for part in all_gather_objects(totals) for k, v in part.items()}
+        return [merged[i] for i in range(len(pairs))]
+
+    return score
 
 
 # ---------------------------------------------------------------- data
@@ -356,6 +387,8 @@ def train(
             probing = config.qk_clip or step % config.log_interval == 0 or step == config.max_steps
             model.set_attention_probe(probing)
             update_loss, update_tokens, update_mtp_ce = 0.0, 0, []
+            if not config.overfit_one_batch:
+                train_loader.reserve_update(config.batch_size * config.gradient_accumulation_steps)  # epochs turn here only
             for _ in range(accumulation):
                 x_BT, y_BT = next_training_batch(train_loader, config, state, fixed_batch)
                 x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
@@ -437,7 +470,7 @@ def train(
                     hooks.on_log(record)
                 window = {"loss": 0.0, "tokens": 0, "seconds": 0.0, "updates": 0}
             if val_loader is not None and (final or state.step % config.eval_interval == 0):
-                val_loss = evaluate(model, val_loader, device, config.precision)
+                val_loss = evaluate(model, val_loader, device, config.precision, runtime)
                 if state.best_val_loss is None or val_loss < state.best_val_loss:
                     state.best_val_loss = val_loss
                 if hooks.on_eval:

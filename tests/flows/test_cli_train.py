@@ -103,19 +103,63 @@ def test_max_steps_stops_early_without_moving_the_schedule(tiny_run: Path, tmp_p
     assert "horizon_steps must exceed warmup_steps" in capsys.readouterr().err
 
 
-def test_train_nproc_2_under_torchrun_then_eval_the_dcp_checkpoint(tiny_run: Path, tmp_path: Path, capsys):
+def test_train_nproc_2_under_torchrun_then_eval_the_dcp_checkpoint(trained: Path, tiny_run: Path, tmp_path: Path, capsys):
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(RECIPE)
     out = tmp_path / "out"
     assert main(["train", "--corpus", str(tiny_run), "--config", str(recipe), "--out", str(out), "--nproc", "2"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final_step"] == 3
-    assert "step 3: train loss" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "step 3: train loss" in printed
+    progress = [line for line in printed.splitlines() if line.startswith("step ") and "tokens/s" in line]
+    assert [line.split()[1] for line in progress] == ["1/3", "2/3", "3/3"]  # rank 0: one line per logged step
+    assert {p.name for p in (out / "logs").iterdir()} >= {"rank-0.log", "rank-1.log"}
+    assert "step 3/3" in (out / "logs" / "rank-0.log").read_text()
+    # Validation batches and cloze pairs split over the ranks, then reduced: the one-process numbers.
+    alone = json.loads((trained / "summary.json").read_text())
+    assert summary["final_val_loss"] == pytest.approx(alone["final_val_loss"], rel=1e-5)
+    assert summary["cloze"]["items"] == alone["cloze"]["items"] > 1
+    for key in ("accuracy", "accuracy_length_normalised", "boundary_merged"):
+        assert summary["cloze"][key] == alone["cloze"][key], key
     checkpoint = out / "checkpoints" / "step-00000003"
     assert (checkpoint / "metadata.json").is_file()
     assert main(["eval", str(checkpoint), "--corpus", str(tiny_run), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["step"] == 3 and result["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-5)
+
+
+def test_train_nproc_refuses_a_batch_that_does_not_split_before_starting_torchrun(tiny_run: Path, tmp_path: Path, capsys):
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE)  # 4 windows per update
+    out = tmp_path / "out"
+    assert main(["train", "--corpus", str(tiny_run), "--config", str(recipe), "--out", str(out), "--nproc", "3"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == "error: global batch 4 x 1 = 4 windows does not split over 3 ranks"
+    assert not (out / "logs").exists()  # no rank was started
+
+
+def test_train_nproc_names_the_rank_and_its_first_error_line(tiny_run: Path, tmp_path: Path, capsys):
+    """A damaged shard: rank 0 checks the digests for all ranks; the CLI prints one line naming a rank, exit 2."""
+    import shutil
+
+    manifest_path = next(tiny_run.glob("*_shards/corpus.json"))
+    corpus = tmp_path / "corpus"
+    shutil.copytree(manifest_path.parent, corpus)
+    manifest = json.loads((corpus / "corpus.json").read_text())
+    shard = corpus / manifest["shards"]["train"][0]["path"]
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE)
+    out = tmp_path / "out"
+    assert main(["train", "--corpus", str(corpus), "--config", str(recipe), "--out", str(out), "--nproc", "2"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "Traceback" not in error and "torchrun" not in error
+    assert error.startswith("error: rank ") and f"{shard.name}: sha256" in error and "logs/rank-" in error
+    rank = int(error.split()[2].rstrip(":"))
+    assert f"{shard.name}: sha256" in (out / "logs" / f"rank-{rank}.log").read_text()
 
 
 def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Path, tiny_run: Path, tmp_path: Path, capsys):

@@ -140,11 +140,16 @@ def test_other_thread_count_warns_and_refuses_only_when_bitwise_resume_is_asked(
         torch.set_num_threads(threads)
 
 
-def test_other_torch_version_refused(saved, tiny_corpus, monkeypatch):
-    model, optimizer, loader = build(tiny_corpus)
+def test_other_torch_version_warns_and_strict_resume_refuses(saved, tiny_corpus, monkeypatch):
     monkeypatch.setattr(torch, "__version__", "0.0.1")
-    with pytest.raises(CheckpointError, match="runtime"):
-        load_checkpoint(saved[0], model, optimizer, CONFIG, loader)
+    model, optimizer, loader = build(tiny_corpus)
+    before = snapshot(model, loader)
+    with pytest.raises(CheckpointError, match="torch .* != 0.0.1 and --strict-resume is on"):
+        load_checkpoint(saved[0], model, optimizer, CONFIG, loader, strict=True)
+    assert_unchanged(before, snapshot(model, loader))
+    warnings: list[str] = []
+    state = load_checkpoint(saved[0], model, optimizer, CONFIG, loader, warn=warnings.append)
+    assert state.step == 4 and len(warnings) == 1 and "!= 0.0.1" in warnings[0] and "not bitwise" in warnings[0]
 
 
 def test_checkpoint_written_before_the_layout_move_still_resumes(saved, tiny_corpus, tmp_path):

@@ -175,9 +175,13 @@ def test_evaluate_restores_mode_and_rng_even_on_failure(tiny_corpus):
     assert (random.random(), np.random.rand()) == expected[:2] and torch.equal(torch.rand(1), expected[2])
 
     class Broken:
-        def __iter__(self):
-            yield next(iter(val))
-            raise RuntimeError("disk went away")
+        def __len__(self):
+            return 2
+
+        def batch(self, index):
+            if index:
+                raise RuntimeError("disk went away")
+            return val.batch(0)
 
     torch.manual_seed(2)
     rng = torch.get_rng_state()
