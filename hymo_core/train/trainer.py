@@ -387,8 +387,9 @@ def train(
             probing = config.qk_clip or step % config.log_interval == 0 or step == config.max_steps
             model.set_attention_probe(probing)
             update_loss, update_tokens, update_mtp_ce = 0.0, 0, []
-            if not config.overfit_one_batch:
-                train_loader.reserve_update(config.batch_size * config.gradient_accumulation_steps)  # epochs turn here only
+            reserve = getattr(train_loader, "reserve_update", None)  # a mixing loader (cpt replay) rolls its sides itself
+            if reserve is not None and not config.overfit_one_batch:
+                reserve(config.batch_size * config.gradient_accumulation_steps)  # epochs turn here, between updates
             for _ in range(accumulation):
                 x_BT, y_BT = next_training_batch(train_loader, config, state, fixed_batch)
                 x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
