@@ -138,13 +138,16 @@ class ShingleSets:
 
     def __init__(self, files: CorpusFiles, spill: SpillFiles):
         self.files, self.spill = files, spill
-        self.spans = np.array(files.array("spans.npy", spill))  # 24 bytes a document, read per lookup: in memory
+        # spans.npy (24 bytes a document) is read one row per lookup, with pread: a copy of it in every bucket and
+        # verification task would be 2.4 GB each at 100M documents.
+        self.spans_path = files.path("spans.npy")
+        spill.verify(self.spans_path, files.digest("spans.npy"))
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self.cached_bytes = 0
 
     def raw(self, rank: int) -> np.ndarray:
         """The document's shingle hashes in text order (repeats included)."""
-        shard, start, stop = self.spans[rank].tolist()
+        shard, start, stop = self.spill.read(self.spans_path, 3 * rank, 3 * rank + 3).tolist()
         path, sha256 = self.files.shingle_files[shard]
         self.spill.verify(path, sha256)
         return self.spill.read(path, start, stop)
