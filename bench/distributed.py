@@ -171,7 +171,7 @@ def main() -> int:
                "goals >= 45 % dense, >= 35 % hybrid) was not measured.")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    note = (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on commit {commit}. Machine: {machine}. "
+    note = (f"At {time.strftime('%H:%M UTC', time.gmtime())} on commit {commit}. Machine: {machine}. "
             "Lab 2 shape (V4096, d256, L6, H8, ff688, tied), T256, global batch 8 sequences "
             f"= 2,048 tokens per update, {args.steps} timed updates after 2 warm-up ones; the update is the trainer's "
             "(forward, backward, clip, MuonAdamW with each matrix orthogonalised once by its owner rank, QK-Clip); "
