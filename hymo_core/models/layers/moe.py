@@ -13,11 +13,21 @@ DeepSeek-V3's recipe as seed 000 (§6.5, "EMA gate-bias") uses it:
   b_i += gamma * sign(mean_load - load_i): under-loaded experts become more attractive;
 * an optional sequence-wise auxiliary loss (DeepSeek-V3 eq. 17-20), weight 0 by default.
 
-Experts run grouped: tokens are sorted by expert and each expert multiplies its contiguous slice
-(no loop over tokens; one over experts, the CPU-friendly form of a grouped GEMM); outputs go back
-to their (token, slot) rows and the k slots are summed, with no atomic scatter-add. With
-`capacity_factor > 0` an expert takes at most ceil(cf * tokens * k / E) assignments per forward,
-the rest are dropped (their combine weight is lost, the residual carries the token) and counted.
+Experts run grouped, with no host read (no `.tolist()`, no data-dependent shape): assignments are
+sorted by expert (a stable argsort, so token order is kept inside an expert), each one's rank inside
+its expert comes from the sorted boundaries (`searchsorted`), and every sorted row gets a place in
+a buffer whose size depends on the shapes only. Two layouts of that buffer (`experts.layout`):
+
+* "grouped": the experts' rows back to back, each group padded to 16 rows, multiplied by
+  `torch._grouped_mm` with device-side offsets (chosen on CUDA with bf16 on sm_90+);
+* "padded": an (E, C, D) stack, C = the most rows one expert can receive (N tokens, as a token
+  picks k distinct experts, or the capacity), multiplied by one batched matmul (everywhere else).
+
+Outputs go back to their (token, slot) rows and the k slots are summed, with no atomic scatter-add.
+With `capacity_factor > 0` an expert keeps at most ceil(cf * tokens * k / E) assignments per
+forward, the first in token order; the rest are dropped (their combine weight is lost, the residual
+carries the token) and counted. Counters and the gate-bias step stay on the device; only
+`moe_after_optimizer_step(..., read=True)` (the trainer's logging steps) reads figures back.
 """
 from __future__ import annotations
 
@@ -31,6 +41,37 @@ import torch.nn.functional as F
 
 from hymo_core.models.configs import MoEConfig
 
+GROUP_ALIGN = 16  # rows of each grouped_mm group are padded to a multiple of this
+EXPERT_LAYOUTS = ("auto", "grouped", "padded")
+
+
+def grouped_mm_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the grouped layout is chosen: this build has `torch._grouped_mm`, a Hopper+ GPU, bf16."""
+    if not hasattr(torch, "_grouped_mm") or device.type != "cuda" or dtype != torch.bfloat16:
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype matmuls on `x` run in: autocast's when it is on for x's device, else x's own."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+@dataclass
+class ExpertPlacement:
+    """Where each expert-sorted assignment sits in the expert buffer; device tensors only.
+
+    `rows` is the buffer's static row count, `position_A` the row of sorted assignment i (dropped
+    assignments of the padded layout share the spare last row, which is never multiplied into a kept
+    output), `offsets_E` (grouped layout) the int32 end row of each expert's group.
+    """
+
+    rows: int
+    position_A: torch.Tensor
+    offsets_E: torch.Tensor | None
+
 
 class StackedWeight(nn.Module):
     """One (E, out, in) weight for E experts, so the parameter is named `experts.wN.weight`."""
@@ -41,23 +82,52 @@ class StackedWeight(nn.Module):
 
 
 class RoutedExperts(nn.Module):
-    """E SwiGLU experts, w1 (gate) / w3 (up) / w2 (down), computed over tokens sorted by expert."""
+    """E SwiGLU experts, w1 (gate) / w3 (up) / w2 (down), multiplied over an expert-major buffer."""
 
     def __init__(self, n_experts: int, d_model: int, expert_dim: int):
         super().__init__()
+        self.n_experts = n_experts
         self.w1 = StackedWeight(n_experts, expert_dim, d_model)
         self.w2 = StackedWeight(n_experts, d_model, expert_dim)
         self.w3 = StackedWeight(n_experts, expert_dim, d_model)
+        self.layout = "auto"  # a runtime choice like the kernel backend: "auto" | "grouped" | "padded"
 
-    def forward(self, x_SD: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
-        """`x_SD` holds each expert's tokens contiguously, in expert order, `tokens_per_expert[e]` of them."""
-        outputs = []
-        for expert, x_sD in enumerate(x_SD.split(tokens_per_expert)):
-            if x_sD.shape[0] == 0:
-                continue
-            hidden = F.silu(x_sD @ self.w1.weight[expert].T) * (x_sD @ self.w3.weight[expert].T)
-            outputs.append(hidden @ self.w2.weight[expert].T)
-        return torch.cat(outputs) if outputs else x_SD.new_zeros(0, self.w2.weight.shape[1])
+    def resolved_layout(self, x: torch.Tensor) -> str:
+        if self.layout not in EXPERT_LAYOUTS:
+            raise ValueError(f"expert layout must be one of {EXPERT_LAYOUTS}, got {self.layout!r}")
+        if self.layout != "auto":
+            return self.layout
+        return "grouped" if grouped_mm_available(x.device, compute_dtype(x)) else "padded"
+
+    def place(self, layout: str, sorted_experts_A: torch.Tensor, rank_A: torch.Tensor, counts_E: torch.Tensor,
+              per_expert_rows: int) -> ExpertPlacement:
+        """Buffer rows of the sorted assignments; `per_expert_rows` is the most one expert keeps."""
+        E, A = self.n_experts, sorted_experts_A.numel()
+        if layout == "grouped":
+            padded_E = (counts_E + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
+            ends_E = torch.cumsum(padded_E, 0)
+            position_A = (ends_E - padded_E)[sorted_experts_A] + rank_A
+            return ExpertPlacement(A + E * (GROUP_ALIGN - 1), position_A, ends_E.to(torch.int32))
+        spare = E * per_expert_rows
+        position_A = torch.where(rank_A < per_expert_rows, sorted_experts_A * per_expert_rows + rank_A, spare)
+        return ExpertPlacement(spare + 1, position_A, None)
+
+    def forward(self, x_AD: torch.Tensor, placement: ExpertPlacement) -> torch.Tensor:
+        """`x_AD` in expert-sorted order; returns one output row per row of `x_AD`, same order."""
+        dtype = compute_dtype(x_AD)
+        w1, w2, w3 = (w.weight.to(dtype) for w in (self.w1, self.w2, self.w3))
+        D = x_AD.shape[1]
+        buffer_PD = x_AD.new_zeros(placement.rows, D, dtype=dtype).index_put((placement.position_A,), x_AD.to(dtype))
+        if placement.offsets_E is not None:
+            offsets = placement.offsets_E
+            hidden_PF = F.silu(torch._grouped_mm(buffer_PD, w1.mT, offs=offsets)) * \
+                torch._grouped_mm(buffer_PD, w3.mT, offs=offsets)
+            out_PD = torch._grouped_mm(hidden_PF, w2.mT, offs=offsets)
+        else:
+            stack_ECD = buffer_PD[:-1].view(self.n_experts, -1, D)
+            hidden_ECF = F.silu(torch.bmm(stack_ECD, w1.mT)) * torch.bmm(stack_ECD, w3.mT)
+            out_PD = torch.cat((torch.bmm(hidden_ECF, w2.mT).reshape(-1, D), buffer_PD.new_zeros(1, D)))
+        return out_PD[placement.position_A]
 
 
 class SharedExpert(nn.Module):
@@ -96,7 +166,7 @@ class MoE(nn.Module):
         self.register_buffer("tokens_per_expert_E", torch.zeros(E, dtype=torch.float64))
         self.register_buffer("dropped_assignments", torch.zeros((), dtype=torch.float64))
         self.aux_loss: torch.Tensor | None = None  # of the last training forward, when aux_loss_weight > 0
-        self.last_update_stats: dict[str, float | list[float]] | None = None
+        self.last_update_stats: dict[str, torch.Tensor] | None = None
         self.init_std = init_std
         self.reset_parameters()
 
@@ -110,10 +180,18 @@ class MoE(nn.Module):
         self.init_extra_parameters()
 
     @torch.no_grad()
-    def init_extra_parameters(self) -> None:
+    def init_extra_parameters(self, generator: torch.Generator | None = None) -> None:
         """The stacked input weights (the model's init walk only knows nn.Linear / nn.Embedding)."""
-        nn.init.normal_(self.experts.w1.weight, std=self.init_std)
-        nn.init.normal_(self.experts.w3.weight, std=self.init_std)
+        nn.init.normal_(self.experts.w1.weight, std=self.init_std, generator=generator)
+        nn.init.normal_(self.experts.w3.weight, std=self.init_std, generator=generator)
+
+    @torch.no_grad()
+    def reset_buffers(self) -> None:
+        """The balancing state of a fresh model (meta-device materialisation recomputes it)."""
+        self.expert_bias_E.zero_()
+        self.load_ema_E.fill_(1.0 / self.config.n_routed_experts)
+        self.tokens_per_expert_E.zero_()
+        self.dropped_assignments.zero_()
 
     def residual_weights(self) -> list[torch.Tensor]:
         """Weights that write into the residual stream (the model re-initialises them depth-scaled)."""
@@ -134,43 +212,44 @@ class MoE(nn.Module):
             weights_NK = weights_NK / weights_NK.sum(dim=-1, keepdim=True)
         return Routing(experts_NK, weights_NK * self.config.route_scale, scores_NE)
 
+    def capacity(self, n_tokens: int) -> int:
+        """Most assignments one expert keeps per forward: ceil(cf * N * k / E) with a capacity factor,
+        else N (a token picks k distinct experts, so no expert receives more than N)."""
+        if self.config.capacity_factor <= 0:
+            return n_tokens
+        assignments = n_tokens * self.config.n_activated_experts
+        return min(n_tokens, math.ceil(self.config.capacity_factor * assignments / self.config.n_routed_experts))
+
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         B, T, D = x_BTD.shape
-        x_ND = x_BTD.reshape(B * T, D)
+        N = B * T
+        x_ND = x_BTD.reshape(N, D)
         routing = self.route(x_ND)
         E, K = self.config.n_routed_experts, self.config.n_activated_experts
-        flat_experts = routing.experts_NK.reshape(-1)
-        counts_E = torch.bincount(flat_experts, minlength=E)
-        order = torch.argsort(flat_experts, stable=True)  # assignments grouped by expert, token order kept
-        kept = self._within_capacity(counts_E, order.numel(), x_ND.device)
-        if kept is not None:
-            order = order[kept]
-        token_of = order // K
-        sorted_counts = torch.bincount(flat_experts[order], minlength=E)
-        y_SD = self.experts(x_ND[token_of], sorted_counts.tolist())
-        y_SD = y_SD * routing.weights_NK.reshape(-1)[order].unsqueeze(1).to(y_SD.dtype)
+        flat_experts_A = routing.experts_NK.reshape(-1)
+        order_A = torch.argsort(flat_experts_A, stable=True)  # assignments grouped by expert, token order kept
+        sorted_experts_A = flat_experts_A[order_A]
+        bounds_E1 = torch.searchsorted(sorted_experts_A, torch.arange(E + 1, device=x_ND.device))
+        starts_E, counts_E = bounds_E1[:-1], bounds_E1.diff()
+        rank_A = torch.arange(N * K, device=x_ND.device) - starts_E[sorted_experts_A]
+        capacity = self.capacity(N)
+        kept_A = rank_A < capacity
+        placement = self.experts.place(self.experts.resolved_layout(x_ND), sorted_experts_A, rank_A, counts_E, capacity)
+        y_AD = self.experts(x_ND[order_A // K], placement)
+        y_AD = y_AD * routing.weights_NK.reshape(-1)[order_A].unsqueeze(1).to(y_AD.dtype)
+        y_AD = torch.where(kept_A.unsqueeze(1), y_AD, 0.0)  # a dropped assignment adds nothing, not even a NaN
         # Un-sort into one row per (token, slot) and sum the k slots: no atomic scatter-add, so the
         # sum's order (and a resumed run's bits) does not depend on the device's thread schedule.
-        slots_AD = x_ND.new_zeros(B * T * K, D).index_copy(0, order, y_SD.to(x_ND.dtype))
-        out_ND = slots_AD.view(B * T, K, D).sum(dim=1)
+        slots_AD = x_ND.new_zeros(N * K, D).index_copy(0, order_A, y_AD.to(x_ND.dtype))
+        out_ND = slots_AD.view(N, K, D).sum(dim=1)
         if self.shared_expert is not None:
             out_ND = out_ND + self.shared_expert(x_ND)
         if self.training:
             with torch.no_grad():
                 self.tokens_per_expert_E += counts_E.to(torch.float64)
-                self.dropped_assignments += flat_experts.numel() - order.numel()
+                self.dropped_assignments += (~kept_A).sum().to(torch.float64)
             self.aux_loss = self._sequence_aux_loss(routing, B, T) if self.config.aux_loss_weight > 0 else None
         return out_ND.reshape(B, T, D)
-
-    def _within_capacity(self, counts_E: torch.Tensor, n_assignments: int, device: torch.device) -> torch.Tensor | None:
-        """Indices (into the expert-sorted assignments) each expert keeps under its capacity; None = keep all."""
-        if self.config.capacity_factor <= 0:
-            return None
-        capacity = math.ceil(self.config.capacity_factor * n_assignments / self.config.n_routed_experts)
-        starts_E = torch.cumsum(counts_E, 0) - counts_E
-        expert_of_sorted = torch.repeat_interleave(torch.arange(counts_E.numel(), device=device), counts_E)
-        rank_within_expert = torch.arange(n_assignments, device=device) - starts_E[expert_of_sorted]
-        return torch.nonzero(rank_within_expert < capacity).squeeze(1)
 
     def _sequence_aux_loss(self, routing: Routing, B: int, T: int) -> torch.Tensor:
         """DeepSeek-V3's sequence-wise balance loss: alpha * sum_i f_i P_i, averaged over sequences."""
@@ -182,22 +261,28 @@ class MoE(nn.Module):
         return self.config.aux_loss_weight * (f_BE * p_BE).sum(dim=1).mean()
 
     @torch.no_grad()
-    def apply_bias_update(self, tokens_per_expert_E: torch.Tensor, dropped: float) -> dict[str, float | list[float]]:
-        """One optimizer update's balancing step from its (already reduced) counts; resets the counters."""
+    def apply_bias_update(self, tokens_per_expert_E: torch.Tensor, dropped: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimizer update's balancing step from its (already reduced) counts; resets the counters.
+
+        Device tensors only: an update that routed nothing keeps the bias and averages an even load
+        into the EMA. The figures are 0-dim / (E,) tensors; `load_figures` reads them.
+        """
         E = self.config.n_routed_experts
-        total = float(tokens_per_expert_E.sum())
-        load_E = (tokens_per_expert_E / total if total > 0 else torch.full_like(tokens_per_expert_E, 1.0 / E)).float()
+        total = tokens_per_expert_E.sum()
+        routed = total > 0
+        load_E = torch.where(routed, tokens_per_expert_E / total.clamp(min=1.0), 1.0 / E).float()
         decay = self.config.load_ema_decay
         self.load_ema_E.mul_(decay).add_(load_E, alpha=1.0 - decay)
-        if self.config.bias_update and total > 0:
-            self.expert_bias_E += self.config.bias_update_rate * torch.sign(self.load_ema_E.mean() - self.load_ema_E)
+        if self.config.bias_update:
+            step_E = self.config.bias_update_rate * torch.sign(self.load_ema_E.mean() - self.load_ema_E)
+            self.expert_bias_E += torch.where(routed, step_E, 0.0)
         self.tokens_per_expert_E.zero_()
         self.dropped_assignments.zero_()
         relative_E = load_E * E  # 1.0 = a perfectly even share
         self.last_update_stats = {
-            "load_min": float(relative_E.min()), "load_max": float(relative_E.max()),
-            "load_cv": float(relative_E.std(unbiased=False)), "bias_norm": float(self.expert_bias_E.norm()),
-            "dropped_tokens": dropped, "load": [round(float(v), 4) for v in relative_E],
+            "load_min": relative_E.min(), "load_max": relative_E.max(),
+            "load_cv": relative_E.std(unbiased=False), "bias_norm": self.expert_bias_E.norm(),
+            "dropped_tokens": dropped.detach().clone(), "load": relative_E,
         }
         return self.last_update_stats
 
@@ -209,18 +294,30 @@ class MoE(nn.Module):
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
+LOAD_FIGURES = ("load_min", "load_max", "load_cv", "bias_norm", "dropped_tokens")
+
+
+def load_figures(stats: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
+    """One layer's update figures as plain numbers: one host read (the trainer's logging steps)."""
+    values = torch.cat([stats[key].reshape(-1).double() for key in LOAD_FIGURES + ("load",)]).tolist()
+    figures: dict[str, float | list[float]] = dict(zip(LOAD_FIGURES, values))
+    figures["load"] = [round(v, 4) for v in values[len(LOAD_FIGURES):]]
+    return figures
 
 
 @torch.no_grad()
-def moe_after_optimizer_step(named_moes: list[tuple[str, MoE]], reduce: Reduce | None = None) -> dict[str, dict]:
+def moe_after_optimizer_step(named_moes: list[tuple[str, MoE]], reduce: Reduce | None = None,
+                             read: bool = True) -> dict[str, dict]:
     """The once-per-update balancing step for every MoE layer; returns each layer's load figures.
 
     `reduce` sums a tensor over data-parallel ranks (e.g. `dist.all_reduce` in place, returned);
     all layers' counts travel in one tensor, so a data-parallel update costs one collective.
+    With `read=False` (an update that is not logged) nothing is read back and {} is returned.
     """
     if not named_moes:
         return {}
     counts = torch.stack([torch.cat([moe.tokens_per_expert_E, moe.dropped_assignments.view(1)]) for _, moe in named_moes])
     if reduce is not None:
         counts = reduce(counts)
-    return {name: moe.apply_bias_update(row[:-1], float(row[-1])) for (name, moe), row in zip(named_moes, counts)}
+    stats = {name: moe.apply_bias_update(row[:-1], row[-1]) for (name, moe), row in zip(named_moes, counts)}
+    return {name: load_figures(layer) for name, layer in stats.items()} if read else {}

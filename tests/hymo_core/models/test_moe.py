@@ -142,3 +142,31 @@ def test_sequence_aux_loss_is_off_by_default_and_differentiable_when_on():
     moe(torch.randn(2, 8, D))
     moe.aux_loss.backward()
     assert moe.aux_loss > 0 and moe.gate.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("capacity_factor", [0.0, 1.0])
+def test_grouped_and_padded_expert_layouts_agree_bit_for_bit(capacity_factor):
+    """torch._grouped_mm (the CUDA path; the CPU build has it too) and the padded batched matmul."""
+    moe = make_moe(capacity_factor=capacity_factor)
+    moe.expert_bias_E[0] = 0.5  # skewed: with a capacity, expert 0 drops assignments
+    moe.train()
+    x = torch.randn(2, 9, D, requires_grad=True)
+    upstream = torch.linspace(-1, 1, x.numel()).view_as(x)
+    results = {}
+    for layout in ("padded", "grouped"):
+        moe.experts.layout = layout
+        moe.zero_grad(set_to_none=True)
+        x.grad = None
+        moe.dropped_assignments.zero_()
+        y = moe(x)
+        (y * upstream).sum().backward()
+        results[layout] = [y.detach(), x.grad, moe.experts.w1.weight.grad, moe.experts.w2.weight.grad,
+                           moe.gate.weight.grad, moe.dropped_assignments.clone()]
+    for padded, grouped in zip(results["padded"], results["grouped"]):
+        assert torch.equal(padded, grouped)
+    assert (float(results["padded"][-1]) > 0) == (capacity_factor > 0)
+    moe.experts.layout = "auto"
+    assert moe.experts.resolved_layout(x) == "padded"  # grouped only on CUDA, bf16, sm_90+
+    moe.experts.layout = "looped"
+    with pytest.raises(ValueError, match="expert layout"):
+        moe(x)
