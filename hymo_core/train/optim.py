@@ -16,7 +16,8 @@ Cautious weight decay: MuonAdamW follows Cautious Weight Decay (Chen et al.,
 2025, `update_sign_mask`), NorMuon and CautiousAdamW follow seed 000 §3.2
 (`gradient_sign_mask`). Off by default for MuonAdamW, which keeps its Muon
 groups identical to `torch.optim.Muon(adjust_lr_fn="match_rms_adamw")` and
-its AdamW groups to `torch.optim.AdamW`; the tests hold both to that.
+its AdamW groups to `torch.optim.AdamW(fused=True)` (its kernel, over all the group's tensors at
+once); the tests hold both to that.
 
 A single object means one `step`, one `zero_grad`, one `state_dict`, one LR
 assignment, and one GradScaler `unscale_` for the whole model (seed 002).
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn as nn
+from torch.optim.adamw import adamw
 
 from hymo_core.train.partition import partition_parameters, weight_decay_for
 from hymo_core.train.optim_config import NS_DTYPE_NAMES, NorMuonConfig, OptimizerConfig
@@ -218,30 +220,61 @@ class MuonAdamW(PartitionedOptimizer):
             param.add_(direction, alpha=-group["lr"] * scale)
 
     def _adamw_step(self, group: dict) -> None:
-        for param in group["params"]:
-            if param.grad is None:
-                continue
-            exp_avg, denominator, bias_correction = adam_moments_(self.state[param], param.grad, param, group)
-            # sign(update) == sign(exp_avg), which is all cautious decay needs.
-            self._decay(param, exp_avg, group)
-            param.addcdiv_(exp_avg, denominator, value=-group["lr"] / bias_correction)
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        grads = [p.grad for p in params]
+        if group["cautious_weight_decay"]:
+            # sign(update) == sign(exp_avg after this step's lerp), which is all cautious decay needs.
+            exp_avgs = [adamw_state(self.state[p], p)["exp_avg"] for p in params]
+            decay_(params, torch._foreach_lerp(exp_avgs, grads, 1.0 - group["betas"][0]), group["lr"] * group["weight_decay"], True)
+            fused_adamw_(params, grads, [self.state[p] for p in params], group, weight_decay=0.0)
+        else:  # exactly torch.optim.AdamW(fused=True)
+            fused_adamw_(params, grads, [self.state[p] for p in params], group, weight_decay=group["weight_decay"])
 
 
-def adam_moments_(state: dict, grad: torch.Tensor, like: torch.Tensor, group: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Advance AdamW's moments in `state`; returns (exp_avg, bias-corrected denominator, 1 - beta1^t)."""
-    beta1, beta2 = group["betas"]
+def adamw_state(state: dict, like: torch.Tensor) -> dict:
+    """AdamW's moments and step count, created on first use; the step lives on the parameter's device
+    (torch's fused kernel reads it there, so no host read is needed for the bias corrections)."""
     if "step" not in state:
-        # Step count on the CPU, as torch.optim.AdamW keeps it: no device sync to read it.
-        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        state["step"] = torch.zeros((), dtype=torch.float32, device=like.device)
         state["exp_avg"] = torch.zeros_like(like, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(like, memory_format=torch.preserve_format)
-    state["step"] += 1
-    step = state["step"].item()
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    exp_avg.lerp_(grad, 1.0 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-    denominator = (exp_avg_sq.sqrt() / (1.0 - beta2**step) ** 0.5).add_(group["eps"])
-    return exp_avg, denominator, 1.0 - beta1**step
+    elif state["step"].device != like.device:  # a checkpoint written by the per-parameter loop kept it on the CPU
+        state["step"] = state["step"].to(device=like.device, dtype=torch.float32)
+    return state
+
+
+def fused_adamw_(params: list[torch.Tensor], grads: list[torch.Tensor], states: list[dict], group: dict,
+                 weight_decay: float) -> None:
+    """One AdamW step over lists with torch's fused kernel (CPU and CUDA): no Python loop per tensor
+    on the device, no host read. `weight_decay` is torch's decoupled decay (0 when decay is cautious)."""
+    states = [adamw_state(state, param) for state, param in zip(states, params)]
+    beta1, beta2 = group["betas"]
+    adamw(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
+          [s["step"] for s in states], fused=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+          weight_decay=weight_decay, eps=group["eps"], maximize=False)
+
+
+def cautious_factors(signal: list[torch.Tensor], params: list[torch.Tensor], factor: float) -> list[torch.Tensor]:
+    """1 - factor * [signal * param > 0] for each tensor, with foreach ops (sign, then clamp to {0, 1})."""
+    masks = torch._foreach_mul(signal, params)
+    torch._foreach_sign_(masks)
+    torch._foreach_clamp_min_(masks, 0.0)
+    torch._foreach_mul_(masks, -factor)
+    torch._foreach_add_(masks, 1.0)
+    return masks
+
+
+def decay_(params: list[torch.Tensor], signal: list[torch.Tensor], factor: float, cautious: bool) -> None:
+    """Decoupled decay by `factor` (= lr * wd); cautious: only where `signal` (the update's direction
+    or the gradient) shares the parameter's sign, so decay never fights the step."""
+    if factor == 0.0:
+        return
+    if cautious:
+        torch._foreach_mul_(params, cautious_factors(signal, params, factor))
+    else:
+        torch._foreach_mul_(params, 1.0 - factor)
 
 
 # ---------------------------------------------------------------- NorMuon + CautiousAdamW (seed 000 §2-3)
@@ -332,14 +365,8 @@ class NorMuonAdamW(PartitionedOptimizer):
             state["master"] = param.detach().float().clone()
         return state["master"]
 
-    def _decay_(self, master: torch.Tensor, grad: torch.Tensor, group: dict) -> None:
-        factor = group["lr"] * group["weight_decay"]
-        if factor == 0.0:
-            return
-        if group["cautious_weight_decay"]:
-            master.mul_(1.0 - factor * gradient_sign_mask(grad, master))
-        else:
-            master.mul_(1.0 - factor)
+    def _decay_(self, masters: list[torch.Tensor], grads: list[torch.Tensor], group: dict) -> None:
+        decay_(masters, grads, group["lr"] * group["weight_decay"], group["cautious_weight_decay"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
@@ -352,9 +379,8 @@ class NorMuonAdamW(PartitionedOptimizer):
             if group["algorithm"] == "normuon":
                 if params:
                     self._normuon_step(params, group)
-            else:
-                for param in params:
-                    self._cautious_adamw_step(param, group)
+            elif params:
+                self._cautious_adamw_step(params, group)
         return loss
 
     def _normuon_step(self, params: list[torch.Tensor], group: dict) -> None:
@@ -383,7 +409,7 @@ class NorMuonAdamW(PartitionedOptimizer):
             directions = rows
         scales_N = self._update_scales([local_part(m) for m in momenta], directions, group, shard_group(momenta[0]))
         for param, master, grad, direction, scale in zip(params, masters, grads, directions, scales_N.unbind(0)):
-            self._decay_(master, grad, group)
+            self._decay_([master], [grad], group)
             # The scale stays on the device: no host read per matrix.
             factor = 0.2 * math.sqrt(param.numel()) if group["update_scale"] == "match_rms_adamw" else 1.0
             local_part(master).addcmul_(direction, scale, value=-group["lr"] * factor)
@@ -404,14 +430,18 @@ class NorMuonAdamW(PartitionedOptimizer):
         inverse = 1.0 / norms[:count].clamp(min=group["ns_eps"])
         return norms[count:] * inverse if by_momentum else inverse
 
-    def _cautious_adamw_step(self, param: torch.Tensor, group: dict) -> None:
-        master = self._master(param)
-        grad = param.grad.to(master.dtype)
-        exp_avg, denominator, bias_correction = adam_moments_(self.state[param], grad, master, group)
-        self._decay_(master, grad, group)
-        master.addcdiv_(exp_avg, denominator, value=-group["lr"] / bias_correction)
-        if master is not param:
-            param.copy_(master)
+    def _cautious_adamw_step(self, params: list[torch.Tensor], group: dict) -> None:
+        masters = [self._master(p) for p in params]
+        grads = [p.grad.to(m.dtype) for p, m in zip(params, masters)]
+        self._decay_(masters, grads, group)
+        fused_adamw_(masters, grads, [self.state[p] for p in params], group, weight_decay=0.0)
+        self._copy_back(params, masters)
+
+    @staticmethod
+    def _copy_back(params: list[torch.Tensor], masters: list[torch.Tensor]) -> None:
+        pairs = [(p, m) for p, m in zip(params, masters) if m is not p]
+        if pairs:
+            torch._foreach_copy_([p for p, _ in pairs], [m for _, m in pairs])
 
 
 def build_optimizer(model: nn.Module, config: OptimizerConfig | NorMuonConfig = OptimizerConfig()) -> PartitionedOptimizer:
