@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     restore_rng(rng_from_payload(payload["rng"]))
     control: dict[int, float] = {}
     train(model, optimizer, loader, None, config, TrainState.from_dict(payload["state"]), torch.device("cpu"),
-          TrainHooks(on_update=lambda s, loss, lr: control.__setitem__(s.step, loss)))
+          TrainHooks(on_update=lambda s, loss, lr: control.__setitem__(s.step, float(loss))))
 
     table = "\n".join([
         "| run | steps | max \\|loss - uninterrupted\\| | final weights sha256 | equal to uninterrupted |", "|---|---|---|---|---|",

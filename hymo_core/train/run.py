@@ -175,13 +175,19 @@ class ProgressLine:
             self.progress.start()
             self.task = self.progress.add_task("train", total=total, completed=start, status="")
         self.started, self.tokens = time.perf_counter(), 0
+        self.logged_loss: float | None = None
 
-    def update(self, state: TrainState, loss: float, lr: float, tokens: int) -> None:
+    def update(self, state: TrainState, lr: float, tokens: int) -> None:
+        """After every update; the loss shown is the last logged one (reading each update's would sync the device)."""
         if self.progress is None:
             return
         self.tokens += tokens
         rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
-        self.progress.update(self.task, completed=state.step, status=f"loss {loss:.3f} lr {lr:.2e} {rate:,.0f} tok/s")
+        loss = f"loss {self.logged_loss:.3f} " if self.logged_loss is not None else ""
+        self.progress.update(self.task, completed=state.step, status=f"{loss}lr {lr:.2e} {rate:,.0f} tok/s")
+
+    def logged(self, record: dict) -> None:
+        self.logged_loss = record["loss"]
 
     def close(self) -> None:
         if self.progress is not None:
@@ -306,12 +312,13 @@ def run_training(
         else:
             checkpoints.save(current.step, last_val[0], **objects)
 
-    def on_update(current: TrainState, loss: float, lr: float) -> None:
-        bar.update(current, loss, lr, config.tokens_per_update)
+    def on_update(current: TrainState, loss: torch.Tensor, lr: float) -> None:
+        bar.update(current, lr, config.tokens_per_update)
         if background is not None:
             background.poll()
 
     def on_log(row: dict[str, Any]) -> None:
+        bar.logged(row)
         record({"kind": "train", **row})
         if runtime.launched and not bar.enabled:  # under torchrun: rank 0's one line per logged step
             lr = max(row["lr"].values())

@@ -38,8 +38,8 @@ import torch.nn as nn
 from hymo_core.planner import planner
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.data import EndOfEpoch, TokenLoader, ValidationLoader
-from hymo_core.distributed.process_group import (Runtime, all_gather_objects, all_reduce_max_, all_reduce_mean, all_reduce_sum_,
-                                                full_value, reduce_expert_load_)
+from hymo_core.distributed.process_group import (Runtime, all_gather_objects, all_reduce_max_, all_reduce_sum_, full_value,
+                                                reduce_expert_load_)
 from hymo_core.train.optim import PartitionedOptimizer
 from hymo_core.train.schedule import learning_rate_at_step
 
@@ -81,7 +81,8 @@ class TrainHooks:
     on_eval: Callable[[int, float], None] | None = None  # (step, validation loss)
     on_checkpoint: Callable[[TrainState], None] | None = None  # gradients are cleared when called
     on_event: Callable[[dict[str, Any]], None] | None = None  # skips and other notable events
-    on_update: Callable[[TrainState, float, float], None] | None = None  # (state, loss, lr) after every update
+    # (state, loss, lr) after every update; the loss is a 0-dim device tensor (float() it to read it: a host sync)
+    on_update: Callable[[TrainState, torch.Tensor, float], None] | None = None
 
 
 # ---------------------------------------------------------------- setup checks
@@ -154,9 +155,15 @@ class QKClip:
         if self.enabled and self.maxima_LH is not None and not bool(torch.isfinite(self.maxima_LH).all()):
             raise FloatingPointError("non-finite attention logit observed; refusing the optimizer step")
 
+    def finite(self) -> torch.Tensor | None:
+        """The device-side form of `validate` (steps without a host read): False when an observation is not finite."""
+        if not self.enabled or self.maxima_LH is None:
+            return None
+        return torch.isfinite(self.maxima_LH).all()
+
     @torch.no_grad()
-    def apply(self) -> int:
-        """Rescale heads over the threshold; returns how many heads were clipped."""
+    def apply(self) -> torch.Tensor | int:
+        """Rescale heads over the threshold; returns how many heads were clipped (a device count, read when logged)."""
         if not self.enabled or self.maxima_LH is None:
             return 0
         over_LH = self.maxima_LH > self.threshold
@@ -164,7 +171,7 @@ class QKClip:
         for mixer, gamma_H in zip(self.model.softmax_mixers(), gamma_LH):
             mixer.qk_clip_(gamma_H)  # the mixer knows which projection rows make a head's logits
         self.maxima_LH = None
-        return int(over_LH.sum())
+        return over_LH.sum()
 
 
 # ---------------------------------------------------------------- validation
@@ -341,6 +348,67 @@ def reference_flops(device: torch.device, precision: str, size: int = 384, repea
     return 2.0 * size**3 * repeats / max(seconds, 1e-9), f"measured {size}x{size} {str(dtype).removeprefix('torch.')} matmul"
 
 
+# ---------------------------------------------------------------- host reads
+
+
+def reads_host(config: TrainConfig, step: int, evaluates: bool, checkpoints: bool) -> bool:
+    """Whether update `step` reads device values back: logged, evaluated, checkpointed, or the last."""
+    return (step % config.log_interval == 0 or step == config.max_steps
+            or (evaluates and step % config.eval_interval == 0)
+            or (checkpoints and step % config.checkpoint_interval == 0))
+
+
+class DeferredChecks:
+    """Failure checks of steps that do not read the host, kept on the device until one that does.
+
+    Seed 002 raises on a non-finite loss before backward. A step that reads nothing back cannot, so
+    it records the first step whose loss, gradient norm or attention logits were not finite; the next
+    reading step raises before it logs, evaluates or saves anything (no checkpoint holds the damage).
+    With log_interval = 1 every step reads, and the seed's order holds exactly.
+    """
+
+    KINDS = ("loss", "gradient norm", "attention logit")
+
+    def __init__(self, device: torch.device):
+        self.first_bad_K: torch.Tensor | None = None  # first failing step per kind, 0 = none
+        self.device = device
+
+    def require(self, ok: torch.Tensor, kind: str, step: int) -> None:
+        k = self.KINDS.index(kind)
+        if self.first_bad_K is None:
+            self.first_bad_K = torch.zeros(len(self.KINDS), dtype=torch.int64, device=self.device)
+        unset = self.first_bad_K[k] == 0
+        self.first_bad_K[k] = torch.where(unset & ~ok.to(self.device), step, self.first_bad_K[k])
+
+    def raise_if_failed(self) -> None:
+        if self.first_bad_K is None:
+            return
+        steps = self.first_bad_K.tolist()
+        self.first_bad_K = None
+        for kind, first in zip(self.KINDS, steps):
+            if first:
+                raise FloatingPointError(f"non-finite training {kind} at step {first} (found at the next step that reads "
+                                         "the device); no later record or checkpoint was written")
+
+
+@dataclass
+class Window:
+    """The logging window's token-weighted loss (a device sum) and its counters."""
+
+    loss_sum: torch.Tensor | None = None
+    tokens: int = 0
+    seconds: float = 0.0
+    updates: int = 0
+
+    def add(self, update_loss: torch.Tensor, tokens: int, seconds: float) -> None:
+        weighted = update_loss * tokens
+        self.loss_sum = weighted if self.loss_sum is None else self.loss_sum + weighted
+        self.tokens, self.seconds, self.updates = self.tokens + tokens, self.seconds + seconds, self.updates + 1
+
+    def mean_loss(self) -> torch.Tensor:
+        return self.loss_sum / max(self.tokens, 1)
+
+
 # ---------------------------------------------------------------- the loop
 
 
@@ -375,18 +443,26 @@ def train(
     reference, reference_label = reference_flops(device, config.precision)
     fixed_batch: list = []
     consecutive_skips = 0
-    window = {"loss": 0.0, "tokens": 0, "seconds": 0.0, "updates": 0}
+    window = Window()
+    checks = DeferredChecks(device)
     try:
         while state.step < config.max_steps:
             started = time.perf_counter()
             step = state.step + 1  # the candidate successful update
+            # Host reads (loss, grad norm, QK-Clip's finiteness, MoE figures) happen on steps whose
+            # result leaves the loop (logged, evaluated, checkpointed, the last) and on every fp16 step
+            # (GradScaler reads its overflow flag); every other step only queues device work.
+            host_step = scaler.is_enabled() or reads_host(config, step, val_loader is not None, hooks.on_checkpoint is not None)
+            logged = step % config.log_interval == 0 or step == config.max_steps
+            if host_step:
+                checks.raise_if_failed()  # a failure a non-reading step recorded on the device stops here
             lr = learning_rate_at_step(schedule, step)
             optimizer.set_learning_rate(lr)
             qk_clip.reset()
             # The probe costs a chunked q.k pass per layer: only when QK-Clip acts or this step is logged.
-            probing = config.qk_clip or step % config.log_interval == 0 or step == config.max_steps
+            probing = config.qk_clip or logged
             model.set_attention_probe(probing)
-            update_loss, update_tokens, update_mtp_ce = 0.0, 0, []
+            update_loss, update_tokens, update_mtp_ce = None, 0, []
             reserve = getattr(train_loader, "reserve_update", None)  # a mixing loader (cpt replay) rolls its sides itself
             if reserve is not None and not config.overfit_one_batch:
                 reserve(config.batch_size * config.gradient_accumulation_steps)  # epochs turn here, between updates
@@ -395,42 +471,53 @@ def train(
                 x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
                 with autocast(device, config.precision):
                     _, loss = model(x_BT, y_BT)
-                value = loss.item()
-                if not math.isfinite(value):
-                    raise FloatingPointError(f"non-finite training loss {value} at step {step}; nothing was back-propagated")
+                if host_step:
+                    value = loss.item()
+                    if not math.isfinite(value):
+                        raise FloatingPointError(f"non-finite training loss {value} at step {step}; nothing was back-propagated")
+                else:
+                    checks.require(torch.isfinite(loss.detach()), "loss", step)
                 if probing:
                     qk_clip.observe()
                 scaler.scale(loss / accumulation).backward()
                 ce = getattr(model, "last_ce", None)
-                update_loss += float(ce if ce is not None else value) / accumulation
-                mtp_ce = [float(c) / accumulation for c in getattr(model, "last_mtp_ce", [])]
+                micro = (ce if ce is not None else loss).detach().float() / accumulation
+                update_loss = micro if update_loss is None else update_loss + micro
+                mtp_ce = [c.detach().float() / accumulation for c in getattr(model, "last_mtp_ce", [])]
                 update_mtp_ce = [a + b for a, b in zip(update_mtp_ce, mtp_ce)] if update_mtp_ce else mtp_ce
                 update_tokens += y_BT.numel() * runtime.world_size  # every rank reads as many
                 state.tokens_seen += y_BT.numel() * runtime.world_size
-            update_loss = all_reduce_mean(update_loss, device)  # the global batch's loss, the same on every rank
-            update_mtp_ce = [all_reduce_mean(value, device) for value in update_mtp_ce]
+            # The global batch's loss, the same on every rank (device tensors: one collective, no host read).
+            update_loss = all_reduce_sum_(update_loss) / runtime.world_size
+            update_mtp_ce = [all_reduce_sum_(value) / runtime.world_size for value in update_mtp_ce]
             qk_clip.reduce()
 
             scaler.unscale_(optimizer)
-            grad_norm = full_value(torch.nn.utils.clip_grad_norm_(
-                model.parameters(), config.max_grad_norm or float("inf"), error_if_nonfinite=not scaler.is_enabled()
-            )).item()
+            grad_norm_t = full_value(torch.nn.utils.clip_grad_norm_(
+                model.parameters(), config.max_grad_norm or float("inf"),
+                error_if_nonfinite=host_step and not scaler.is_enabled()))
+            if not host_step:
+                checks.require(torch.isfinite(grad_norm_t), "gradient norm", step)
+                finite_logits = qk_clip.finite()
+                if finite_logits is not None:
+                    checks.require(finite_logits, "attention logit", step)
             previous_scale = scaler.get_scale() if scaler.is_enabled() else None
-            qk_clip.validate()
+            if host_step:
+                qk_clip.validate()
             scaler.step(optimizer)
             scaler.update()
             state.grad_scaler_state = scaler.state_dict() if scaler.is_enabled() else None
             skipped = scaler.is_enabled() and scaler.get_scale() < previous_scale
             # A host read of the maxima only when the record is written (QK-Clip's own read is its clipped count).
-            max_logit = qk_clip.max_logit() if step % config.log_interval == 0 or step == config.max_steps else None
+            max_logit = qk_clip.max_logit() if logged else None
             clipped_heads, expert_load = 0, {}
             if skipped:
                 qk_clip.reset()  # observations of a discarded update must not rescale weights
                 model.discard_routing_counts()  # nor its MoE token counts move a gate bias
             else:
                 clipped_heads = qk_clip.apply()
-                # Per-block bookkeeping: MoE gate-bias step on the token counts of every rank, load figures.
-                expert_load = model.after_optimizer_step(reduce_expert_load_)
+                # Per-block bookkeeping: MoE gate-bias step on the token counts of every rank; figures when logged.
+                expert_load = model.after_optimizer_step(reduce_expert_load_, read=logged)
             optimizer.zero_grad(set_to_none=True)
 
             if skipped:
@@ -444,32 +531,33 @@ def train(
                 continue
             consecutive_skips = 0
             state.step = step
-            elapsed = time.perf_counter() - started
-            window["loss"] += update_loss * update_tokens
-            window["tokens"] += update_tokens
-            window["seconds"] += elapsed
-            window["updates"] += 1
+            window.add(update_loss, update_tokens, time.perf_counter() - started)
             if hooks.on_update:
-                hooks.on_update(state, update_loss, lr)
+                hooks.on_update(state, update_loss, lr)  # a 0-dim device tensor: reading it is the hook's choice
 
             final = state.step == config.max_steps
-            if final or state.step % config.log_interval == 0:
-                tokens_per_s = window["tokens"] / max(window["seconds"], 1e-9)
+            if host_step:
+                checks.raise_if_failed()  # nothing is logged, evaluated or saved after a recorded failure
+            if logged:
+                loss_mean, last_loss, grad_norm, clipped, *mtp_values = torch.stack(
+                    [window.mean_loss(), update_loss, grad_norm_t.detach().float(), torch.as_tensor(clipped_heads).to(update_loss),
+                     *update_mtp_ce]).tolist()  # the logging step's one host read
+                tokens_per_s = window.tokens / max(window.seconds, 1e-9)
                 record = {
-                    "step": state.step, "loss": window["loss"] / max(window["tokens"], 1), "last_loss": update_loss,
+                    "step": state.step, "loss": loss_mean, "last_loss": last_loss,
                     "grad_norm_pre_clip": grad_norm,
                     "lr": {group["group"]: group["lr"] for group in optimizer.param_groups},
                     "tokens_per_s": tokens_per_s, "utilisation": tokens_per_s * flops_per_token / reference,
                     "utilisation_reference": reference_label, "tokens_seen": state.tokens_seen,
-                    "skipped_updates": state.skipped_updates, "max_attention_logit": max_logit, "qk_clipped_heads": clipped_heads,
+                    "skipped_updates": state.skipped_updates, "max_attention_logit": max_logit, "qk_clipped_heads": int(clipped),
                 }
-                if update_mtp_ce:
-                    record["mtp_ce"] = update_mtp_ce  # per depth, this update's micro-batch mean
+                if mtp_values:
+                    record["mtp_ce"] = mtp_values  # per depth, this update's micro-batch mean
                 if expert_load:
                     record["moe"] = expert_load  # per MoE layer: this update's loads, bias norm, drops
                 if hooks.on_log:
                     hooks.on_log(record)
-                window = {"loss": 0.0, "tokens": 0, "seconds": 0.0, "updates": 0}
+                window = Window()
             if val_loader is not None and (final or state.step % config.eval_interval == 0):
                 val_loss = evaluate(model, val_loader, device, config.precision, runtime)
                 if state.best_val_loss is None or val_loss < state.best_val_loss:

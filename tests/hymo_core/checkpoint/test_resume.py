@@ -89,7 +89,7 @@ def test_split_run_in_a_new_process_equals_uninterrupted_run(tiny_corpus, tmp_pa
     loader.load_state_dict(payload["loaders"]["train"])
     restore_rng(rng_from_payload(payload["rng"]))
     control_losses = {}
-    hooks = TrainHooks(on_update=lambda s, loss, lr: control_losses.__setitem__(s.step, loss))
+    hooks = TrainHooks(on_update=lambda s, loss, lr: control_losses.__setitem__(s.step, float(loss)))
     train(model, optimizer, loader, None, train_config, TrainState.from_dict(payload["state"]), torch.device("cpu"), hooks)
     assert control_losses[N // 2 + 1] == whole_losses[N // 2 + 1]  # same weights and data: the first loss agrees
     assert any(control_losses[s] != whole_losses[s] for s in range(N // 2 + 2, N + 1))

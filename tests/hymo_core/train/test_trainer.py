@@ -209,7 +209,7 @@ def test_overfit_mode_rereads_one_batch_without_moving_the_cursor(tiny_corpus):
     loader.next_batch()  # the fixed batch is the one at the cursor when training starts
     expected = loader.state_dict()
     losses = []
-    state = train(model, optimizer, loader, None, config, TrainState(), CPU, TrainHooks(on_update=lambda s, loss, lr: losses.append(loss)))
+    state = train(model, optimizer, loader, None, config, TrainState(), CPU, TrainHooks(on_update=lambda s, loss, lr: losses.append(float(loss))))
     assert state.fixed_batch_offset == config.batch_size and loader.state_dict() == expected
     assert losses[-1] < losses[0] - 1.0
 

@@ -81,7 +81,7 @@ def run(tiny_corpus, config: TrainConfig, shape: ModelConfig = SHAPE):
     optimizer = build_optimizer(model, config.optimizer_config(torch.device("cpu")))
     loader = TokenLoader(reader, "train", config.seq_len, config.batch_size, config.seed)
     losses: list[float] = []
-    hooks = TrainHooks(on_update=lambda state, loss, lr: losses.append(loss))
+    hooks = TrainHooks(on_update=lambda state, loss, lr: losses.append(float(loss)))
     train(model, optimizer, loader, None, config, TrainState(), torch.device("cpu"), hooks)
     return losses, {name: t.detach().clone() for name, t in model.state_dict().items()}
 
