@@ -20,9 +20,8 @@ shard.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -37,6 +36,7 @@ from hymo_core.models.layers.ffn import FeedForward  # noqa: F401  (re-exported)
 from hymo_core.models.layers.moe import MoE, Reduce, moe_after_optimizer_step
 from hymo_core.models.layers.mtp import MultiTokenPrediction
 from hymo_core.models.layers.norm import RMSNorm
+from hymo_core.models.materialise import draw_init_seed, initialise_, materialise_, residual_std
 
 
 def count_parameters(config: ModelConfig) -> int:
@@ -53,49 +53,94 @@ class DecodeCache:
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig, kernel_backend: str | None = None):
-        """`kernel_backend` is a runtime choice (see hymo_core.kernels), not part of the config."""
+    def __init__(self, config: ModelConfig, kernel_backend: str | None = None, *, init_seed: int | None = None):
+        """`kernel_backend` is a runtime choice (see hymo_core.kernels), not part of the config.
+
+        Built on the meta device, then materialised on the ambient default device (the CPU unless a
+        `torch.device(...)` context says otherwise; under "meta" it stays there: `models.init.build_on_meta`).
+        `init_seed` fixes the initial weights; by default it is one draw from torch's global generator.
+        """
         super().__init__()
         self.config = config
         self.kernel_backend = kernel_backend
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
-        self.layers = nn.ModuleList(Block(config, kind, kernel_backend) for kind in config.layer_kinds())
-        self.norm = RMSNorm(config.d_model, config.norm_eps, kernel_backend)
-        self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        if config.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
-        self.mtp = None
-        if config.mtp_depth:
-            # DeepSeek-V3: each depth's block is of the trunk's kind; here the last layer's (MLA + MoE in HyMo).
-            kind = config.layer_kinds()[-1]
-            self.mtp = MultiTokenPrediction(config.d_model, config.mtp_loss_weights[: config.mtp_depth],
-                                            lambda: Block(config, kind, kernel_backend),
-                                            lambda: RMSNorm(config.d_model, config.norm_eps, kernel_backend))
-        cos_TD2, sin_TD2 = kernels.rope_tables(config.max_seq_len, config.rope_dim, config.rope_base)
-        # Derived from the config, so not saved: a checkpoint holds only learned state.
-        self.register_buffer("rope_cos_TD2", cos_TD2, persistent=False)
-        self.register_buffer("rope_sin_TD2", sin_TD2, persistent=False)
+        self.init_seed = draw_init_seed() if init_seed is None else init_seed
+        target = torch.empty(0).device
+        with torch.device("meta"):
+            self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+            self.layers = nn.ModuleList(Block(config, kind, kernel_backend) for kind in config.layer_kinds())
+            self.norm = RMSNorm(config.d_model, config.norm_eps, kernel_backend)
+            self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
+            self.tie_weights_()
+            self.mtp = None
+            if config.mtp_depth:
+                # DeepSeek-V3: each depth's block is of the trunk's kind, here the last layer's (MLA in HyMo);
+                # its FFN is dense unless config.mtp_moe (seed 000 has MoE on the 8 trunk MLA layers only).
+                kind = config.layer_kinds()[-1]
+                self.mtp = MultiTokenPrediction(config.d_model, config.mtp_loss_weights[: config.mtp_depth],
+                                                lambda: Block(config, kind, kernel_backend, moe=config.mtp_moe),
+                                                lambda: RMSNorm(config.d_model, config.norm_eps, kernel_backend))
+            # Derived from the config, so not saved: a checkpoint holds only learned state.
+            self.register_buffer("rope_cos_TD2", torch.empty(config.max_seq_len, config.rope_dim // 2), persistent=False)
+            self.register_buffer("rope_sin_TD2", torch.empty(config.max_seq_len, config.rope_dim // 2), persistent=False)
         self.last_ce: torch.Tensor | None = None
         self.last_mtp_ce: list[torch.Tensor] = []
-        self.reset_parameters()
+        if target.type != "meta":
+            materialise_(self, target)
+
+    # ------------------------------------------------------------ initialisation (models/materialise.py)
+
+    def init_units(self) -> list[tuple[str, nn.Module, Callable[[nn.Module, torch.Generator], None]]]:
+        """(name, module, init) in the fixed order whose index seeds each unit's generator."""
+        units = [("tok_embeddings", self.tok_embeddings, self._init_plain)]
+        units += [(f"layers.{i}", block, self._init_block) for i, block in enumerate(self.layers)]
+        units.append(("norm", self.norm, self._init_plain))
+        if not self.config.tie_embeddings:  # tied: the embedding unit already set the head
+            units.append(("output", self.output, self._init_plain))
+        if self.mtp is not None:
+            units += [(f"mtp.depths.{k}", depth, self._init_mtp_depth) for k, depth in enumerate(self.mtp.depths)]
+        return units
+
+    def _init_plain(self, unit: nn.Module, generator: torch.Generator) -> None:
+        for module in unit.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=self.config.init_std, generator=generator)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def _init_block(self, block: Block, generator: torch.Generator) -> None:
+        self._init_plain(block, generator)
+        # Each layer adds two residual branches; scaling their output projections by
+        # 1/sqrt(2L) keeps the stream's variance roughly depth-independent at init.
+        std = residual_std(self.config.init_std, self.config.n_layers)
+        for part in (block.attn, block.ffn):
+            for weight in part.residual_weights():
+                nn.init.normal_(weight, std=std, generator=generator)
+            if hasattr(part, "init_extra_parameters"):  # e.g. GDN's decay and conv, MoE's stacked experts
+                part.init_extra_parameters(generator)
+
+    def _init_mtp_depth(self, depth: nn.Module, generator: torch.Generator) -> None:
+        self._init_plain(depth, generator)
+        self._init_block(depth.block, generator)
+
+    def tie_weights_(self) -> None:
+        """The head shares the embedding matrix when the config ties them (again after `to_empty`)."""
+        if self.config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    @torch.no_grad()
+    def init_buffers_(self) -> None:
+        """Buffers a fresh model starts from: the RoPE tables (from the config) and MoE balancing state."""
+        cos_TD2, sin_TD2 = kernels.rope_tables(self.config.max_seq_len, self.config.rope_dim, self.config.rope_base,
+                                               device="cpu")
+        self.rope_cos_TD2.copy_(cos_TD2)
+        self.rope_sin_TD2.copy_(sin_TD2)
+        for _, moe in self.moe_layers():
+            moe.reset_buffers()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        std = self.config.init_std
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=std)
-            elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
-        # Each layer adds two residual branches; scaling their output projections by
-        # 1/sqrt(2L) keeps the stream's variance roughly depth-independent at init.
-        residual_std = std / math.sqrt(2 * self.config.n_layers)
-        for block in self.blocks():
-            for part in (block.attn, block.ffn):
-                for weight in part.residual_weights():
-                    nn.init.normal_(weight, std=residual_std)
-                if hasattr(part, "init_extra_parameters"):  # e.g. GDN's decay and conv
-                    part.init_extra_parameters()
+        """Re-initialise in place, on the current device, exactly as at construction."""
+        initialise_(self)
 
     def forward(
         self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, cache: DecodeCache | None = None
@@ -157,19 +202,19 @@ class Transformer(nn.Module):
         layers = [block.attn.new_cache(batch_size, torch.device(device), dtype) for block in self.layers]
         return DecodeCache(layers)
 
-    def after_optimizer_step(self, reduce: Reduce | None = None) -> dict[str, dict]:
+    def after_optimizer_step(self, reduce: Reduce | None = None, read: bool = True) -> dict[str, dict]:
         """Called by the trainer once per successful update: per-block bookkeeping.
 
         MoE layers take their gate-bias step from the update's token counts (summed over
         data-parallel ranks by `reduce`, one collective for all layers); returns their load
-        figures by layer name.
+        figures by layer name (with `read=False`, {}: nothing is read back to the host).
         """
         for block in self.blocks():
             for part in (block.attn, block.ffn):
                 hook = getattr(part, "after_optimizer_step", None)
                 if hook is not None:
                     hook()
-        return moe_after_optimizer_step(self.moe_layers(), reduce)
+        return moe_after_optimizer_step(self.moe_layers(), reduce, read)
 
     def discard_routing_counts(self) -> None:
         """An attempted update that was skipped (fp16 overflow): its MoE counts must not move a bias."""
@@ -177,8 +222,12 @@ class Transformer(nn.Module):
             moe.discard_counts()
 
     def softmax_mixers(self) -> list[nn.Module]:
-        """The layers' softmax-attention mixers, in depth order: what the probe and QK-Clip act on."""
-        return [block.attn for block in self.layers if block.is_softmax]
+        """Every softmax-attention mixer, trunk in depth order then MTP's: what the probe and QK-Clip act on.
+
+        MTP's blocks (MLA in HyMo) train on NorMuon like the trunk's, so their logits can grow the
+        same way; their probe fills in training forwards, the only ones that run MTP.
+        """
+        return [block.attn for block in self.blocks() if block.is_softmax]
 
     def set_attention_probe(self, enabled: bool) -> None:
         for attn in self.softmax_mixers():
@@ -192,5 +241,6 @@ class Transformer(nn.Module):
         if not maxima:  # a stack without softmax attention has nothing to clip
             return torch.zeros(0, self.config.n_heads, device=self.tok_embeddings.weight.device)
         if any(m is None for m in maxima):
-            raise RuntimeError("no probe data: call set_attention_probe(True) and run a forward")
+            raise RuntimeError("no probe data: call set_attention_probe(True) and run a forward "
+                               "(a training forward, when the model has MTP blocks)")
         return torch.stack(maxima)

@@ -23,10 +23,10 @@ Mixer contract (layers/context.py, block.py):
     the layers' caches in `model.new_cache(...)` -> DecodeCache and `model(tokens, cache=...)`.
     Softmax mixers (A, M) expose `probe` / `max_logit_H` (the attention-logit probe QK-Clip and
     logging read) and `qk_clip_(scale_H)`, which rescales that mixer's query/key weights per head
-    (scale_H[h] <= 1; 1 leaves the head alone); `model.softmax_mixers()` lists them.
+    (scale_H[h] <= 1; 1 leaves the head alone); `model.softmax_mixers()` lists them, MTP's included.
     Every mixer and FFN has `residual_weights()` (the weights that write into the residual
     stream; the model initialises them with std / sqrt(2 L)) and may have
-    `init_extra_parameters()` for parameters that are neither Linear/Embedding (normal(std))
+    `init_extra_parameters(generator)` for parameters that are neither Linear/Embedding (normal(std))
     nor RMSNorm gains (ones), e.g. GDN's A_log, dt_bias and conv.
 
 FFN kinds, chosen per mixer kind by `ModelConfig.moe_on` (e.g. "M": MoE on MLA layers):

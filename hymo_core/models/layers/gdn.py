@@ -64,12 +64,14 @@ class GatedDeltaNet(nn.Module):
         return [self.o_proj.weight]
 
     @torch.no_grad()
-    def init_extra_parameters(self) -> None:
-        """Mamba-2 / GDN init: decay rates A ~ U(0, 16), time steps dt log-uniform in [1e-3, 0.1]."""
+    def init_extra_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Mamba-2 / GDN init: decay rates A ~ U(0, 16), time steps dt log-uniform in [1e-3, 0.1];
+        the convolutions as nn.Conv1d initialises them (kaiming-uniform, a = sqrt(5))."""
         for conv in (self.q_conv1d, self.k_conv1d, self.v_conv1d):
-            conv.reset_parameters()
-        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(0, 16).clamp(min=1e-4).log())
-        dt_H = (torch.rand_like(self.dt_bias) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).exp().clamp(min=1e-4)
+            nn.init.kaiming_uniform_(conv.weight, a=math.sqrt(5), generator=generator)
+        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(0, 16, generator=generator).clamp(min=1e-4).log())
+        rand_H = torch.rand(self.dt_bias.shape, generator=generator, dtype=self.dt_bias.dtype, device=self.dt_bias.device)
+        dt_H = (rand_H * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).exp().clamp(min=1e-4)
         self.dt_bias.copy_(dt_H + torch.log(-torch.expm1(-dt_H)))  # inverse softplus
 
     def new_cache(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> GDNCache:
@@ -101,8 +103,10 @@ class GatedDeltaNet(nn.Module):
         g_BTH = -self.A_log.float().exp() * F.softplus(a_BTH.float() + self.dt_bias.float())
         beta_BTH = torch.sigmoid(b_BTH.float())
         initial = ctx.cache.state_BHKV if ctx.cache is not None else None
+        # One new token (decoding): the recurrent step itself, not a chunked pass padded to a whole chunk.
+        backend = "recurrent" if ctx.cache is not None and T == 1 else self.kernel_backend
         o_BTHV, state_BHKV = gated_delta_rule(q_BTHK.to(v_BTHV.dtype), k_BTHK.to(v_BTHV.dtype), v_BTHV, g_BTH,
-                                              beta_BTH, initial_state_BHKV=initial, backend=self.kernel_backend)
+                                              beta_BTH, initial_state_BHKV=initial, backend=backend)
         if ctx.cache is not None:
             ctx.cache.state_BHKV = state_BHKV.detach()
         gate_BTHV = gate_BTX.view(B, T, H, V)

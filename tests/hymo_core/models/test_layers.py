@@ -120,4 +120,6 @@ def test_trainer_drives_a_hybrid_qk_clip_on_mla_and_one_hook_call_per_update(tin
     train(model, build_optimizer(model, config.optimizer_config(torch.device("cpu"))), loader, None, config,
           TrainState(), torch.device("cpu"), TrainHooks(on_log=logs.append))
     assert len(calls) == 3 and [r["step"] for r in logs] == [1, 2, 3]
-    assert all(r["qk_clipped_heads"] == 2 for r in logs)  # both MLA heads exceed tau = 1e-3 every update
+    # Both MLA heads exceed tau = 1e-3 at init; after a clip they sit at tau, and each later update
+    # pushes at least one of them over it again.
+    assert logs[0]["qk_clipped_heads"] == 2 and all(r["qk_clipped_heads"] >= 1 for r in logs)
