@@ -7,8 +7,10 @@
     y            = wo(SDPA(q, k, v, causal))
 
 The cache stores only c_kv and the unrotated k_r per position (kv_lora_rank +
-qk_rope_head_dim numbers per token and layer, whatever the head count) and
-rebuilds keys and values from them. QK-Clip (Kimi K2's MuonClip for MLA):
+qk_rope_head_dim numbers per token and layer, whatever the head count). Cached
+decoding never rebuilds keys and values from it: kv_b_proj is absorbed into the
+query and output sides (`decode_absorbed`), except with QK-norm, whose per-head
+norm of the expanded key does not commute with the absorption. QK-Clip (Kimi K2's MuonClip for MLA):
 shrinking head h's logits by gamma scales its q_nope and k_nope rows by
 sqrt(gamma) and its q_rope rows by gamma; the shared rotary key is left alone.
 """
@@ -89,6 +91,8 @@ class MultiHeadLatentAttention(nn.Module):
         latent_BTR = self.kv_a_norm(latent_BTR)
         if ctx.cache is not None:
             latent_BTR, k_rope_BTD = ctx.cache.append(ctx.start, latent_BTR, k_rope_BTD)
+            if self.q_norm is None:  # QK-norm normalises whole expanded keys: nothing to absorb then
+                return self.decode_absorbed(q_BTHX, latent_BTR, k_rope_BTD, ctx)
         S = latent_BTR.shape[1]  # key positions: 0 .. start + T - 1
         k_nope_BSHN, v_BSHV = self.kv_b_proj(latent_BTR).view(B, S, H, self.nope_dim + self.v_dim).split(
             (self.nope_dim, self.v_dim), dim=-1)
@@ -102,6 +106,33 @@ class MultiHeadLatentAttention(nn.Module):
             self.max_logit_H = causal_max_logits(q_BHTX, k_BHSX, math.sqrt(self.qk_dim))
         y_BHTV = attend(q_BHTX, k_BHSX, v_BHSV, ctx)
         return self.wo(y_BHTV.transpose(1, 2).reshape(B, T, H * self.v_dim))
+
+    def decode_absorbed(self, q_BTHX: torch.Tensor, latent_BSR: torch.Tensor, k_rope_BSD: torch.Tensor,
+                        ctx: MixerContext) -> torch.Tensor:
+        """Cached attention in the latent space (DeepSeek-V2's weight absorption).
+
+        kv_b_proj = [W_uk; W_uv] per head is folded into the query (q_nope W_uk: the query in latent
+        coordinates, scored against c_kv directly) and into the output (the latent-space context times
+        W_uv, then wo), so no step re-expands keys or values over the whole cache: a step costs
+        O(S (kv_rank + rope_dim)) per head instead of O(S kv_rank (nope + v)) for the expansion.
+        """
+        B, T, H, _ = q_BTHX.shape
+        S = latent_BSR.shape[1]
+        w_HXR = self.kv_b_proj.weight.view(H, self.nope_dim + self.v_dim, self.kv_rank)
+        w_uk_HNR, w_uv_HVR = w_HXR.split((self.nope_dim, self.v_dim), dim=1)
+        q_nope_BTHN, q_rope_BTHD = q_BTHX.split((self.nope_dim, self.rope_dim), dim=-1)
+        q_latent_BTHR = torch.einsum("bthn,hnr->bthr", q_nope_BTHN, w_uk_HNR.to(q_nope_BTHN.dtype))
+        q_rope_BTHD = kernels.apply_rope(q_rope_BTHD, *ctx.rope(T), backend=self.kernel_backend)
+        k_rope_BS1D = kernels.apply_rope(k_rope_BSD[:, :, None, :], ctx.cos_TD2, ctx.sin_TD2, backend=self.kernel_backend)
+        scores_BHTS = (torch.einsum("bthr,bsr->bhts", q_latent_BTHR, latent_BSR.to(q_latent_BTHR.dtype))
+                       + torch.einsum("bthd,bsd->bhts", q_rope_BTHD, k_rope_BS1D[:, :, 0].to(q_rope_BTHD.dtype)))
+        visible_TS = (torch.arange(S, device=q_BTHX.device)[None, :]
+                      <= torch.arange(ctx.start, ctx.start + T, device=q_BTHX.device)[:, None])
+        scores_BHTS = (scores_BHTS.float() / math.sqrt(self.qk_dim)).masked_fill(~visible_TS, float("-inf"))
+        p_BHTS = scores_BHTS.softmax(dim=-1).to(latent_BSR.dtype)
+        context_BTHR = torch.einsum("bhts,bsr->bthr", p_BHTS, latent_BSR)
+        y_BTHV = torch.einsum("bthr,hvr->bthv", context_BTHR, w_uv_HVR.to(context_BTHR.dtype))
+        return self.wo(y_BTHV.reshape(B, T, H * self.v_dim))
 
     @torch.no_grad()
     def qk_clip_(self, scale_H) -> None:
