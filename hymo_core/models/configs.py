@@ -90,6 +90,9 @@ class ModelConfig:
     # Multi-token prediction (hymo_core/models/layers/mtp.py): depth D, one loss weight per depth; 0 = off.
     mtp_depth: int = 0
     mtp_loss_weights: tuple[float, ...] = (0.3, 0.1)
+    # Whether each MTP depth's block has the trunk kind's MoE FFN (DeepSeek-V3) or a dense SwiGLU of
+    # ffn_dim (seed 000: "8 DeepSeekMoE in the production model - one per MLA layer"; docs/training.md).
+    mtp_moe: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mtp_loss_weights", tuple(float(w) for w in self.mtp_loss_weights))  # TOML gives lists

@@ -29,7 +29,7 @@ PRESETS: dict[str, ModelConfig] = {
         tie_embeddings=False, layer_pattern="GGGM", gdn_n_heads=7, gdn_head_dim=128, gdn_expand_v=2,
         mla_q_lora_rank=384, mla_kv_lora_rank=256, mla_qk_nope_head_dim=128, mla_qk_rope_head_dim=64,
         mla_v_head_dim=128, moe_on="M", moe_n_routed_experts=16, moe_n_activated_experts=1, moe_n_shared_experts=1,
-        moe_expert_dim=2304, mtp_depth=2,
+        moe_expert_dim=2304, moe_score_function="softmax", mtp_depth=2,
     ),
 }
 

@@ -15,7 +15,7 @@ shows is the count of the model that gets built.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class ModelShape:
     moe_shared_experts: int = 0
     moe_expert_dim: int = 0
     mtp_depth: int = 0  # multi-token prediction modules (training only): norms, 2d -> d projection, one block
+    mtp_moe: bool = False  # MTP blocks with the trunk kind's MoE FFN; otherwise a dense SwiGLU of ffn_dim
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -105,6 +106,7 @@ def model_shape(config: ModelConfig) -> ModelShape:
         moe_shared_experts=config.moe_n_shared_experts if config.moe_on else 0,
         moe_expert_dim=(config.moe_expert_dim or config.ffn_dim) if config.moe_on else 0,
         mtp_depth=config.mtp_depth,
+        mtp_moe=config.mtp_moe,
     )
 
 
@@ -120,6 +122,7 @@ class ParameterCounts:
     by_kind: tuple[tuple[str, int], ...] = ()  # (mixer kind, its mixers' parameters summed over layers)
     mtp: int = 0  # multi-token prediction modules (in `total`; trained, dropped for generation)
     active: int = 0  # parameters one token's forward touches: total - MTP - the routed experts it skips
+    active_non_embedding: int = 0  # `active` without the embedding table and the output head
     normuon: int = 0  # the NorMuon partition (hymo_core/train/partition.py, kind "matrix"); the rest is AdamW
 
 
@@ -183,6 +186,11 @@ def dense_matrix_parameters(shape: ModelShape, kind: str) -> int:
     return mixer_parameters(shape, kind) - mixer_vectors(shape, kind) + ffn
 
 
+def mtp_block_shape(shape: ModelShape) -> ModelShape:
+    """The shape an MTP depth's block is counted with: without MoE unless `mtp_moe`."""
+    return shape if shape.mtp_moe else replace(shape, moe_on="")
+
+
 def count_parameters(shape: ModelShape) -> ParameterCounts:
     d = shape.d_model
     kinds = shape.layer_kinds()
@@ -194,14 +202,16 @@ def count_parameters(shape: ModelShape) -> ParameterCounts:
     embeddings = shape.vocab_size * d * (1 if shape.tie_embeddings else 2)
     final_norm = d
     # MTP depth: hidden / embedding / output norms, the [h; e] -> d projection, one block of the last kind.
-    mtp = shape.mtp_depth * (3 * d + 2 * d * d + block_parameters(shape, kinds[-1]))
+    mtp_block = mtp_block_shape(shape)
+    mtp = shape.mtp_depth * (3 * d + 2 * d * d + block_parameters(mtp_block, kinds[-1]))
     skipped_experts = sum(ffn_parameters(shape, kind) - ffn_parameters(shape, kind, active=True) for kind in kinds)
     normuon = (sum(dense_matrix_parameters(shape, kind) for kind in kinds)
-               + shape.mtp_depth * (2 * d * d + dense_matrix_parameters(shape, kinds[-1])))
+               + shape.mtp_depth * (2 * d * d + dense_matrix_parameters(mtp_block, kinds[-1])))
     return ParameterCounts(
         total=blocks + embeddings + final_norm + mtp,
         mtp=mtp,
         active=blocks + embeddings + final_norm - skipped_experts,
+        active_non_embedding=blocks + final_norm - skipped_experts,
         normuon=normuon,
         blocks=blocks,
         attention=attention,
@@ -257,7 +267,7 @@ def training_flops_breakdown(shape: ModelShape, seq_len: int) -> dict[str, int]:
     out["head"] = 6 * shape.vocab_size * shape.d_model
     if shape.mtp_depth:  # per depth: projection, one block (active part), the shared head again
         last = kinds[-1]
-        block = 2 * shape.d_model**2 + block_parameters(shape, last, active=True) - mixer_vectors(shape, last)
+        block = 2 * shape.d_model**2 + block_parameters(mtp_block_shape(shape), last, active=True) - mixer_vectors(shape, last)
         out["MTP (training only)"] = shape.mtp_depth * (6 * block + 3 * mixer_sequence_flops(shape, last, seq_len)
                                                         + 6 * shape.vocab_size * shape.d_model)
     return out
@@ -517,6 +527,7 @@ def format_hybrid(shape: ModelShape, seq_len: int, compare_seed: bool = False) -
         ("parameters, active per token", f"{counts.active:,}" + (
             f" ({shape.moe_activated_experts} of {shape.moe_routed_experts} routed + {shape.moe_shared_experts} shared "
             f"experts on {sum(k in shape.moe_on for k in shape.layer_kinds())} MoE layers; no MTP)" if shape.moe_on else "")),
+        ("parameters, active per token, no embeddings", f"{counts.active_non_embedding:,} (without the input table and the head)"),
         ("parameters, NorMuon / CautiousAdamW", f"{counts.normuon:,} / {counts.total - counts.normuon:,}"),
         ("  mixers", ", ".join(f"{names[k]} {n:,}" for k, n in counts.by_kind)),
         ("  FFN / embeddings / norms", f"{counts.ffn:,} / {counts.embeddings:,} / {counts.norms:,}"),
@@ -548,8 +559,9 @@ SEED_DIFFERENCES = """Where this differs from the seed's ~340 MFLOPs/token:
 - Dense FFN and MoE: as the seed, 24 dense layers and MoE on the 8 MLA layers (one routed + one shared
   expert of 3 x 896 x 2304 active per token, plus the 16-way router). With `moe_on = ""` all 32 layers
   are dense and the dense line is 32/24 of the seed's.
-- MTP: the seed's table has no MTP line; ours counts its two depths (projection, one MLA + MoE block,
-  the shared head again), which run in training only.
+- MTP: the seed's table has no MTP line; ours counts its two depths (projection, one MLA block with a
+  dense FFN, the shared head again), which run in training only. The seed's MoE modules are the 8 of
+  the trunk's MLA layers, so MTP blocks carry none (`mtp_moe = true` gives them the trunk's MoE).
 - GDN: the seed's 20 M for 24 layers is ~0.8 M MACs per layer, about one 896 x 896 matrix; a GDN layer
   with 7 heads of 128 (values 2x wide) has q, k, v, gate and out projections (~6.4 M weights) plus the
   chunked recurrence (per head 2 C (3 K + 2 V) + 6 K V FLOPs per token), so our GDN line is far larger.

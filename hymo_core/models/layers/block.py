@@ -28,9 +28,9 @@ def make_mixer(kind: str, config: ModelConfig, kernel_backend: str | None) -> nn
     raise ValueError(f"unknown mixer kind {kind!r}")
 
 
-def make_ffn(kind: str, config: ModelConfig, kernel_backend: str | None) -> nn.Module:
-    """Dense SwiGLU, or MoE where `config.moe_on` names this layer's mixer kind."""
-    if kind in config.moe_on:
+def make_ffn(kind: str, config: ModelConfig, kernel_backend: str | None, moe: bool = True) -> nn.Module:
+    """Dense SwiGLU, or MoE where `config.moe_on` names this layer's mixer kind (and `moe` allows it)."""
+    if moe and kind in config.moe_on:
         from hymo_core.models.layers.moe import MoE
 
         return MoE(config.d_model, config.moe_config(), config.init_std)
@@ -40,13 +40,14 @@ def make_ffn(kind: str, config: ModelConfig, kernel_backend: str | None) -> nn.M
 class Block(nn.Module):
     """x + mixer(norm(x)), then + ffn(norm(x)); see hymo_core/models/layers/__init__.py."""
 
-    def __init__(self, config: ModelConfig, kind: str = "A", kernel_backend: str | None = None):
+    def __init__(self, config: ModelConfig, kind: str = "A", kernel_backend: str | None = None, moe: bool = True):
+        """`moe=False` keeps the FFN dense even where `config.moe_on` names the kind (MTP's blocks)."""
         super().__init__()
         self.kind = kind
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps, kernel_backend)
         self.attn = make_mixer(kind, config, kernel_backend)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps, kernel_backend)
-        self.ffn = make_ffn(kind, config, kernel_backend)
+        self.ffn = make_ffn(kind, config, kernel_backend, moe)
 
     @property
     def is_softmax(self) -> bool:
