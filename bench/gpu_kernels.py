@@ -36,6 +36,29 @@ def forward_backward(fn, inputs, upstream):
     return outs, [x.grad for x in leaves if x.is_floating_point()]
 
 
+def bf16_errors(inputs, fn, reference, catch: bool = False) -> tuple[dict, list, list]:
+    """Max relative error of `fn` in bf16 against `reference` in fp32 (outputs and input gradients), for
+    backend "triton" and "reference"; with `catch`, a backend that raises gets NaN and "<backend>_error"."""
+    bf16 = [x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs]
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    with torch.no_grad():
+        shapes = reference(*inputs)
+    shapes = shapes if isinstance(shapes, tuple) else (shapes,)
+    upstream = [torch.randn(o.shape, device="cuda", generator=gen) for o in shapes]
+    truth_outs, truth_grads = forward_backward(reference, inputs, upstream)
+    errors: dict = {}
+    for backend in ("triton", "reference"):
+        try:
+            outs, grads = forward_backward(lambda *xs, b=backend: fn(*xs, backend=b), bf16, upstream)
+            errors[backend] = max(max_relative_error(a, t) for a, t in zip([*outs, *grads], [*truth_outs, *truth_grads]))
+        except Exception as error:  # noqa: BLE001 - with `catch`, a kernel that cannot launch is a finding
+            if not catch:
+                raise
+            errors[backend] = float("nan")
+            errors[f"{backend}_error"] = f"{type(error).__name__}: {error}"[:300]
+    return errors, bf16, upstream
+
+
 def cases(small: bool):
     from hymo_core import kernels
     from hymo_core.kernels.cross_entropy import cross_entropy_rows_reference
@@ -88,18 +111,7 @@ def main() -> int:
     print(header)
     failures = 0
     for name, inputs, fn, reference in cases(args.small):
-        bf16 = [x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs]
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        with torch.no_grad():
-            shapes = reference(*inputs)
-        shapes = shapes if isinstance(shapes, tuple) else (shapes,)
-        upstream = [torch.randn(o.shape, device="cuda", generator=gen) for o in shapes]
-        truth_outs, truth_grads = forward_backward(reference, inputs, upstream)
-        errors = {}
-        for backend in ("triton", "reference"):
-            outs, grads = forward_backward(lambda *xs, b=backend: fn(*xs, backend=b), bf16, upstream)
-            errors[backend] = max(max_relative_error(a, t) for a, t in zip([*outs, *grads],
-                                                                            [*truth_outs, *truth_grads]))
+        errors, bf16, upstream = bf16_errors(inputs, fn, reference)
         # A kernel may not be less accurate than the eager bf16 code it replaces (small slack for rounding).
         ok = errors["triton"] <= max(2 * errors["reference"], 1e-2)
         failures += not ok
