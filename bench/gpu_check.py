@@ -22,6 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -289,6 +292,14 @@ def markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT,
+                              timeout=10).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
     return "not measured" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
 
@@ -346,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "gpu_check.md").write_text(table + "\n", encoding="utf-8")
     print(table)
     if args.write:
-        write_section("GPU check (bench/gpu_check.py)", table, "One command on one GPU: kernels, GDN vs fla, MFU under FSDP2.")
+        where = (f"`--dry-run` on {platform.node() or 'this machine'} (CPU, load {os.getloadavg()[0]:.1f}): plans only, "
+                 "**not measured on a GPU**" if args.dry_run else f"on {report.device}")
+        write_section("GPU check (bench/gpu_check.py)", table,
+                      f"One command on one GPU: kernels, GDN vs fla, MFU under FSDP2. This run: {where}; commit {commit()}.")
     failed = [r["kernel"] for r in report.kernels if not r["ok"]]
     return 1 if failed else 0
 
