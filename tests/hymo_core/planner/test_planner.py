@@ -178,7 +178,7 @@ def test_cli_flags_change_the_shape(capsys):
 
 
 def test_module_runs_on_its_own():
-    result = run_python("-m", "hymo_core.planner.planner", "--layers", "32", "--ffn-dim", "14336", "--vocab", "128256")
+    result = run_python("-m", "hymo_core.planner", "--layers", "32", "--ffn-dim", "14336", "--vocab", "128256")
     assert "8,030,261,248" in result.stdout
 
 
