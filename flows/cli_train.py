@@ -85,7 +85,8 @@ def cmd_eval_suite(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.checkpoint)
     try:
         result = run_suite(args.checkpoint, args.suite, args.corpus, args.limit, out, default_device(), args.mmlu_format,
-                           log=lambda line: console.print(line, markup=False), unsafe_exec=args.unsafe_exec)
+                           log=lambda line: console.print(line, markup=False), unsafe_exec=args.unsafe_exec,
+                           num_fewshot=args.num_fewshot, fewshot_seed=args.fewshot_seed)
     except SandboxUnavailable as exc:
         raise SystemExit(f"hymo eval: {exc}") from None
     if args.json:
@@ -181,6 +182,9 @@ def add_commands(sub: Any) -> None:
     evaluate.add_argument("--limit", type=int, help="with --suite: the first N items of each task (of each MMLU subject)")
     evaluate.add_argument("--out", help="with --suite: where eval.json and eval.md go (default: RUN/eval/NN_pretrain-CKPT_NAME for a stage checkpoint, else CKPT_DIR/../eval/CKPT_NAME)")
     evaluate.add_argument("--mmlu-format", choices=["rc", "letters"], default="rc", help="MMLU as cloze (OLMES rc) or lettered choices (lm-eval mmlu)")
+    evaluate.add_argument("--num-fewshot", type=int, default=0, metavar="K",
+                          help="with --suite: K examples before each prompt, from a split never scored (MMLU dev, OLMES's curated train shots)")
+    evaluate.add_argument("--fewshot-seed", type=int, default=1234, help="which K of the bundled shots (default 1234, lm-eval's)")
     evaluate.add_argument("--unsafe-exec", action="store_true",
                           help="with --suite: run HumanEval's generated code even where the namespace sandbox fails (eval.json records sandbox: unsafe)")
     evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")

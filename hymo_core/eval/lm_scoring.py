@@ -37,10 +37,13 @@ class Scored:
     tokens: int  # continuation tokens scored
     greedy: bool  # every continuation token was the argmax (lm-eval's is_greedy)
     truncated: bool  # the continuation alone did not fit the window
+    context_truncated: bool = False  # the context lost its oldest tokens to fit the window
 
 
 def _window(request: Request, max_seq_len: int) -> tuple[list[int], int, bool]:
-    """(input+target ids, continuation tokens scored, continuation truncated) within max_seq_len + 1 ids."""
+    """(input+target ids, continuation tokens scored, continuation truncated) within max_seq_len + 1 ids.
+
+    The context is cut (oldest tokens first) when len(context) + len(continuation) > max_seq_len + 1."""
     cont = list(request.continuation_ids)
     if not cont:
         raise ValueError("empty continuation: nothing to score")
@@ -88,17 +91,33 @@ def score_requests(model: nn.Module, requests: list[Request], device: torch.devi
             start_n = 0
             for i, scored in zip(chunk, counts):
                 piece = slice(start_n, start_n + scored)
-                results[i] = Scored(float(picked_N[piece].sum()), scored, bool(greedy_N[piece].all()), windows[i][2])
+                request = requests[i]
+                context_cut = len(request.context_ids) + len(request.continuation_ids) > max_seq_len + 1
+                results[i] = Scored(float(picked_N[piece].sum()), scored, bool(greedy_N[piece].all()), windows[i][2], context_cut)
                 start_n += scored
     finally:
         model.train(was_training)
     return results  # type: ignore[return-value]
 
 
-@torch.no_grad()
+@dataclass(frozen=True)
+class Generation:
+    text: str  # cut before the first stop string
+    new_tokens: int  # tokens generated (the stop string's included)
+    prompt_truncated: bool  # the prompt alone was longer than the window: its oldest tokens were not seen
+    window_slid: bool  # prompt + generation outgrew the window, so later tokens saw a cut prompt
+
+
 def greedy_until(model: nn.Module, tokenizer, prompt_ids: list[int], stop: tuple[str, ...], max_new_tokens: int,
                  eos_id: int | None, device: torch.device | str = "cpu") -> str:
     """Greedy continuation of `prompt_ids` (through the model's decode caches), cut before the first stop string."""
+    return generate_until(model, tokenizer, prompt_ids, stop, max_new_tokens, eos_id, device).text
+
+
+@torch.no_grad()
+def generate_until(model: nn.Module, tokenizer, prompt_ids: list[int], stop: tuple[str, ...], max_new_tokens: int,
+                   eos_id: int | None, device: torch.device | str = "cpu") -> Generation:
+    """`greedy_until` with what eval.json records about it: tokens generated and whether the window cut anything."""
     device = torch.device(device)
     ids = list(prompt_ids) or [eos_id if eos_id is not None else 0]
     was_training = model.training
@@ -113,4 +132,5 @@ def greedy_until(model: nn.Module, tokenizer, prompt_ids: list[int], stop: tuple
         model.train(was_training)
     text = tokenizer.decode(new)
     cut = min((text.find(s) for s in stop if s in text), default=-1)
-    return text[:cut] if cut >= 0 else text
+    limit = model.config.max_seq_len
+    return Generation(text[:cut] if cut >= 0 else text, len(new), len(ids) > limit, len(ids) + len(new) > limit)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ import torch
 from hymo_core.checkpoint.load import load_model
 from hymo_core.train.data import CorpusError, CorpusReader, ValidationLoader
 from hymo_core.eval.sandbox import require_isolation
-from hymo_core.eval.suite import SUITES, markdown_table, run_task
+from hymo_core.eval.metrics import bits_per_byte
+from hymo_core.eval.suite import FEWSHOT_SEED, SUITES, markdown_table, run_task
 from hymo_core.eval.evaluation import load_tokenizer
 from hymo_core.train.trainer import evaluate
 
@@ -49,21 +51,58 @@ def default_out(checkpoint: str | Path) -> Path:
     return owner / "eval" / checkpoint.stem
 
 
+BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def token_byte_lengths(tokenizer, vocab_size: int) -> torch.Tensor:
+    """UTF-8 bytes each id stands for: a byte-level BPE token's characters are one byte each, a <0xNN>
+    byte-fallback id is one byte, and the other specials (EOS, padding) are no text at all."""
+    specials = {index for index, token in tokenizer.get_added_tokens_decoder().items() if not BYTE_TOKEN.fullmatch(token.content)}
+    lengths = torch.zeros(vocab_size, dtype=torch.long)
+    for index in range(vocab_size):
+        token = tokenizer.id_to_token(index)
+        if token is not None and index not in specials:
+            lengths[index] = 1 if BYTE_TOKEN.fullmatch(token) else len(token)
+    return lengths
+
+
 def held_out_perplexity(model: torch.nn.Module, reader: CorpusReader, train_config: dict[str, Any], device: torch.device,
-                        batches: int | None = None) -> dict[str, Any] | None:
-    """Token-weighted loss on the fixed validation prefix the trainer validates on; None without a full batch."""
+                        batches: int | None = None, tokenizer=None) -> dict[str, Any] | None:
+    """Token-weighted loss on the fixed validation prefix the trainer validates on, and (given the tokenizer)
+    bits per byte: the same summed loss over the UTF-8 bytes its target tokens spell (OLMo/Paloma's
+    bits-per-byte; EOS targets add loss and no bytes); None without a full batch."""
     loader = ValidationLoader(reader, train_config["seq_len"], train_config["batch_size"], max_batches=batches or train_config["eval_batches"])
     if len(loader) == 0:
         return None
     loss = evaluate(model, loader, device)
-    return {"split": "validation", "loss": loss, "perplexity": math.exp(min(loss, 50)), "ln_vocab": math.log(reader.vocab_size),
-            "tokens": len(loader) * train_config["batch_size"] * train_config["seq_len"], "batches": len(loader)}
+    tokens = len(loader) * train_config["batch_size"] * train_config["seq_len"]
+    out = {"split": "validation", "loss": loss, "perplexity": math.exp(min(loss, 50)), "ln_vocab": math.log(reader.vocab_size),
+           "tokens": tokens, "batches": len(loader)}
+    if tokenizer is not None:
+        lengths = token_byte_lengths(tokenizer, reader.vocab_size)
+        n_bytes = sum(int(lengths[y_BT].sum()) for _, y_BT in loader)
+        out.update({"bytes": n_bytes, "bits_per_byte": bits_per_byte(loss * tokens, n_bytes),
+                    "bits_per_byte_label": "OLMo/Paloma bits per byte: summed loss / (ln 2 * UTF-8 bytes of the targets)"})
+    return out
+
+
+def pin_threads() -> int:
+    """Intra-op threads = the CPUs this process may run on (not the machine's count), inter-op 1."""
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or inter-op work has started in this process
+        pass
+    return threads
 
 
 def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path | None = None, limit: int | None = None,
               out: str | Path | None = None, device: torch.device | str = "cpu", mmlu_format: str = "rc",
-              max_new_tokens: dict[str, int] | None = None, log: Any = print, unsafe_exec: bool = False) -> dict[str, Any]:
-    """Every task of `suite`, then perplexity; returns the eval.json content and writes it (and eval.md) into `out`."""
+              max_new_tokens: dict[str, int] | None = None, log: Any = print, unsafe_exec: bool = False, num_fewshot: int = 0,
+              fewshot_seed: int = FEWSHOT_SEED) -> dict[str, Any]:
+    """Every task of `suite`, then perplexity; returns the eval.json content. eval.json (and eval.md) in `out`
+    are rewritten atomically after every task, so a killed eval keeps the tasks it finished."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
     sandbox = require_isolation(unsafe_exec) if "humaneval" in SUITES[suite] else None  # refuse before loading anything
@@ -76,15 +115,21 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
         raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
     tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
     results: dict[str, Any] = {"checkpoint": str(checkpoint), "step": payload["state"]["step"], "suite": suite, "limit": limit,
+                               "num_fewshot": num_fewshot, "fewshot_seed": fewshot_seed if num_fewshot else None,
                                "corpus": str(reader.path), "corpus_digest": reader.digest,
-                               "same_corpus": payload["manifest_digest"] == reader.digest, "sandbox": sandbox, "tasks": {}}
+                               "same_corpus": payload["manifest_digest"] == reader.digest, "sandbox": sandbox,
+                               "threads": pin_threads(), "complete": False, "tasks": {}}
     for task in SUITES[suite]:
         started = time.perf_counter()
         results["tasks"][task] = run_task(task, model, tokenizer, limit=limit, eos_id=reader.eos_id, device=device,
-                                          mmlu_format=mmlu_format, max_new_tokens=max_new_tokens, unsafe_exec=unsafe_exec)
+                                          mmlu_format=mmlu_format, max_new_tokens=max_new_tokens, unsafe_exec=unsafe_exec,
+                                          num_fewshot=num_fewshot, fewshot_seed=fewshot_seed)
         results["tasks"][task]["seconds"] = time.perf_counter() - started
         log(f"{task}: {results['tasks'][task]['items']} items in {results['tasks'][task]['seconds']:.1f} s")
-    results["perplexity"] = held_out_perplexity(model, reader, payload["train_config"], device)
+        if out is not None:
+            write_report(results, Path(out))
+    results["perplexity"] = held_out_perplexity(model, reader, payload["train_config"], device, tokenizer=tokenizer)
+    results["complete"] = True
     if out is not None:
         write_report(results, Path(out))
     return results
@@ -92,12 +137,26 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
 
 def _atomic_write(path: Path, text: str) -> None:
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+def _finite(value: Any) -> Any:
+    """NaN (a standard error of fewer than two items) as null: eval.json stays strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / EVAL_JSON, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    _atomic_write(out / EVAL_JSON, json.dumps(_finite(results), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     title = f"# {results['checkpoint']} (step {results['step']}), suite `{results['suite']}`" + (f", first {results['limit']} items per task" if results["limit"] else "")
     _atomic_write(out / EVAL_MD, title + "\n\n" + markdown_table(results))

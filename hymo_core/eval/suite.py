@@ -25,6 +25,7 @@ nothing is sampled, so two runs give the same numbers.
 from __future__ import annotations
 
 import math
+import random
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,24 +33,28 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from hymo_core.eval.evaluation import binomial_stderr, encode, split_ids
-from hymo_core.eval.lm_scoring import Request, greedy_until, score_requests
+from hymo_core.eval.evaluation import encode, split_ids
+from hymo_core.eval.metrics import LABELS, PICKS, UNCOND_CONTEXT, bits_per_byte, item_picks, mean_with_stderr, proportion
+from hymo_core.eval.lm_scoring import Generation, Request, generate_until, score_requests
 from hymo_core.eval.sandbox import require_isolation, run_program
-from manifests.benchmark_sets import eval_items
+from manifests.benchmark_sets import eval_items, fewshot_items
 
 SUITES: dict[str, tuple[str, ...]] = {
     "default": ("hellaswag", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval"),
     "mc": ("hellaswag", "arc_easy", "arc_challenge", "mmlu"),
 }
 CONVENTIONS = {
-    "hellaswag": "lm-evaluation-harness hellaswag = OLMES hellaswag:rc, 0-shot",
-    "arc_easy": "OLMES arc_easy:rc, 0-shot",
-    "arc_challenge": "OLMES arc_challenge:rc, 0-shot",
-    "mmlu": "OLMES mmlu:rc, 0-shot",
-    "mmlu:letters": "lm-evaluation-harness mmlu (MC letters), 0-shot",
-    "gsm8k": "lm-evaluation-harness gsm8k, 0-shot, greedy",
+    "hellaswag": "lm-evaluation-harness hellaswag = OLMES hellaswag:rc formulation",
+    "arc_easy": "OLMES arc_easy:rc formulation",
+    "arc_challenge": "OLMES arc_challenge:rc formulation",
+    "mmlu": "OLMES mmlu:rc formulation",
+    "mmlu:letters": "lm-evaluation-harness mmlu (MC letters)",
+    "gsm8k": "lm-evaluation-harness gsm8k, greedy",
     "humaneval": "lm-evaluation-harness humaneval, pass@1 greedy",
 }
+PMI_TASKS = ("arc_easy", "arc_challenge")  # OLMES computes acc_uncond for ARC (its PMI requests use "Answer:")
+FEWSHOT_SEED = 1234  # lm-evaluation-harness's and oe-eval's default fewshot seed
+SHOT_SEPARATOR = "\n\n"
 GSM8K_STOP = ("Question:",)
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 LETTERS = "ABCDEFGHIJ"
@@ -83,25 +88,75 @@ def arc_item(record: dict[str, Any]) -> ChoiceItem:
     return ChoiceItem(record["id"], f"Question: {record['question']}\nAnswer:", tuple(" " + c for c in record["choices"]), record["answer"])
 
 
-def mmlu_item(record: dict[str, Any], letters: bool = False) -> ChoiceItem:
-    subject = record["subject"]
-    header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+def _mmlu_question(record: dict[str, Any], letters: bool) -> tuple[str, tuple[str, ...]]:
+    """(the question as prompted, its options) in either MMLU format."""
     if letters:
         lines = "".join(f"{LETTERS[i]}. {choice}\n" for i, choice in enumerate(record["choices"]))
-        return ChoiceItem(record["id"], f"{header}{record['question'].strip()}\n{lines}Answer:",
-                          tuple(f" {LETTERS[i]}" for i in range(len(record["choices"]))), record["answer"], subject)
-    return ChoiceItem(record["id"], f"{header}Question: {record['question'].strip()}\nAnswer:",
-                      tuple(" " + c for c in record["choices"]), record["answer"], subject)
+        return f"{record['question'].strip()}\n{lines}Answer:", tuple(f" {LETTERS[i]}" for i in range(len(record["choices"])))
+    return f"Question: {record['question'].strip()}\nAnswer:", tuple(" " + c for c in record["choices"])
 
 
-def choice_items(task: str, records: list[dict[str, Any]], mmlu_format: str = "rc") -> list[ChoiceItem]:
-    if task == "hellaswag":
-        return [hellaswag_item(r) for r in records]
-    if task in ("arc_easy", "arc_challenge"):
-        return [arc_item(r) for r in records]
+def mmlu_item(record: dict[str, Any], letters: bool = False, shots: list[dict[str, Any]] = ()) -> ChoiceItem:
+    """The subject header, then each dev-split shot answered, then the question (lm-eval's and OLMES's layout)."""
+    subject = record["subject"]
+    header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+    solved = ""
+    for shot in shots:
+        question, options = _mmlu_question(shot, letters)
+        solved += question + options[shot["answer"]] + SHOT_SEPARATOR
+    question, options = _mmlu_question(record, letters)
+    return ChoiceItem(record["id"], header + solved + question, options, record["answer"], subject)
+
+
+def choice_items(task: str, records: list[dict[str, Any]], mmlu_format: str = "rc",
+                 shots: list[dict[str, Any]] | dict[str, list[dict[str, Any]]] = ()) -> list[ChoiceItem]:
+    """Items of a multiple-choice task; `shots`: texts before each prompt (MMLU: dev records per subject)."""
     if task == "mmlu":
-        return [mmlu_item(r, letters=mmlu_format == "letters") for r in records]
-    raise ValueError(f"{task!r} is not a multiple-choice task")
+        return [mmlu_item(r, letters=mmlu_format == "letters", shots=shots.get(r["subject"], []) if shots else []) for r in records]
+    if task == "hellaswag":
+        items = [hellaswag_item(r) for r in records]
+    elif task in ("arc_easy", "arc_challenge"):
+        items = [arc_item(r) for r in records]
+    else:
+        raise ValueError(f"{task!r} is not a multiple-choice task")
+    prefix = shot_prefix(shots)
+    return [ChoiceItem(i.id, prefix + i.context, i.options, i.answer, i.group) for i in items] if prefix else items
+
+
+def shot_prefix(shots: list[dict[str, Any]]) -> str:
+    return "".join(shot["text"] + SHOT_SEPARATOR for shot in shots)
+
+
+def choose_shots(pool: list[dict[str, Any]], k: int, seed: int) -> list[dict[str, Any]]:
+    """k examples of `pool` drawn with `seed`, kept in the pool's order (all of OLMES's curated shots, in
+    OLMES's order, when k is the pool's size); the same k for every item of a task."""
+    if not 0 <= k <= len(pool):
+        raise ValueError(f"--num-fewshot {k}: only {len(pool)} few-shot examples are bundled")
+    return [pool[i] for i in sorted(random.Random(seed).sample(range(len(pool)), k))]
+
+
+def task_shots(task: str, k: int, seed: int) -> tuple[list[dict[str, Any]] | dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """(the shots of `task`, MMLU's per subject; the few-shot file's sha256), none when k is 0."""
+    if k == 0 or task == "humaneval":
+        return [], {}
+    pool, files = fewshot_items(task)
+    if task == "mmlu":
+        subjects: dict[str, list[dict[str, Any]]] = {}
+        for record in pool:
+            subjects.setdefault(record["subject"], []).append(record)
+        return {subject: choose_shots(rows, k, seed) for subject, rows in subjects.items()}, files
+    return choose_shots(pool, k, seed), files
+
+
+def convention(task: str, mmlu_format: str, num_fewshot: int, seed: int) -> str:
+    """The public convention a task's numbers follow, with how many shots and where they came from."""
+    base = CONVENTIONS["mmlu:letters" if task == "mmlu" and mmlu_format == "letters" else task]
+    if task == "humaneval":
+        return base + ", 0-shot"
+    if num_fewshot == 0:
+        return base + ", 0-shot" + (" (OLMES itself prompts 5 curated shots)" if base.startswith("OLMES") else "")
+    source = "MMLU's dev split" if task == "mmlu" else "OLMES's curated train-split shots"
+    return base + f", {num_fewshot}-shot from {source} (seed {seed}, never scored)"
 
 
 def first_n(records: list[dict[str, Any]], limit: int | None, group: Callable[[dict[str, Any]], str] | None = None) -> list[dict[str, Any]]:
@@ -123,32 +178,42 @@ def first_n(records: list[dict[str, Any]], limit: int | None, group: Callable[[d
 # ---------------------------------------------------------------- multiple choice
 
 
-def score_choices(model: nn.Module, tokenizer, items: list[ChoiceItem], device: torch.device | str = "cpu", batch_size: int = 64) -> dict[str, Any]:
-    """Raw / per-char / per-token accuracy with standard errors, chance, and each item's pick."""
+def score_choices(model: nn.Module, tokenizer, items: list[ChoiceItem], device: torch.device | str = "cpu", batch_size: int = 64,
+                  uncond: bool = False) -> dict[str, Any]:
+    """Every convention of `metrics` (PMI with `uncond`), its standard error and Wilson interval, chance,
+    gold bits per byte, truncation counts, and each item's picks."""
     requests, merged = [], 0
     for item in items:
         for option in item.options:
             context_ids, continuation_ids, prefix_ok = split_ids(tokenizer, item.context, option)
             merged += not prefix_ok
             requests.append(Request(tuple(context_ids), tuple(continuation_ids)))
+        if uncond:
+            for option in item.options:
+                context_ids, continuation_ids, _ = split_ids(tokenizer, UNCOND_CONTEXT, option)
+                requests.append(Request(tuple(context_ids), tuple(continuation_ids)))
     scored = iter(score_requests(model, requests, device, batch_size))
-    per_item, truncated = [], 0
+    per_item, truncated, context_cut = [], 0, 0
     for item in items:
         results = [next(scored) for _ in item.options]
+        unconditional = [next(scored).logprob for _ in item.options] if uncond else None
         truncated += sum(r.truncated for r in results)
+        context_cut += any(r.context_truncated for r in results)
         sums = [r.logprob for r in results]
-        per_char = [r.logprob / max(len(option), 1) for r, option in zip(results, item.options)]
-        per_token = [r.logprob / max(r.tokens, 1) for r in results]
-        per_item.append({"id": item.id, "group": item.group, "answer": item.answer, "logprobs": sums,
-                         "pick": _argmax(sums), "pick_per_char": _argmax(per_char), "pick_per_token": _argmax(per_token),
-                         "chance": 1.0 / len(item.options)})
+        gold_bytes = len(item.options[item.answer].encode("utf-8"))
+        row = {"id": item.id, "group": item.group, "answer": item.answer, "logprobs": sums,
+               **item_picks(item.options, sums, [r.tokens for r in results], unconditional),
+               "bits_per_byte_gold": bits_per_byte(-sums[item.answer], gold_bytes), "chance": 1.0 / len(item.options)}
+        if unconditional is not None:
+            row["logprobs_uncond"] = unconditional
+        per_item.append(row)
     summary = summarise_choices(per_item)
-    summary.update({"boundary_merged": merged, "continuations_truncated": truncated})
+    summary.update({"boundary_merged": merged, "contexts_truncated": context_cut, "continuations_truncated": truncated})
     return {**summary, "per_item": per_item}
 
 
-def _argmax(values: list[float]) -> int:
-    return max(range(len(values)), key=values.__getitem__)  # ties: the first option, as lm-eval's np.argmax
+def _accuracy_names(per_item: list[dict[str, Any]]) -> list[str]:
+    return [name for name, key in PICKS.items() if per_item and key in per_item[0]]
 
 
 def summarise_choices(per_item: list[dict[str, Any]]) -> dict[str, Any]:
@@ -156,23 +221,26 @@ def summarise_choices(per_item: list[dict[str, Any]]) -> dict[str, Any]:
     if n == 0:
         return {"items": 0}
     out: dict[str, Any] = {"items": n, "chance": sum(r["chance"] for r in per_item) / n}
-    for name, key in (("accuracy", "pick"), ("accuracy_per_char", "pick_per_char"), ("accuracy_per_token", "pick_per_token")):
-        p = sum(r[key] == r["answer"] for r in per_item) / n
-        out[name], out[f"{name}_stderr"] = p, binomial_stderr(p, n)
+    for name in _accuracy_names(per_item):
+        out.update(proportion(name, sum(r[PICKS[name]] == r["answer"] for r in per_item), n))
+    out.update(mean_with_stderr("bits_per_byte_gold", [r["bits_per_byte_gold"] for r in per_item]))
     return out
 
 
 def macro_average(per_item: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-group summaries and their unweighted mean (MMLU's headline number)."""
+    """Per-group summaries and their unweighted mean (MMLU's headline number, as OLMES reports it), with
+    the micro average over all items beside it (lm-eval's mmlu group, weighted by size)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in per_item:
         groups.setdefault(row["group"], []).append(row)
     subjects = {name: summarise_choices(rows) for name, rows in sorted(groups.items())}
     out: dict[str, Any] = {"subjects": subjects, "items": len(per_item),
                            "chance": sum(s["chance"] for s in subjects.values()) / len(subjects)}
-    for name in ("accuracy", "accuracy_per_char", "accuracy_per_token"):
+    micro = summarise_choices(per_item)
+    for name in [*_accuracy_names(per_item), "bits_per_byte_gold"]:
         out[name] = sum(s[name] for s in subjects.values()) / len(subjects)
         out[f"{name}_stderr"] = math.sqrt(sum(s[f"{name}_stderr"] ** 2 for s in subjects.values())) / len(subjects)
+        out[f"{name}_micro"], out[f"{name}_micro_stderr"] = micro[name], micro[f"{name}_stderr"]
     return out
 
 
@@ -196,22 +264,30 @@ def gsm8k_extract(generation: str) -> tuple[str | None, str | None]:
 
 
 def score_gsm8k(model: nn.Module, tokenizer, records: list[dict[str, Any]], eos_id: int | None, device: torch.device | str,
-                max_new_tokens: int = 256) -> dict[str, Any]:
-    per_item = []
+                max_new_tokens: int = 256, prefix: str = "") -> dict[str, Any]:
+    """Exact match, strict and flexible; `prefix`: the few-shot examples before each question."""
+    per_item, generations = [], []
     for record in records:
-        prompt = f"Question: {record['question']}\nAnswer:"
-        generation = greedy_until(model, tokenizer, encode(tokenizer, prompt), GSM8K_STOP, max_new_tokens, eos_id, device)
+        prompt = f"{prefix}Question: {record['question']}\nAnswer:"
+        generated = generate_until(model, tokenizer, encode(tokenizer, prompt), GSM8K_STOP, max_new_tokens, eos_id, device)
+        generations.append(generated)
+        generation = generated.text
         strict, flexible = gsm8k_extract(generation)
         target = gsm8k_normalise(record["short_answer"])
         per_item.append({"id": record["id"], "target": target, "generation": generation,
                          "strict_match": strict is not None and gsm8k_normalise(strict) == target,
                          "flexible_match": flexible is not None and gsm8k_normalise(flexible) == target})
     n = len(per_item)
-    out: dict[str, Any] = {"items": n, "chance": 0.0, "max_new_tokens": max_new_tokens}
+    out: dict[str, Any] = {"items": n, "chance": 0.0, "max_new_tokens": max_new_tokens, **_truncation(generations)}
     for name in ("strict_match", "flexible_match"):
-        p = sum(r[name] for r in per_item) / n if n else float("nan")
-        out[f"exact_match_{name.removesuffix('_match')}"], out[f"exact_match_{name.removesuffix('_match')}_stderr"] = p, binomial_stderr(p, n)
+        out.update(proportion(f"exact_match_{name.removesuffix('_match')}", sum(r[name] for r in per_item), n))
     return {**out, "per_item": per_item}
+
+
+def _truncation(generations: list[Generation]) -> dict[str, int]:
+    """Per task: prompts the window cut, and generations that outgrew it (continuations conditioned on a cut prompt)."""
+    return {"contexts_truncated": sum(g.prompt_truncated for g in generations),
+            "continuations_truncated": sum(g.window_slid for g in generations)}
 
 
 def humaneval_program(record: dict[str, Any], completion: str) -> str:
@@ -223,15 +299,16 @@ def score_humaneval(model: nn.Module, tokenizer, records: list[dict[str, Any]], 
                     max_new_tokens: int = 512, timeout_s: float = 10.0, unsafe_exec: bool = False) -> dict[str, Any]:
     """pass@1 of greedy completions; refuses (SandboxUnavailable) before generating when the sandbox cannot hold."""
     mode = require_isolation(unsafe_exec)
-    per_item = []
+    per_item, generations = [], []
     for record in records:
-        completion = greedy_until(model, tokenizer, encode(tokenizer, record["prompt"]), HUMANEVAL_STOP, max_new_tokens, eos_id, device)
+        generated = generate_until(model, tokenizer, encode(tokenizer, record["prompt"]), HUMANEVAL_STOP, max_new_tokens, eos_id, device)
+        generations.append(generated)
+        completion = generated.text
         result = run_program(humaneval_program(record, completion), timeout_s, unsafe=unsafe_exec)
         per_item.append({"id": record["id"], "completion": completion, "passed": result.passed, "status": result.status})
     n = len(per_item)
-    p = sum(r["passed"] for r in per_item) / n if n else float("nan")
-    return {"items": n, "chance": 0.0, "pass_at_1": p, "pass_at_1_stderr": binomial_stderr(p, n), "max_new_tokens": max_new_tokens,
-            "timeout_s": timeout_s, "sandbox": mode, "per_item": per_item}
+    return {"items": n, "chance": 0.0, **proportion("pass_at_1", sum(r["passed"] for r in per_item), n), "max_new_tokens": max_new_tokens,
+            "timeout_s": timeout_s, "sandbox": mode, **_truncation(generations), "per_item": per_item}
 
 
 # ---------------------------------------------------------------- the suite
@@ -239,43 +316,65 @@ def score_humaneval(model: nn.Module, tokenizer, records: list[dict[str, Any]], 
 
 def run_task(task: str, model: nn.Module, tokenizer, *, limit: int | None = None, eos_id: int | None = None,
              device: torch.device | str = "cpu", mmlu_format: str = "rc", batch_size: int = 64,
-             max_new_tokens: dict[str, int] | None = None, unsafe_exec: bool = False) -> dict[str, Any]:
-    """One task: its scores, its convention, and the sha256 of the benchmark files it read."""
+             max_new_tokens: dict[str, int] | None = None, unsafe_exec: bool = False, num_fewshot: int = 0,
+             fewshot_seed: int = FEWSHOT_SEED) -> dict[str, Any]:
+    """One task: its scores, their conventions, and the sha256 of the benchmark (and few-shot) files it read."""
     records, files = eval_items(task)
+    shots, shot_files = task_shots(task, num_fewshot, fewshot_seed)
+    files = {**files, **shot_files}
     max_new_tokens = max_new_tokens or {}
     if task == "gsm8k":
-        result = score_gsm8k(model, tokenizer, first_n(records, limit), eos_id, device, max_new_tokens.get("gsm8k", 256))
+        result = score_gsm8k(model, tokenizer, first_n(records, limit), eos_id, device, max_new_tokens.get("gsm8k", 256), shot_prefix(shots))
     elif task == "humaneval":
         result = score_humaneval(model, tokenizer, first_n(records, limit), eos_id, device, max_new_tokens.get("humaneval", 512),
                                   unsafe_exec=unsafe_exec)
     elif task == "mmlu":
-        scored = score_choices(model, tokenizer, choice_items(task, first_n(records, limit, lambda r: r["subject"]), mmlu_format), device, batch_size)
-        result = {**macro_average(scored["per_item"]), "boundary_merged": scored["boundary_merged"],
-                  "continuations_truncated": scored["continuations_truncated"], "per_item": scored["per_item"]}
+        items = choice_items(task, first_n(records, limit, lambda r: r["subject"]), mmlu_format, shots)
+        scored = score_choices(model, tokenizer, items, device, batch_size)
+        result = {**macro_average(scored["per_item"]), **{k: scored[k] for k in ("boundary_merged", "contexts_truncated", "continuations_truncated")},
+                  "per_item": scored["per_item"]}
     else:
-        result = score_choices(model, tokenizer, choice_items(task, first_n(records, limit)), device, batch_size)
-    convention = CONVENTIONS["mmlu:letters" if task == "mmlu" and mmlu_format == "letters" else task]
-    return {"task": task, "convention": convention, "limit": limit, "files": files, **result}
+        result = score_choices(model, tokenizer, choice_items(task, first_n(records, limit), shots=shots), device, batch_size,
+                               uncond=task in PMI_TASKS)
+    k = 0 if task == "humaneval" else num_fewshot
+    return {"task": task, "convention": convention(task, mmlu_format, k, fewshot_seed), "num_fewshot": k,
+            "fewshot_seed": fewshot_seed if k else None, "labels": {m: LABELS[m] for m in LABELS if m in result},
+            "limit": limit, "files": files, **result}
+
+
+def _pm(r: dict[str, Any], name: str) -> str:
+    """value ± lm-eval stderr [Wilson 95 %] (the stderr is n/a below two items)."""
+    se = r.get(f"{name}_stderr")
+    text = f"{r[name]:.3f} ± " + ("n/a" if se is None or math.isnan(se) else f"{se:.3f}")
+    wilson = r.get(f"{name}_wilson95")
+    return text + (f" [{wilson[0]:.3f}, {wilson[1]:.3f}]" if wilson else "")
 
 
 def markdown_table(results: dict[str, Any]) -> str:
-    """One row per task (MMLU as its macro average), then held-out perplexity."""
-    lines = ["| task | n | accuracy | length-normalised (per char) | other | chance | convention |", "|---|---:|---:|---:|---:|---:|---|"]
+    """One row per task (MMLU as its macro average), then held-out perplexity and bits per byte.
+    Columns name the convention: acc is lm-eval acc, acc_norm lm-eval acc_norm (÷ characters of the
+    choice), acc_bytes lm-eval acc_bytes, per token and PMI (acc_uncond) OLMES's, bpb OLMo's."""
+    lines = ["| task | n | shots | acc | acc_norm | other | chance | convention |", "|---|---:|---:|---:|---:|---|---:|---|"]
     for task, r in results["tasks"].items():
+        shots = r.get("num_fewshot", 0)
         if "accuracy" in r:
-            other = f"per token {r['accuracy_per_token']:.3f} ± {r['accuracy_per_token_stderr']:.3f}"
+            other = [f"acc_bytes {_pm(r, 'accuracy_per_byte')}", f"per token {_pm(r, 'accuracy_per_token')}"]
+            if "accuracy_uncond" in r:
+                other.append(f"PMI (acc_uncond) {_pm(r, 'accuracy_uncond')}")
+            other.append(f"gold bpb {r['bits_per_byte_gold']:.3f}")
             if task == "mmlu":
-                other += f"; macro over {len(r['subjects'])} subjects"
-            lines.append(f"| {task} | {r['items']} | {r['accuracy']:.3f} ± {r['accuracy_stderr']:.3f} | "
-                         f"{r['accuracy_per_char']:.3f} ± {r['accuracy_per_char_stderr']:.3f} | {other} | {r['chance']:.3f} | {r['convention']} |")
+                other.append(f"macro over {len(r['subjects'])} subjects (micro acc {r['accuracy_micro']:.3f})")
+            lines.append(f"| {task} | {r['items']} | {shots} | {_pm(r, 'accuracy')} | {_pm(r, 'accuracy_per_char')} | "
+                         f"{'; '.join(other)} | {r['chance']:.3f} | {r['convention']} |")
         elif "exact_match_flexible" in r:
-            lines.append(f"| {task} | {r['items']} | {r['exact_match_strict']:.3f} ± {r['exact_match_strict_stderr']:.3f} (strict) | – | "
-                         f"flexible {r['exact_match_flexible']:.3f} ± {r['exact_match_flexible_stderr']:.3f} | 0 | {r['convention']} |")
+            lines.append(f"| {task} | {r['items']} | {shots} | strict {_pm(r, 'exact_match_strict')} | – | "
+                         f"flexible {_pm(r, 'exact_match_flexible')} | 0 | {r['convention']} |")
         else:
-            lines.append(f"| {task} | {r['items']} | pass@1 {r['pass_at_1']:.3f} ± {r['pass_at_1_stderr']:.3f} | – | "
+            lines.append(f"| {task} | {r['items']} | 0 | pass@1 {_pm(r, 'pass_at_1')} | – | "
                          f"sandbox {r['sandbox']}, {r['timeout_s']:g} s | 0 | {r['convention']} |")
     held_out = results.get("perplexity")
     if held_out:
-        lines.append(f"| held-out ({held_out['split']}) | {held_out['tokens']:,} tokens | loss {held_out['loss']:.4f} | – | "
-                     f"perplexity {held_out['perplexity']:.2f} | ln V = {held_out['ln_vocab']:.2f} | the pipeline's validation split |")
+        bpb = f"; {held_out['bits_per_byte']:.4f} bits/byte" if "bits_per_byte" in held_out else ""
+        lines.append(f"| held-out ({held_out['split']}) | {held_out['tokens']:,} tokens | – | loss {held_out['loss']:.4f} | – | "
+                     f"perplexity {held_out['perplexity']:.2f}{bpb} | ln V = {held_out['ln_vocab']:.2f} | the pipeline's validation split |")
     return "\n".join(lines) + "\n"

@@ -180,11 +180,38 @@ def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Pa
     assert tasks["mmlu"]["chance"] == 0.25 and 0 <= tasks["hellaswag"]["accuracy"] <= 1
     assert result["sandbox"] == tasks["humaneval"]["sandbox"] == "namespaces" and all(r["status"] in ("passed", "failed", "timeout") for r in tasks["humaneval"]["per_item"])
     assert result["perplexity"]["perplexity"] == pytest.approx(2.718281828 ** result["perplexity"]["loss"], rel=1e-6)
+    held_out = result["perplexity"]
+    assert 0 < held_out["bytes"] and held_out["bits_per_byte"] == pytest.approx(held_out["loss"] * held_out["tokens"] / (0.6931471805599453 * held_out["bytes"]))
+    assert result["complete"] and result["threads"] >= 1 and result["num_fewshot"] == 0
+    assert tasks["arc_challenge"]["labels"]["accuracy_per_char"].startswith("lm-eval acc_norm") and "accuracy_uncond" in tasks["arc_challenge"]
+    assert "0-shot" in tasks["arc_easy"]["convention"] and all("contexts_truncated" in tasks[t] for t in tasks)
     # deterministic: a second run over the same items gives the same per-item scores
     again = json.loads(json.dumps(result))
     assert main(["eval", str(checkpoint), "--suite", "mc", "--limit", "5", "--out", str(tmp_path / "again")]) == 0
     second = json.loads((tmp_path / "again" / "eval.json").read_text())
     assert [r["logprobs"] for r in second["tasks"]["hellaswag"]["per_item"]] == [r["logprobs"] for r in again["tasks"]["hellaswag"]["per_item"][:5]]
+
+
+def test_eval_json_is_written_after_every_task_and_few_shot_prompts_are_recorded(trained: Path, tiny_run: Path, tmp_path: Path):
+    from hymo_core.eval.report import run_suite
+
+    checkpoint = trained / "checkpoints" / "step-00000003.pt"
+
+    def stop_after_first_task(line: str) -> None:
+        if line.startswith("hellaswag:"):
+            raise KeyboardInterrupt  # a kill after the first task
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(checkpoint, "mc", corpus=tiny_run, limit=2, out=tmp_path / "killed", log=stop_after_first_task)
+    partial = json.loads((tmp_path / "killed" / "eval.json").read_text())
+    assert list(partial["tasks"]) == ["hellaswag"] and partial["complete"] is False
+    assert partial["tasks"]["hellaswag"]["accuracy_stderr"] is not None  # n = 2: lm-eval's (n - 1) error exists
+    assert main(["eval", str(checkpoint), "--corpus", str(tiny_run), "--suite", "mc", "--limit", "1", "--num-fewshot", "2",
+                 "--out", str(tmp_path / "shots")]) == 0
+    shots = json.loads((tmp_path / "shots" / "eval.json").read_text())
+    arc = shots["tasks"]["arc_easy"]
+    assert shots["num_fewshot"] == arc["num_fewshot"] == 2 and "2-shot from OLMES's curated train-split shots (seed 1234" in arc["convention"]
+    assert any("fewshot/arc_easy" in path for path in arc["files"]) and arc["accuracy_stderr"] is None  # n = 1: no (n - 1) error
+    assert arc["accuracy_wilson95"][1] > 0.7  # the Wilson interval of one item is wide, not zero
 
 
 def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp_path: Path, capsys, prefect_harness):

@@ -94,10 +94,58 @@ def test_choice_accuracies_by_hand():
     for row, expected in zip(result["per_item"], option_scores):
         assert row["logprobs"] == pytest.approx(expected, abs=1e-6)
     raw = [max(range(2), key=lambda k: s[k]) for s in option_scores]
-    per_char = [max(range(2), key=lambda k: s[k] / len(item.options[k])) for s, item in zip(option_scores, items)]
+    # lm-eval's acc_norm divides by the choice's characters without the delimiter: " bb" counts 2
+    per_char = [max(range(2), key=lambda k: s[k] / len(item.options[k].lstrip(" "))) for s, item in zip(option_scores, items)]
     assert result["accuracy"] == sum(p == item.answer for p, item in zip(raw, items)) / 2
     assert result["accuracy_per_char"] == sum(p == item.answer for p, item in zip(per_char, items)) / 2
-    assert result["chance"] == 0.5 and result["accuracy_stderr"] == pytest.approx(math.sqrt(result["accuracy"] * (1 - result["accuracy"]) / 2))
+    # lm-eval's standard error: sample variance (n - 1)
+    assert result["chance"] == 0.5 and result["accuracy_stderr"] == pytest.approx(math.sqrt(result["accuracy"] * (1 - result["accuracy"]) / 1))
+
+
+def test_acc_norm_divides_by_the_choice_without_its_delimiter_and_acc_bytes_by_its_bytes():
+    """An item where dividing by len(" " + choice) (the old, wrong convention) picks the other option."""
+    from hymo_core.eval.suite import ChoiceItem
+
+    model, tokenizer = BigramTable(TABLE), CharTokenizer("ab ")
+    (row,) = score_choices(model, tokenizer, [ChoiceItem("x", "a", (" aa", " aab"), answer=1)])["per_item"]
+    lls = row["logprobs"]
+    assert lls[1] / 3 > lls[0] / 2 and lls[1] / 4 < lls[0] / 3  # lm-eval: 3 and 2 characters; with the space: 4 and 3
+    assert row["pick_per_char"] == 1 and row["pick_per_byte"] == 1  # ASCII: bytes = characters
+    assert row["bits_per_byte_gold"] == pytest.approx(-lls[1] / (math.log(2) * 4))  # the gold continuation " aab": 4 bytes
+
+
+def test_pmi_and_the_standard_errors_follow_olmes_and_lm_eval():
+    from hymo_core.eval.metrics import sample_stderr, wilson_interval
+    from hymo_core.eval.suite import ChoiceItem
+
+    tokenizer = CharTokenizer("Answer: abcdefghijklmnopqrstuvwxyz?")
+    model = PrefersTokens(len(tokenizer.alphabet), set(tokenizer.encode("b").ids), max_seq_len=64)
+    (row,) = score_choices(model, tokenizer, [ChoiceItem("x", "a?", (" b", " c"), answer=1)], uncond=True)["per_item"]
+    # unconditional scores are log p(choice | "Answer:"): the same constant logits, so PMI is conditional minus the same terms
+    assert row["logprobs_uncond"] == pytest.approx(row["logprobs"], abs=1e-5)
+    assert row["pick"] == 0
+    assert sample_stderr(0.5, 4) == pytest.approx(math.sqrt(0.25 / 3)) and math.isnan(sample_stderr(1.0, 1))
+    low, high = wilson_interval(0.0, 5)
+    assert low == 0.0 and high == pytest.approx(0.4345, abs=1e-4)  # the textbook Wilson bound for 0 of 5
+    assert wilson_interval(1.0, 1)[0] == pytest.approx(0.2065, abs=1e-4)
+
+
+def test_few_shot_examples_come_from_a_split_never_scored():
+    from hymo_core.eval.suite import choose_shots, task_shots
+
+    for task in ("hellaswag", "arc_easy", "arc_challenge", "gsm8k"):
+        shots, files = task_shots(task, 5, 1234)
+        assert len(shots) == 5 and len(files) == 1
+        scored = [r for r in eval_items(task)[0]]
+        texts = "\n".join(str(v) for r in scored for v in r.values())
+        assert not any(shot["text"].split("\n")[0].removeprefix("Question: ") in texts for shot in shots), task
+    shots, _ = task_shots("mmlu", 3, 1234)
+    assert len(shots) == 57 and all(len(v) == 3 and all("/dev/" in s["id"] for s in v) for v in shots.values())
+    pool = [{"text": str(i)} for i in range(5)]
+    assert choose_shots(pool, 5, 1234) == pool  # all of OLMES's curated shots, in OLMES's order
+    assert choose_shots(pool, 2, 1234) == choose_shots(pool, 2, 1234) != choose_shots(pool, 2, 7)
+    items = choice_items("arc_easy", eval_items("arc_easy")[0][:2], shots=task_shots("arc_easy", 2, 1234)[0])
+    assert items[0].context.count("Question:") == 3 and items[0].context.endswith("Answer:")
 
 
 def test_a_model_that_always_prefers_option_a_scores_the_share_of_a_answers():
