@@ -21,14 +21,39 @@ def gate_from_args(args: argparse.Namespace):
     return criteria
 
 
+def cmd_cpt_verify(args: argparse.Namespace) -> int:
+    """`hymo cpt verify RUN`: exit 0 when every check holds, 4 otherwise; the verdict printed is recomputed."""
+    from hymo_core.cpt.run import verdict_lines
+    from hymo_core.cpt.verify import verify_run
+    from hymo_core.train.run import default_device
+
+    report = verify_run(args.run, args.ledger, default_device())
+    for row in report["checks"]:
+        console.print(f"{'ok  ' if row['ok'] else 'FAIL'} {row['check']}: {row['detail']}", markup=False)
+    for line in verdict_lines({"verdict": report["verdict"], "gate": {"sha256": "recomputed"}})[:-1]:
+        console.print(line, markup=False)
+    console.print(f"recomputed verdict: {'PASS' if report['verdict']['passed'] else 'FAIL'}; "
+                  f"{'verified' if report['verified'] else 'NOT VERIFIED'}", markup=False)
+    return 0 if report["verified"] else 4
+
+
 def cmd_cpt(args: argparse.Namespace) -> int:
     from hymo_core.cpt.run import CptConfig, run_cpt, verdict_lines
     from hymo_core.train.run import default_device
 
+    if args.base == "verify":
+        if not args.run:
+            raise SystemExit("hymo cpt verify: name the CPT run directory (hymo cpt verify RUN)")
+        return cmd_cpt_verify(args)
+    missing = [flag for flag, value in (("--domain", args.domain), ("--general", args.general), ("--out", args.out)) if not value]
+    if missing or args.run:
+        raise SystemExit(f"hymo cpt: {', '.join(missing) + ' required' if missing else 'one base checkpoint only'} "
+                         "(hymo cpt BASE --domain D --general G --out OUT, or hymo cpt verify RUN)")
+
     config = CptConfig(replay_ratio=args.replay, peak_lr=args.peak_lr, steps=args.steps, warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio,
                        eval_interval=args.eval_interval, eval_batches=args.eval_batches, sampler_seed=args.sampler_seed, seed=args.seed)
     summary = run_cpt(args.base, args.domain, args.general, args.out, config, gate_from_args(args), default_device(),
-                      log=lambda line: console.print(line, markup=False))
+                      log=lambda line: console.print(line, markup=False), ledger=args.ledger)
     for line in verdict_lines(summary):
         console.print(line, markup=False)
     console.print(f"wrote {args.out}/summary.json (lineage: base {summary['lineage']['base_checkpoint_sha256'][:12]}… -> "
@@ -48,11 +73,14 @@ def add_commands(sub: Any) -> None:
     from hymo_core.cpt.run import CptConfig
 
     defaults = CptConfig()
-    cpt = sub.add_parser("cpt", help="continue a checkpoint on a domain corpus with general replay; verdict from a gate written before training")
-    cpt.add_argument("base", help="base checkpoint (.pt)")
-    cpt.add_argument("--domain", required=True, help="domain corpus: run directory, shards directory or corpus.json (the base's tokenizer)")
-    cpt.add_argument("--general", required=True, help="general corpus replayed (usually the base's own)")
-    cpt.add_argument("--out", required=True, help="new directory: gate.toml, cpt_manifest.json, metrics.jsonl, checkpoints/, summary.json")
+    cpt = sub.add_parser("cpt", help="continue a checkpoint on a domain corpus with general replay; verdict from a gate written before "
+                                     "training. `hymo cpt verify RUN`: recompute a run's verdict from its checkpoints")
+    cpt.add_argument("base", help="base checkpoint (.pt), or `verify`")
+    cpt.add_argument("run", nargs="?", help="with `verify`: the CPT run directory")
+    cpt.add_argument("--domain", help="domain corpus: run directory, shards directory or corpus.json (the base's tokenizer)")
+    cpt.add_argument("--general", help="general corpus replayed (usually the base's own)")
+    cpt.add_argument("--out", help="new directory: gate.toml, cpt_manifest.json, metrics.jsonl, checkpoints/, summary.json")
+    cpt.add_argument("--ledger", help="where the gate's and measurements' hashes are recorded, outside OUT (default: OUT/../cpt_ledger.jsonl)")
     cpt.add_argument("--replay", type=float, default=defaults.replay_ratio, help="probability that a sequence is general text")
     cpt.add_argument("--peak-lr", type=float, default=defaults.peak_lr)
     cpt.add_argument("--steps", type=int, default=defaults.steps, help="optimizer updates")

@@ -1,12 +1,23 @@
 """The `hymo-cpt` flow: `hymo cpt` from the Prefect UI (deployment `hymo-cpt/cpt` in `hymo serve`)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from hymo_core.cpt.run import CptConfig, run_cpt, verdict_lines
 from hymo_core.cpt.gate import Criterion
+
+
+def record_hashes(record: dict[str, Any]) -> None:
+    """The run's hashes at start and end, into the Prefect run log and an artifact: both live in the
+    Prefect server, outside OUT, so `hymo cpt verify` has a record that editing OUT does not change."""
+    from prefect.artifacts import create_table_artifact
+
+    get_run_logger().info("cpt %s hashes: %s", record["stage"], json.dumps(record, sort_keys=True))
+    create_table_artifact(key=f"hymo-cpt-{record['stage']}", table=[{"field": k, "value": str(v)} for k, v in sorted(record.items())],
+                          description=f"hymo cpt {record['stage']} record of {record['run']}")
 
 
 @flow(name="hymo-cpt", log_prints=True)
@@ -18,7 +29,7 @@ def hymo_cpt(base: str, domain: str, general: str, out: str, replay_ratio: float
     config = CptConfig(replay_ratio=replay_ratio, peak_lr=peak_lr, steps=steps, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
                        eval_interval=eval_interval, eval_batches=eval_batches)
     criteria = gate or [Criterion("domain_loss_reduction", ">=", domain_reduction), Criterion("general_loss_rise", "<=", general_rise)]
-    summary = run_cpt(base, domain, general, out, config, criteria, log=logger.info)
+    summary = run_cpt(base, domain, general, out, config, criteria, log=logger.info, on_record=record_hashes)
     for line in verdict_lines(summary):
         logger.info(line)
     return summary

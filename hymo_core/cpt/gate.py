@@ -25,9 +25,15 @@ estimate is not enough. `gate.toml`:
 
 The file's sha256 goes into the run manifest before the first update; the
 verdict re-reads the file, re-hashes it and refuses (GateTampered) if it
-changed. Uncertainty comes from paired differences (the same held-out
-sequences or items before and after): mean +- sd / sqrt(n), 95 % interval
-mean +- 1.96 se.
+changed. Uncertainty comes from paired differences, before and after, on the same units:
+
+* held-out losses: whole documents (the validation prefix split at EOS). The estimate is the
+  token-weighted mean difference, and its standard error comes from a bootstrap over documents
+  (`BOOTSTRAP_RESAMPLES` resamples, seed `BOOTSTRAP_SEED`). Consecutive windows of one document are
+  correlated, so treating windows as independent understates the error; documents are nearly independent.
+* task items: independent items, mean +- sd / sqrt(n).
+
+The 95 % interval is estimate +- 1.96 se.
 """
 from __future__ import annotations
 
@@ -43,6 +49,8 @@ METRICS = ("domain_loss_reduction", "general_loss_rise", "task_accuracy_drop")
 DIRECTIONS = (">=", "<=")
 RULES = ("point", "ci95")
 Z95 = 1.959964
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
 
 
 class GateError(ValueError):
@@ -128,21 +136,52 @@ def paired_estimate(differences: Sequence[float]) -> dict[str, float]:
     return {"value": mean, "stderr": stderr, "ci95_low": mean - Z95 * stderr, "ci95_high": mean + Z95 * stderr, "n": n}
 
 
-def judge(criteria: Sequence[Criterion], paired: dict[str, Sequence[float]]) -> dict[str, Any]:
+def document_estimate(difference_sums: Sequence[float], tokens: Sequence[int], resamples: int = BOOTSTRAP_RESAMPLES,
+                      seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
+    """Token-weighted mean of per-document loss differences, with a bootstrap over whole documents.
+
+    `difference_sums[d]` is document d's summed per-token difference, `tokens[d]` its token count.
+    """
+    import numpy as np
+
+    sums, counts = np.asarray(difference_sums, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
+    n = len(sums)
+    if n == 0 or counts.sum() == 0:
+        raise ValueError("no paired documents")
+    value = float(sums.sum() / counts.sum())
+    generator = np.random.default_rng(seed)
+    estimates = np.empty(resamples)
+    for r in range(resamples):
+        pick = generator.integers(0, n, size=n)
+        estimates[r] = sums[pick].sum() / max(counts[pick].sum(), 1.0)
+    stderr = float(estimates.std(ddof=1)) if n > 1 else 0.0
+    return {"value": value, "stderr": stderr, "ci95_low": value - Z95 * stderr, "ci95_high": value + Z95 * stderr, "n": n,
+            "unit": "documents", "tokens": int(counts.sum()), "stderr_method": f"bootstrap over documents ({resamples} resamples, seed {seed})"}
+
+
+def estimate(paired: Sequence[float] | dict[str, Any]) -> dict[str, Any]:
+    """Documents ({"difference_sums", "tokens"}) get the document bootstrap; a plain list, independent units."""
+    if isinstance(paired, dict):
+        return document_estimate(paired["difference_sums"], paired["tokens"])
+    return {**paired_estimate(paired), "unit": "items", "stderr_method": "sd / sqrt(n) over independent items"}
+
+
+def judge(criteria: Sequence[Criterion], paired: dict[str, Sequence[float] | dict[str, Any]]) -> dict[str, Any]:
     """The verdict: every criterion with its estimate and whether it passed; passed = all passed.
 
     `paired[metric]` (or `paired["task_accuracy_drop:TASK"]`) holds the paired differences, already
-    oriented as the metric says (reduction = base - CPT, rise = CPT - base, drop = base - CPT).
+    oriented as the metric says (reduction = base - CPT, rise = CPT - base, drop = base - CPT):
+    per-document sums and token counts for losses, one value per item for tasks.
     """
     rows = []
     for c in criteria:
         key = f"{c.metric}:{c.task}" if c.task else c.metric
         if key not in paired:
             raise GateError(f"gate criterion {key} was not measured by this run")
-        estimate = paired_estimate(paired[key])
+        result = estimate(paired[key])
         if c.rule == "point":
-            passed = c.passes(estimate["value"])
+            passed = c.passes(result["value"])
         else:  # the whole interval on the passing side
-            passed = c.passes(estimate["ci95_low"] if c.direction == ">=" else estimate["ci95_high"])
-        rows.append({"metric": key, "direction": c.direction, "threshold": c.threshold, "rule": c.rule, **estimate, "passed": passed})
+            passed = c.passes(result["ci95_low"] if c.direction == ">=" else result["ci95_high"])
+        rows.append({"metric": key, "direction": c.direction, "threshold": c.threshold, "rule": c.rule, **result, "passed": passed})
     return {"passed": all(r["passed"] for r in rows), "criteria": rows}

@@ -39,6 +39,7 @@ from hymo_core.checkpoint.single import save_checkpoint
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader, ValidationLoader
 from hymo_core.cpt.gate import GATE_FILE, Criterion, GateError, GateTampered, gate_text, judge, parse_gate, read_gate
 from hymo_core.train.optim import build_optimizer
+from hymo_core.cpt.ledger import append_record, canonical_sha256, default_ledger
 from hymo_core.cpt.replay import ReplayLoader
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.trainer import TrainHooks, TrainState, capture_rng, restore_rng, train
@@ -83,8 +84,11 @@ class CptConfig:
 
 
 @torch.no_grad()
-def sequence_losses(model: nn.Module, loader: ValidationLoader, device: torch.device) -> list[float]:
-    """Mean cross-entropy of every held-out sequence, in loader order (the unit the gate pairs on).
+def held_out_losses(model: nn.Module, loader: ValidationLoader, device: torch.device, eos_id: int | None = None) -> dict[str, list]:
+    """Mean cross-entropy of every held-out sequence, in loader order, and per whole document (the unit
+    the gate pairs on): summed loss and token count of each run of targets ending in EOS (or at a shard's
+    or the prefix's end). The loader's windows are consecutive and their targets do not overlap, so each
+    target token belongs to exactly one document.
 
     Like `trainer.evaluate`: mode, attention probe and every RNG are restored afterwards.
     """
@@ -95,17 +99,37 @@ def sequence_losses(model: nn.Module, loader: ValidationLoader, device: torch.de
     if probe:
         model.set_attention_probe(False)
     losses: list[float] = []
+    doc_sums: list[float] = []
+    doc_tokens: list[int] = []
+    open_sum, open_tokens, shard = 0.0, 0, None
     try:
-        for x_BT, y_BT in loader:
+        for b, (x_BT, y_BT) in enumerate(loader):
             logits_BTV, _ = model(x_BT.to(device))
-            ce_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.to(device).flatten(), reduction="none").view_as(y_BT)
+            ce_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.to(device).flatten(), reduction="none").view_as(y_BT).cpu()
             losses.extend(ce_BT.mean(dim=1).tolist())
+            for row in range(y_BT.shape[0]):
+                window_shard = int(loader.windows[b * loader.batch_size + row][0])
+                if window_shard != shard and open_tokens:
+                    doc_sums.append(open_sum), doc_tokens.append(open_tokens)
+                    open_sum, open_tokens = 0.0, 0
+                shard = window_shard
+                ends = (y_BT[row] == eos_id).nonzero().flatten().tolist() if eos_id is not None else []
+                start = 0
+                for end in [*ends, y_BT.shape[1] - 1]:
+                    open_sum += float(ce_BT[row, start:end + 1].sum())
+                    open_tokens += end + 1 - start
+                    start = end + 1
+                    if end in ends:
+                        doc_sums.append(open_sum), doc_tokens.append(open_tokens)
+                        open_sum, open_tokens = 0.0, 0
+        if open_tokens:
+            doc_sums.append(open_sum), doc_tokens.append(open_tokens)
     finally:
         model.train(was_training)
         if probe:
             model.set_attention_probe(True)
         restore_rng(rng)
-    return losses
+    return {"sequences": losses, "doc_loss_sums": doc_sums, "doc_tokens": doc_tokens}
 
 
 def task_correct(model: nn.Module, tokenizer, eos_id: int, task: str, items: int, device: torch.device) -> list[int]:
@@ -119,17 +143,32 @@ def task_correct(model: nn.Module, tokenizer, eos_id: int, task: str, items: int
 
 
 def measure(model: nn.Module, held_out: dict[str, ValidationLoader], tasks: Sequence[Criterion], tokenizer, eos_id: int,
-            device: torch.device) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {f"{name}_loss": sequence_losses(model, loader, device) for name, loader in held_out.items()}
+            device: torch.device) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for name, loader in held_out.items():
+        losses = held_out_losses(model, loader, device, eos_id)
+        out[f"{name}_loss"] = losses["sequences"]
+        out[f"{name}_doc_loss_sums"], out[f"{name}_doc_tokens"] = losses["doc_loss_sums"], losses["doc_tokens"]
     for criterion in tasks:
         out[f"task:{criterion.task}"] = task_correct(model, tokenizer, eos_id, criterion.task, criterion.paired_items, device)
     return out
 
 
-def paired_differences(base: dict[str, list[float]], adapted: dict[str, list[float]]) -> dict[str, list[float]]:
+def _document_differences(base: dict[str, list], adapted: dict[str, list], name: str, sign: float) -> dict[str, Any] | list[float]:
+    """Per-document summed differences (sign * (CPT - base)) and token counts; per sequence for a run
+    measured before documents were recorded."""
+    if f"{name}_doc_loss_sums" not in base:
+        return [sign * (a - b) for b, a in zip(base[f"{name}_loss"], adapted[f"{name}_loss"])]
+    if base[f"{name}_doc_tokens"] != adapted[f"{name}_doc_tokens"]:
+        raise GateError(f"the {name} held-out documents differ between base and CPT measurements")
+    return {"difference_sums": [sign * (a - b) for b, a in zip(base[f"{name}_doc_loss_sums"], adapted[f"{name}_doc_loss_sums"])],
+            "tokens": base[f"{name}_doc_tokens"]}
+
+
+def paired_differences(base: dict[str, list], adapted: dict[str, list]) -> dict[str, Any]:
     """Differences oriented as the gate's metrics: reduction = base - CPT, rise = CPT - base, drop = base - CPT."""
-    paired = {"domain_loss_reduction": [b - a for b, a in zip(base["domain_loss"], adapted["domain_loss"])],
-              "general_loss_rise": [a - b for b, a in zip(base["general_loss"], adapted["general_loss"])]}
+    paired: dict[str, Any] = {"domain_loss_reduction": _document_differences(base, adapted, "domain", -1.0),
+                              "general_loss_rise": _document_differences(base, adapted, "general", 1.0)}
     for key in base:
         if key.startswith("task:"):
             paired[f"task_accuracy_drop:{key.removeprefix('task:')}"] = [b - a for b, a in zip(base[key], adapted[key])]
@@ -155,8 +194,14 @@ def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
+def _headline_losses(measured: dict[str, list]) -> dict[str, float]:
+    """Mean per-sequence loss and task accuracy of one side (documents' sums are not means)."""
+    return {name: mean(values) for name, values in measured.items() if name.endswith("_loss") or name.startswith("task:")}
+
+
 def judge_run(out: str | Path) -> dict[str, Any]:
-    """The verdict of a finished run, from its gate file (hash checked) and measurements only; writes summary.json."""
+    """The verdict of a finished run, from its gate file (hash checked) and measurements only; writes summary.json
+    with the measurements' sha256 (`hymo cpt verify` re-measures the checkpoints instead of trusting them)."""
     out = Path(out)
     manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     criteria, gate_sha256 = read_gate(out / GATE_FILE, manifest["gate"]["sha256"])
@@ -165,7 +210,8 @@ def judge_run(out: str | Path) -> dict[str, Any]:
     summary = {
         "verdict": verdict,
         "gate": {"path": GATE_FILE, "sha256": gate_sha256},
-        "losses": {side: {name: mean(values) for name, values in measurements[side].items()} for side in ("base", "cpt")},
+        "measurements": {"path": MEASUREMENTS_FILE, "sha256": sha256_file(out / MEASUREMENTS_FILE)},
+        "losses": {side: _headline_losses(measurements[side]) for side in ("base", "cpt")},
         "replay": measurements["replay"],
         "lineage": {"base_checkpoint": manifest["base"]["checkpoint"], "base_checkpoint_sha256": manifest["base"]["sha256"],
                     "base_weights_sha256": manifest["base"]["weights_sha256"], "cpt_run": str(out),
@@ -197,8 +243,12 @@ def write_gate(out: Path, gate: str | Path | Sequence[Criterion] | None) -> tupl
 
 def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path, out: str | Path, config: CptConfig = CptConfig(),
             gate: str | Path | Sequence[Criterion] | None = None, device: torch.device | str = "cpu", log: Callable[[str], None] = print,
-            on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Continue `base_checkpoint` on `domain` with replay from `general`; returns summary.json's content."""
+            on_eval: Callable[[dict[str, Any]], None] | None = None, ledger: str | Path | None = None,
+            on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Continue `base_checkpoint` on `domain` with replay from `general`; returns summary.json's content.
+
+    The gate's, manifest's and measurements' hashes go to `ledger` (default: cpt_ledger.jsonl beside OUT)
+    and to `on_record` at the start and at the end."""
     out, device, base_checkpoint = Path(out), torch.device(device), Path(base_checkpoint)
     if (out / MANIFEST_FILE).exists():
         raise FileExistsError(f"{out} already holds a CPT run ({MANIFEST_FILE}); a gate is fixed once per run, choose another --out")
@@ -242,9 +292,13 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
         "general": {"corpus": str(readers["general"].path), "digest": readers["general"].digest,
                     "is_base_corpus": readers["general"].digest == payload["manifest_digest"]},
         "recipe": {**asdict(config), "train_config": train_config.to_dict()},
-        "written_before_step": 1,
+        "written_at_step": 0,  # the optimizer has made no update yet: the ledger's start record proves the order
     }
     write_json(out / MANIFEST_FILE, manifest)  # the gate's hash is on disk before the first update
+    ledger = Path(ledger) if ledger else default_ledger(out)
+    note({"run": str(out.resolve()), "stage": "start", "time": time.time(), "gate_sha256": gate_sha256,
+          "manifest_sha256": sha256_file(out / MANIFEST_FILE), "base_checkpoint_sha256": manifest["base"]["sha256"],
+          "base_measurements_sha256": canonical_sha256(base)}, ledger, on_record)
 
     metrics_path = out / METRICS_FILE
     metrics_path.write_text("", encoding="utf-8")
@@ -299,7 +353,18 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
         raise
     summary["seconds"] = seconds
     write_json(out / SUMMARY_FILE, summary)
+    note({"run": str(out.resolve()), "stage": "end", "time": time.time(), "gate_sha256": sha256_file(out / GATE_FILE),
+          "manifest_sha256": sha256_file(out / MANIFEST_FILE), "measurements_sha256": summary["measurements"]["sha256"],
+          "cpt_checkpoint_sha256": summary["lineage"]["cpt_checkpoint_sha256"], "summary_sha256": sha256_file(out / SUMMARY_FILE),
+          "verdict": summary["lineage"]["verdict"]}, ledger, on_record)
     return summary
+
+
+def note(record: dict[str, Any], ledger: Path, on_record: Callable[[dict[str, Any]], None] | None) -> None:
+    """The hashes, into the ledger outside OUT and to the caller (the flow's run log and artifact)."""
+    append_record(ledger, record)
+    if on_record:
+        on_record(record)
 
 
 def verdict_lines(summary: dict[str, Any]) -> list[str]:

@@ -226,6 +226,8 @@ def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp
     assert summary["verdict"]["criteria"][2]["n"] == 10 and 'task = "arc_easy"' in (tmp_path / "cpt" / "gate.toml").read_text()
     assert summary["lineage"]["base_checkpoint"].endswith("step-00000003.pt") and Path(summary["lineage"]["cpt_checkpoint"]).is_file()
     assert "verdict:" in capsys.readouterr().out
+    assert main(["cpt", "verify", str(tmp_path / "cpt")]) == 0  # the ledger beside OUT, both checkpoints re-measured
+    assert "recomputed verdict" in capsys.readouterr().out
 
     from flows.cpt_flow import hymo_cpt
     from flows.serve import DEPLOYMENTS
@@ -233,6 +235,13 @@ def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp
     flow_summary = hymo_cpt(base=checkpoint, domain=str(tmp_path / "domain"), general=str(tiny_run), out=str(tmp_path / "flow"), steps=2,
                             warmup_steps=1, eval_interval=2, eval_batches=2)
     assert flow_summary["lineage"]["cpt_run"] == str(tmp_path / "flow") and "hymo-cpt/cpt" in DEPLOYMENTS
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:  # the hashes also live in the Prefect server, outside OUT
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hymo-cpt-start", "hymo-cpt-end"])))
+    ends = [a for a in artifacts if a.key == "hymo-cpt-end" and str(tmp_path / "flow") in (a.description or "")]
+    assert ends and flow_summary["measurements"]["sha256"] in json.dumps(ends[-1].data)
 
 
 def test_hymo_serve_offers_the_cpt_deployment(served):

@@ -94,7 +94,9 @@ def test_cpt_run_records_gate_before_training_and_lineage_after(corpora, tmp_pat
     assert lineage["verdict"] in ("pass", "fail") and lineage["base_weights_sha256"] != lineage["cpt_weights_sha256"]
     measured = json.loads((out / "measurements.json").read_text())
     reduction = summary["verdict"]["criteria"][0]
-    assert reduction["metric"] == "domain_loss_reduction" and reduction["n"] == 3 * 4  # 3 fixed batches of the base recipe's 4 sequences
+    documents = measured["base"]["domain_doc_tokens"]
+    assert reduction["metric"] == "domain_loss_reduction" and reduction["unit"] == "documents" and reduction["n"] == len(documents) > 12
+    assert sum(documents) == 3 * 4 * 16  # 3 fixed batches of the base recipe's 4 sequences of 16 targets, each in one document
     assert reduction["value"] == pytest.approx(summary["losses"]["base"]["domain_loss"] - summary["losses"]["cpt"]["domain_loss"], abs=1e-6)
     assert measured["replay"]["sequences"] == 6 * 4 and 0 <= measured["replay"]["actual"] <= 1
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
@@ -119,3 +121,56 @@ def test_editing_the_gate_during_training_stops_the_run(corpora, tmp_path):
         run_cpt(corpora["base"], corpora["domain"], corpora["general"], out, CONFIG, log=lambda *_: None, on_eval=loosen_gate)
     assert json.loads((out / "summary.json").read_text())["verdict"]["status"] == "refused"
     assert not (out / "measurements.json").exists()
+
+
+def test_the_document_bootstrap_does_not_understate_correlated_windows():
+    """Two documents, each spanning many windows whose differences move together: the windows' naive
+    error is small, the documents' is not."""
+    from hymo_core.cpt.gate import document_estimate, paired_estimate
+
+    windows = [0.5] * 10 + [1.5] * 10  # ten windows of document A, ten of document B, 16 tokens each
+    naive = paired_estimate(windows)
+    documents = document_estimate([0.5 * 160, 1.5 * 160], [160, 160])
+    assert documents["value"] == pytest.approx(naive["value"]) == pytest.approx(1.0)
+    assert documents["n"] == 2 and documents["stderr"] > 3 * naive["stderr"]
+    assert document_estimate([0.5 * 160, 1.5 * 160], [160, 160]) == documents  # seeded: the same error every time
+
+
+def test_verify_recomputes_the_verdict_and_catches_edits_of_the_gate_or_the_measurements(corpora, tmp_path):
+    from hymo_core.cpt.ledger import run_records
+    from hymo_core.cpt.verify import verify_run
+
+    out = tmp_path / "cpt"
+    seen = []
+    summary = run_cpt(corpora["base"], corpora["domain"], corpora["general"], out, CONFIG, log=lambda *_: None, on_record=seen.append)
+    ledger = tmp_path / "cpt_ledger.jsonl"  # outside OUT
+    records = run_records(ledger, out)
+    assert [r["stage"] for r in seen] == ["start", "end"] and records["start"] == seen[0] and records["end"] == seen[1]
+    assert records["start"]["time"] < records["end"]["time"] and records["end"]["measurements_sha256"] == summary["measurements"]["sha256"]
+    report = verify_run(out)
+    assert report["verified"], report["checks"]
+    assert report["verdict"]["passed"] == summary["verdict"]["passed"]
+
+    # the issue's edit: loosen the gate and rewrite its hash in the manifest; judge_run is satisfied, verify is not
+    original_gate, original_manifest = (out / "gate.toml").read_bytes(), (out / "cpt_manifest.json").read_bytes()
+    loose = "[[criterion]]\nmetric = 'general_loss_rise'\ndirection = '<='\nthreshold = 9.0\n"
+    (out / "gate.toml").write_text(loose)
+    manifest = json.loads(original_manifest)
+    manifest["gate"]["sha256"] = hashlib.sha256(loose.encode()).hexdigest()
+    (out / "cpt_manifest.json").write_text(json.dumps(manifest))
+    assert judge_run(out)["verdict"]["passed"]
+    report = verify_run(out)
+    failed = {c["check"] for c in report["checks"] if not c["ok"]}
+    assert not report["verified"] and {"gate", "manifest"} <= failed
+    (out / "gate.toml").write_bytes(original_gate), (out / "cpt_manifest.json").write_bytes(original_manifest)
+
+    # edit the measured losses so the CPT model looks better, and re-judge: the checkpoints say otherwise
+    measured = json.loads((out / "measurements.json").read_text())
+    measured["cpt"]["general_loss"] = [v - 1.0 for v in measured["cpt"]["general_loss"]]
+    measured["cpt"]["general_doc_loss_sums"] = [v - t for v, t in zip(measured["cpt"]["general_doc_loss_sums"], measured["cpt"]["general_doc_tokens"])]
+    (out / "measurements.json").write_text(json.dumps(measured))
+    judge_run(out)
+    report = verify_run(out)
+    failed = {c["check"] for c in report["checks"] if not c["ok"]}
+    assert not report["verified"] and {"measurements file", "cpt measurements"} <= failed
+    assert report["verdict"]["passed"] == summary["verdict"]["passed"]  # recomputed from the checkpoint, not the edit

@@ -1,0 +1,96 @@
+"""`hymo cpt verify RUN`: recompute a CPT run's verdict from its checkpoints and its gate, trusting no number in RUN.
+
+Each check compares two records that an edit would have to change together. The ledger outside RUN
+is one of them, so editing RUN alone cannot pass:
+
+* the gate's sha256, now, against the manifest and the ledger's start and end records;
+* the manifest, the base checkpoint and the final checkpoint against the ledger (and each other);
+* measurements.json against the ledger's end record and summary.json;
+* the measurements themselves: the base and the final checkpoint are loaded and measured again on
+  the same held-out batches and task items, and must reproduce measurements.json (1e-4);
+* the verdict: recomputed from the gate and the fresh measurements, against summary.json's.
+
+The verdict reported is the recomputed one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hymo_core.checkpoint.load import load_model
+from hymo_core.cpt.gate import GATE_FILE, judge, parse_gate
+from hymo_core.cpt.ledger import default_ledger, run_records
+from hymo_core.cpt.run import MANIFEST_FILE, MEASUREMENTS_FILE, SUMMARY_FILE, measure, paired_differences
+from hymo_core.train.data import CorpusReader, ValidationLoader
+from manifests.digest import sha256_file
+
+TOLERANCE = 1e-4
+
+
+def _max_difference(recorded: dict[str, list], fresh: dict[str, list]) -> float:
+    worst = 0.0
+    for key, values in fresh.items():
+        old = recorded.get(key)
+        if old is None or len(old) != len(values):
+            return float("inf")
+        worst = max([worst, *(abs(float(a) - float(b)) for a, b in zip(old, values))])
+    return worst
+
+
+def verify_run(run: str | Path, ledger: str | Path | None = None, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """{"verified", "checks": [{"check", "ok", "detail"}], "verdict"}: the recomputed verdict and every comparison."""
+    run, device = Path(run), torch.device(device)
+    ledger = Path(ledger) if ledger else default_ledger(run)
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, ok: bool, detail: str) -> None:
+        checks.append({"check": name, "ok": bool(ok), "detail": detail})
+
+    manifest = json.loads((run / MANIFEST_FILE).read_text(encoding="utf-8"))
+    measurements = json.loads((run / MEASUREMENTS_FILE).read_text(encoding="utf-8"))
+    summary = json.loads((run / SUMMARY_FILE).read_text(encoding="utf-8"))
+    records = run_records(ledger, run)
+    start, end = records.get("start", {}), records.get("end", {})
+    check("ledger", bool(start and end), f"{ledger}: {'start and end records' if start and end else 'no start/end record'} for {run.resolve()}")
+
+    gate_now = sha256_file(run / GATE_FILE)
+    check("gate", gate_now == manifest["gate"]["sha256"] == start.get("gate_sha256") == end.get("gate_sha256"),
+          f"gate.toml {gate_now[:12]}…, manifest {manifest['gate']['sha256'][:12]}…, ledger start {str(start.get('gate_sha256'))[:12]}…")
+    check("manifest", sha256_file(run / MANIFEST_FILE) == start.get("manifest_sha256"), "cpt_manifest.json against the ledger's start record")
+    base_path = Path(manifest["base"]["checkpoint"])
+    base_now = sha256_file(base_path)
+    check("base checkpoint", base_now == manifest["base"]["sha256"] == start.get("base_checkpoint_sha256"), f"{base_path}: {base_now[:12]}…")
+    final_path = Path(measurements["checkpoint"]["path"])
+    final_now = sha256_file(final_path)
+    check("final checkpoint", final_now == measurements["checkpoint"]["sha256"] == end.get("cpt_checkpoint_sha256"), f"{final_path}: {final_now[:12]}…")
+    measured_now = sha256_file(run / MEASUREMENTS_FILE)
+    check("measurements file", measured_now == end.get("measurements_sha256") == summary.get("measurements", {}).get("sha256"),
+          f"measurements.json {measured_now[:12]}… against the ledger's end record and summary.json")
+
+    criteria = parse_gate((run / GATE_FILE).read_text(encoding="utf-8"), str(run / GATE_FILE))
+    tasks = [c for c in criteria if c.metric == "task_accuracy_drop"]
+    recipe = manifest["recipe"]["train_config"]
+    readers = {name: CorpusReader(manifest[name]["corpus"]) for name in ("domain", "general")}
+    for name, reader in readers.items():
+        check(f"{name} corpus", reader.digest == manifest[name]["digest"], f"{reader.path}: digest {reader.digest[:12]}…")
+    held_out = {name: ValidationLoader(reader, recipe["seq_len"], recipe["batch_size"], max_batches=manifest["recipe"]["eval_batches"])
+                for name, reader in readers.items()}
+    tokenizer = None
+    if tasks:
+        from hymo_core.eval.evaluation import load_tokenizer
+
+        tokenizer = load_tokenizer(readers["domain"].root / readers["domain"].manifest["tokenizer"]["path"])
+    fresh = {}
+    for side, path in (("base", base_path), ("cpt", final_path)):
+        model, _ = load_model(path, device)
+        fresh[side] = measure(model, held_out, tasks, tokenizer, readers["domain"].eos_id, device)
+        worst = _max_difference(measurements[side], fresh[side])
+        check(f"{side} measurements", worst <= TOLERANCE, f"re-measured {path.name}: largest difference from measurements.json {worst:.2e}")
+    verdict = judge(criteria, paired_differences(fresh["base"], fresh["cpt"]))
+    recorded = summary.get("verdict", {}).get("passed")
+    check("verdict", verdict["passed"] == recorded and ("pass" if recorded else "fail") == end.get("verdict"),
+          f"recomputed {'pass' if verdict['passed'] else 'fail'}, summary.json {recorded}, ledger {end.get('verdict')}")
+    return {"verified": all(c["ok"] for c in checks), "checks": checks, "verdict": verdict}
