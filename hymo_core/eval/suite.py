@@ -154,7 +154,7 @@ def convention(task: str, mmlu_format: str, num_fewshot: int, seed: int) -> str:
     if task == "humaneval":
         return base + ", 0-shot"
     if num_fewshot == 0:
-        return base + ", 0-shot" + (" (OLMES itself prompts 5 curated shots)" if base.startswith("OLMES") else "")
+        return base + ", 0-shot" + (" (OLMES itself prompts 5 curated shots)" if "OLMES" in base else "")
     source = "MMLU's dev split" if task == "mmlu" else "OLMES's curated train-split shots"
     return base + f", {num_fewshot}-shot from {source} (seed {seed}, never scored)"
 
