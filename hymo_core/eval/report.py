@@ -125,9 +125,9 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
                                           mmlu_format=mmlu_format, max_new_tokens=max_new_tokens, unsafe_exec=unsafe_exec,
                                           num_fewshot=num_fewshot, fewshot_seed=fewshot_seed)
         results["tasks"][task]["seconds"] = time.perf_counter() - started
-        log(f"{task}: {results['tasks'][task]['items']} items in {results['tasks'][task]['seconds']:.1f} s")
         if out is not None:
-            write_report(results, Path(out))
+            write_report(results, Path(out))  # before anything else can fail or be interrupted
+        log(f"{task}: {results['tasks'][task]['items']} items in {results['tasks'][task]['seconds']:.1f} s")
     results["perplexity"] = held_out_perplexity(model, reader, payload["train_config"], device, tokenizer=tokenizer)
     results["complete"] = True
     if out is not None:
