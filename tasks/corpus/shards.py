@@ -38,12 +38,12 @@ from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.corpus.encoding import token_dtype
 from tasks.corpus.mixture import PLAN_FILE, TABLE_FILE, TOKENS_FILE, encode_split_side
-from tasks.corpus.split import HELD_OUT_RULE, VALIDATION, seeded_rank
+from tasks.corpus.split import HELD_OUT_RULE, VALIDATION, iter_split_docs, seeded_rank
 from tasks.runner.stage_runner import default_workers, map_shards, run_artifact_stage
 from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
 
 STAGE = "shards"
-VERSION = "1"
+VERSION = "2"  # 2: validation_documents.parquet (each held-out document's source and language)
 INDEX_SCHEMA = pa.schema([
     ("doc_id", pa.string()),
     ("offset", pa.int64()),  # first token of this piece inside the shard
@@ -72,6 +72,23 @@ class SideTokens:
     lengths: np.ndarray
     path: Path
     dtype: np.dtype
+
+
+VALIDATION_DOCUMENTS = "validation_documents.parquet"
+VALIDATION_DOCUMENTS_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("lang", pa.string()), ("tokens", pa.int64())])
+
+
+def write_validation_documents(split_dir: Path, side: SideTokens, path: Path) -> dict[str, Any]:
+    """Each held-out document's source, language and tokens: what per-group held-out loss reads (hymo_core.eval.heldout).
+
+    The language labels are read from the split stage's held-out side (two columns; the held-out side is small)."""
+    langs = {row_id: lang for table in iter_split_docs(split_dir, VALIDATION, ["id", "lang"])
+             for row_id, lang in zip(table.column("id").to_pylist(), table.column("lang").to_pylist())}
+    table = pa.table({"doc_id": side.ids, "source": [source_of_id(d) for d in side.ids],
+                      "lang": [langs.get(d) or "" for d in side.ids], "tokens": side.lengths.astype(np.int64)},
+                     schema=VALIDATION_DOCUMENTS_SCHEMA)
+    atomic_write_parquet(path, table)
+    return {"path": path.name, "sha256": sha256_file(path), "rows": table.num_rows}
 
 
 def planned_side(plan: pa.Table, tokens_path: Path, dtype: np.dtype) -> tuple[SideTokens, np.ndarray]:
@@ -181,6 +198,7 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
     validation_side = SideTokens(validation_counts.column("id").to_pylist(), np.cumsum(lengths) - lengths, lengths, cache, dtype)
     validation = pack_side(validation_side, np.ones(len(validation_side.ids), np.int64), config, work_dir, VALIDATION, workers)
     validation_tokens = dict(zip(validation_side.ids, validation_side.lengths.tolist()))
+    documents_table = write_validation_documents(Path(split_dir), validation_side, work_dir / VALIDATION_DOCUMENTS)
     del validation_side
     cache.unlink()
     validation_by_source = _by_source(validation_tokens)
@@ -197,11 +215,12 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
         "shards": {"train": train, VALIDATION: validation},
         "train_tokens": sum(s["tokens"] for s in train),
         "validation": {"rule": HELD_OUT_RULE, "stage": Path(split_dir).name, "documents": len(validation_tokens),
-                       "tokens": sum(validation_tokens.values()), "by_source": validation_by_source},
+                       "tokens": sum(validation_tokens.values()), "by_source": validation_by_source,
+                       "documents_table": documents_table},
         "seed": config.seed,
     }
     corpus = write_corpus_manifest(work_dir / CORPUS_FILE, payload)
-    artifacts: list[tuple[str, int | None]] = [(TOKENIZER_FILE, vocab_size), (CORPUS_FILE, None)]
+    artifacts: list[tuple[str, int | None]] = [(TOKENIZER_FILE, vocab_size), (CORPUS_FILE, None), (VALIDATION_DOCUMENTS, documents_table["rows"])]
     for shard in train + validation:
         artifacts += [(shard["path"], shard["tokens"]), (shard["index_path"], shard["documents"])]
     return artifacts, {"corpus_digest": corpus["digest"], "dtype": dtype.name, "train_tokens": payload["train_tokens"],
