@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hymo_core.planner.planner import ModelShape
+from hymo_core.planner.planner import ModelShape, mtp_block_shape
 
 SCHEMES = ("gather", "owned")
 
@@ -48,11 +48,12 @@ def block_matrix_shapes(shape: ModelShape, kind: str) -> list[tuple[int, int]]:
 
 def muon_matrix_shapes(shape: ModelShape) -> list[tuple[int, int]]:
     """Every Muon / NorMuon matrix of the model in parameter order: the blocks, then each MTP depth's
-    [h; e] -> d projection and its block (of the last layer's kind)."""
+    [h; e] -> d projection and its block (of the last layer's kind; dense unless `mtp_moe`)."""
     kinds = shape.layer_kinds()
     shapes = [s for kind in kinds for s in block_matrix_shapes(shape, kind)]
+    mtp = mtp_block_shape(shape)
     for _ in range(shape.mtp_depth):
-        shapes += [(shape.d_model, 2 * shape.d_model)] + block_matrix_shapes(shape, kinds[-1])
+        shapes += [(shape.d_model, 2 * shape.d_model)] + block_matrix_shapes(mtp, kinds[-1])
     return shapes
 
 
