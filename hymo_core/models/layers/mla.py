@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from hymo_core import kernels
 from hymo_core.models.configs import ModelConfig
