@@ -124,11 +124,17 @@ def test_long_stages_report_their_phases_to_the_run_log_and_a_progress_artifact(
         stage, _, phase = message.partition(" phase: ")
         if phase:
             phases.setdefault(stage, []).append(phase.split(" (")[0])
+    def named_once_in_order(stage: str, expected: list[str]) -> None:
+        """Each expected phase is named exactly once, in this order (runner phases of new shard tasks may sit between)."""
+        found = phases[stage]
+        assert all(found.count(name) == 1 for name in expected), (stage, found)
+        assert [name for name in found if name in expected] == expected, (stage, found)
+
     assert phases["extract"][0] == "documents"
-    assert phases["dedup_exact"][:2] == ["exact digests", "shard batches"]  # the sample has no exact copies: no texts to read back
-    assert phases["dedup_fuzzy"][:5] == ["minhash", "lsh buckets", "verify pairs", "clusters", "shard batches"]
-    assert phases["decontam"][:4] == ["indexing benchmarks", "matching n-grams", "listing removals", "shard batches"]
-    assert phases["tokenizer"] == ["sampling documents", "training BPE", "round-trip check", "compression"]
+    named_once_in_order("dedup_exact", ["exact digests"])  # the sample has no exact copies: no texts to read back
+    named_once_in_order("dedup_fuzzy", ["minhash", "lsh buckets", "verify pairs", "clusters"])
+    named_once_in_order("decontam", ["indexing benchmarks", "matching n-grams", "listing removals"])
+    named_once_in_order("tokenizer", ["sampling documents", "training BPE", "round-trip check", "compression"])
     assert phases["pretrain"] == ["training steps"]
     progress = {a.key: (a.data, a.description) for a in flow_artifacts(flow_run_id) if a.type == "progress"}
     for stage in ("extract", "dedup-exact", "dedup-fuzzy", "decontam", "tokenizer"):
