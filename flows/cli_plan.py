@@ -1,6 +1,6 @@
 """`hymo plan ...`: planning calculators. `hymo plan lsh` sizes MinHash-LSH bands (seed 001, "推导 LSH 分带").
 
-`hymo plan model` comes from hymo_core.planner.planner (its `add_cli(plan_subparsers)`),
+`hymo plan model` and `hymo plan batch` come from hymo_core.planner.cli (`add_cli`, `add_batch_cli`),
 imported only when that module exists.
 """
 from __future__ import annotations
@@ -67,6 +67,7 @@ def add_commands(subparsers: Any) -> None:
     plan_subparsers = plan.add_subparsers(dest="plan_command", required=True)
     add_lsh(plan_subparsers)
     if importlib.util.find_spec("hymo_core.planner.planner") is not None:
-        from hymo_core.planner.cli import add_cli
+        from hymo_core.planner.cli import add_batch_cli, add_cli
 
         add_cli(plan_subparsers)
+        add_batch_cli(plan_subparsers)

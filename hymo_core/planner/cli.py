@@ -1,9 +1,12 @@
-"""`hymo plan model` and `python -m hymo_core.planner`: the planner's arithmetic for a shape or a named preset."""
+"""`hymo plan model` and `python -m hymo_core.planner`: the planner's arithmetic for a shape or a named preset;
+`hymo plan batch RUN`: batch and LR advice from the noise scale a run measured."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from hymo_core.models.presets import PRESETS
+from hymo_core.planner.batch_advice import advise, format_advice, latest_noise_scale
 from hymo_core.planner.muon import format_muon_costs, muon_matrix_shapes
 from hymo_core.planner.planner import ModelShape, RunPlan, format_hybrid, format_plan, model_shape
 
@@ -37,6 +40,26 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "comma-separated; '' for none")
     parser.set_defaults(func=_run_cli)
     return parser
+
+
+def add_batch_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `batch` (as in `hymo plan batch RUN`)."""
+    parser = subparsers.add_parser("batch", help="batch-size and LR advice from a run's gradient noise scale (metrics.jsonl)")
+    parser.add_argument("metrics", type=Path, help="a training run's metrics.jsonl, or the directory holding it")
+    parser.add_argument("--batch-tokens", type=int, default=None, help="the batch to judge (default: the run's own)")
+    parser.add_argument("--peak-lr", type=float, default=None, help="the run's peak LR, to print the moved value")
+    parser.set_defaults(func=_run_batch_cli)
+    return parser
+
+
+def _run_batch_cli(args: argparse.Namespace) -> int:
+    try:
+        noise = latest_noise_scale(args.metrics)
+        advice = advise(noise["b_simple_tokens"], args.batch_tokens or noise["b_big_tokens"])
+    except ValueError as error:
+        raise SystemExit(f"hymo plan batch: {error}") from None
+    print(format_advice(advice, args.peak_lr, noise.get("step")))
+    return 0
 
 
 def _run_cli(args: argparse.Namespace) -> int:
@@ -89,10 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "model":
+    if not argv or argv[0] not in ("model", "batch"):
         argv.insert(0, "model")
     parser = argparse.ArgumentParser(prog="python -m hymo_core.planner")
-    add_cli(parser.add_subparsers(dest="command"))
+    subparsers = parser.add_subparsers(dest="command")
+    add_cli(subparsers)
+    add_batch_cli(subparsers)
     args = parser.parse_args(argv)
     return args.func(args)
 

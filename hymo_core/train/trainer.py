@@ -38,6 +38,7 @@ import torch.nn as nn
 from hymo_core.planner import planner
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.data import EndOfEpoch, TokenLoader, ValidationLoader
+from hymo_core.train.noise_scale import NoiseScale, gradient_square_norm
 from hymo_core.distributed.process_group import (Runtime, all_gather_objects, all_reduce_max_, all_reduce_sum_, full_value,
                                                 reduce_expert_load_)
 from hymo_core.train.optim import PartitionedOptimizer
@@ -445,6 +446,7 @@ def train(
     consecutive_skips = 0
     window = Window()
     checks = DeferredChecks(device)
+    noise_scale = NoiseScale()  # the gradient noise scale, measured on logged steps that accumulate
     try:
         while state.step < config.max_steps:
             started = time.perf_counter()
@@ -463,6 +465,8 @@ def train(
             probing = config.qk_clip or logged
             model.set_attention_probe(probing)
             update_loss, update_tokens, update_mtp_ce = None, 0, []
+            # Noise scale (hymo_core/train/noise_scale.py): the first micro-batch's |grad|^2 vs the update's, logged steps only.
+            small_sq, small_tokens = None, 0
             reserve = getattr(train_loader, "reserve_update", None)  # a mixing loader (cpt replay) rolls its sides itself
             if reserve is not None and not config.overfit_one_batch:
                 reserve(config.batch_size * config.gradient_accumulation_steps)  # epochs turn here, between updates
@@ -480,6 +484,9 @@ def train(
                 if probing:
                     qk_clip.observe()
                 scaler.scale(loss / accumulation).backward()
+                if logged and accumulation > 1 and small_sq is None:  # .grad holds micro-batch 1 / accumulation x scale
+                    unscale = accumulation / (scaler.get_scale() if scaler.is_enabled() else 1.0)
+                    small_sq, small_tokens = gradient_square_norm(model) * unscale**2, y_BT.numel() * runtime.world_size
                 ce = getattr(model, "last_ce", None)
                 micro = (ce if ce is not None else loss).detach().float() / accumulation
                 update_loss = micro if update_loss is None else update_loss + micro
@@ -539,8 +546,9 @@ def train(
             if host_step:
                 checks.raise_if_failed()  # nothing is logged, evaluated or saved after a recorded failure
             if logged:
-                loss_mean, last_loss, grad_norm, clipped, *mtp_values = torch.stack(
+                loss_mean, last_loss, grad_norm, clipped, small_sq_value, *mtp_values = torch.stack(
                     [window.mean_loss(), update_loss, grad_norm_t.detach().float(), torch.as_tensor(clipped_heads).to(update_loss),
+                     (small_sq if small_sq is not None else torch.zeros(())).to(update_loss),
                      *update_mtp_ce]).tolist()  # the logging step's one host read
                 tokens_per_s = window.tokens / max(window.seconds, 1e-9)
                 record = {
@@ -555,6 +563,8 @@ def train(
                     record["mtp_ce"] = mtp_values  # per depth, this update's micro-batch mean
                 if expert_load:
                     record["moe"] = expert_load  # per MoE layer: this update's loads, bias norm, drops
+                if small_sq is not None:
+                    record["noise_scale"] = noise_scale.add(small_sq_value, grad_norm**2, small_tokens, update_tokens)
                 if hooks.on_log:
                     hooks.on_log(record)
                 window = Window()

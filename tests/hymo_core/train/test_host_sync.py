@@ -67,6 +67,7 @@ def test_five_unlogged_hymo_tiny_steps_make_no_host_read(tiny_corpus, monkeypatc
     assert reads.calls == [], reads.calls
     # The logged step still reports everything (its reads are the one place they happen).
     assert len(logs) == 1 and logs[0]["step"] == 7 and logs[0]["moe"] and len(logs[0]["mtp_ce"]) == 2
+    assert logs[0]["noise_scale"]["b_small_tokens"] == 2 * 32  # the noise scale is measured on that step only
     assert isinstance(logs[0]["loss"], float) and isinstance(logs[0]["qk_clipped_heads"], int)
 
 
