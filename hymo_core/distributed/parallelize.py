@@ -19,12 +19,20 @@ the checkpoints and the state dicts read the same with and without them.
   Mixed precision: bf16 parameters in compute with fp32 gradient reduction on
   CUDA for a bf16 recipe; fp32 everywhere on CPU. The fp32 master shards are
   what the optimizer updates.
+
+`build_parallel_model` is how a run gets its model (torchtitan's order): built on the
+meta device (no storage), parallelised there, then materialised, so a rank allocates
+and initialises only its own shards and never holds the whole fp32 model (at most one
+init unit's full values, hymo_core/models/materialise.py). The values equal eager
+`Transformer(config)` under the same seed, bit for bit, at any world size.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
+from hymo_core.models.configs import ModelConfig
+from hymo_core.models.init import build_on_meta, materialise_
 from hymo_core.train.config import TrainConfig
 from hymo_core.distributed.process_group import Runtime
 
@@ -79,6 +87,16 @@ def parallelize(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.M
     if runtime.launched:
         apply_fsdp(model, runtime, config)
     return model
+
+
+def build_parallel_model(model_config: ModelConfig, runtime: Runtime, config: TrainConfig,
+                         kernel_backend: str | None = None) -> nn.Module:
+    """The run's model: on meta, then checkpointing / compile / sharding, then this rank's storage on its device.
+
+    Draws the init seed from torch's global generator as eager construction does (seed it first).
+    """
+    model = parallelize(build_on_meta(model_config, kernel_backend), runtime, config)
+    return materialise_(model, runtime.device)
 
 
 def is_sharded(model: nn.Module) -> bool:

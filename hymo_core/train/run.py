@@ -38,10 +38,10 @@ from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader, ValidationLoader
 from hymo_core.distributed.process_group import Runtime, broadcast_object, close_runtime, init_runtime
 from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
-from hymo_core.models.model import ModelConfig, Transformer
+from hymo_core.models.model import ModelConfig
 from hymo_core.models.presets import model_config_from_table, preset_training
 from hymo_core.train.optim import build_optimizer
-from hymo_core.distributed.parallelize import parallelize
+from hymo_core.distributed.parallelize import build_parallel_model
 from hymo_core.checkpoint.background import BackgroundCheckpoints
 from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards
 from hymo_core.train.config import TrainConfig
@@ -268,7 +268,7 @@ def run_training(
         raise FileExistsError(f"{checkpoints.directory} already holds checkpoints; pass --resume or choose another --out")
 
     seed_everything(config.seed)
-    model = parallelize(Transformer(model_config).to(device), runtime, config)
+    model = build_parallel_model(model_config, runtime, config)  # meta -> sharded -> this rank's shards only
     if runtime.launched:
         replicate, shard = config.mesh_shape(runtime.world_size)
         log(f"mesh: {replicate} replica group(s) x {shard} shards" + (" (HSDP)" if replicate > 1 else " (FSDP)"))
