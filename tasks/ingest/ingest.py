@@ -24,12 +24,14 @@ number of workers. Source digests (for the cache key) are tasks too.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import json
 import os
 import shutil
+import tempfile
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,7 +48,8 @@ from manifests.stage_manifest import StageManifest, StageNotComplete, read_manif
 from tasks.ingest.decoding import decode_payload, strip_controls
 from tasks.ingest.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_stream, remote_digest
 from tasks.ingest.source_walk import reached_through_link, walk_matching
-from tasks.runner.stage_runner import StageWriter, default_workers, map_shards, published_under, shard_name, stage_cache_key, write_shard_files
+from tasks.runner.stage_runner import (StageWriter, default_workers, key_needs_reading, map_shards, published_under, shard_name, stage_cache_key,
+                                       write_shard_files)
 
 STAGE = "ingest"
 VERSION = "1"
@@ -172,12 +175,14 @@ def open_plain(path: Path | RemoteFile, source: str):
 
 
 def splittable(spec: SourceSpec, path: Path | RemoteFile) -> int:
-    """The size of an uncompressed JSONL file big enough to be read as several byte ranges, else 0."""
-    if spec.kind != "jsonl" or path.suffix in (".gz", ".zst"):
+    """The size of a local uncompressed JSONL file big enough to be read as several byte ranges, else 0.
+
+    A remote file is one task: ranges need their newlines counted first, which would read it twice."""
+    if spec.kind != "jsonl" or path.suffix in (".gz", ".zst") or isinstance(path, RemoteFile):
         return 0
     try:
-        size = path.fs.size(path.path) if isinstance(path, RemoteFile) else path.stat().st_size
-    except Exception as exc:  # each filesystem client raises its own types
+        size = path.stat().st_size
+    except OSError as exc:
         raise InputFileError(f"source {spec.name}: cannot read the size of {path} ({exc})") from exc
     return size if size > JSONL_SPLIT_BYTES else 0
 
@@ -220,8 +225,17 @@ def range_lines(handle, start: int, stop: int, newlines_before: int) -> Iterator
 
 def read_parquet(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
     base_uri = relative_uri(spec, path)
+    with tempfile.TemporaryFile() if isinstance(path, RemoteFile) else contextlib.nullcontext(path) as local:
+        if isinstance(path, RemoteFile):  # Parquet is read by seeking: one streamed copy, then the local file
+            with path.open() as handle:
+                shutil.copyfileobj(handle, local, 8 << 20)
+            local.seek(0)
+        yield from parquet_records(spec, path, local, base_uri, batch_rows)
+
+
+def parquet_records(spec: SourceSpec, path: Path | RemoteFile, local: Any, base_uri: str, batch_rows: int) -> Iterator[RawRecord]:
     try:
-        parquet = pq.ParquetFile(path.open() if isinstance(path, RemoteFile) else path)
+        parquet = pq.ParquetFile(local)
         if spec.text_field not in parquet.schema_arrow.names:
             raise InputFileError(f"{path}: no column {spec.text_field!r} (columns: {parquet.schema_arrow.names})")
         columns = [c for c in (spec.text_field, spec.url_field) if c in parquet.schema_arrow.names]
@@ -245,9 +259,13 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
     from warcio.exceptions import ArchiveLoadFailed
 
     try:
-        if path.suffix == ".gz":
-            check_gzip_complete(path)
-        with (path.open() if isinstance(path, RemoteFile) else open(path, "rb")) as handle:
+        if isinstance(path, RemoteFile):  # one stream: decompressed here, so a cut gzip fails in the read itself
+            handle = open_stream(path, spec.name)
+        else:
+            if path.suffix == ".gz":
+                check_gzip_complete(path)
+            handle = open(path, "rb")
+        with handle:
             for ordinal, record in enumerate(ArchiveIterator(handle)):
                 uri = record.rec_headers.get_header("WARC-Target-URI") or f"{relative_uri(spec, path)}#rec{ordinal}"
                 if record.rec_type == "response":
@@ -387,26 +405,32 @@ def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> 
 
 
 def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | None = None,
-                  workers: int = 1) -> tuple[list[dict[str, str]], dict[str, Any]]:
-    """(sha256 of every source file, their stats). A local file whose stat equals the one recorded when
-    `published` (the previous ingest output) was written keeps its recorded sha256 unread; the others
-    are hashed by runner tasks."""
+                  workers: int = 1) -> tuple[list[dict[str, str]], dict[str, Any], dict[str, int]]:
+    """(sha256 of every source file, their stats, remote files hashed later: url -> listing index).
+
+    A file whose stat (local: size, mtime, inode; remote: size and the store's version token) equals the
+    one recorded when `published` (the previous ingest output) was written keeps its recorded sha256
+    unread. Other local files are hashed by runner tasks; other remote files are left to the task that
+    ingests them, which hashes the same stream (one read per run)."""
     known = recorded_inputs(published) if published is not None else {}
-    listing, stats, jobs = [], {}, []
+    listing, stats, jobs, deferred = [], {}, [], {}
     for spec, files in plan:
         for path in files:
             entry = {"source": spec.name, "file": relative_uri(spec, path)}
             name = f"{entry['source']}:{entry['file']}"
-            stats[name] = None if isinstance(path, RemoteFile) else path_stat(path)
+            remote = isinstance(path, RemoteFile)
+            stats[name] = (list(path.stat) if path.stat else None) if remote else path_stat(path)
             recorded_stat, recorded_sha = known.get(name, (None, None))
             if stats[name] is not None and recorded_stat == stats[name]:
                 entry["sha256"] = recorded_sha
+            elif remote and spec.kind != "hf_disk":  # a dataset directory is read by `datasets` itself: hashed apart
+                deferred[path.url] = len(listing)
             else:
                 jobs.append((len(listing), spec, path))
             listing.append(entry)
     for index, digest in map_shards(indexed_digest, jobs, workers, "ingest digests", [1] * len(jobs)):
         listing[index]["sha256"] = digest
-    return listing, stats
+    return listing, stats, deferred
 
 
 def indexed_digest(index: int, spec: SourceSpec, path: Path | RemoteFile) -> tuple[int, str]:
@@ -444,13 +468,18 @@ class FileRecords:
     docs_path: str
     audit_path: str
     records: Any  # numpy int64, records × 3: (has a document, its text in UTF-8 bytes, audit rows)
+    digest: tuple[str, str] | None = None  # (url, sha256) of a remote file hashed while it was read
 
 
 def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str,
-                byte_range: tuple[int, int, int] | None = None) -> FileRecords:
-    """Task: one source file's (or byte range's) documents and audit rows, streamed into two Parquet files of FILE_BATCH_ROWS-row groups."""
+                byte_range: tuple[int, int, int] | None = None, digest: bool = False) -> FileRecords:
+    """Task: one source file's (or byte range's) documents and audit rows, streamed into two Parquet files of FILE_BATCH_ROWS-row groups.
+
+    `digest`: a remote file whose sha256 is not known yet; it is hashed from the stream read here."""
     import numpy as np
 
+    if digest:
+        path = path.digesting()
     docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.parquet", Path(parts_dir) / f"{index:06d}.audit.parquet"
     docs_path.parent.mkdir(parents=True, exist_ok=True)
     records: list[tuple[int, int, int]] = []
@@ -475,7 +504,11 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
             audit_writer.write_table(audit_table(audit))
     os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites both from the start
     os.replace(tmp_audit, audit_path)
-    return FileRecords(index, str(docs_path), str(audit_path), np.asarray(records, dtype=np.int64).reshape(-1, 3))
+    sha = None
+    if digest:  # complete unless no reader opened the file (then it is hashed apart, a second read)
+        sha = path.tap.hexdigest() or remote_digest(path, spec.name)
+    return FileRecords(index, str(docs_path), str(audit_path), np.asarray(records, dtype=np.int64).reshape(-1, 3),
+                       (path.url, sha) if digest else None)
 
 
 def shard_pieces(files: list[FileRecords], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
@@ -528,8 +561,10 @@ def write_ingest_shard(index: int, pieces: list[tuple[int, int, int, int, int]],
     return write_shard_files(Path(work_dir), STAGE, shard_name(index), kept, rows, None)
 
 
-def file_jobs(plan: list[tuple[SourceSpec, list[Path]]], config: IngestConfig, parts_dir: str, workers: int) -> list[tuple]:
-    """`ingest_file` jobs in stream order: one per file, or per byte range of a large uncompressed JSONL file."""
+def file_jobs(plan: list[tuple[SourceSpec, list[Path]]], config: IngestConfig, parts_dir: str, workers: int,
+              digest_urls: frozenset[str] = frozenset()) -> list[tuple]:
+    """`ingest_file` jobs in stream order: one per file, or per byte range of a large uncompressed local JSONL file;
+    a remote file in `digest_urls` is hashed by its job."""
     pieces = []  # (spec, path, None) or (spec, path, (start, stop))
     for spec, files in plan:
         for path in files:
@@ -543,7 +578,7 @@ def file_jobs(plan: list[tuple[SourceSpec, list[Path]]], config: IngestConfig, p
     jobs, before, ranged_index, last_path = [], 0, 0, None
     for index, (spec, path, span) in enumerate(pieces):
         if span is None:
-            jobs.append((index, spec, path, config, parts_dir))
+            jobs.append((index, spec, path, config, parts_dir, None, isinstance(path, RemoteFile) and path.url in digest_urls))
             continue
         if path is not last_path:
             before, last_path = 0, path
@@ -561,16 +596,27 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, wor
     """Read every source into shards; a no-op when the same files and config were already ingested."""
     workers = workers or default_workers()
     plan, skipped, link_rows = unique_files(specs)
-    inputs, input_stats = input_listing(plan, Path(out_dir), workers)
+    inputs, input_stats, deferred = input_listing(plan, Path(out_dir), workers)
     settings = {"ingest": asdict(config), "sources": [s.public() for s, _ in plan]}
-    key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
-    if (published := published_under(Path(out_dir), key)) is not None:
-        return published
+    key = ""
+    if deferred:  # new or changed remote files: the key needs their bytes, which the ingest tasks hash as they read
+        key_needs_reading()
+    else:
+        key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
+        if (published := published_under(Path(out_dir), key)) is not None:
+            return published
     writer = StageWriter(STAGE, VERSION, settings, key, inputs, Path(out_dir))
     parts_dir = writer.work_dir / FILE_PARTS_DIR
     try:
-        jobs = file_jobs(plan, config, str(parts_dir), workers)
+        jobs = file_jobs(plan, config, str(parts_dir), workers, frozenset(deferred))
         files = sorted(map_shards(ingest_file, jobs, workers, STAGE, [1] * len(jobs)), key=lambda f: f.index)
+        if deferred:
+            for url, sha in (f.digest for f in files if f.digest):
+                inputs[deferred[url]]["sha256"] = sha
+            writer.key = stage_cache_key(STAGE, VERSION, settings, [i["sha256"] for i in inputs])
+            if (published := published_under(Path(out_dir), writer.key)) is not None:  # rewritten with the same bytes
+                writer.abandon()
+                return published
         pieces = shard_pieces(files, config)
         if len(pieces) > 1 and not pieces[-1]:
             pieces.pop()  # the stream ended exactly at a cut: no empty last shard (unless it is the only one)

@@ -11,19 +11,27 @@ the source's root, so the same files give the same ids from any scheme.
 Every failure to reach the store (no credentials, no bucket, no network)
 becomes one RemoteSourceError (an InputFileError) line naming the source
 and the URL, raised while planning, before the stage writes anything.
+
+A remote file is read once per run. Its cheap identity is what the listing
+already says (size plus the store's version token: S3 ETag / VersionId, GCS
+generation, ...), so a re-run of unchanged objects reads none of their bytes;
+a new or changed object is hashed by the task that ingests it, from the same
+stream (`RemoteFile.digesting`), instead of a separate digest pass.
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import IO, Any
 
 import fsspec
 
 REMOTE_READ_BLOCK = 8 << 20  # read-ahead of one remote stream
+# What a store's listing says changes when an object is rewritten (S3, GCS, Azure, the Hub): with the size, the cheap check.
+VERSION_KEYS = ("VersionId", "version_id", "generation", "ETag", "etag", "md5Hash", "content_md5", "blob_id")
 
 
 class InputFileError(RuntimeError):
@@ -46,6 +54,12 @@ class RemoteFile:
     path: str
     url: str
     relative: str
+    stat: tuple | None = None  # (size, version tokens) from the listing; None when the store reports no version
+    tap: "StreamDigest | None" = field(default=None, compare=False)  # set: open() hashes what it streams
+
+    def digesting(self) -> "RemoteFile":
+        """This file, with open() hashing every byte the reader takes (and the rest, at close)."""
+        return replace(self, tap=StreamDigest())
 
     @property
     def name(self) -> str:
@@ -56,10 +70,59 @@ class RemoteFile:
         return PurePosixPath(self.path).suffix
 
     def open(self) -> IO[bytes]:
-        return self.fs.open(self.path, "rb", block_size=REMOTE_READ_BLOCK)
+        handle = self.fs.open(self.path, "rb", block_size=REMOTE_READ_BLOCK)
+        return handle if self.tap is None else io.BufferedReader(DigestingReader(handle, self.tap), REMOTE_READ_BLOCK)
 
     def __str__(self) -> str:
         return self.url
+
+
+class StreamDigest:
+    """sha256 and size of one remote file, accumulated while a reader streams it."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.complete = False
+
+    def hexdigest(self) -> str | None:
+        return self.sha.hexdigest() if self.complete else None
+
+
+class DigestingReader(io.RawIOBase):
+    """A raw stream that hashes what passes through it; closing reads (and hashes) what the reader left, so the
+    digest is the whole file's even when a decoder stops before EOF (a zstd frame's end, a WARC's padding)."""
+
+    def __init__(self, handle: IO[bytes], digest: StreamDigest):
+        self.handle, self.digest = handle, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.handle.read(len(buffer))
+        buffer[:len(data)] = data
+        self.digest.sha.update(data)
+        self.digest.size += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                while data := self.handle.read(1 << 20):
+                    self.digest.sha.update(data)
+                    self.digest.size += len(data)
+                self.digest.complete = True
+            finally:
+                self.handle.close()
+        super().close()
+
+
+def remote_stat(info: dict[str, Any]) -> tuple | None:
+    """A file's (size, version tokens) from its listing entry; None when the store gives no version (only the bytes tell)."""
+    size = info.get("size", info.get("Size"))
+    tokens = tuple(f"{key}={info[key]}" for key in VERSION_KEYS if info.get(key))
+    return (int(size), *tokens) if tokens and size is not None else None
 
 
 def describe(exc: BaseException) -> str:
@@ -78,14 +141,15 @@ def list_remote(source: str, url: str, pattern: str, single_entry: bool) -> list
         if single_entry or fs.isfile(root):
             if not fs.exists(root):
                 raise FileNotFoundError(root)
-            return [RemoteFile(fs, root, url, PurePosixPath(root).name)]
+            info = fs.info(root)
+            return [RemoteFile(fs, root, url, PurePosixPath(root).name, remote_stat(info) if info.get("type") == "file" else None)]
         matches = fs.glob(f"{root}/{pattern}", detail=True)
     except Exception as exc:  # each client raises its own types (botocore, aiohttp, OSError ...): all mean "cannot reach"
         raise RemoteSourceError(f"source {source}: cannot list {url} ({describe(exc)})") from exc
     files = sorted(path for path, info in matches.items() if info.get("type") == "file")
     if not files:
         raise RemoteSourceError(f"source {source}: {url} has no file matching {pattern!r}")
-    return [RemoteFile(fs, path, f"{protocol}://{path}", path[len(root) + 1:]) for path in files]
+    return [RemoteFile(fs, path, f"{protocol}://{path}", path[len(root) + 1:], remote_stat(matches[path])) for path in files]
 
 
 def open_stream(file: RemoteFile, source: str) -> IO[bytes]:
@@ -95,12 +159,26 @@ def open_stream(file: RemoteFile, source: str) -> IO[bytes]:
     except Exception as exc:
         raise RemoteSourceError(f"source {source}: cannot open {file.url} ({describe(exc)})") from exc
     if file.suffix == ".gz":
-        return gzip.GzipFile(fileobj=handle, mode="rb")
+        return ClosingGzipFile(handle)
     if file.suffix == ".zst":
         import zstandard
 
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(handle, closefd=True))
     return handle
+
+
+class ClosingGzipFile(gzip.GzipFile):
+    """A GzipFile that closes the stream it decompresses (GzipFile leaves a passed fileobj open)."""
+
+    def __init__(self, handle: IO[bytes]):
+        super().__init__(fileobj=handle, mode="rb")
+        self.owned = handle
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.owned.close()
 
 
 def remote_digest(file: RemoteFile, source: str) -> str:

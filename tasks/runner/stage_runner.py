@@ -477,10 +477,11 @@ def stage_cache_key(stage: str, version: str, config: Any, input_digests: list[s
 
 
 class StageWouldRun(Exception):
-    """Raised under `probing()` where a stage would compute: it is not published under `key` with intact files."""
+    """Raised under `probing()` where a stage would compute: it is not published under `key` with intact files
+    (`key` None: the key cannot be known without reading the inputs, e.g. remote files not hashed yet)."""
 
-    def __init__(self, key: str, published_key: str | None):
-        super().__init__(f"stage not published under {key[:12]}…")
+    def __init__(self, key: str | None, published_key: str | None):
+        super().__init__(f"stage not published under {key[:12]}…" if key else "stage key known only after reading its inputs")
         self.key, self.published_key = key, published_key
 
 
@@ -496,6 +497,12 @@ def probing() -> Iterator[None]:
         yield
     finally:
         _PROBING.reset(token)
+
+
+def key_needs_reading() -> None:
+    """A stage whose key needs bytes it has not read yet: under `probing()` it would run (the probe reads nothing)."""
+    if _PROBING.get():
+        raise StageWouldRun(None, None)
 
 
 def published_under(out_dir: Path, key: str) -> StageManifest | None:

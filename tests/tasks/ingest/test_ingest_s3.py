@@ -1,7 +1,13 @@
-"""Sources on an object store: a real S3 API (moto's server on 127.0.0.1) read through fsspec, against the local run."""
+"""Sources on an object store: a real S3 API (moto's server on 127.0.0.1) read through fsspec, against the local run.
+
+The server counts what it serves (object GETs and their body bytes), so "each remote file is read once per run"
+is checked by counting, in whichever process the ingest tasks run."""
 from __future__ import annotations
 
+import hashlib
 import socket
+import threading
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -23,15 +29,53 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+class ServedObjects:
+    """Per object key of BUCKET: GET requests and body bytes the server sent (listings and HEADs not counted)."""
+
+    def __init__(self) -> None:
+        self.gets: Counter = Counter()
+        self.bytes: Counter = Counter()
+        self.lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self.lock:
+            self.gets.clear()
+            self.bytes.clear()
+
+    def app(self, inner):
+        def counting(environ, start_response):
+            path = environ.get("PATH_INFO", "")
+            key = path.removeprefix(f"/{BUCKET}/") if environ["REQUEST_METHOD"] == "GET" and path.startswith(f"/{BUCKET}/") else None
+            for chunk in inner(environ, start_response):
+                if key:
+                    with self.lock:
+                        self.bytes[key] += len(chunk)
+                yield chunk
+            if key:
+                with self.lock:
+                    self.gets[key] += 1
+        return counting
+
+
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    from moto.server import ThreadedMotoServer
+    """moto's S3 server (its own WSGI app and request handler, as ThreadedMotoServer runs them) behind a counter."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    served = ServedObjects()
+    server = make_server("127.0.0.1", free_port(), served.app(DomainDispatcherApplication(create_backend_app)), True,
+                         request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", served
+    server.shutdown()
+    thread.join()
+
+
+@pytest.fixture
+def served(s3_endpoint):
+    return s3_endpoint[1]
 
 
 @pytest.fixture
@@ -41,7 +85,7 @@ def s3(s3_endpoint, monkeypatch):
     import zstandard
 
     for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                        "AWS_ENDPOINT_URL_S3": s3_endpoint}.items():
+                        "AWS_ENDPOINT_URL_S3": s3_endpoint[0]}.items():
         monkeypatch.setenv(name, value)
     s3fs.S3FileSystem.clear_instance_cache()
     shutdown_worker_pools()  # ingest tasks run in pool workers: new ones see these variables, as a worker started with them would
@@ -65,13 +109,16 @@ def specs_at(directory: Path, warc: str, jsonl: str, **jsonl_extra: str) -> list
     return [write_spec(directory, "crawl", "warc", warc), write_spec(directory, "prose", "jsonl", jsonl, **jsonl_extra)]
 
 
-def test_s3_sources_give_the_local_runs_documents_ids_included(tmp_path, s3, monkeypatch):
+def test_s3_sources_give_the_local_runs_documents_ids_included(tmp_path, s3, served, monkeypatch):
     local_docs, local_audit = ingest(tmp_path, specs_at(tmp_path / "local", str(WARC), str(JSONL)), "local")
-    monkeypatch.setattr("tasks.ingest.ingest.JSONL_SPLIT_BYTES", 300_000)  # the remote JSONL (1.1 MB) read as 4 ranged streams
+    # a local JSONL this size would be read as 4 byte ranges; a remote one stays one stream: ranges would read it twice
+    monkeypatch.setattr("tasks.ingest.ingest.JSONL_SPLIT_BYTES", 300_000)
+    served.clear()
     remote_docs, remote_audit = ingest(tmp_path, specs_at(tmp_path / "s3", f"s3://{BUCKET}/crawl/sample.warc.gz",
                                                           f"s3://{BUCKET}/prose/enwiki.jsonl"), "s3")
     assert remote_docs.num_rows > 100 and remote_docs.equals(local_docs)
     assert remote_audit.equals(local_audit)
+    assert served.bytes == {"crawl/sample.warc.gz": WARC.stat().st_size, "prose/enwiki.jsonl": JSONL.stat().st_size}
     # a prefix globbed, the file zstd-compressed: same documents by id and text
     packed, _ = ingest(tmp_path, specs_at(tmp_path / "packed", f"s3://{BUCKET}/crawl/", f"s3://{BUCKET}/packed/", glob="**/*.jsonl*"), "packed")
     assert packed.select(["id", "text", "url"]).equals(local_docs.select(["id", "text", "url"]))
@@ -109,3 +156,46 @@ def test_unreachable_or_empty_sources_fail_in_one_line_and_write_nothing(tmp_pat
     with pytest.raises(InputFileError, match=f"source prose: cannot list s3://{BUCKET}/prose/enwiki.jsonl") as error:
         run_ingest([load_spec_file(spec)], IngestConfig(), tmp_path / "offline")
     assert "\n" not in str(error.value) and not (tmp_path / "offline").exists()
+
+
+def test_a_remote_file_is_read_once_per_run_and_not_at_all_while_its_etag_holds(tmp_path, s3, served):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.runner.stage_runner import StageWouldRun, probing
+
+    lines = JSONL.read_bytes().splitlines(keepends=True)[:40]
+    s3.pipe_file(f"{BUCKET}/small/docs.jsonl", b"".join(lines))
+    parquet_path = tmp_path / "docs.parquet"  # Parquet is read by seeking: it is streamed once into a local file
+    pq.write_table(pa.table({"text": [f"Document number {i} about the river and the mill." for i in range(40)]}), parquet_path)
+    s3.put_file(str(parquet_path), f"{BUCKET}/tables/docs.parquet")
+    specs = specs_at(tmp_path / "specs", f"s3://{BUCKET}/crawl/sample.warc.gz", f"s3://{BUCKET}/small/docs.jsonl")
+    specs.append(write_spec(tmp_path / "specs", "tables", "parquet", f"s3://{BUCKET}/tables/"))
+    sources = [load_spec_file(s) for s in specs]
+    sizes = {"crawl/sample.warc.gz": WARC.stat().st_size, "small/docs.jsonl": len(b"".join(lines)), "tables/docs.parquet": parquet_path.stat().st_size}
+    out = tmp_path / "run" / "01_ingest"
+
+    def ingest_once():
+        return run_ingest(sources, IngestConfig(), out, workers=1)
+
+    served.clear()
+    with probing(), pytest.raises(StageWouldRun):  # the orchestrator's cache probe of a fresh run: nothing read
+        ingest_once()
+    assert served.bytes == {}
+    first = ingest_once()
+    assert served.bytes == sizes and set(served.gets.values()) == {1}  # each object once: digest and documents from one stream
+    digests = {i["file"].rsplit("/", 1)[-1]: i["sha256"] for i in first.inputs}
+    assert digests["sample.warc.gz"] == hashlib.sha256(WARC.read_bytes()).hexdigest()
+    assert digests["docs.parquet"] == hashlib.sha256(parquet_path.read_bytes()).hexdigest()
+
+    served.clear()  # unchanged objects (same ETag and size): the probe and the run read no byte
+    with probing():
+        assert ingest_once().cache_key == first.cache_key
+    assert ingest_once().cache_key == first.cache_key and served.gets == {}
+
+    rewritten = b"".join(lines) + b'{"url": "https://en.example/new", "text": "One more line of prose."}\n'
+    s3.pipe_file(f"{BUCKET}/small/docs.jsonl", rewritten)
+    served.clear()  # one object rewritten: the stage recomputes, reading each object once (the changed one hashed as it is read)
+    changed = ingest_once()
+    assert served.bytes == {**sizes, "small/docs.jsonl": len(rewritten)} and set(served.gets.values()) == {1}
+    assert changed.cache_key != first.cache_key and changed.counts["kept"] == first.counts["kept"] + 1
