@@ -18,6 +18,7 @@ from hymo_core.checkpoint.load import load_model
 from hymo_core.interop.atomic_dir import new_directory
 from hymo_core.interop.hf_layout import HYBRID, REMOTE_CODE_FILES, architecture, hf_config, hf_state_dict
 from hymo_core.interop.hf_tokenizer import write_hf_tokenizer
+from hymo_core.models.mup import output_multiplier
 from hymo_core.train.data import CorpusReader
 from manifests.digest import sha256_file
 
@@ -47,6 +48,9 @@ def export_hf(checkpoint: str | Path, out: str | Path, corpus: str | Path | None
     if reader.vocab_size > model.config.vocab_size:
         raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but the tokenizer of {reader.path} has {reader.vocab_size} ids")
     config = model.config
+    if config.parametrisation == "mup":  # the Hugging Face models have no output multiplier (hymo_core/models/mup.py)
+        raise ValueError(f"{checkpoint}: a muP model (parametrisation = \"mup\", logits x {output_multiplier(config):g}) "
+                         "cannot be exported: the Hugging Face architectures have no output multiplier")
     with new_directory(out, "export") as work:
         tokenizer_file = reader.root / reader.manifest["tokenizer"]["path"]
         specials = write_hf_tokenizer(tokenizer_file, work, reader.eos_id, config.max_seq_len)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 MIXER_KINDS = "AGM"  # layer_pattern letters a model can be built from (hymo_core/models/layers/block.py)
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
+PARAMETRISATIONS = ("standard", "mup")
 
 
 @dataclass(frozen=True)
@@ -93,11 +94,19 @@ class ModelConfig:
     # Whether each MTP depth's block has the trunk kind's MoE FFN (DeepSeek-V3) or a dense SwiGLU of
     # ffn_dim (seed 000: "8 DeepSeekMoE in the production model - one per MLA layer"; docs/training.md).
     mtp_moe: bool = False
+    # "standard", or "mup" (hymo_core/models/mup.py): muP's init, per-layer LR and output multiplier, relative to
+    # a proxy of width mup_base_width (0 = this d_model: the proxy itself), so a tuned LR transfers across widths.
+    parametrisation: str = "standard"
+    mup_base_width: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mtp_loss_weights", tuple(float(w) for w in self.mtp_loss_weights))  # TOML gives lists
         if self.mtp_depth < 0 or len(self.mtp_loss_weights) < self.mtp_depth:
             raise ValueError(f"mtp_depth {self.mtp_depth} needs >= 0 and one of mtp_loss_weights {self.mtp_loss_weights} per depth")
+        if self.parametrisation not in PARAMETRISATIONS:
+            raise ValueError(f"parametrisation must be one of {PARAMETRISATIONS}, got {self.parametrisation!r}")
+        if self.mup_base_width < 0 or (self.mup_base_width and self.parametrisation != "mup"):
+            raise ValueError(f"mup_base_width {self.mup_base_width} needs parametrisation = \"mup\" and must be >= 0")
         if self.moe_on:
             self.moe_config()  # raises on inconsistent MoE settings
         if not self.layer_pattern or set(self.layer_pattern) - set(MIXER_KINDS):

@@ -37,6 +37,7 @@ from hymo_core.models.layers.moe import MoE, Reduce, moe_after_optimizer_step
 from hymo_core.models.layers.mtp import MultiTokenPrediction
 from hymo_core.models.layers.norm import RMSNorm
 from hymo_core.models.materialise import draw_init_seed, initialise_, materialise_, residual_std
+from hymo_core.models.mup import init_multiplier, output_multiplier, width_role
 
 
 def count_parameters(config: ModelConfig) -> int:
@@ -98,7 +99,23 @@ class Transformer(nn.Module):
             units.append(("output", self.output, self._init_plain))
         if self.mtp is not None:
             units += [(f"mtp.depths.{k}", depth, self._init_mtp_depth) for k, depth in enumerate(self.mtp.depths)]
+        if self.config.parametrisation == "mup":
+            units = [(name, unit, self._mup_init(name, init)) for name, unit, init in units]
         return units
+
+    def _mup_init(self, unit_name: str, init: Callable[[nn.Module, torch.Generator], None]) -> Callable:
+        """The unit's standard init, then muP's per-role std factor (hymo_core/models/mup.py) on each parameter.
+
+        A deterministic rescale inside the unit's init, so meta-device materialisation still equals eager init.
+        """
+        def scaled(unit: nn.Module, generator: torch.Generator) -> None:
+            init(unit, generator)
+            for name, param in unit.named_parameters():
+                factor = init_multiplier(self.config, width_role(f"{unit_name}.{name}", param.ndim))
+                if factor != 1.0:
+                    param.mul_(factor)
+
+        return scaled
 
     def _init_plain(self, unit: nn.Module, generator: torch.Generator) -> None:
         for module in unit.modules():
@@ -156,7 +173,7 @@ class Transformer(nn.Module):
             x_BTD = block(x_BTD, ctx)
         if cache is not None:
             cache.position += T
-        logits_BTV = self.output(self.norm(x_BTD))
+        logits_BTV = self.head(self.norm(x_BTD))
         if targets_BT is None:
             return logits_BTV, None
         loss, ce = kernels.cross_entropy_loss(
@@ -170,13 +187,19 @@ class Transformer(nn.Module):
             loss = loss + self._training_extras(x_BTD, targets_BT)
         return logits_BTV, loss
 
+    def head(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
+        """Logits of normed hidden states: the output projection, times muP's output multiplier (1 when standard)."""
+        logits_BTV = self.output(hidden_BTD)
+        multiplier = output_multiplier(self.config)
+        return logits_BTV * multiplier if multiplier != 1.0 else logits_BTV
+
     def _training_extras(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
         """MTP's weighted CEs and the MoE layers' auxiliary losses of this forward (0 when neither is on)."""
         extra = hidden_BTD.new_zeros((), dtype=torch.float32)
         if self.mtp is not None:
             ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2)
             mtp_loss, per_depth = self.mtp(
-                hidden_BTD, targets_BT, self.tok_embeddings, self.output,
+                hidden_BTD, targets_BT, self.tok_embeddings, self.head,
                 lambda logits, targets: kernels.cross_entropy_loss(logits, targets, z_loss=0.0, backend=self.kernel_backend)[0],
                 lambda block, x_BTD: block(x_BTD, ctx))
             self.last_mtp_ce = [ce.detach() for ce in per_depth]

@@ -32,6 +32,8 @@ import torch
 import torch.nn as nn
 from torch.optim.adamw import adamw
 
+from hymo_core.models.configs import ModelConfig
+from hymo_core.models.mup import adamw_lr_multiplier, muon_lr_multiplier, width_role
 from hymo_core.train.partition import partition_parameters, weight_decay_for
 from hymo_core.train.optim_config import NS_DTYPE_NAMES, NorMuonConfig, OptimizerConfig
 
@@ -121,16 +123,27 @@ class PartitionedOptimizer(torch.optim.Optimizer):
     """
 
     def _partition(self, named_parameters: Iterable[tuple[str, nn.Parameter]], group_names: dict[str, str],
-                   matrix_decay: float, embed_head_decay: float) -> list[tuple[str, dict]]:
-        """(kind, group) for each kind that has parameters: members, group name and weight decay from the one table."""
+                   matrix_decay: float, embed_head_decay: float, model_config: ModelConfig | None = None) -> list[tuple[str, dict]]:
+        """(kind, group) for each kind that has parameters: members, group name and weight decay from the one table.
+
+        Under muP (`model_config.parametrisation == "mup"`) each AdamW kind splits by width role: its hidden
+        matrices (router gates, experts) form a group "<name>_mup_hidden" with `lr_scale` 1/m
+        (hymo_core/models/mup.py); the matrix kind's muP factor depends on the update scale, so the
+        optimizer sets it. Every group carries `lr_scale`.
+        """
         assigned = partition_parameters(named_parameters, group_names)
         self.assignments = [assignment for assignment, _ in assigned]
+        mup = model_config is not None and model_config.parametrisation == "mup"
         groups = []
         for kind, group_name in group_names.items():
             members = [(a.name, p) for a, p in assigned if a.kind == kind]
-            if members:
-                groups.append((kind, {"params": members, "group": group_name,
-                                      "weight_decay": weight_decay_for(kind, matrix_decay, embed_head_decay)}))
+            by_scale: dict[float, list] = {}
+            for name, param in members:
+                scale = adamw_lr_multiplier(model_config, width_role(name, param.ndim)) if mup and kind != "matrix" else 1.0
+                by_scale.setdefault(scale, []).append((name, param))
+            for scale, scaled_members in sorted(by_scale.items(), reverse=True):
+                groups.append((kind, {"params": scaled_members, "group": group_name if scale == 1.0 else f"{group_name}_mup_hidden",
+                                      "lr_scale": scale, "weight_decay": weight_decay_for(kind, matrix_decay, embed_head_decay)}))
         return groups
 
     def layout(self) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -157,11 +170,16 @@ class PartitionedOptimizer(torch.optim.Optimizer):
 class MuonAdamW(PartitionedOptimizer):
     """Groups carry `algorithm` ("muon" | "adamw") and `param_names`."""
 
-    def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], config: OptimizerConfig = OptimizerConfig()):
+    def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], config: OptimizerConfig = OptimizerConfig(),
+                 model_config: ModelConfig | None = None):
         self.config = config
         groups = []
-        for kind, group in self._partition(named_parameters, MUON_ADAMW_GROUPS, config.weight_decay, config.weight_decay):
+        for kind, group in self._partition(named_parameters, MUON_ADAMW_GROUPS, config.weight_decay, config.weight_decay,
+                                           model_config):
             group["algorithm"] = "muon" if kind == "matrix" else "adamw"
+            if kind == "matrix" and model_config is not None and model_config.parametrisation == "mup":
+                group["lr_scale"] *= muon_lr_multiplier(model_config, config.muon_lr_adjustment)
+            group["lr"] = config.lr * group["lr_scale"]
             if kind == "matrix":
                 group.update(
                     momentum=config.muon_momentum,
@@ -341,18 +359,22 @@ class NorMuonAdamW(PartitionedOptimizer):
     update happens there and is copied back (seed 000 §3.6).
     """
 
-    def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], config: NorMuonConfig = NorMuonConfig()):
+    def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], config: NorMuonConfig = NorMuonConfig(),
+                 model_config: ModelConfig | None = None):
         self.config = config
         groups = []
-        for kind, group in self._partition(named_parameters, NORMUON_GROUPS, config.muon_weight_decay, config.embed_weight_decay):
+        for kind, group in self._partition(named_parameters, NORMUON_GROUPS, config.muon_weight_decay, config.embed_weight_decay,
+                                           model_config):
             if kind == "matrix":
                 lr_scale = config.muon_lr / config.lr if config.lr > 0 else 0.0
+                if model_config is not None and model_config.parametrisation == "mup":
+                    lr_scale *= muon_lr_multiplier(model_config, config.update_scale)
                 group.update(algorithm="normuon", lr_scale=lr_scale, lr=config.lr * lr_scale, momentum=config.muon_momentum,
                              row_normalisation=config.row_normalisation, row_beta2=config.row_beta2, row_eps=config.row_eps,
                              update_scale=config.update_scale, ns_steps=config.ns_steps,
                              ns_coefficients=config.ns_coefficients, ns_eps=config.ns_eps, ns_dtype=config.ns_dtype)
             else:
-                group.update(algorithm="adamw", lr_scale=1.0, betas=config.adamw_betas, eps=config.adamw_eps)
+                group.update(algorithm="adamw", lr=config.lr * group["lr_scale"], betas=config.adamw_betas, eps=config.adamw_eps)
             groups.append(group)
         super().__init__(groups, {"lr": config.lr, "cautious_weight_decay": config.cautious_weight_decay})
 
@@ -445,7 +467,10 @@ class NorMuonAdamW(PartitionedOptimizer):
 
 
 def build_optimizer(model: nn.Module, config: OptimizerConfig | NorMuonConfig = OptimizerConfig()) -> PartitionedOptimizer:
-    """MuonAdamW for an OptimizerConfig, NorMuon + CautiousAdamW for a NorMuonConfig."""
+    """MuonAdamW for an OptimizerConfig, NorMuon + CautiousAdamW for a NorMuonConfig; a muP model's
+    per-role LR factors come from its config."""
+    model_config = getattr(model, "config", None)
+    model_config = model_config if isinstance(model_config, ModelConfig) else None
     if isinstance(config, NorMuonConfig):
-        return NorMuonAdamW(model.named_parameters(), config)
-    return MuonAdamW(model.named_parameters(), config)
+        return NorMuonAdamW(model.named_parameters(), config, model_config)
+    return MuonAdamW(model.named_parameters(), config, model_config)
