@@ -264,6 +264,7 @@ def check_batch_plan(config: TrainConfig, nproc: int) -> None:
     """Before torchrun starts: the global batch must split over `nproc` ranks, and the mesh make `nproc` ranks."""
     Runtime(world_size=nproc).batch_plan(config)
     config.mesh_shape(nproc)
+    config.expert_mesh_shape(nproc)
 
 
 def launch_training(nproc: int, train_args: Sequence[str], on_line: Callable[[str], None] = print,

@@ -16,6 +16,8 @@ the checkpoints and the state dicts read the same with and without them.
   over it is HSDP: each replica group of S ranks shards the model, the R groups
   hold the same shards and all-reduce their gradients (multi-node: S = ranks per
   node keeps the all-gathers on the node's links).
+  With `[parallel] expert = P` the routed experts are split over groups of P
+  ranks first (hymo_core/distributed/expert_parallel.py) and FSDP leaves them out.
   Mixed precision: bf16 parameters in compute with fp32 gradient reduction on
   CUDA for a bf16 recipe; fp32 everywhere on CPU. The fp32 master shards are
   what the optimizer updates.
@@ -34,6 +36,7 @@ import torch.nn as nn
 from hymo_core.models.configs import ModelConfig
 from hymo_core.models.init import build_on_meta, materialise_
 from hymo_core.train.config import TrainConfig
+from hymo_core.distributed.expert_parallel import apply_expert_parallel
 from hymo_core.distributed.process_group import Runtime
 
 
@@ -60,7 +63,8 @@ def apply_compile(model: nn.Module) -> None:
         block.compile(backend=COMPILE_BACKEND)
 
 
-def apply_fsdp(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.Module:
+def apply_fsdp(model: nn.Module, runtime: Runtime, config: TrainConfig, ignored: set[nn.Parameter] | None = None) -> nn.Module:
+    """FSDP2 per block, then the root; `ignored` parameters (expert-parallel experts) keep their own placement."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -73,8 +77,8 @@ def apply_fsdp(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.Mo
     last = len(model.layers) - 1
     for index, block in enumerate(model.layers):
         # The last block's parameters are needed again at once by the backward: keep them gathered.
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < last)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < last, ignored_params=ignored or None)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored or None)
     return model
 
 
@@ -85,7 +89,7 @@ def parallelize(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.M
     if config.compile:
         apply_compile(model)
     if runtime.launched:
-        apply_fsdp(model, runtime, config)
+        apply_fsdp(model, runtime, config, ignored=apply_expert_parallel(model, runtime, config))
     return model
 
 

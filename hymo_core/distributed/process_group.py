@@ -155,3 +155,36 @@ def barrier() -> None:
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's global value (e.g. the gradient norm FSDP computes per shard); other tensors unchanged."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _by_mesh(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Gradients grouped by device mesh (plain tensors form one group), in first-seen order."""
+    groups: dict[int, list[torch.Tensor]] = {}
+    for grad in grads:
+        groups.setdefault(id(getattr(grad, "device_mesh", None)), []).append(grad)
+    return list(groups.values())
+
+
+def total_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm over all these gradients as a plain device tensor, also when they live on several meshes
+    (expert-parallel experts beside FSDP shards), which torch cannot stack: each mesh's norm is completed first."""
+    norms = [full_value(torch.nn.utils.get_total_norm(group)) for group in _by_mesh(grads)]
+    return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters, max_norm: float, error_if_nonfinite: bool = False) -> torch.Tensor:
+    """torch's global-norm clip; returns the norm before clipping, as a plain tensor (no host read).
+
+    On one mesh (or none) it is torch's own call; over several, `total_grad_norm`, then every local shard scaled.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in params]
+    if len(_by_mesh(grads)) <= 1:
+        return full_value(torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=error_if_nonfinite))
+    total = total_grad_norm(grads)
+    if error_if_nonfinite and not torch.isfinite(total):  # a host read, only where the caller asks for one
+        raise RuntimeError(f"the total norm of gradients is non-finite ({float(total)})")
+    coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_([g.to_local() if hasattr(g, "to_local") else g for g in grads], coefficient)
+    return total

@@ -64,6 +64,10 @@ class TrainConfig:
     # `shard` ranks (0 = world size / replicate), gradients reduce-scattered in a group and all-reduced across.
     replicate: int = 1
     shard: int = 0
+    # Expert parallelism ([parallel] expert = P): the routed experts split over groups of P consecutive ranks,
+    # tokens sent to their experts' rank and back by all-to-all (hymo_core/distributed/expert_parallel.py);
+    # the W / P groups hold the same experts. 1 = experts sharded by FSDP like every other weight.
+    expert: int = 1
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "max_steps", "log_interval", "eval_interval", "checkpoint_interval",
@@ -75,8 +79,10 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative integer, got {value!r}")
-        if isinstance(self.replicate, bool) or not isinstance(self.replicate, int) or self.replicate < 1:
-            raise ValueError(f"TrainConfig.replicate must be a positive integer, got {self.replicate!r}")
+        for name in ("replicate", "expert"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.schedule not in SCHEDULE_KINDS:
@@ -111,6 +117,12 @@ class TrainConfig:
             raise ValueError(f"[parallel] replicate = {self.replicate} x shard = {self.shard or 'auto'} does not make "
                              f"{world_size} ranks")
         return self.replicate, shard
+
+    def expert_mesh_shape(self, world_size: int) -> tuple[int, int]:
+        """(expert groups, ranks per group) over `world_size` ranks; ValueError when `expert` does not divide it."""
+        if world_size % self.expert:
+            raise ValueError(f"[parallel] expert = {self.expert} does not divide {world_size} ranks")
+        return world_size // self.expert, self.expert
 
     def optimizer_config(self, device) -> OptimizerConfig | NorMuonConfig:
         ns_dtype = self.muon_ns_dtype or ("bfloat16" if device.type == "cuda" else "float32")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from hymo_core.distributed.process_group import full_value
+from hymo_core.distributed.process_group import total_grad_norm
 
 EMA_DECAY = 0.9  # per logged step: about the last ten records weigh in
 
@@ -31,7 +31,7 @@ def gradient_square_norm(model: nn.Module) -> torch.Tensor:
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    return full_value(torch.nn.utils.get_total_norm(grads)).float().square()
+    return total_grad_norm(grads).float().square()
 
 
 def two_batch_estimates(small_sq: float, big_sq: float, b_small: int, b_big: int) -> tuple[float, float]:

@@ -50,7 +50,7 @@ from hymo_core.train.trainer import TrainHooks, TrainState, continuations_over_r
 
 
 
-PARALLEL_KEYS = ("replicate", "shard")  # [parallel]: the data-parallel mesh (TrainConfig.replicate / shard)
+PARALLEL_KEYS = ("replicate", "shard", "expert")  # [parallel]: the mesh (TrainConfig.replicate / shard / expert)
 
 
 def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:
@@ -271,7 +271,9 @@ def run_training(
     model = build_parallel_model(model_config, runtime, config)  # meta -> sharded -> this rank's shards only
     if runtime.launched:
         replicate, shard = config.mesh_shape(runtime.world_size)
-        log(f"mesh: {replicate} replica group(s) x {shard} shards" + (" (HSDP)" if replicate > 1 else " (FSDP)"))
+        groups, experts = config.expert_mesh_shape(runtime.world_size)
+        log(f"mesh: {replicate} replica group(s) x {shard} shards" + (" (HSDP)" if replicate > 1 else " (FSDP)")
+            + (f"; routed experts over {groups} group(s) x {experts} ranks (EP)" if experts > 1 else ""))
     optimizer = build_optimizer(model, config.optimizer_config(device))
     micro_batch, _ = runtime.batch_plan(config)
     train_loader = TokenLoader(reader, "train", config.seq_len, micro_batch, config.seed, rank=runtime.rank, world_size=runtime.world_size)

@@ -39,7 +39,7 @@ from hymo_core.planner import planner
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.data import EndOfEpoch, TokenLoader, ValidationLoader
 from hymo_core.train.noise_scale import NoiseScale, gradient_square_norm
-from hymo_core.distributed.process_group import (Runtime, all_gather_objects, all_reduce_max_, all_reduce_sum_, full_value,
+from hymo_core.distributed.process_group import (Runtime, all_gather_objects, all_reduce_max_, all_reduce_sum_, clip_grad_norm_,
                                                 reduce_expert_load_)
 from hymo_core.train.optim import PartitionedOptimizer
 from hymo_core.train.schedule import learning_rate_at_step
@@ -500,9 +500,8 @@ def train(
             qk_clip.reduce()
 
             scaler.unscale_(optimizer)
-            grad_norm_t = full_value(torch.nn.utils.clip_grad_norm_(
-                model.parameters(), config.max_grad_norm or float("inf"),
-                error_if_nonfinite=host_step and not scaler.is_enabled()))
+            grad_norm_t = clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"),
+                                          error_if_nonfinite=host_step and not scaler.is_enabled())
             if not host_step:
                 checks.require(torch.isfinite(grad_norm_t), "gradient norm", step)
                 finite_logits = qk_clip.finite()

@@ -23,6 +23,11 @@ a buffer whose size depends on the shapes only. Two layouts of that buffer (`exp
 * "padded": an (E, C, D) stack, C = the most rows one expert can receive (N tokens, as a token
   picks k distinct experts, or the capacity), multiplied by one batched matmul (everywhere else).
 
+Under expert parallelism (hymo_core/distributed/expert_parallel.py sets `experts.dispatch`) the
+padded stack is the unit of exchange: its (E, C, D) shape depends on the shapes only, so the
+all-to-all that sends each expert's rows to the rank holding it, and the one that brings the outputs
+back, have fixed, equal split sizes: no host read of the routing.
+
 Outputs go back to their (token, slot) rows and the k slots are summed, with no atomic scatter-add.
 With `capacity_factor > 0` an expert keeps at most ceil(cf * tokens * k / E) assignments per
 forward, the first in token order; the rest are dropped (their combine weight is lost, the residual
@@ -73,6 +78,12 @@ class ExpertPlacement:
     offsets_E: torch.Tensor | None
 
 
+def stacked_swiglu(stack_ECD: torch.Tensor, w1_EFD: torch.Tensor, w2_EDF: torch.Tensor, w3_EFD: torch.Tensor) -> torch.Tensor:
+    """Each expert's SwiGLU on its rows of an (E, C, D) stack: three batched matmuls."""
+    hidden_ECF = F.silu(torch.bmm(stack_ECD, w1_EFD.mT)) * torch.bmm(stack_ECD, w3_EFD.mT)
+    return torch.bmm(hidden_ECF, w2_EDF.mT)
+
+
 class StackedWeight(nn.Module):
     """One (E, out, in) weight for E experts, so the parameter is named `experts.wN.weight`."""
 
@@ -91,10 +102,15 @@ class RoutedExperts(nn.Module):
         self.w2 = StackedWeight(n_experts, d_model, expert_dim)
         self.w3 = StackedWeight(n_experts, expert_dim, d_model)
         self.layout = "auto"  # a runtime choice like the kernel backend: "auto" | "grouped" | "padded"
+        # Expert parallelism: (stack_ECD, (w1, w2, w3), dtype, training) -> out_ECD, run where the experts live;
+        # None = every expert is here. Set by hymo_core.distributed.expert_parallel, which knows the process groups.
+        self.dispatch: Callable[..., torch.Tensor] | None = None
 
     def resolved_layout(self, x: torch.Tensor) -> str:
         if self.layout not in EXPERT_LAYOUTS:
             raise ValueError(f"expert layout must be one of {EXPERT_LAYOUTS}, got {self.layout!r}")
+        if self.dispatch is not None:
+            return "padded"  # the fixed (E, C, D) stack is what the all-to-all exchanges
         if self.layout != "auto":
             return self.layout
         return "grouped" if grouped_mm_available(x.device, compute_dtype(x)) else "padded"
@@ -115,9 +131,13 @@ class RoutedExperts(nn.Module):
     def forward(self, x_AD: torch.Tensor, placement: ExpertPlacement) -> torch.Tensor:
         """`x_AD` in expert-sorted order; returns one output row per row of `x_AD`, same order."""
         dtype = compute_dtype(x_AD)
-        w1, w2, w3 = (w.weight.to(dtype) for w in (self.w1, self.w2, self.w3))
         D = x_AD.shape[1]
         buffer_PD = x_AD.new_zeros(placement.rows, D, dtype=dtype).index_put((placement.position_A,), x_AD.to(dtype))
+        if self.dispatch is not None:
+            stack_ECD = buffer_PD[:-1].view(self.n_experts, -1, D)
+            out_ECD = self.dispatch(stack_ECD, (self.w1.weight, self.w2.weight, self.w3.weight), dtype, self.training)
+            return torch.cat((out_ECD.reshape(-1, D), buffer_PD.new_zeros(1, D)))[placement.position_A]
+        w1, w2, w3 = (w.weight.to(dtype) for w in (self.w1, self.w2, self.w3))
         if placement.offsets_E is not None:
             offsets = placement.offsets_E
             hidden_PF = F.silu(torch._grouped_mm(buffer_PD, w1.mT, offs=offsets)) * \
@@ -125,8 +145,7 @@ class RoutedExperts(nn.Module):
             out_PD = torch._grouped_mm(hidden_PF, w2.mT, offs=offsets)
         else:
             stack_ECD = buffer_PD[:-1].view(self.n_experts, -1, D)
-            hidden_ECF = F.silu(torch.bmm(stack_ECD, w1.mT)) * torch.bmm(stack_ECD, w3.mT)
-            out_PD = torch.cat((torch.bmm(hidden_ECF, w2.mT).reshape(-1, D), buffer_PD.new_zeros(1, D)))
+            out_PD = torch.cat((stacked_swiglu(stack_ECD, w1, w2, w3).reshape(-1, D), buffer_PD.new_zeros(1, D)))
         return out_PD[placement.position_A]
 
 

@@ -109,18 +109,21 @@ def one_rank(setup) -> Path:
 @pytest.fixture(scope="module")
 def hybrid_recipe(setup) -> Path:
     """The HyMo stack at toy size, 4 updates with NorMuon: a Gated DeltaNet block, then an MLA block with a
-    DeepSeekMoE FFN (gate bias stepped on the token counts of both ranks), and one MTP depth on the root."""
+    DeepSeekMoE FFN (gate bias stepped on the token counts of both ranks), and one MTP depth on the root.
+    Under torchrun the 4 routed experts are expert-parallel (`[parallel] expert = 2`: 2 per rank, tokens
+    moved by all-to-all); one process ignores [parallel]."""
     recipe = setup["root"] / "hybrid.toml"
     hybrid = ('n_layers = 2\nlayer_pattern = "GM"\nmoe_on = "M"\nmoe_n_routed_experts = 4\nmoe_n_activated_experts = 2\n'
               'moe_expert_dim = 16\nmtp_depth = 1')
-    recipe.write_text(RECIPE.replace(f"max_steps = {STEPS}", 'max_steps = 4\noptimizer = "normuon"').replace("n_layers = 2", hybrid),
-                      encoding="utf-8")
+    recipe.write_text(RECIPE.replace(f"max_steps = {STEPS}", 'max_steps = 4\noptimizer = "normuon"').replace("n_layers = 2", hybrid)
+                      + "\n[parallel]\nexpert = 2\n", encoding="utf-8")
     return recipe
 
 
 def test_hybrid_stack_on_two_ranks_trains_the_one_process_model(setup, hybrid_recipe):
     two, one = setup["root"] / "hybrid_two", setup["root"] / "hybrid_one"
     launch_training(2, train_arguments(setup["corpus"], two, hybrid_recipe), on_line=lambda line: None)
+    assert "routed experts over 1 group(s) x 2 ranks (EP)" in (two / "logs" / "rank-0.log").read_text()
     run_training(setup["corpus"], one, *load_run_config(hybrid_recipe), resume=False, progress=False, log=lambda m: None)
     for step, loss in train_losses(one).items():
         assert train_losses(two)[step] == pytest.approx(loss, rel=1e-5), step

@@ -1,0 +1,149 @@
+"""Run by test_expert_parallel.py under torchrun (2 gloo ranks): EP = 2 against EP = 1 on the same tokens.
+
+Both models are built the way a run builds them (meta -> parallelise -> materialise, one seed);
+EP = 1 is FSDP over the 2 ranks (experts sharded like any weight), EP = 2 splits the 4 routed
+experts over the ranks and moves tokens by all-to-all. Each rank feeds both the same tokens
+(its own, as data parallelism does), with a capacity factor that drops assignments. Per step:
+logits, loss, every gradient, the clipped norm, the gate-bias update and the weights after the
+optimizer step. Then DCP checkpoints are written under one layout and loaded under the other (both
+directions), and one more step must agree. Rank 0 writes the figures as JSON to argv[1].
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+
+from hymo_core.distributed.parallelize import build_parallel_model
+from hymo_core.distributed.process_group import clip_grad_norm_, close_runtime, init_runtime, reduce_expert_load_
+from hymo_core.models.configs import ModelConfig
+from hymo_core.train.config import TrainConfig
+from hymo_core.train.optim import build_optimizer
+
+SHAPE = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, max_seq_len=16,
+                    layer_pattern="A", moe_on="A", moe_n_routed_experts=4, moe_n_activated_experts=2, moe_expert_dim=24,
+                    moe_capacity_factor=1.0, moe_bias_update_rate=0.01)
+FSDP, EP = TrainConfig(), TrainConfig(expert=2)
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
+
+
+def build(config: TrainConfig, runtime, seed: int = 5):
+    torch.manual_seed(seed)
+    model = build_parallel_model(SHAPE, runtime, config)
+    return model, build_optimizer(model, config.optimizer_config(runtime.device))
+
+
+def step(model, optimizer, tokens: torch.Tensor) -> dict:
+    logits, loss = model(tokens[:, :-1], tokens[:, 1:])
+    loss.backward()
+    grads = {name: full(p.grad) for name, p in model.named_parameters()}
+    norm = clip_grad_norm_(model.parameters(), 0.5)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    figures = model.after_optimizer_step(reduce_expert_load_, read=True)
+    return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads, "norm": full(norm),
+            "bias": {name: full(b) for name, b in model.named_buffers() if name.endswith("expert_bias_E")},
+            "dropped": sum(layer["dropped_tokens"] for layer in figures.values()),
+            "weights": {name: full(p) for name, p in model.named_parameters()}}
+
+
+READS = ("item", "tolist", "__float__", "__int__", "__bool__")  # as tests/hymo_core/train/test_host_sync.py counts
+
+
+def host_reads_of_an_unlogged_step(model, optimizer, tokens: torch.Tensor) -> int:
+    """Python-level device-to-host reads during one training step that logs nothing."""
+    count = [0]
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counted(original):
+        def method(tensor, *args, **kwargs):
+            count[0] += 1
+            return original(tensor, *args, **kwargs)
+        return method
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, counted(original))
+    try:
+        _, loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        model.after_optimizer_step(reduce_expert_load_, read=False)
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    return count[0]
+
+
+def difference(a: dict, b: dict) -> dict:
+    def most(x, y):
+        if isinstance(x, dict):
+            return max(most(x[k], y[k]) for k in x)
+        return float((x - y).abs().max())
+
+    return {key: most(a[key], b[key]) for key in ("logits", "loss", "grads", "norm", "bias", "weights")}
+
+
+def save(model, optimizer, path: str) -> None:
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+
+
+def load(model, optimizer, path: str) -> None:
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    states = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(states, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optimizer"])
+
+
+def main(out: str) -> None:
+    runtime = init_runtime()
+    generator = torch.Generator().manual_seed(100 + runtime.rank)
+    batches = [torch.randint(0, SHAPE.vocab_size, (2, 9), generator=generator) for _ in range(5)]
+    fsdp, ep = build(FSDP, runtime), build(EP, runtime)
+    expert = ep[0].layers[0].ffn.experts.w1.weight
+    figures = {"rank": runtime.rank, "expert_local_shape": list(expert.to_local().shape),
+               "expert_mesh": list(expert.device_mesh.mesh_dim_names), "steps": []}
+    for tokens in batches[:3]:
+        a, b = step(*fsdp, tokens), step(*ep, tokens)
+        figures["steps"].append({**difference(a, b), "dropped": [a["dropped"], b["dropped"]], "bias_norm": float(a["bias"]["layers.0.ffn.expert_bias_E"].norm())})
+
+    # Evaluation: the ranks' batches differ in shape (as cloze continuations do); the group agrees on the rows first.
+    shape = (1, 5) if runtime.rank == 0 else (2, 8)
+    tokens = torch.randint(0, SHAPE.vocab_size, shape, generator=generator)
+    with torch.no_grad():
+        outputs = [model.eval()(tokens)[0] for model, _ in (fsdp, ep)]
+    figures["eval_logits"] = float((outputs[0] - outputs[1]).abs().max())
+    for model, _ in (fsdp, ep):
+        model.train()
+    figures["host_reads"] = {"fsdp": host_reads_of_an_unlogged_step(*fsdp, batches[4]),
+                             "ep": host_reads_of_an_unlogged_step(*ep, batches[4])}
+    root = Path(out).parent
+    save(*ep, str(root / "under-ep"))
+    save(*fsdp, str(root / "under-fsdp"))
+    fsdp_from_ep, ep_from_fsdp = build(FSDP, runtime, seed=9), build(EP, runtime, seed=9)
+    load(*fsdp_from_ep, str(root / "under-ep"))
+    load(*ep_from_fsdp, str(root / "under-fsdp"))
+    tokens = batches[3]
+    reference = step(*ep, tokens)  # the EP model's 5th step; both loaded copies are at the same point
+    figures["ep_checkpoint_into_fsdp"] = difference(step(*fsdp_from_ep, tokens), reference)
+    figures["fsdp_checkpoint_into_ep"] = difference(step(*ep_from_fsdp, tokens), reference)
+    gathered = [None] * runtime.world_size
+    dist.all_gather_object(gathered, figures)
+    if runtime.is_writer:
+        Path(out).write_text(json.dumps(gathered), encoding="utf-8")
+    close_runtime(runtime)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
