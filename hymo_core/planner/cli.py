@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hymo_core.models.presets import PRESETS
 from hymo_core.planner.batch_advice import advise, format_advice, latest_noise_scale
+from hymo_core.planner.expert_parallel import format_expert_parallel
 from hymo_core.planner.muon import format_muon_costs, muon_matrix_shapes
 from hymo_core.planner.planner import ModelShape, RunPlan, format_hybrid, format_plan, model_shape
 
@@ -36,7 +37,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--shard-gpus", type=int, default=run.shard_gpus, help="ZeRO degree")
     parser.add_argument("--capacity-gb", type=float, default=run.capacity_gb)
     parser.add_argument("--muon-ranks", default=",".join(map(str, MUON_RANKS)),
-                        help="ranks for the Muon / NorMuon update cost table (Newton-Schulz FLOPs, bytes per rank), "
+                        help="ranks for the Muon / NorMuon update cost table (Newton-Schulz FLOPs, bytes per rank) and, for an MoE "
+                             "preset, the expert-parallel table (state and all-to-all bytes per rank), "
                              "comma-separated; '' for none")
     parser.set_defaults(func=_run_cli)
     return parser
@@ -70,6 +72,10 @@ def _run_cli(args: argparse.Namespace) -> int:
         # The seed's table describes its production shape only.
         print(format_hybrid(model_shape(config), args.seq_len or config.max_seq_len, compare_seed=args.preset == "hymo-750m"))
         _print_muon_costs(args.preset, model_shape(config), args.muon_ranks)
+        if config.moe_on:
+            tokens = args.micro_batch * (args.seq_len or config.max_seq_len)
+            print()
+            print(format_expert_parallel(args.preset, model_shape(config), _ranks(args.muon_ranks), tokens))
         return 0
     args.seq_len = args.seq_len or RunPlan().seq_len
     shape = ModelShape(
@@ -95,13 +101,18 @@ def _run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_muon_costs(label: str, shape: ModelShape, ranks: str) -> None:
+def _ranks(ranks: str) -> list[int]:
     try:
         counts = [int(r) for r in ranks.split(",") if r.strip()]
     except ValueError:
         raise SystemExit(f"--muon-ranks must be comma-separated integers, got {ranks!r}") from None
     if any(r < 1 for r in counts):
         raise SystemExit(f"--muon-ranks must be positive, got {ranks!r}")
+    return counts
+
+
+def _print_muon_costs(label: str, shape: ModelShape, ranks: str) -> None:
+    counts = _ranks(ranks)
     if counts:
         print()
         print(format_muon_costs(label, muon_matrix_shapes(shape), counts))

@@ -1,4 +1,4 @@
-"""Run by test_expert_parallel.py under torchrun (2 gloo ranks): EP = 2 against EP = 1 on the same tokens.
+"""Part of parallel_checks.py (2 gloo ranks, test_expert_parallel.py reads it): EP = 2 against EP = 1 on the same tokens.
 
 Both models are built the way a run builds them (meta -> parallelise -> materialise, one seed);
 EP = 1 is FSDP over the 2 ranks (experts sharded like any weight), EP = 2 splits the 4 routed
@@ -6,22 +6,19 @@ experts over the ranks and moves tokens by all-to-all. Each rank feeds both the 
 (its own, as data parallelism does), with a capacity factor that drops assignments. Per step:
 logits, loss, every gradient, the clipped norm, the gate-bias update and the weights after the
 optimizer step. Then DCP checkpoints are written under one layout and loaded under the other (both
-directions), and one more step must agree. Rank 0 writes the figures as JSON to argv[1].
+directions, into `root`), and one more step must agree.
 """
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from hymo_core.distributed.parallelize import build_parallel_model
-from hymo_core.distributed.process_group import clip_grad_norm_, close_runtime, init_runtime, reduce_expert_load_
+from hymo_core.distributed.process_group import clip_grad_norm_, reduce_expert_load_
 from hymo_core.models.configs import ModelConfig
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.optim import build_optimizer
@@ -106,8 +103,8 @@ def load(model, optimizer, path: str) -> None:
     set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optimizer"])
 
 
-def main(out: str) -> None:
-    runtime = init_runtime()
+def figures(runtime, root: Path) -> dict:
+    """This rank's figures."""
     generator = torch.Generator().manual_seed(100 + runtime.rank)
     batches = [torch.randint(0, SHAPE.vocab_size, (2, 9), generator=generator) for _ in range(5)]
     fsdp, ep = build(FSDP, runtime), build(EP, runtime)
@@ -128,7 +125,6 @@ def main(out: str) -> None:
         model.train()
     figures["host_reads"] = {"fsdp": host_reads_of_an_unlogged_step(*fsdp, batches[4]),
                              "ep": host_reads_of_an_unlogged_step(*ep, batches[4])}
-    root = Path(out).parent
     save(*ep, str(root / "under-ep"))
     save(*fsdp, str(root / "under-fsdp"))
     fsdp_from_ep, ep_from_fsdp = build(FSDP, runtime, seed=9), build(EP, runtime, seed=9)
@@ -138,12 +134,4 @@ def main(out: str) -> None:
     reference = step(*ep, tokens)  # the EP model's 5th step; both loaded copies are at the same point
     figures["ep_checkpoint_into_fsdp"] = difference(step(*fsdp_from_ep, tokens), reference)
     figures["fsdp_checkpoint_into_ep"] = difference(step(*ep_from_fsdp, tokens), reference)
-    gathered = [None] * runtime.world_size
-    dist.all_gather_object(gathered, figures)
-    if runtime.is_writer:
-        Path(out).write_text(json.dumps(gathered), encoding="utf-8")
-    close_runtime(runtime)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])
+    return figures

@@ -1,22 +1,17 @@
-"""Run by test_meta_init_launch.py under torchrun (2 gloo ranks): the run's model is built on meta.
+"""Part of parallel_checks.py (2 gloo ranks, test_meta_init_launch.py reads it): the run's model is built on meta.
 
 Each rank counts the bytes of every tensor created while its model is made (torch's MemTracker,
 peak over the whole build), once the way `run_training` does it (`build_parallel_model`: meta ->
 FSDP2 -> materialise this rank's shards) and once eagerly (a full fp32 model, then sharded), and
-computes one loss and its gradient norm on the same tokens with both. Rank 0 writes every rank's
-figures as JSON to argv[1].
+computes one loss and its gradient norm on the same tokens with both.
 """
 from __future__ import annotations
 
-import json
-import sys
-
 import torch
-import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from hymo_core.distributed.parallelize import build_parallel_model, parallelize
-from hymo_core.distributed.process_group import close_runtime, full_value, init_runtime
+from hymo_core.distributed.process_group import full_value
 from hymo_core.models.configs import ModelConfig
 from hymo_core.models.model import Transformer
 from hymo_core.train.config import TrainConfig
@@ -46,8 +41,8 @@ def loss_and_grad_norm(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[fl
     return float(loss), float(norm)
 
 
-def main(out: str) -> None:
-    runtime = init_runtime()
+def figures(runtime) -> dict:
+    """This rank's figures."""
     config = TrainConfig()
     torch.manual_seed(3)
     meta, meta_peak = peak_bytes(lambda: build_parallel_model(SHAPE, runtime, config))
@@ -57,17 +52,7 @@ def main(out: str) -> None:
     full_bytes = sum(p.numel() * p.element_size() for p in reference.parameters())
     largest_unit = max(sum(p.numel() * p.element_size() for p in unit.parameters()) for _, unit, _ in reference.init_units())
     tokens = torch.randint(0, SHAPE.vocab_size, (2, 17), generator=torch.Generator().manual_seed(runtime.rank))
-    figures = {"rank": runtime.rank, "meta_peak": meta_peak, "eager_peak": eager_peak, "full_bytes": full_bytes, "largest_unit": largest_unit,
+    return {"rank": runtime.rank, "meta_peak": meta_peak, "eager_peak": eager_peak, "full_bytes": full_bytes, "largest_unit": largest_unit,
                "meta_held": held_bytes(meta), "eager_held": held_bytes(eager),
                "meta_loss": loss_and_grad_norm(meta, tokens), "eager_loss": loss_and_grad_norm(eager, tokens),
                "weights_equal": all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(meta.parameters(), eager.parameters()))}
-    gathered = [None] * runtime.world_size
-    dist.all_gather_object(gathered, figures)
-    if runtime.is_writer:
-        with open(out, "w", encoding="utf-8") as handle:
-            json.dump(gathered, handle)
-    close_runtime(runtime)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

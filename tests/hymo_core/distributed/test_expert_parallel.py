@@ -1,6 +1,6 @@
 """Expert parallelism (issue 24, part 3): EP = 2 equals EP = 1 on the same tokens, and checkpoints reshard.
 
-One torchrun launch with 2 gloo ranks (expert_parallel_checks.py) trains the same MoE model (4
+One torchrun launch with 2 gloo ranks (expert_parallel_checks.py, run by parallel_checks.py) trains the same MoE model (4
 routed experts, top-2, a capacity factor that drops assignments) as FSDP only and with the experts
 split over an `expert` mesh dimension, and compares logits, loss, every gradient, the clipped norm,
 the gate biases and the weights after each of 3 updates; then loads each layout's DCP checkpoint
@@ -10,25 +10,12 @@ and its checkpoint read by one process, is the hybrid test in test_distributed.p
 """
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
-
 import pytest
-
-from hymo_core.distributed.launch import run_process_group
-
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("expert-parallel") / "ranks.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(HERE / "expert_parallel_checks.py"), str(out)]
-    run_process_group(command, lambda line: None, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return json.loads(out.read_text())
+def ranks(parallel_checks) -> list[dict]:
+    return parallel_checks["expert_parallel"]  # conftest.py: one 2-rank launch for this file and its neighbour
 
 
 def test_experts_are_split_over_the_expert_mesh_dimension(ranks):

@@ -1,32 +1,19 @@
 """The run's model is built on the meta device and materialised after FSDP2 sharding (issue 24, part 6).
 
 Counted, not timed: under torchrun with 2 gloo ranks, every tensor created while a rank makes
-its model is tracked (meta_init_checks.py). The way `run_training` builds it never holds the
+its model is tracked (meta_init_checks.py, run by parallel_checks.py). The way `run_training` builds it never holds the
 whole fp32 model: at its peak a rank holds its own shards plus one init unit's full values
 (materialise_'s stand-ins). The eager path, for contrast, peaks above the full model. Both give
 the same weights, and so the same loss and gradient norm on the same tokens.
 """
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
-
 import pytest
-
-from hymo_core.distributed.launch import run_process_group
-
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("meta-init") / "ranks.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(HERE / "meta_init_checks.py"), str(out)]
-    run_process_group(command, lambda line: None, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return json.loads(out.read_text())
+def ranks(parallel_checks) -> list[dict]:
+    return parallel_checks["meta_init"]  # conftest.py: one 2-rank launch for this file and its neighbour
 
 
 def test_no_rank_holds_the_whole_fp32_model(ranks):

@@ -1,0 +1,43 @@
+"""The planner's expert-parallel costs (hymo_core/planner/expert_parallel.py): by hand, and against the built model."""
+from __future__ import annotations
+
+import pytest
+
+from hymo_core.planner.expert_parallel import (STATE_BYTES, expert_parallel_cost, format_expert_parallel,
+                                               routed_expert_parameters)
+from hymo_core.planner.planner import ModelShape, count_parameters, model_shape
+
+SHAPE = ModelShape(n_layers=2, d_model=8, n_heads=2, n_kv_heads=2, ffn_dim=16, vocab_size=10, layer_pattern="A", moe_on="A",
+                   moe_routed_experts=4, moe_activated_experts=2, moe_shared_experts=0, moe_expert_dim=6)
+
+
+def test_costs_by_hand():
+    assert routed_expert_parameters(SHAPE) == 2 * 4 * 3 * 8 * 6
+    rest = count_parameters(SHAPE).total - 1152
+    no_drop = expert_parallel_cost(SHAPE, ranks=4, expert=2, tokens=10)
+    assert no_drop.state_bytes == rest * STATE_BYTES / 4 + 1152 * STATE_BYTES / 2  # experts over P = 2, not W = 4
+    # C = N = 10 rows per expert: a stack of 4 x 10 x 8 bf16 values, half of it leaves, 4 exchanges, 2 layers
+    assert no_drop.alltoall_bytes == 4 * (4 * 10 * 8 * 2) / 2 * 2
+    assert no_drop.padding == 4 * 10 / 20  # E / k
+    assert no_drop.expert_weight_bytes == 2 * 4 * 1152 / 2 * (1 / 2)  # the 2 groups all-reduce fp32 gradients
+    capped = expert_parallel_cost(SHAPE, ranks=4, expert=2, tokens=10, capacity_factor=1.0)
+    assert capped.alltoall_bytes == no_drop.alltoall_bytes / 2  # C = ceil(1.0 x 10 x 2 / 4) = 5
+    fsdp = expert_parallel_cost(SHAPE, ranks=4, expert=1, tokens=10)
+    assert fsdp.alltoall_bytes == 0 and fsdp.expert_state_bytes == 1152 * STATE_BYTES / 4
+    with pytest.raises(ValueError, match="must divide"):
+        expert_parallel_cost(SHAPE, ranks=4, expert=3, tokens=10)
+
+
+@pytest.mark.parametrize("preset", ["hymo-tiny", "hymo-750m"])
+def test_routed_expert_count_is_the_built_models(preset):
+    from hymo_core.models.init import build_on_meta
+    from hymo_core.models.presets import PRESETS
+
+    model = build_on_meta(PRESETS[preset])
+    built = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    assert routed_expert_parameters(model_shape(PRESETS[preset])) == built > 0
+
+
+def test_table_lists_every_expert_degree():
+    table = format_expert_parallel("toy", SHAPE, [4], tokens=10)
+    assert "| 4 | 1 |" in table and "| 4 | 2 |" in table and "| 4 | 4 |" in table
