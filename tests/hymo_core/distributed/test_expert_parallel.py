@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import pytest
 
+from parallel_launch import parallel_checks
+
 
 @pytest.fixture(scope="module")
-def ranks(parallel_checks) -> list[dict]:
-    return parallel_checks["expert_parallel"]  # conftest.py: one 2-rank launch for this file and its neighbour
+def ranks(tmp_path_factory) -> list[dict]:
+    return parallel_checks(tmp_path_factory)["expert_parallel"]  # one 2-rank launch for this file and its neighbour
 
 
 def test_experts_are_split_over_the_expert_mesh_dimension(ranks):

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from parallel_launch import parallel_checks
+
 
 @pytest.fixture(scope="module")
-def ranks(parallel_checks) -> list[dict]:
-    return parallel_checks["meta_init"]  # conftest.py: one 2-rank launch for this file and its neighbour
+def ranks(tmp_path_factory) -> list[dict]:
+    return parallel_checks(tmp_path_factory)["meta_init"]  # one 2-rank launch for this file and its neighbour
 
 
 def test_no_rank_holds_the_whole_fp32_model(ranks):
