@@ -51,6 +51,9 @@ def export_hf(checkpoint: str | Path, out: str | Path, corpus: str | Path | None
     if config.parametrisation == "mup":  # the Hugging Face models have no output multiplier (hymo_core/models/mup.py)
         raise ValueError(f"{checkpoint}: a muP model (parametrisation = \"mup\", logits x {output_multiplier(config):g}) "
                          "cannot be exported: the Hugging Face architectures have no output multiplier")
+    if config.rope_position_scale != 1.0:
+        raise ValueError(f"{checkpoint}: RoPE position interpolation (rope_position_scale {config.rope_position_scale:g}, hymo extend) "
+                         "is not mapped to the Hugging Face configs; extend with --position base to export")
     with new_directory(out, "export") as work:
         tokenizer_file = reader.root / reader.manifest["tokenizer"]["path"]
         specials = write_hf_tokenizer(tokenizer_file, work, reader.eos_id, config.max_seq_len)

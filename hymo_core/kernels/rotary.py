@@ -17,12 +17,13 @@ if HAVE_TRITON:
     from hymo_core.kernels.backend import wide_offset
 
 
-def rope_tables(seq_len: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 (cos_TD2, sin_TD2) with angle t * base^(-2i/head_dim)."""
+def rope_tables(seq_len: int, head_dim: int, base: float, device=None, position_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (cos_TD2, sin_TD2) with angle (t / position_scale) * base^(-2i/head_dim); position_scale > 1 is
+    position interpolation (Chen et al. 2023): a window position_scale times longer maps onto the trained angles."""
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
     inv_freq_D2 = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
-    angles_TD2 = torch.outer(torch.arange(seq_len, dtype=torch.float64, device=device), inv_freq_D2)
+    angles_TD2 = torch.outer(torch.arange(seq_len, dtype=torch.float64, device=device) / position_scale, inv_freq_D2)
     return angles_TD2.cos().float(), angles_TD2.sin().float()
 
 

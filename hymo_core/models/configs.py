@@ -55,6 +55,7 @@ class ModelConfig:
     ffn_dim: int = 688  # ~8/3 d, SwiGLU's usual width for the same FLOPs as a 4d MLP
     max_seq_len: int = 256
     rope_base: float = 10000.0
+    rope_position_scale: float = 1.0  # position interpolation (hymo extend): RoPE angles at position / scale
     tie_embeddings: bool = True
     qk_norm: bool = False
     init_std: float = 0.02
@@ -103,6 +104,8 @@ class ModelConfig:
         object.__setattr__(self, "mtp_loss_weights", tuple(float(w) for w in self.mtp_loss_weights))  # TOML gives lists
         if self.mtp_depth < 0 or len(self.mtp_loss_weights) < self.mtp_depth:
             raise ValueError(f"mtp_depth {self.mtp_depth} needs >= 0 and one of mtp_loss_weights {self.mtp_loss_weights} per depth")
+        if not self.rope_position_scale >= 1.0 or not self.rope_base > 0:
+            raise ValueError(f"rope_position_scale must be >= 1 and rope_base > 0, got {self.rope_position_scale}, {self.rope_base}")
         if self.parametrisation not in PARAMETRISATIONS:
             raise ValueError(f"parametrisation must be one of {PARAMETRISATIONS}, got {self.parametrisation!r}")
         if self.mup_base_width < 0 or (self.mup_base_width and self.parametrisation != "mup"):

@@ -148,7 +148,7 @@ class Transformer(nn.Module):
     def init_buffers_(self) -> None:
         """Buffers a fresh model starts from: the RoPE tables (from the config) and MoE balancing state."""
         cos_TD2, sin_TD2 = kernels.rope_tables(self.config.max_seq_len, self.config.rope_dim, self.config.rope_base,
-                                               device="cpu")
+                                               device="cpu", position_scale=self.config.rope_position_scale)
         self.rope_cos_TD2.copy_(cos_TD2)
         self.rope_sin_TD2.copy_(sin_TD2)
         for _, moe in self.moe_layers():
