@@ -2,11 +2,13 @@
 
 `[parallel] expert = P` lays the W ranks out as a (W / P, P) mesh named ("expert_data", "expert"):
 rank r belongs to expert group r // P (P consecutive ranks, e.g. the GPUs of a node) and holds the
-E / P experts of chunk r mod P. Each expert weight is a DTensor on that mesh, placements
-(Replicate(), Shard(0)): sharded along the expert dimension inside a group, the same in every group.
-DCP sees the global (E, out, in) tensor, so a checkpoint written under EP loads without it and the
-other way round. FSDP2 leaves these weights alone (`ignored_params`); everything else (attention,
-router, shared expert, embeddings) is FSDP / HSDP-sharded as before.
+E / P experts of chunk r mod P. Each expert weight is a DTensor sharded along the expert dimension
+over "expert" (Shard(0)); with more than one group, FSDP2 shards it further over "expert_data"
+(Shard(1): torchtitan's "dp_shard_mod_ep"), so a rank keeps 1 / W of the experts' state, all-gathers
+its E / P experts per block over the W / P groups and reduce-scatters their gradients. With one group
+(P = W) FSDP leaves the experts alone (`ignored_params`). Everything else (attention, router, shared
+expert, embeddings) is FSDP / HSDP-sharded as before. DCP sees the global (E, out, in) tensor, so a
+checkpoint written under EP loads without it and the other way round.
 
 A MoE forward under EP (torchtitan's MoE design, with fixed-size buffers):
 1. every rank routes its own tokens: router, gate bias, top-k, capacity drops and load counts are
@@ -20,8 +22,8 @@ A MoE forward under EP (torchtitan's MoE design, with fixed-size buffers):
 The price of fixed splits is padding: E * C * D values travel where N * k * D are real. With a
 capacity factor cf, C = cf * N * k / E and the padding is cf; without one, C = N and it is E / k
 (the planner reports the bytes). Gradients: all_to_all's backward returns each expert's gradient
-from every rank of the group; the weight's gradient is scaled by 1 / W (FSDP's mean over ranks) and
-summed over the W / P groups that hold the same experts, inside the backward, per micro-batch.
+from every rank of the group, summed; it is scaled by 1 / P in the backward, and FSDP's mean over the
+W / P groups makes it FSDP's mean over all W ranks.
 
 Every rank of a group must run the same forwards with the same C: training micro-batches have one
 shape by construction; in evaluation (shapes may differ, e.g. cloze continuations) the group agrees
@@ -43,20 +45,17 @@ from hymo_core.train.config import TrainConfig
 EXPERT_MESH_DIMS = ("expert_data", "expert")
 
 
-class _ReplicaMeanGradient(torch.autograd.Function):
-    """Identity forward; backward scales the gradient by 1 / W and sums it over the replica groups."""
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient by `scale`."""
 
     @staticmethod
-    def forward(ctx, weight: torch.Tensor, replicas: dist.ProcessGroup | None, scale: float) -> torch.Tensor:
-        ctx.replicas, ctx.scale = replicas, scale
+    def forward(ctx, weight: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
         return weight.view_as(weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        grad = grad * ctx.scale
-        if ctx.replicas is not None:
-            dist.all_reduce(grad, group=ctx.replicas)
-        return grad, None, None
+        return grad * ctx.scale, None
 
 
 def _all_to_all(blocks_PXD: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -72,8 +71,6 @@ class ExpertDispatch:
 
     group: dist.ProcessGroup  # the P ranks of this rank's expert group
     ranks: int  # P
-    replicas: dist.ProcessGroup | None  # the W / P ranks holding the same experts; None when W == P
-    gradient_scale: float  # 1 / W
 
     def agreed_rows(self, rows: int, device: torch.device) -> int:
         """The largest C in the group (evaluation only: a host read)."""
@@ -90,7 +87,7 @@ class ExpertDispatch:
             stack_ECD = torch.cat((stack_ECD, stack_ECD.new_zeros(E, rows - C, D)), dim=1)
         received_PLRD = _all_to_all(stack_ECD.reshape(P, local * rows, D), self.group).view(P, local, rows, D)
         mine_LXD = received_PLRD.permute(1, 0, 2, 3).reshape(local, P * rows, D)  # each local expert: every source's rows
-        w1, w2, w3 = (_ReplicaMeanGradient.apply(w.to_local(), self.replicas, self.gradient_scale).to(dtype) for w in weights)
+        w1, w2, w3 = (_ScaleGradient.apply(w.to_local(), 1.0 / P).to(dtype) for w in weights)
         out_LXD = stacked_swiglu(mine_LXD, w1, w2, w3)
         back_PLRD = out_LXD.view(local, P, rows, D).permute(1, 0, 2, 3)
         returned_ERD = _all_to_all(back_PLRD.reshape(P, local * rows, D), self.group).view(E, rows, D)
@@ -101,31 +98,44 @@ def moe_layers(model: nn.Module) -> list[MoE]:
     return [module for module in model.modules() if isinstance(module, MoE)]
 
 
-def apply_expert_parallel(model: nn.Module, runtime: Runtime, config: TrainConfig) -> set[nn.Parameter]:
-    """Split every MoE layer's routed experts over the `expert` mesh dimension; returns their parameters
-    (for FSDP's `ignored_params`). Nothing changes with `expert = 1` or a model without MoE.
+@dataclass
+class ExpertSharding:
+    """What FSDP must know after `apply_expert_parallel`: the experts to leave alone (one group), or the
+    modules to shard over the groups and the mesh to shard them on."""
 
-    Works on a meta-device model (no communication: each rank keeps its slice).
+    ignored: set[nn.Parameter]
+    modules: list[nn.Module]
+    mesh: object | None  # the "expert_data" DeviceMesh when W / P > 1
+
+
+EXPERT_FSDP_DIM = 1  # experts are already split on dim 0; FSDP splits each one's rows (torchtitan's choice too)
+
+
+def apply_expert_parallel(model: nn.Module, runtime: Runtime, config: TrainConfig) -> ExpertSharding:
+    """Split every MoE layer's routed experts over the `expert` mesh dimension; nothing changes with
+    `expert = 1` or a model without MoE. Works on a meta-device model (no communication: each rank
+    keeps its slice).
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import Shard, distribute_tensor
 
     groups, P = config.expert_mesh_shape(runtime.world_size)
     layers = moe_layers(model)
     if P == 1 or not layers:
-        return set()
+        return ExpertSharding(set(), [], None)
     for moe in layers:
         if moe.config.n_routed_experts % P:
             raise ValueError(f"[parallel] expert = {P} does not divide the {moe.config.n_routed_experts} routed experts")
     mesh = init_device_mesh(runtime.device.type, (groups, P), mesh_dim_names=EXPERT_MESH_DIMS)
-    dispatch = ExpertDispatch(mesh.get_group("expert"), P, mesh.get_group("expert_data") if groups > 1 else None,
-                              1.0 / runtime.world_size)
+    dispatch = ExpertDispatch(mesh.get_group("expert"), P)
     parameters: set[nn.Parameter] = set()
     for moe in layers:
         for stacked in (moe.experts.w1, moe.experts.w2, moe.experts.w3):
             weight = stacked.weight
-            stacked.weight = nn.Parameter(distribute_tensor(weight.detach(), mesh, [Replicate(), Shard(0)], src_data_rank=None),
+            stacked.weight = nn.Parameter(distribute_tensor(weight.detach(), mesh["expert"], [Shard(0)], src_data_rank=None),
                                           requires_grad=weight.requires_grad)
             parameters.add(stacked.weight)
         moe.experts.dispatch = dispatch
-    return parameters
+    if groups == 1:
+        return ExpertSharding(parameters, [], None)
+    return ExpertSharding(set(), [moe.experts for moe in layers], mesh["expert_data"])

@@ -17,7 +17,8 @@ the checkpoints and the state dicts read the same with and without them.
   hold the same shards and all-reduce their gradients (multi-node: S = ranks per
   node keeps the all-gathers on the node's links).
   With `[parallel] expert = P` the routed experts are split over groups of P
-  ranks first (hymo_core/distributed/expert_parallel.py) and FSDP leaves them out.
+  ranks first (hymo_core/distributed/expert_parallel.py); FSDP shards them over
+  the W / P groups on a mesh of their own, or leaves them out when P = W.
   Mixed precision: bf16 parameters in compute with fp32 gradient reduction on
   CUDA for a bf16 recipe; fp32 everywhere on CPU. The fp32 master shards are
   what the optimizer updates.
@@ -36,7 +37,7 @@ import torch.nn as nn
 from hymo_core.models.configs import ModelConfig
 from hymo_core.models.init import build_on_meta, materialise_
 from hymo_core.train.config import TrainConfig
-from hymo_core.distributed.expert_parallel import apply_expert_parallel
+from hymo_core.distributed.expert_parallel import EXPERT_FSDP_DIM, ExpertSharding, apply_expert_parallel
 from hymo_core.distributed.process_group import Runtime
 
 
@@ -63,8 +64,9 @@ def apply_compile(model: nn.Module) -> None:
         block.compile(backend=COMPILE_BACKEND)
 
 
-def apply_fsdp(model: nn.Module, runtime: Runtime, config: TrainConfig, ignored: set[nn.Parameter] | None = None) -> nn.Module:
-    """FSDP2 per block, then the root; `ignored` parameters (expert-parallel experts) keep their own placement."""
+def apply_fsdp(model: nn.Module, runtime: Runtime, config: TrainConfig, experts: ExpertSharding | None = None) -> nn.Module:
+    """FSDP2 per block, then the root. Under expert parallelism (`experts`), the experts are first sharded
+    over their own mesh (several expert groups) or left out (one group)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -74,11 +76,17 @@ def apply_fsdp(model: nn.Module, runtime: Runtime, config: TrainConfig, ignored:
     else:  # HSDP: fully_shard over a 2-D mesh shards over "shard" and replicates over "replicate"
         mesh = init_device_mesh(runtime.device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
     policy = mixed_precision_policy(config, runtime.device)
+    ignored = experts.ignored if experts is not None and experts.ignored else None
+    if experts is not None and experts.mesh is not None:
+        from torch.distributed.tensor import Shard
+
+        for module in experts.modules:
+            fully_shard(module, mesh=experts.mesh, mp_policy=policy, shard_placement_fn=lambda param: Shard(EXPERT_FSDP_DIM))
     last = len(model.layers) - 1
     for index, block in enumerate(model.layers):
         # The last block's parameters are needed again at once by the backward: keep them gathered.
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < last, ignored_params=ignored or None)
-    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored or None)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < last, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     return model
 
 
@@ -89,7 +97,7 @@ def parallelize(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.M
     if config.compile:
         apply_compile(model)
     if runtime.launched:
-        apply_fsdp(model, runtime, config, ignored=apply_expert_parallel(model, runtime, config))
+        apply_fsdp(model, runtime, config, experts=apply_expert_parallel(model, runtime, config))
     return model
 
 

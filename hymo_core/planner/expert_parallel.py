@@ -2,13 +2,14 @@
 
 The rules are those of hymo_core/distributed/expert_parallel.py: with W ranks and `expert = P`,
 every weight but the routed experts is FSDP-sharded over W; the routed experts are split over the P
-ranks of an expert group and the W / P groups hold the same experts (so a rank keeps 1 / P of them,
-not 1 / W). Each MoE forward exchanges the fixed-size padded stack (E experts x C rows x d): a rank
+ranks of an expert group and FSDP-sharded over the W / P groups, so a rank keeps 1 / W of them at
+any P. Each MoE forward exchanges the fixed-size padded stack (E experts x C rows x d): a rank
 sends (P - 1) / P of it out and as much back (dispatch, combine), and the backward repeats both.
 C = ceil(cf * N * k / E) with a capacity factor cf, else N (N tokens per micro-batch), so without a
-capacity factor the stack is E / k times the real assignments. Against that, EP moves no expert
-weights: FSDP all-gathers every expert (forward and backward) and reduce-scatters its gradient on
-every micro-batch; under EP only the W / P groups all-reduce their experts' gradients.
+capacity factor the stack is E / k times the real assignments. Against that, EP moves fewer expert
+weights: FSDP over W all-gathers every expert (forward and backward) and reduce-scatters its gradient
+on every micro-batch; under EP a rank does that only for its E / P experts, over the W / P groups
+(nothing at P = W).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class ExpertParallelCost:
     alltoall_bytes: float  # per rank per micro-batch, all MoE layers, forward + backward, sent (received alike)
     padding: float  # stack rows / real assignments
     expert_weight_bytes: float  # per rank per micro-batch: moving expert weights / gradients instead of tokens
+    gathered_bytes: float  # per rank, held while one MoE block runs: its experts all-gathered by FSDP (bf16)
 
 
 def expert_parallel_cost(shape: ModelShape, ranks: int, expert: int, tokens: int, capacity_factor: float = 0.0,
@@ -58,18 +60,20 @@ def expert_parallel_cost(shape: ModelShape, ranks: int, expert: int, tokens: int
         raise ValueError(f"expert = {expert} must divide {ranks} ranks and {shape.moe_routed_experts} routed experts")
     routed = routed_expert_parameters(shape)
     rest = count_parameters(shape).total - routed
-    experts = routed * STATE_BYTES / (expert if expert > 1 else ranks)  # P = 1: FSDP shards the experts over W
+    experts = routed * STATE_BYTES / ranks  # E / P experts per rank, FSDP-sharded over the W / P groups
     rows = rows_per_expert(tokens, shape, capacity_factor)
     stack = shape.moe_routed_experts * rows * shape.d_model * activation_bytes
     sent = 4 * stack * (expert - 1) / expert * moe_layer_count(shape)  # dispatch + combine, forward + backward
     assignments = tokens * max(shape.moe_activated_experts, 1)
-    if expert == 1:  # FSDP: bf16 all-gather in forward and again in backward, fp32 reduce-scatter of the gradients
-        weights = routed * (2 * WEIGHT_BYTES + 4) * (ranks - 1) / ranks
-    else:  # the W / P groups all-reduce their experts' fp32 gradients (ring: twice the data)
-        groups = ranks // expert
-        weights = 2 * 4 * routed / expert * (groups - 1) / groups
+    # FSDP over the W / P groups of this rank's E / P experts: bf16 all-gather in forward and again in
+    # backward, fp32 reduce-scatter of the gradients (P = 1: every expert over all W ranks; P = W: nothing).
+    groups = ranks // expert
+    weights = routed / expert * (2 * WEIGHT_BYTES + 4) * (groups - 1) / groups
+    layers = max(moe_layer_count(shape), 1)
+    gathered = routed / layers / expert * WEIGHT_BYTES if groups > 1 else 0.0  # P = W: nothing to gather
     return ExpertParallelCost(ranks, expert, rest * STATE_BYTES / ranks + experts, experts, sent,
-                              shape.moe_routed_experts * rows / assignments if shape.moe_routed_experts else 0.0, weights)
+                              shape.moe_routed_experts * rows / assignments if shape.moe_routed_experts else 0.0, weights,
+                              gathered)
 
 
 def expert_degrees(shape: ModelShape, ranks: int) -> list[int]:
@@ -82,14 +86,15 @@ def format_expert_parallel(label: str, shape: ModelShape, ranks: list[int], toke
     lines = [f"Expert parallelism, {label}: {routed_expert_parameters(shape):,} routed-expert parameters in "
              f"{moe_layer_count(shape)} MoE layers; {tokens:,} tokens per rank per micro-batch, bf16 activations",
              "",
-             "| ranks | expert | state GB/rank | of it experts | capacity factor | stack / assignments "
-             "| token all-to-all MB | expert weights/grads MB |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| ranks | expert | state GB/rank | of it experts | gathered experts per block GB | capacity factor "
+             "| stack / assignments | token all-to-all MB | expert weights/grads MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for world in ranks:
         for degree in expert_degrees(shape, world):
             for factor in capacity_factors:
                 cost = expert_parallel_cost(shape, world, degree, tokens, factor)
                 lines.append(f"| {world} | {degree} | {cost.state_bytes / 1e9:.2f} | {cost.expert_state_bytes / 1e9:.2f} | "
+                             f"{cost.gathered_bytes / 1e9:.3f} | "
                              f"{factor or 'none'} | {cost.padding:.2f} | {cost.alltoall_bytes / 1e6:,.1f} | "
                              f"{cost.expert_weight_bytes / 1e6:,.1f} |")
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """HSDP (issue 24, part 2): `[parallel] replicate = 2, shard = 2` on 4 CPU ranks trains the one-process model.
 
 Kept short: 4 gloo ranks of the tiny model, 3 updates of the recipe's 10-step schedule, compared step
-by step with one plain process.
+by step with one plain process. The model's FFNs are MoE and the 4 ranks also run expert parallelism
+(`expert = 2`, part 3): 2 expert groups of 2 ranks, each rank holding 2 of the 4 experts, FSDP-sharded
+over the 2 groups.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ n_heads = 2
 n_kv_heads = 2
 ffn_dim = 64
 max_seq_len = 16
+moe_on = "A"
+moe_n_routed_experts = 4
+moe_expert_dim = 16
 """
 STEPS = 3
 
@@ -48,10 +53,10 @@ def test_two_replicas_of_two_shards_equal_one_process(tmp_path):
     corpus = write_corpus(tmp_path / "corpus")
     one_process, hsdp = tmp_path / "recipe.toml", tmp_path / "hsdp.toml"
     one_process.write_text(RECIPE)
-    hsdp.write_text(RECIPE + "\n[parallel]\nreplicate = 2\nshard = 2\n")
+    hsdp.write_text(RECIPE + "\n[parallel]\nreplicate = 2\nshard = 2\nexpert = 2\n")
     lines: list[str] = []
     launch_training(4, train_arguments(corpus, tmp_path / "four", hsdp, max_steps=STEPS), on_line=lines.append)
-    assert "mesh: 2 replica group(s) x 2 shards (HSDP)" in lines
+    assert "mesh: 2 replica group(s) x 2 shards (HSDP); routed experts over 2 group(s) x 2 ranks (EP)" in lines
     train_config, model_config = load_run_config(one_process)
     train_config = train_config.__class__.from_dict({**train_config.to_dict(), "max_steps": STEPS, "horizon_steps": 10})
     run_training(corpus, tmp_path / "one", train_config, model_config, resume=False, progress=False, log=lambda m: None)
@@ -59,6 +64,13 @@ def test_two_replicas_of_two_shards_equal_one_process(tmp_path):
     assert sorted(four) == list(range(1, STEPS + 1)) == sorted(one)
     for step in one:
         assert four[step] == pytest.approx(one[step], rel=1e-5), step
+    # Each rank held a quarter of every expert weight: 2 of the 4 experts (EP), half of their rows (FSDP over the groups).
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(tmp_path / "four" / "checkpoints" / f"step-{STEPS:08d}")).read_metadata()
+    expert = next(value for key, value in metadata.state_dict_metadata.items() if key.endswith("layers.0.ffn.experts.w1.weight"))
+    assert list(expert.size) == [4, 16, 32]
+    assert sorted(list(chunk.sizes) for chunk in expert.chunks) == [[2, 8, 32]] * 4
     summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("four", "one")]
     assert summaries[0]["world_size"] == 4
     assert summaries[0]["final_val_loss"] == pytest.approx(summaries[1]["final_val_loss"], rel=1e-5)
