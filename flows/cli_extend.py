@@ -11,9 +11,10 @@ def print_extension(result: dict[str, Any]) -> None:
     stages = ("before", "position_only", "after")
     print(f"window {result['old_window']} -> {result['new_window']} ({result['position']}); "
           f"{result['data']['long_documents']} long documents, {result['data']['tokens_trained']:,} tokens trained")
-    print(f"{'needle at':>9} {'distance':>8} " + " ".join(f"{s:>13}" for s in stages))
+    print(f"{'needle at':>9} {'distance':>8} " + " ".join(f"{s:>13}" for s in stages) + "   (accuracy, log-prob gain over control)")
     for i, row in enumerate(measured["before"]["needle"]["by_position"]):
-        print(f"{row['position']:>9} {row['distance']:>8} " + " ".join(f"{measured[s]['needle']['by_position'][i]['accuracy']:>13.3f}" for s in stages))
+        print(f"{row['position']:>9} {row['distance']:>8} " + " ".join(f"{measured[s]['needle']['by_position'][i]['accuracy']:>5.2f} {measured[s]['needle']['by_position'][i]['gain']:>+7.2f}"
+                                                                for s in stages))
     print(f"{'control':>18} " + " ".join(f"{measured[s]['needle']['control']:>13.3f}" for s in stages))
     print(f"{'long loss':>18} " + " ".join(f"{measured[s]['long_loss']['loss']:>13.4f}" for s in stages))
     print(f"{'short loss':>18} " + " ".join(f"{measured[s]['short_loss']:>13.4f}" for s in stages)

@@ -4,9 +4,10 @@ A passkey in words needs a model that reads instructions; a proxy a few million 
 does not, so the needle is a random span of `span` token ids, and retrieval is the copy that
 induction heads do. Each trial takes N tokens of real held-out text (inside one long document),
 writes the needle at position p, and writes it again at the end of the window; the score is the
-top-1 accuracy of the needle's tokens 2..span at that second copy, given its first token. Over p
-across the whole window this is accuracy by depth (distance N - span - p). The control writes only
-the final copy: what the model predicts without the needle in context (about chance, 1/V).
+top-1 accuracy of the needle's tokens 2..span at that second copy, given its first token, and their
+log-probability gain over a control that writes only the final copy (what the model predicts
+without the needle in context; its accuracy is about chance, 1/V). Over p across the whole window
+this is retrieval by depth (distance N - span - p).
 """
 from __future__ import annotations
 
@@ -38,14 +39,16 @@ def needle_batches(filler_WT: np.ndarray, vocab_size: int, positions: list[int],
 
 
 @torch.no_grad()
-def copy_accuracy(model: nn.Module, tokens_TN: np.ndarray, span: int, device: torch.device) -> float:
-    """Top-1 accuracy of needle tokens 2..span at the window's final copy."""
+def copy_scores(model: nn.Module, tokens_TN: np.ndarray, span: int, device: torch.device) -> tuple[float, float]:
+    """(top-1 accuracy, mean log-probability) of needle tokens 2..span at the window's final copy."""
     model.eval()
     x = torch.from_numpy(tokens_TN).to(device)
     logits, _ = model(x)
     N = x.shape[1]
-    predicted = logits[:, N - span:N - 1].argmax(-1)  # positions whose next token is needle token 2..span
-    return float((predicted == x[:, N - span + 1:]).float().mean())
+    scored = logits[:, N - span:N - 1].float()  # positions whose next token is needle token 2..span
+    targets = x[:, N - span + 1:]
+    logprob = scored.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return float((scored.argmax(-1) == targets).float().mean()), float(logprob.mean())
 
 
 def needle_positions(seq_len: int, span: int, points: int) -> list[int]:
@@ -55,10 +58,15 @@ def needle_positions(seq_len: int, span: int, points: int) -> list[int]:
 
 def needle_retrieval(model: nn.Module, filler_WT: np.ndarray, vocab_size: int, device: torch.device, span: int = 8,
                      points: int = 8, trials: int = 32, seed: int = 0) -> dict[str, Any]:
-    """{"by_position": [{"position", "distance", "accuracy"}], "control": accuracy} on the same trials for every model."""
+    """Per needle position its accuracy and `gain` (nats per token over the control: how much seeing the needle
+    helps, which shows retrieval before top-1 accuracy does); the same trials for every model."""
     N = filler_WT.shape[1]
     positions = needle_positions(N, span, points)
     batches = needle_batches(filler_WT, vocab_size, positions, span, trials, seed)
-    rows = [{"position": p, "distance": N - span - p, "accuracy": copy_accuracy(model, batches[p], span, device)} for p in positions]
-    return {"span": span, "trials": trials, "window": N, "by_position": rows,
-            "control": copy_accuracy(model, batches["control"], span, device)}
+    control_accuracy, control_logprob = copy_scores(model, batches["control"], span, device)
+    rows = []
+    for p in positions:
+        accuracy, logprob = copy_scores(model, batches[p], span, device)
+        rows.append({"position": p, "distance": N - span - p, "accuracy": accuracy, "gain": logprob - control_logprob})
+    return {"span": span, "trials": trials, "window": N, "by_position": rows, "control": control_accuracy,
+            "control_logprob": control_logprob}
