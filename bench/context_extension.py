@@ -20,7 +20,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PICTURE = Path(__file__).resolve().parent.parent / "docs" / "context_extension.png"
 HEADING = "Context extension: the sample checkpoint at 4x its window (bench/context_extension.py)"
 STAGES = ("before", "position_only", "after")
 
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(["control (no needle)"] + [f"{r['measurements'][s]['needle']['control']:.3f}" for r in results.values() for s in STAGES])
     rows.append([f"long-document loss at {first['new_window']}"]
                 + [f"{r['measurements'][s]['long_loss']['loss']:.3f}" for r in results.values() for s in STAGES])
-    rows.append([f"  last quarter of the window"]
+    rows.append(["  last quarter of the window"]
                 + [f"{r['measurements'][s]['long_loss']['by_quarter'][-1]:.3f}" for r in results.values() for s in STAGES])
     rows.append([f"short-context held-out loss at {first['old_window']}"]
                 + [f"{r['measurements'][s]['short_loss']:.3f}" for r in results.values() for s in STAGES])
@@ -119,12 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     picture = out / "context_extension.png"
     plot(results, picture)
     if args.write:
-        import shutil
+        from bench.report import write_section_with_picture
 
-        from bench.report import write_section
-
-        shutil.copyfile(picture, PICTURE)
-        write_section(HEADING, table + "\n\n![needle retrieval by position](context_extension.png)", note)
+        write_section_with_picture(HEADING, table, note, picture, "needle retrieval by position")
     return 0
 
 

@@ -25,7 +25,6 @@ from hymo_core.models.mup import widen
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.lr_sweep import log_grid, plot_sweeps, run_sweep
 
-PICTURE = Path(__file__).resolve().parent.parent / "docs" / "mup_transfer.png"
 HEADING = "muP transfer: optimal LR across widths (bench/mup_transfer.py)"
 
 
@@ -94,12 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     sweeps = {f"{p} d={args.width * f}": s for p, by in results.items() for f, s in by.items()}
     plot_sweeps(sweeps, picture, title="muP transfer: final validation loss vs peak LR")
     if args.write:
-        import shutil
+        from bench.report import write_section_with_picture
 
-        from bench.report import write_section
-
-        shutil.copyfile(picture, PICTURE)
-        write_section(HEADING, table + "\n\n![muP transfer](mup_transfer.png)", note)
+        write_section_with_picture(HEADING, table, note, picture, "muP transfer")
     return 0
 
 

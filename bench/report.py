@@ -41,3 +41,11 @@ def publish(lines: list[str], heading: str, write_to: str | None) -> int:
     if write_to:
         replace_section(Path(write_to), heading, text)
     return 0
+
+
+def write_section_with_picture(title: str, table: str, note: str, picture: Path, alt: str) -> None:
+    """write_section, with `picture` copied into docs/ under its own name and shown below the table."""
+    import shutil
+
+    shutil.copyfile(picture, DOC.parent / picture.name)
+    write_section(title, f"{table}\n\n![{alt}]({picture.name})", note)
