@@ -80,10 +80,12 @@ def print_funnel(run: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from flows.cluster import require_api_for_workers
     from flows.config import default_run, load_config
     from flows.pipeline import Runner, hymo_pipeline
     from flows.server import prefect_api
 
+    require_api_for_workers(args.dask_address if args.runner == "dask" else None, args.api_url)  # before a server is started
     config = load_config(args.config)
     if args.workers:
         config = config.model_copy(update={"workers": args.workers})
@@ -96,10 +98,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
+    from flows.cluster import require_api_for_workers
     from flows.pipeline import Runner
     from flows.server import prefect_api
     from flows.stage_flow import hymo_stage
 
+    require_api_for_workers(args.dask_address if args.runner == "dask" else None, args.api_url)
     with prefect_api(args.api_url):
         hymo_stage(run=args.run, stage=args.stage, force=args.force, until=args.until, runner=Runner(args.runner), dask_address=args.dask_address)
     print_funnel(Path(args.run))

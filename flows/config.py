@@ -67,14 +67,19 @@ class PipelineConfig(BaseModel):
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
 
     @model_validator(mode="after")
-    def absolute_model_paths(self) -> "PipelineConfig":
-        """Model files named by a relative path are resolved here, on the flow host, against the config's directory
-        (else the working directory): a worker elsewhere, in another working directory, must open the same file."""
+    def absolute_paths(self) -> "PipelineConfig":
+        """Paths are made absolute here, on the flow host: the config's directory (against the working directory),
+        and model files and filter plugin directories named by a relative path (against the config's directory,
+        else the working directory). A worker elsewhere, in another working directory, must open the same file."""
+        if self.config_dir and not Path(self.config_dir).is_absolute():
+            self.config_dir = str(Path(self.config_dir).resolve())
         base = Path(self.config_dir) if self.config_dir else Path.cwd()
         for name in ("langid", "quality_model"):
             section = getattr(self, name)
             if section.model_path and not Path(section.model_path).is_absolute():
                 setattr(self, name, replace(section, model_path=str((base / section.model_path).resolve())))
+        self.filters = [replace(f, path=str((base / f.path).resolve())) if f.path and not Path(f.path).is_absolute() else f
+                        for f in self.filters]
         return self
 
     def source_specs(self) -> list[SourceSpec]:

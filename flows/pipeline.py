@@ -26,9 +26,11 @@ from prefect.futures import as_completed
 
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
+from tasks.runner.shared_paths import check_shared_paths
 from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan
 
 from flows.artifacts import BackgroundPublisher, draw_funnel, publish_run_summary, publish_stage_artifacts
+from flows.cluster import require_api_for_workers, worker_paths
 from flows.config import RUN_CONFIG, PipelineConfig, default_run, load_config, load_run_config  # noqa: F401 (RUN_CONFIG, load_run_config: re-exported)
 from flows.errors import may_pass_on_retry
 from flows.run_config import claim_run_dir
@@ -205,6 +207,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
         cluster = on_dask_cluster(task_runner.client) if on_dask else nullcontext()
         with cluster, BackgroundPublisher() as artifacts:
             if on_dask:
+                require_api_for_workers(dask_address, None)  # the flow's API, now in the environment
+                check_shared_paths(task_runner.client, run, worker_paths(config))
                 workers = cluster_workers(task_runner.client)
                 SHARD_RUNNER.set((task_runner, workers))  # the finally's reset still restores the value before run_stages
             previous_state = None

@@ -53,6 +53,24 @@ def api_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def refuses_this_client(api_url: str) -> bool:
+    """True when the API answers 401 to this client's credentials (PREFECT_API_AUTH_STRING, or none)."""
+    import base64
+
+    from prefect.settings import get_current_settings
+
+    secret = get_current_settings().api.auth_string
+    auth = secret.get_secret_value() if secret is not None else None
+    headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{api_url.rstrip('/')}/admin/version", headers=headers), timeout=10):
+            return False
+    except urllib.error.HTTPError as exc:
+        return exc.code == 401
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -157,6 +175,9 @@ def prefect_api(api_url: str | None = None, home: Path = DEFAULT_HOME, port: int
     wanted = asked or "http://127.0.0.1:4200/api"
     if reuse and api_healthy(wanted):
         server = None
+        if refuses_this_client(wanted):
+            raise PermissionError(f"the Prefect API at {wanted} refuses this client (401): set PREFECT_API_AUTH_STRING to the "
+                                  "server's PREFECT_SERVER_API_AUTH_STRING (user:password)")
     elif reuse and asked:  # the API the user named is not up: start it where they said it would be
         where = urllib.parse.urlsplit(asked)
         if where.hostname not in LOCAL_HOSTS:

@@ -88,7 +88,7 @@ def load_source(name_or_path: str, config_dir: Path | None = None) -> SourceSpec
     if candidate.suffix == ".toml":
         if not candidate.is_absolute() and config_dir is not None:
             candidate = config_dir / candidate
-        return load_spec_file(candidate)
+        return load_spec_file(candidate.absolute())  # its relative paths resolve against its directory, on any worker
     bundled = BUNDLED_SPECS / f"{name_or_path}.toml"
     if not bundled.is_file():
         available = sorted(p.stem for p in BUNDLED_SPECS.glob("*.toml"))

@@ -1,4 +1,5 @@
-"""Relative model paths are resolved on the flow host, so a worker in another working directory opens the same file."""
+"""Relative paths (models, plugin directories, the config directory, source specs) are resolved on the flow host, so a
+worker in another working directory opens the same file."""
 from __future__ import annotations
 
 import os
@@ -27,3 +28,17 @@ def test_without_a_config_directory_the_flow_hosts_working_directory_is_the_base
 def test_absent_and_absolute_model_paths_are_left_as_they_are(tmp_path):
     config = PipelineConfig(quality_model={"model_path": str(tmp_path / "m.bin")})
     assert config.langid.model_path == "" and config.quality_model.model_path == str(tmp_path / "m.bin")
+
+
+def test_config_directory_plugin_directories_and_source_specs_become_absolute(tmp_path, monkeypatch):
+    from conftest import write_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    write_spec(tmp_path / "specs", "notes", "text_dir", "notes")
+    config = PipelineConfig(config_dir="conf", sources=["specs/notes.toml"],
+                            filters=[{"name": "mine", "after": "quality", "function": "plugins_mod:keep", "path": "plugins"}])
+    assert config.config_dir == str(tmp_path / "conf") and config.filters[0].path == str(tmp_path / "conf" / "plugins")
+    spec = PipelineConfig(sources=["specs/notes.toml"]).source_specs()[0]  # no config directory: against the working directory
+    os.chdir("/")
+    assert spec.root == tmp_path / "specs" / "notes"

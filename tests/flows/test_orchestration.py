@@ -15,6 +15,7 @@ from flows.pipeline import Runner, hymo_pipeline
 from flows.stages import stage_path
 from manifests.run_dir import completed_stages
 
+from cluster_machines import api_call, free_port, machine, recipe_exports, recipe_line, wait_until
 from prefect_runs import create_from_deployment, task_states, wait_for_flow_run
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -135,3 +136,72 @@ def test_dask_cluster_size_does_not_change_the_data_stages_bytes(reference_run: 
     hymo_pipeline(config=config, out=str(tmp_path / "dask"), until="decontam", runner=Runner.dask)
     found, reference = digests(tmp_path / "dask"), digests(reference_run)
     assert "dedup_fuzzy" in found and "decontam" in found and found == {stage: reference[stage] for stage in found}
+
+
+DATA_HALF = {"ingest", "extract", "langid", "quality", "pii", "dedup_exact", "dedup_fuzzy", "decontam", "split", "tokenizer", "mixture", "shards"}
+
+
+def test_the_cluster_recipe_gives_the_process_runners_bytes(reference_run: Path, tmp_path: Path, tiny_config: Path, capsys) -> None:
+    """infra/README.md's recipe on a simulated cluster: a Prefect server with basic auth on its own port, `dask scheduler`,
+    two `dask worker`s, each in its own empty working directory, HOME and TMPDIR; only the run directory is shared (the
+    flow host's working directory, where the relative --out resolves). The flow is killed mid-run and run again, and a
+    worker kills itself in the middle of dedup_fuzzy: the data half still has the process runner's bytes."""
+    from distributed import Client
+
+    from flows.cli import main
+    from flows.server import api_healthy
+
+    auth = "hymo:cluster-test-secret"
+    api_port, scheduler_port = free_port(), free_port()
+    values = {"hymo:CHANGE-ME": auth, "0.0.0.0": "127.0.0.1", "4300": str(api_port), "8786": str(scheduler_port), "PREFECT_HOST": "127.0.0.1",
+              "SCHEDULER": "127.0.0.1", "--nworkers 8": "--nworkers 1", "/shared/hymo/runs/big": "runs/big"}
+    exports = recipe_exports(values)
+    api_url = exports["PREFECT_API_URL"]
+    server = machine(tmp_path, "server", PREFECT_SERVER_API_AUTH_STRING=exports["PREFECT_SERVER_API_AUTH_STRING"])
+    scheduler = machine(tmp_path, "scheduler")
+    workers = [machine(tmp_path, f"worker{i}") for i in range(2)]  # neither Prefect variable: tasks carry the flow's settings
+    flow = machine(tmp_path, "flow", PREFECT_API_URL=api_url, PREFECT_API_AUTH_STRING=exports["PREFECT_API_AUTH_STRING"])
+    faults = Path(__file__).with_name("cluster_faults.py")
+    run = flow.cwd / "runs" / "big"
+    command = [*recipe_line("hymo run", values), "--config", str(tiny_config), "--until", "shards"]
+    try:
+        alive = [(server.start(recipe_line("prefect server start", values), "server.log"), server, "server.log"),
+                 (scheduler.start(recipe_line("dask scheduler", values), "scheduler.log"), scheduler, "scheduler.log")]
+        alive += [(w.start([*recipe_line("dask worker", values), "--preload", str(faults)], "worker.log"), w, "worker.log") for w in workers]
+        wait_until(lambda: api_healthy(api_url), "the Prefect server", 240, alive)
+        with Client(f"tcp://127.0.0.1:{scheduler_port}", timeout=120) as client:
+            client.wait_for_workers(2, timeout=120)
+        assert api_call(api_url, "/flows/filter", {}, None)[0] == 401  # a client without the auth string is refused
+        assert api_call(api_url, "/flows/filter", {}, "hymo:wrong")[0] == 401
+        assert api_call(api_url, "/flows/filter", {}, auth)[0] == 200
+        assert main(["run", "--api-url", api_url, "--out", str(tmp_path / "refused")]) == 1  # so is `hymo run`, in one line, at once
+        assert "refuses this client (401): set PREFECT_API_AUTH_STRING" in capsys.readouterr().err
+        assert not (tmp_path / "refused").exists()
+
+        first = flow.start(command, "run-1.log")  # killed once langid is published
+        wait_until(lambda: any(run.glob("*_langid/manifest.json")), "langid's manifest", 300, [(first, flow, "run-1.log")])
+        first.kill()
+        first.wait()
+        second = flow.start(command, "run-2.log")
+        assert second.wait(timeout=600) == 0, flow.log("run-2.log")
+        status, batches = api_call(api_url, "/task_runs/filter", {"task_runs": {"name": {"like_": "dedup_fuzzy-shards-"}}}, auth)
+        assert status == 200 and batches and all(b["state_type"] == "COMPLETED" for b in batches)  # the workers reported them
+    finally:
+        for owner in (flow, *workers, scheduler, server):
+            owner.stop()
+    found = digests(run)
+    assert set(found) == DATA_HALF and found == {stage: digests(reference_run)[stage] for stage in found}
+    assert [p.name for p in run.glob("*/killed-a-worker-in-signatures")] == ["killed-a-worker-in-signatures"]  # the fault did happen
+    for owner in (*workers, scheduler):  # nothing resolved against a worker's own working directory
+        assert not list(owner.cwd.iterdir()), f"{owner.root.name} wrote into its working directory: {list(owner.cwd.iterdir())}"
+
+
+def test_a_cluster_run_without_an_api_the_workers_reach_fails_at_once(tmp_path: Path, monkeypatch, capsys) -> None:
+    from flows.cli import main
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    cases = {(): "set PREFECT_API_URL", ("--api-url", "http://127.0.0.1:4200/api"): "loopback address"}
+    for extra, message in cases.items():
+        assert main(["run", "--runner", "dask", "--dask-address", "tcp://10.20.30.40:8786", "--out", str(tmp_path / "run"), *extra]) == 1
+        error = capsys.readouterr().err.strip()
+        assert message in error and error.count("\n") == 0 and not (tmp_path / "run").exists()

@@ -125,3 +125,15 @@ def test_extraction_on_dask_keeps_page_deadlines_and_gives_the_local_bytes(tmp_p
     audit = read_stage_audit(tmp_path / "extract-dask").to_pylist()
     rules = {json.loads(row["detail"])["url"]: row["rule"] for row in audit if row["rule"] != "html_main_text"}
     assert rules == {"https://example.org/slow.html": "extract_timeout"}
+
+
+def test_every_worker_checks_the_run_directory_and_the_files_tasks_open(tmp_path, client):
+    from tasks.runner.shared_paths import PROBE_PREFIX, SharedPathError, check_shared_paths
+
+    model = tmp_path / "lid.bin"
+    model.write_bytes(b"model")
+    check_shared_paths(client, tmp_path, [("langid.model_path", str(model))])  # all seen: passes, and leaves no probe behind
+    assert not list(tmp_path.glob(f"{PROBE_PREFIX}*"))
+    with pytest.raises(SharedPathError, match=r"^Dask worker tcp://\S+ cannot see the langid.model_path .*/gone.bin: put it on a mount") as error:
+        check_shared_paths(client, tmp_path, [("langid.model_path", str(model)), ("langid.model_path", str(tmp_path / "gone.bin"))])
+    assert "\n" not in str(error.value)
