@@ -45,7 +45,8 @@ def worker(args: argparse.Namespace) -> None:
     from hymo_core.models.model import Transformer
     from hymo_core.train.optim import build_optimizer
     from hymo_core.distributed.parallelize import parallelize
-    from hymo_core.train.trainer import QKClip, autocast, model_flops_per_token, reference_flops
+    from hymo_core.train.monitor import model_flops_per_token, reference_flops
+    from hymo_core.train.trainer import QKClip, autocast
 
     shape = json.loads(args.shape)
     config = TrainConfig(batch_size=args.batch, seq_len=args.seq_len, gradient_accumulation_steps=args.accum, max_steps=10,

@@ -26,7 +26,8 @@ from typing import Any
 
 # Keys whose values depend on the code's text or on the clock, not on the outputs.
 VOLATILE_KEYS = {"cache_key", "code_version", "wall_time_s", "session_seconds", "tokens_per_s", "step_seconds", "elapsed_s",
-                 "data_wait_s", "seconds", "utilisation", "device_flops"}
+                 "data_wait_s", "seconds", "utilisation", "device_flops", "data_wait_fraction", "max_data_wait_s", "compute_s",
+                 "model_flops_per_s", "mfu", "peak_memory_bytes"}
 MANIFEST_DIGESTS = {"digest"}  # manifest.json's own digest and its inputs' digests fold in the cache key
 
 

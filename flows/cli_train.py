@@ -51,12 +51,12 @@ def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None, cloze: str | None = None) -> dict[str, Any]:
-    """Validation loss / perplexity on the corpus's fixed validation prefix, and cloze accuracy."""
+    """Held-out loss / perplexity on the windows training evaluated (per source and language too), and cloze accuracy."""
     from hymo_core.checkpoint.load import load_model
-    from hymo_core.train.data import CorpusReader, ValidationLoader
     from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
+    from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
+    from hymo_core.train.data import CorpusReader
     from hymo_core.train.run import default_device
-    from hymo_core.train.trainer import evaluate
 
     device = default_device()
     model, payload = load_model(checkpoint, device)
@@ -64,11 +64,13 @@ def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None
     if reader.vocab_size != model.config.vocab_size:
         raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
     train_config = payload["train_config"]
-    loader = ValidationLoader(reader, train_config["seq_len"], train_config["batch_size"], max_batches=batches or train_config["eval_batches"])
-    val_loss = evaluate(model, loader, device)
+    held = HeldOutSet.from_corpus(reader, train_config["seq_len"], train_config["batch_size"], max_batches=batches or train_config["eval_batches"])
+    heldout = evaluate_heldout(model, held, device)
+    val_loss = heldout.loss
     result: dict[str, Any] = {"checkpoint": checkpoint, "step": payload["state"]["step"], "val_loss": val_loss,
                               "val_perplexity": math.exp(min(val_loss, 50)), "ln_vocab": math.log(reader.vocab_size),
-                              "validation_tokens": len(loader) * train_config["batch_size"] * train_config["seq_len"],
+                              "val_bpb": heldout.groups["all"]["bpb"], "groups": heldout.to_record()["groups"],
+                              "validation_tokens": heldout.groups["all"]["tokens"],
                               "same_corpus": payload["manifest_digest"] == reader.digest}
     scores = score_cloze(model, load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"]), load_cloze(cloze or SAMPLE_CLOZE), device)
     result["cloze"] = {k: v for k, v in scores.items() if k != "per_item"}
@@ -99,6 +101,11 @@ def cmd_eval_suite(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    checkpoints = args.checkpoint
+    if args.harness or args.suite:
+        if len(checkpoints) > 1:
+            raise SystemExit("hymo eval: --suite and --harness take one checkpoint")
+        args.checkpoint = checkpoints[0]
     if args.harness:
         from flows.cli_interop import cmd_eval_harness
 
@@ -107,7 +114,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return cmd_eval_suite(args)
     if not args.corpus:
         raise SystemExit("hymo eval: --corpus is required without --suite")
-    result = evaluate_checkpoint(args.checkpoint, args.corpus, args.batches, args.cloze)
+    if len(checkpoints) > 1:
+        return cmd_eval_paired(args)
+    result = evaluate_checkpoint(checkpoints[0], args.corpus, args.batches, args.cloze)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -116,9 +125,45 @@ def cmd_eval(args: argparse.Namespace) -> int:
     console.print(f"  validation loss {result['val_loss']:.4f} nats/token (ln V = {result['ln_vocab']:.2f}), "
                   f"perplexity {result['val_perplexity']:.1f}, over {result['validation_tokens']:,} tokens"
                   + ("" if result["same_corpus"] else "  [not the corpus it was trained on]"))
+    for name, group in sorted(result["groups"].items()):
+        bpb = "" if group["bpb"] is None else f", {group['bpb']:.4f} bits/byte"
+        console.print(f"    {name}: {group['loss']:.4f} nats/token{bpb} over {group['tokens']:,} tokens", markup=False)
     console.print(f"  cloze accuracy {cloze['accuracy']:.3f} ± {cloze['accuracy_stderr']:.3f} (summed log-prob), "
                   f"{cloze['accuracy_length_normalised']:.3f} ± {cloze['accuracy_length_normalised_stderr']:.3f} (length-normalised); "
                   f"chance {cloze['chance']:.3f}, {cloze['items']} items")
+    return 0
+
+
+def cmd_eval_paired(args: argparse.Namespace) -> int:
+    """Several checkpoints: the same held-out windows and cloze items, each paired against the first."""
+    from hymo_core.eval.paired import compare_checkpoints, comparison_lines
+    from hymo_core.train.run import default_device
+
+    result = compare_checkpoints(args.checkpoint, args.corpus, args.batches, args.cloze, default_device())
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    for line in comparison_lines(result):
+        console.print(line, markup=False)
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from hymo_core.checkpoint.average import average_checkpoints
+
+    result = average_checkpoints(args.checkpoints, args.out, args.mode, args.decay)
+    weights = ", ".join(f"{w:.3f}" for w in result["weights"])
+    console.print(f"wrote {result['out']}: {result['mode']} average of {len(result['checkpoints'])} checkpoints (weights {weights}), "
+                  f"{result['parameters']:,} values; judge it with `hymo eval {' '.join(args.checkpoints[-1:])} {result['out']} --corpus ...`",
+                  markup=False)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from hymo_core.train.run_report import write_report
+
+    path = write_report(args.run, args.out)
+    console.print(f"wrote {path}", markup=False)
     return 0
 
 
@@ -176,7 +221,8 @@ def add_commands(sub: Any) -> None:
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and cloze accuracy of a checkpoint; --suite: the benchmark suite")
-    evaluate.add_argument("checkpoint", help="a checkpoint; with --harness also a `hymo export --hf` directory (lm-eval's hf model)")
+    evaluate.add_argument("checkpoint", nargs="+", help="a checkpoint (with --harness also a `hymo export --hf` directory); "
+                          "several: a paired comparison on the same held-out windows and cloze items")
     evaluate.add_argument("--corpus", help="run directory, shards stage directory or corpus.json (with --suite: default, the run above the checkpoint)")
     evaluate.add_argument("--suite", help="benchmark suite: default (HellaSwag, ARC-E/C, MMLU, GSM8K, HumanEval + held-out perplexity) or mc")
     evaluate.add_argument("--limit", type=int, help="with --suite: the first N items of each task (of each MMLU subject)")
@@ -194,6 +240,18 @@ def add_commands(sub: Any) -> None:
                                           "(default: hellaswag,arc_easy,arc_challenge)")
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(func=cmd_eval)
+
+    average = sub.add_parser("average", help="uniform or EMA average of checkpoints with one parameter layout, as one checkpoint file")
+    average.add_argument("checkpoints", nargs="+", help="oldest first (EMA weighs the later ones more)")
+    average.add_argument("--out", required=True, help="the averaged checkpoint file to write")
+    average.add_argument("--mode", choices=["uniform", "ema"], default="uniform")
+    average.add_argument("--decay", type=float, default=0.9, help="EMA: checkpoint i of n weighs decay^(n-1-i)")
+    average.set_defaults(func=cmd_average)
+
+    report = sub.add_parser("report", help="one HTML page of a training run: curves per source and language, forecast, signals, alerts")
+    report.add_argument("run", help="a training output directory (metrics.jsonl, summary.json), e.g. RUN/NN_pretrain or --out of hymo train")
+    report.add_argument("--out", help="where to write the page (default: RUN/report.html)")
+    report.set_defaults(func=cmd_report)
 
     gen = sub.add_parser("generate", help="sample a continuation from a checkpoint")
     gen.add_argument("checkpoint")

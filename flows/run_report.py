@@ -7,6 +7,7 @@ throttled so that a fast stage pays nothing and a long one costs a request a sec
 """
 from __future__ import annotations
 
+import base64
 import contextvars
 import os
 import threading
@@ -79,46 +80,72 @@ class StageProgress:
             self.sent_at = time.monotonic()
 
 
-def training_report(max_steps: int) -> "TrainingReport | None":
+def training_report(max_steps: int, planned_tokens: float | None = None) -> "TrainingReport | None":
     """The pretrain stage's `report` hook inside a Prefect run (None elsewhere, e.g. a plain loop or a probe)."""
     from tasks.runner.stage_runner import PROGRESS_SINK
 
     if TaskRunContext.get() is None and FlowRunContext.get() is None:
         return None
     sink = PROGRESS_SINK.get()
-    return TrainingReport(max_steps, sink if isinstance(sink, StageProgress) else None)
+    return TrainingReport(max_steps, sink if isinstance(sink, StageProgress) else None, planned_tokens)
 
 
 class TrainingReport:
-    """run_training's `report` hook: each logged step to the run log, and a markdown artifact updated in place
-    (latest steps, validation losses) plus the stage's progress artifact in training steps."""
+    """run_training's `report` hook: each logged step to the run log (one compact status line), each alert a
+    warning there, and a markdown artifact updated in place: the latest steps, the held-out loss per source
+    and language (table and curves), the loss forecast with its band, and the alerts with their actions; plus
+    the stage's progress artifact in training steps. Pictures are redrawn at evaluations only."""
 
-    def __init__(self, max_steps: int, progress: StageProgress | None = None) -> None:
-        self.max_steps, self.progress = max_steps, progress
+    def __init__(self, max_steps: int, progress: StageProgress | None = None, planned_tokens: float | None = None) -> None:
+        self.max_steps, self.progress, self.planned_tokens = max_steps, progress, planned_tokens
         self.logger = get_run_logger()
         self.rows: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
+        self.alerts: list[dict[str, Any]] = []
+        self.pictures: list[str] = []
+        self.forecast_line = ""
         self.artifact_id = None
         self.sent_at = 0.0
 
     def __call__(self, record: dict[str, Any]) -> None:
+        from hymo_core.train.monitor import status_line
+
         kind = record.get("kind")
         if kind == "train":
             lr = max(record["lr"].values()) if isinstance(record.get("lr"), dict) and record["lr"] else record.get("lr", 0.0)
             row = {"step": record["step"], "loss": record["loss"], "lr": lr, "tokens_per_s": record.get("tokens_per_s", 0.0)}
             self.rows = (self.rows + [row])[-TRAINING_ROWS:]
-            self.logger.info("train step %d/%d loss %.4f lr %.3g tokens/s %.0f", row["step"], self.max_steps, row["loss"], lr, row["tokens_per_s"])
+            self.logger.info("train %s", status_line(record, self.max_steps))
             if self.progress is not None:
                 self.progress("training steps", record["step"], self.max_steps)
         elif kind == "eval":
-            self.evals.append({"step": record["step"], "val_loss": record["val_loss"]})
+            self.evals.append(record)
             self.logger.info("validation step %d loss %.4f", record["step"], record["val_loss"])
+            self.draw()
+        elif kind == "alert":
+            self.alerts.append(record)
+            self.logger.warning("training alert at step %s: %s (%s = %s, %s) -> action %s", record["step"], record["alert"], record["metric"],
+                                record["value"], record["condition"], record["action"])
         elif kind == "event":
             self.logger.warning("training event: %s", {k: v for k, v in record.items() if k != "kind"})
             return
         final = record.get("step") == self.max_steps
-        if final or time.monotonic() - self.sent_at >= 2 * UPDATE_EVERY_S:
+        if final or kind == "alert" or time.monotonic() - self.sent_at >= 2 * UPDATE_EVERY_S:
             self.publish()
+
+    def draw(self) -> None:
+        """The per-group curves and the forecast band as embedded PNGs (hymo_core.train.run_report draws them)."""
+        from hymo_core.train.run_report import plot_forecast, plot_groups, run_forecast
+
+        fitted = run_forecast(self.evals, self.planned_tokens)
+        self.pictures = []
+        for alt, picture in (("held-out loss per source and language", plot_groups(self.evals)), ("loss forecast", plot_forecast(self.evals, fitted))):
+            if picture is not None:
+                self.pictures.append(f"![{alt}](data:image/png;base64,{base64.b64encode(picture).decode()})")
+        if fitted is not None:
+            result = fitted[0]
+            self.forecast_line = (f"forecast at the planned {result.target_tokens:,.0f} tokens: {result.forecast:.4f} "
+                                  f"(90 % [{result.low:.4f}, {result.high:.4f}]), L(D) = {result.fit.l_inf:.3f} + a D^-{result.fit.gamma:.3f}")
 
     def markdown(self) -> str:
         lines = [f"### pretrain: {self.rows[-1]['step'] if self.rows else 0} / {self.max_steps} steps", "",
@@ -126,6 +153,18 @@ class TrainingReport:
         lines += [f"| {r['step']} | {r['loss']:.4f} | {r['lr']:.3g} | {r['tokens_per_s']:,.0f} |" for r in self.rows]
         if self.evals:
             lines += ["", "| step | validation loss |", "|---|---|"] + [f"| {e['step']} | {e['val_loss']:.4f} |" for e in self.evals[-TRAINING_ROWS:]]
+            groups = self.evals[-1].get("groups") or {}
+            if groups:
+                lines += ["", f"#### held-out loss per group at step {self.evals[-1]['step']}", "", "| group | loss | bits per byte | tokens |",
+                          "|---|---|---|---|"]
+                lines += [f"| {name} | {g['loss']:.4f} | {'' if g.get('bpb') is None else format(g['bpb'], '.4f')} | {g['tokens']:,} |"
+                          for name, g in sorted(groups.items())]
+        if self.forecast_line:
+            lines += ["", self.forecast_line]
+        lines += [""] + self.pictures if self.pictures else []
+        if self.alerts:
+            lines += ["", "#### alerts", "", "| step | alert | metric | value | condition | action |", "|---|---|---|---|---|---|"]
+            lines += [f"| {a['step']} | {a['alert']} | {a['metric']} | {a['value']} | {a['condition']} | {a['action']} |" for a in self.alerts[-TRAINING_ROWS:]]
         return "\n".join(lines)
 
     def publish(self) -> None:
@@ -134,7 +173,7 @@ class TrainingReport:
 
         if self.artifact_id is None:
             self.artifact_id = create_markdown_artifact(self.markdown(), key=artifact_key("hymo", "pretrain", "training"),
-                                                        description="pretrain: loss, learning rate and throughput, updated while it trains")
+                                                        description="pretrain: loss, held-out loss per source and language, forecast, alerts; updated while it trains")
         else:
             with get_client(sync_client=True) as client:
                 client.update_artifact(self.artifact_id, ArtifactUpdate(data=self.markdown()))

@@ -81,7 +81,8 @@ def _shards(config: PipelineConfig, run: Path, previous: Path | None, out: Path)
 def _pretrain(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
     from flows.run_report import training_report  # Prefect: only where the stage runs in a flow
 
-    return run_pretrain(config.pretrain, stage_path(run, "shards", config), out, report=training_report(config.pretrain.train.max_steps))
+    return run_pretrain(config.pretrain, stage_path(run, "shards", config), out, report=training_report(
+        config.pretrain.train.max_steps, config.pretrain.train.tokens_per_update * (config.pretrain.train.horizon_steps or config.pretrain.train.max_steps)))
 
 
 STAGES: list[StageEntry] = [

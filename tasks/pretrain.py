@@ -77,10 +77,16 @@ def train_in_process_group(config: PretrainConfig, shards_dir: Path, home: Path,
 def recipe_toml(train: TrainConfig, model: ModelConfig) -> str:
     """[train] and [model] tables as `python -m hymo_core.train --config` reads them (JSON scalars are TOML scalars)."""
     lines = []
-    for table, values in (("train", train.to_dict()), ("model", asdict(model))):
+    train_values = train.to_dict()
+    alerts = train_values.pop("alerts")  # None (the defaults) has no TOML form; tables become [[alerts]]
+    for table, values in (("train", train_values), ("model", asdict(model))):
         lines.append(f"[{table}]")
         lines += [f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}" for key, value in values.items()]
         lines.append("")
+    for alert in alerts if alerts is not None else []:
+        lines += ["[[alerts]]"] + [f"{key} = {json.dumps(value)}" for key, value in alert.items()] + [""]
+    if alerts == []:
+        lines += ["[[alerts]]", 'metric = "none"', ""]  # no alerts at all
     return "\n".join(lines)
 
 

@@ -66,6 +66,11 @@ def save_checkpoint(
         "rng": rng_payload(),
         "runtime": runtime_signature(model),
     }
+    return write_payload(path, payload)
+
+
+def write_payload(path: Path, payload: dict[str, Any]) -> Path:
+    """A checkpoint payload to `path` atomically: temp file, fsync, rename, fsync of the directory."""
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "wb") as handle:
         torch.save(interned_strings(payload), handle)

@@ -4,9 +4,11 @@ Seed 001 (CPT section, Lab 5). In order:
 
 1. the gate file is written into OUT (or copied there) and parsed; the base
    checkpoint, both corpora and their shared tokenizer are checked;
-2. the base is measured: per-sequence loss on fixed domain and general
-   held-out batches (the first `eval_batches` validation batches of each),
-   and, if the gate asks, per-item correctness on the first N task items;
+2. the base is measured: per-sequence and per-document loss on fixed domain
+   and general held-out batches (the first `eval_batches` validation batches
+   of each, through the training run's held-out machinery,
+   hymo_core.eval.heldout, so each eval row also has its loss per source and
+   language), and, if the gate asks, per-item correctness on the first N task items;
 3. `cpt_manifest.json` records the gate's sha256, the lineage (base file
    and weights digests, corpus digests) and the recipe; only then
 4. training starts: a fresh optimizer (the base's moments are not reused),
@@ -31,18 +33,18 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from hymo_core.checkpoint.common import weights_sha256
 from hymo_core.checkpoint.load import load_model
 from hymo_core.checkpoint.single import save_checkpoint
-from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader, ValidationLoader
+from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
+from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
 from hymo_core.cpt.gate import GATE_FILE, Criterion, GateError, GateTampered, gate_text, judge, parse_gate, read_gate
 from hymo_core.train.optim import build_optimizer
 from hymo_core.cpt.ledger import append_record, canonical_sha256, default_ledger
 from hymo_core.cpt.replay import ReplayLoader
 from hymo_core.train.config import TrainConfig
-from hymo_core.train.trainer import TrainHooks, TrainState, capture_rng, restore_rng, train
+from hymo_core.train.trainer import TrainHooks, TrainState, train
 from manifests.digest import sha256_file
 
 MANIFEST_FILE = "cpt_manifest.json"
@@ -83,53 +85,44 @@ class CptConfig:
 # ---------------------------------------------------------------- measurements
 
 
-@torch.no_grad()
-def held_out_losses(model: nn.Module, loader: ValidationLoader, device: torch.device, eos_id: int | None = None) -> dict[str, list]:
-    """Mean cross-entropy of every held-out sequence, in loader order, and per whole document (the unit
-    the gate pairs on): summed loss and token count of each run of targets ending in EOS (or at a shard's
-    or the prefix's end). The loader's windows are consecutive and their targets do not overlap, so each
-    target token belongs to exactly one document.
+def held_out_set(reader: CorpusReader, seq_len: int, batch_size: int, eval_batches: int) -> HeldOutSet:
+    """The first `eval_batches` validation batches, in order (not balanced): the gate pairs on fixed documents."""
+    return HeldOutSet.from_corpus(reader, seq_len, batch_size, max_batches=eval_batches, balanced=False)
 
-    Like `trainer.evaluate`: mode, attention probe and every RNG are restored afterwards.
+
+def held_out_losses(model: nn.Module, held: HeldOutSet, device: torch.device, eos_id: int | None = None) -> dict[str, Any]:
+    """Mean cross-entropy of every held-out sequence, in window order, and per whole document (the unit
+    the gate pairs on): summed loss and token count of each run of targets ending in EOS (or at a shard's
+    or the prefix's end). The windows are consecutive and their targets do not overlap, so each target
+    token belongs to exactly one document. `groups`: the loss per source and language of the same tokens.
+
+    The losses come from `evaluate_heldout` (mode, attention probe and every RNG restored afterwards).
     """
-    was_training = model.training
-    probe = any(getattr(getattr(b, "attn", None), "probe", False) for b in getattr(model, "layers", []))
-    rng = capture_rng()
-    model.eval()
-    if probe:
-        model.set_attention_probe(False)
-    losses: list[float] = []
+    result = evaluate_heldout(model, held, device, token_losses=True)
+    ce_WT = result.token_losses_WT
     doc_sums: list[float] = []
     doc_tokens: list[int] = []
     open_sum, open_tokens, shard = 0.0, 0, None
-    try:
-        for b, (x_BT, y_BT) in enumerate(loader):
-            logits_BTV, _ = model(x_BT.to(device))
-            ce_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.to(device).flatten(), reduction="none").view_as(y_BT).cpu()
-            losses.extend(ce_BT.mean(dim=1).tolist())
-            for row in range(y_BT.shape[0]):
-                window_shard = int(loader.windows[b * loader.batch_size + row][0])
-                if window_shard != shard and open_tokens:
+    for _, y_BT, rows in held.batches():
+        for row, window in enumerate(range(rows.start, rows.start + y_BT.shape[0])):
+            window_shard = int(held.windows[window][0])
+            if window_shard != shard and open_tokens:
+                doc_sums.append(open_sum), doc_tokens.append(open_tokens)
+                open_sum, open_tokens = 0.0, 0
+            shard = window_shard
+            ends = (y_BT[row] == eos_id).nonzero().flatten().tolist() if eos_id is not None else []
+            start = 0
+            for end in [*ends, y_BT.shape[1] - 1]:
+                open_sum += float(ce_WT[window, start:end + 1].sum())
+                open_tokens += end + 1 - start
+                start = end + 1
+                if end in ends:
                     doc_sums.append(open_sum), doc_tokens.append(open_tokens)
                     open_sum, open_tokens = 0.0, 0
-                shard = window_shard
-                ends = (y_BT[row] == eos_id).nonzero().flatten().tolist() if eos_id is not None else []
-                start = 0
-                for end in [*ends, y_BT.shape[1] - 1]:
-                    open_sum += float(ce_BT[row, start:end + 1].sum())
-                    open_tokens += end + 1 - start
-                    start = end + 1
-                    if end in ends:
-                        doc_sums.append(open_sum), doc_tokens.append(open_tokens)
-                        open_sum, open_tokens = 0.0, 0
-        if open_tokens:
-            doc_sums.append(open_sum), doc_tokens.append(open_tokens)
-    finally:
-        model.train(was_training)
-        if probe:
-            model.set_attention_probe(True)
-        restore_rng(rng)
-    return {"sequences": losses, "doc_loss_sums": doc_sums, "doc_tokens": doc_tokens}
+    if open_tokens:
+        doc_sums.append(open_sum), doc_tokens.append(open_tokens)
+    return {"sequences": ce_WT.mean(dim=1).tolist(), "doc_loss_sums": doc_sums, "doc_tokens": doc_tokens,
+            "groups": result.to_record()["groups"]}
 
 
 def task_correct(model: nn.Module, tokenizer, eos_id: int, task: str, items: int, device: torch.device) -> list[int]:
@@ -142,13 +135,17 @@ def task_correct(model: nn.Module, tokenizer, eos_id: int, task: str, items: int
     return [int(row["pick_per_char"] == row["answer"]) for row in result["per_item"]]
 
 
-def measure(model: nn.Module, held_out: dict[str, ValidationLoader], tasks: Sequence[Criterion], tokenizer, eos_id: int,
-            device: torch.device) -> dict[str, list]:
+def measure(model: nn.Module, held_out: dict[str, HeldOutSet], tasks: Sequence[Criterion], tokenizer, eos_id: int,
+            device: torch.device, groups: dict[str, dict[str, Any]] | None = None) -> dict[str, list]:
+    """The paired units (per-sequence and per-document losses, per-item task correctness); `groups`, when
+    given, also receives each held-out set's loss per source and language (for the eval rows, not the gate)."""
     out: dict[str, list] = {}
-    for name, loader in held_out.items():
-        losses = held_out_losses(model, loader, device, eos_id)
+    for name, held in held_out.items():
+        losses = held_out_losses(model, held, device, eos_id)
         out[f"{name}_loss"] = losses["sequences"]
         out[f"{name}_doc_loss_sums"], out[f"{name}_doc_tokens"] = losses["doc_loss_sums"], losses["doc_tokens"]
+        if groups is not None:
+            groups[name] = losses["groups"]
     for criterion in tasks:
         out[f"task:{criterion.task}"] = task_correct(model, tokenizer, eos_id, criterion.task, criterion.paired_items, device)
     return out
@@ -276,14 +273,15 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
     if model.config.max_seq_len < train_config.seq_len:
         raise ValueError(f"seq_len {train_config.seq_len} exceeds the base model's max_seq_len {model.config.max_seq_len}")
     T, B = train_config.seq_len, train_config.batch_size
-    held_out = {name: ValidationLoader(reader, T, B, max_batches=config.eval_batches) for name, reader in readers.items()}
-    for name, loader in held_out.items():
-        if len(loader) == 0:
+    held_out = {name: held_out_set(reader, T, B, config.eval_batches) for name, reader in readers.items()}
+    for name, held in held_out.items():
+        if len(held) < B:
             raise CorpusError(f"{readers[name].path}: no full validation batch of {B} x {T + 1} tokens; the {name} held-out loss needs one")
     replay = ReplayLoader(TokenLoader(readers["domain"], "train", T, B, config.seed),
                           TokenLoader(readers["general"], "train", T, B, config.seed), config.replay_ratio, config.sampler_seed)
 
-    base = measure(model, held_out, tasks, tokenizer, readers["domain"].eos_id, device)
+    base_groups: dict[str, dict[str, Any]] = {}
+    base = measure(model, held_out, tasks, tokenizer, readers["domain"].eos_id, device, base_groups)
     manifest = {
         "gate": {"path": GATE_FILE, "sha256": gate_sha256},
         "base": {"checkpoint": str(base_checkpoint.resolve()), "sha256": sha256_file(base_checkpoint), "weights_sha256": weights_sha256(model),
@@ -307,18 +305,20 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
         with open(metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
 
-    def held_out_row(step: int, losses: dict[str, list[float]]) -> dict[str, Any]:
+    def held_out_row(step: int, losses: dict[str, list[float]], groups: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return {"kind": "eval", "step": step, "domain_loss": mean(losses["domain_loss"]), "general_loss": mean(losses["general_loss"]),
+                "domain_groups": groups["domain"], "general_groups": groups["general"],  # per source / language
                 "replay_actual": replay.actual_ratio}
 
-    record(held_out_row(0, base))
+    record(held_out_row(0, base, base_groups))
     checkpoint_file: list[Path] = []
 
     def on_update(state: TrainState, loss: float, lr: float) -> None:
         if state.step % config.eval_interval and state.step != train_config.max_steps:
             return
         read_gate(out / GATE_FILE, gate_sha256)  # GateTampered stops the run here
-        row = held_out_row(state.step, measure(model, held_out, [], None, 0, device))
+        groups: dict[str, dict[str, Any]] = {}
+        row = held_out_row(state.step, measure(model, held_out, [], None, readers["domain"].eos_id, device, groups), groups)
         record(row)
         log(f"step {state.step}: domain {row['domain_loss']:.4f}, general {row['general_loss']:.4f}, lr {lr:.2e}, replay {row['replay_actual']:.3f}")
         if on_eval:

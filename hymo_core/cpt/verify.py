@@ -23,8 +23,8 @@ import torch
 from hymo_core.checkpoint.load import load_model
 from hymo_core.cpt.gate import GATE_FILE, judge, parse_gate
 from hymo_core.cpt.ledger import default_ledger, run_records
-from hymo_core.cpt.run import MANIFEST_FILE, MEASUREMENTS_FILE, SUMMARY_FILE, measure, paired_differences
-from hymo_core.train.data import CorpusReader, ValidationLoader
+from hymo_core.cpt.run import MANIFEST_FILE, MEASUREMENTS_FILE, SUMMARY_FILE, held_out_set, measure, paired_differences
+from hymo_core.train.data import CorpusReader
 from manifests.digest import sha256_file
 
 TOLERANCE = 1e-4
@@ -76,7 +76,7 @@ def verify_run(run: str | Path, ledger: str | Path | None = None, device: torch.
     readers = {name: CorpusReader(manifest[name]["corpus"]) for name in ("domain", "general")}
     for name, reader in readers.items():
         check(f"{name} corpus", reader.digest == manifest[name]["digest"], f"{reader.path}: digest {reader.digest[:12]}…")
-    held_out = {name: ValidationLoader(reader, recipe["seq_len"], recipe["batch_size"], max_batches=manifest["recipe"]["eval_batches"])
+    held_out = {name: held_out_set(reader, recipe["seq_len"], recipe["batch_size"], manifest["recipe"]["eval_batches"])
                 for name, reader in readers.items()}
     tokenizer = None
     if tasks:

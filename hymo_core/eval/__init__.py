@@ -3,5 +3,6 @@
 the report `hymo eval` prints (report), held-out loss per source and language (heldout), and several
 checkpoints paired on the same windows and items (paired).
 
-May import: `hymo_core.models`, `hymo_core.train`, `hymo_core.checkpoint`, `manifests` (benchmark files).
+May import: `hymo_core.models`, `hymo_core.train`, `hymo_core.checkpoint`, `hymo_core.distributed` (evaluation over ranks),
+`manifests` (benchmark files).
 """

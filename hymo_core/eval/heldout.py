@@ -200,22 +200,30 @@ class HeldOutSet:
     def __len__(self) -> int:
         return len(self.windows)
 
-    def evaluate(self, model: nn.Module, device: torch.device, precision: str = "fp32") -> "HeldOutResult":
+    def evaluate(self, model: nn.Module, device: torch.device, precision: str = "fp32", runtime: Any = None) -> "HeldOutResult":
         """What the trainer calls at each eval interval (it knows this set only by this method)."""
-        return evaluate_heldout(model, self, device, precision)
+        return evaluate_heldout(model, self, device, precision, runtime)
+
+    def batch_count(self) -> int:
+        return -(-len(self.windows) // self.batch_size)
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor, slice]:
+        """(x_BT, y_BT, rows) of batch `index` in selection order; the last may hold fewer than batch_size windows."""
+        rows = slice(index * self.batch_size, (index + 1) * self.batch_size)
+        x_BT, y_BT = _gather(self.shards, self.windows[rows], self.seq_len)
+        return x_BT, y_BT, rows
 
     def batches(self):
-        """(x_BT, y_BT, rows) in selection order; the last batch may hold fewer than batch_size windows."""
-        for start in range(0, len(self.windows), self.batch_size):
-            rows = slice(start, start + self.batch_size)
-            x_BT, y_BT = _gather(self.shards, self.windows[rows], self.seq_len)
-            yield x_BT, y_BT, rows
+        for index in range(self.batch_count()):
+            yield self.batch(index)
 
 
 @dataclass
 class HeldOutResult:
     groups: dict[str, dict[str, Any]]  # name -> {"loss", "bpb", "tokens", "bytes"}
     window_losses: list[float]  # mean CE per selected window, in selection order
+    token_losses_WT: torch.Tensor | None = None  # fp32 CE of every target token (CPU), when asked for
+
 
     @property
     def loss(self) -> float:
@@ -227,13 +235,21 @@ class HeldOutResult:
 
 
 @torch.no_grad()
-def evaluate_heldout(model: nn.Module, held: HeldOutSet, device: torch.device, precision: str = "fp32") -> HeldOutResult:
+def evaluate_heldout(model: nn.Module, held: HeldOutSet, device: torch.device, precision: str = "fp32",
+                     runtime: Any = None, token_losses: bool = False) -> HeldOutResult:
     """Loss and bits per byte of every group; sums stay on the device until one read at the end.
 
     Like `trainer.evaluate`: the model's mode, its attention probe and every RNG
-    are restored afterwards, even when a forward fails.
+    are restored afterwards, even when a forward fails. Over W ranks (`runtime`),
+    rank r scores batches r, r + W, ... and the sums are all-reduced; every rank
+    runs as many forwards (FSDP's are collective), a short rank repeating one
+    that it counts zero times. `token_losses`: also every target token's fp32 loss
+    (CPT sums them per document, the unit its gate pairs on).
     """
+    from hymo_core.distributed.process_group import Runtime, all_gather_objects, all_reduce_sum_
     from hymo_core.train.trainer import autocast, capture_rng, restore_rng
+
+    runtime = runtime or Runtime(device=device)
 
     if len(held) == 0:
         raise ValueError("the held-out set has no window; lower batch_size / seq_len or add validation data")
@@ -248,14 +264,24 @@ def evaluate_heldout(model: nn.Module, held: HeldOutSet, device: torch.device, p
     tokens_G = torch.zeros(G, dtype=torch.float64, device=device)
     bytes_G = torch.zeros(G, dtype=torch.float64, device=device)
     token_bytes = None if held.token_bytes_V is None else torch.from_numpy(held.token_bytes_V).to(device, torch.float64)
-    window_losses = []
+    window_losses: dict[int, torch.Tensor] = {}
+    tokens_kept: dict[int, torch.Tensor] = {}
+    mine = list(range(runtime.rank, held.batch_count(), runtime.world_size))
     try:
-        for x_BT, y_BT, rows in held.batches():
+        for turn in range(-(-held.batch_count() // runtime.world_size)):
+            counted = turn < len(mine)
+            index = mine[turn] if counted else (mine[-1] if mine else 0)
+            x_BT, y_BT, rows = held.batch(index)
             x_BT, y_BT = x_BT.to(device), y_BT.to(device)
             with autocast(device, precision):
                 logits_BTV, _ = model(x_BT)
-            ce_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="none").view_as(y_BT).double()
-            window_losses.append(ce_BT.mean(dim=1))
+            if not counted:
+                continue
+            ce32_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="none").view_as(y_BT)
+            if token_losses:
+                tokens_kept[index] = ce32_BT.cpu()
+            ce_BT = ce32_BT.double()
+            window_losses[index] = ce_BT.mean(dim=1)
             bytes_BT = token_bytes[y_BT] if token_bytes is not None else torch.zeros_like(ce_BT)
             columns = [torch.zeros_like(y_BT)]  # group 0: every token
             if held.source_codes_WT is not None:
@@ -270,7 +296,7 @@ def evaluate_heldout(model: nn.Module, held: HeldOutSet, device: torch.device, p
         if probe:
             model.set_attention_probe(True)
         restore_rng(rng)
-    sums = torch.stack([loss_G, tokens_G, bytes_G]).cpu().tolist()  # the one host read of an evaluation
+    sums = all_reduce_sum_(torch.stack([loss_G, tokens_G, bytes_G])).cpu().tolist()  # the one host read of an evaluation
     groups = {}
     for g, name in enumerate(held.groups):
         loss, tokens, n_bytes = sums[0][g], int(sums[1][g]), int(sums[2][g])
@@ -278,4 +304,10 @@ def evaluate_heldout(model: nn.Module, held: HeldOutSet, device: torch.device, p
             continue
         bpb = loss / (LN2 * n_bytes) if token_bytes is not None and n_bytes > 0 else None
         groups[name] = {"loss": loss / tokens, "bpb": bpb, "tokens": tokens, "bytes": n_bytes if token_bytes is not None else None}
-    return HeldOutResult(groups, torch.cat(window_losses).cpu().tolist())
+    mine_losses = {index: losses.cpu().tolist() for index, losses in window_losses.items()}
+    merged = {k: v for part in all_gather_objects(mine_losses) for k, v in part.items()}
+    per_token = None
+    if token_losses:
+        kept = {k: v for part in all_gather_objects(tokens_kept) for k, v in part.items()}
+        per_token = torch.cat([kept[index] for index in sorted(kept)])
+    return HeldOutResult(groups, [loss for index in sorted(merged) for loss in merged[index]], per_token)

@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from hymo_core.train.alerts import parse_alerts
 from hymo_core.train.optim_config import NS_DTYPE_NAMES, NorMuonConfig, OptimizerConfig
 from hymo_core.train.schedule import SCHEDULE_KINDS, ScheduleConfig
 
@@ -68,6 +69,8 @@ class TrainConfig:
     # tokens sent to their experts' rank and back by all-to-all (hymo_core/distributed/expert_parallel.py);
     # the W / P groups hold the same experts. 1 = experts sharded by FSDP like every other weight.
     expert: int = 1
+    # The recipe's [[alerts]] tables (hymo_core/train/alerts.py); None = the defaults, () = none.
+    alerts: tuple[dict[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "max_steps", "log_interval", "eval_interval", "checkpoint_interval",
@@ -100,6 +103,9 @@ class TrainConfig:
         if not all(0 <= b < 1 for b in self.adamw_betas) or not 0 <= self.muon_momentum < 1:
             raise ValueError("AdamW betas and Muon momentum must lie in [0, 1)")
         self.schedule_config()  # raises on an inconsistent schedule
+        if self.alerts is not None:
+            object.__setattr__(self, "alerts", tuple(dict(table) for table in self.alerts))  # TOML gives a list
+            parse_alerts(self.alerts, "TrainConfig.alerts")  # raises on a bad table, naming it
 
     @property
     def tokens_per_update(self) -> int:
@@ -139,6 +145,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["adamw_betas"] = list(self.adamw_betas)
+        out["alerts"] = None if self.alerts is None else [dict(table) for table in self.alerts]
         return out
 
     @classmethod

@@ -5,8 +5,9 @@ flow call; `python -m hymo_core.train` runs it without Prefect. It writes into
 `out/`:
 
     checkpoints/step-NNNNNNNN.pt   the last K and the best by validation loss (+ checkpoints.json)
-    metrics.jsonl                  one record per logged step, validation, skip event
+    metrics.jsonl                  one record per logged step, validation (per source / language), skip event, alert
     loss.png                       train and validation loss, and the LR (as Lab 2 plots them)
+    heldout.png                    held-out loss per source and per language (hymo_core.eval.heldout)
     summary.json                   final step, final train / validation loss, sha256 of the final weights
 
 With `resume=True` it continues from the newest readable checkpoint (an
@@ -35,7 +36,10 @@ from hymo_core.models.configs import SAMPLE_MODEL
 from hymo_core.train.config import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_TRAIN, SUMMARY_FILE
 from hymo_core.checkpoint.common import CheckpointError, list_checkpoints, weights_sha256
 from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint
-from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader, ValidationLoader
+from hymo_core.eval.heldout import HeldOutSet
+from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
+from hymo_core.train.monitor import status_line
+from hymo_core.train.run_report import HELDOUT_PICTURE, run_forecast, write_group_plot
 from hymo_core.distributed.process_group import Runtime, broadcast_object, close_runtime, init_runtime
 from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.models.model import ModelConfig
@@ -45,7 +49,7 @@ from hymo_core.distributed.parallelize import build_parallel_model
 from hymo_core.checkpoint.background import BackgroundCheckpoints
 from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards
 from hymo_core.train.config import TrainConfig
-from hymo_core.train.trainer import TrainHooks, TrainState, continuations_over_ranks, seed_training_rng, train
+from hymo_core.train.trainer import TrainHooks, TrainingStopped, TrainState, continuations_over_ranks, seed_training_rng, train
 
 
 
@@ -54,16 +58,18 @@ PARALLEL_KEYS = ("replicate", "shard", "expert")  # [parallel]: the mesh (TrainC
 
 
 def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:
-    """A TOML with optional [train], [model] and [parallel] tables; missing keys take the sample recipe's values."""
+    """A TOML with optional [train], [model] and [parallel] tables and [[alerts]]; missing keys take the sample recipe's values."""
     if path is None:
         return SAMPLE_TRAIN, SAMPLE_MODEL
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"{path}: cannot read training config ({exc})") from exc
-    unknown = sorted(set(raw) - {"train", "model", "parallel"})
+    unknown = sorted(set(raw) - {"train", "model", "parallel", "alerts"})
     if unknown:
-        raise ValueError(f"{path}: unknown tables {unknown}; expected [train], [model] and [parallel]")
+        raise ValueError(f"{path}: unknown tables {unknown}; expected [train], [model], [parallel] and [[alerts]]")
+    if "alerts" in raw:  # [[alerts]] tables: TrainConfig.alerts (hymo_core/train/alerts.py)
+        raw["train"] = {**raw.get("train", {}), "alerts": raw["alerts"]}
     parallel = raw.get("parallel", {})
     if sorted(set(parallel) - set(PARALLEL_KEYS)):
         raise ValueError(f"{path}: unknown [parallel] keys {sorted(set(parallel) - set(PARALLEL_KEYS))}; known: {', '.join(PARALLEL_KEYS)}")
@@ -277,7 +283,8 @@ def run_training(
     optimizer = build_optimizer(model, config.optimizer_config(device))
     micro_batch, _ = runtime.batch_plan(config)
     train_loader = TokenLoader(reader, "train", config.seq_len, micro_batch, config.seed, rank=runtime.rank, world_size=runtime.world_size)
-    val_loader = ValidationLoader(reader, config.seq_len, config.batch_size, max_batches=config.eval_batches)
+    # The held-out windows: eval_batches batches chosen round-robin over the sources and languages that lead them.
+    val_loader = HeldOutSet.from_corpus(reader, config.seq_len, config.batch_size, max_batches=config.eval_batches)
     if len(val_loader) == 0:
         log(f"warning: {reader.path}: the validation split has no full batch of {config.batch_size} x {config.seq_len + 1} tokens; no validation")
         val_loader = None
@@ -290,19 +297,22 @@ def run_training(
 
     metrics = MetricsLog(out / METRICS_FILE, state.step) if runtime.is_writer else None
 
+    bar = ProgressLine(config.max_steps, state.step, progress)
+
     def record(row: dict[str, Any]) -> None:
         if metrics is None:
             return
         metrics.write(row)
         if report is not None:
             report(row)
+        elif row["kind"] in ("train", "alert"):
+            bar.print(status_line(row, config.max_steps), log)  # one compact line per logging step, and per alert
 
     last_val: list[float | None] = [None]
-    bar = ProgressLine(config.max_steps, state.step, progress)
 
-    def on_eval(step: int, val_loss: float) -> None:
-        last_val[0] = val_loss
-        record({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
+    def on_eval(step: int, val: dict[str, Any]) -> None:
+        last_val[0] = val["val_loss"]
+        record({"kind": "eval", "step": step, **val, "val_perplexity": math.exp(min(val["val_loss"], 50))})
 
     background = BackgroundCheckpoints(checkpoints, runtime, record) if runtime.launched else None
 
@@ -322,21 +332,22 @@ def run_training(
     def on_log(row: dict[str, Any]) -> None:
         bar.logged(row)
         record({"kind": "train", **row})
-        if runtime.launched and not bar.enabled:  # under torchrun: rank 0's one line per logged step
-            lr = max(row["lr"].values())
-            log(f"step {row['step']}/{config.max_steps} loss {row['loss']:.4f} lr {lr:.3g} {row['tokens_per_s']:,.0f} tokens/s "
-                f"grad-norm {row['grad_norm_pre_clip']:.3g}")
 
     hooks = TrainHooks(
         on_log=on_log,
         on_eval=on_eval,
         on_checkpoint=on_checkpoint,
         on_event=lambda event: record({"kind": "event", **event}),
+        on_alert=record,
         on_update=on_update,
     )
     started = time.perf_counter()
+    stopped: TrainingStopped | None = None
     try:
-        train(model, optimizer, train_loader, val_loader, config, state, device, hooks, runtime)
+        try:
+            train(model, optimizer, train_loader, val_loader, config, state, device, hooks, runtime)
+        except TrainingStopped as exc:  # an alert's `stop`: the summary and pictures are still written, then it is raised
+            stopped = exc
         if background is not None:
             background.close()  # the final checkpoint is published before anything reports it
     finally:
@@ -355,6 +366,8 @@ def run_training(
     train_rows = [r for r in records if r.get("kind") == "train"]
     val_rows = [r for r in records if r.get("kind") == "eval"]
     plot_loss(records, out / LOSS_PICTURE, reader.vocab_size)
+    write_group_plot(records, out / HELDOUT_PICTURE)
+    forecast = run_forecast(records, config.tokens_per_update * (config.horizon_steps or config.max_steps))
     if any(r.get("moe") for r in train_rows):
         plot_expert_load(records, out / EXPERT_LOAD_PICTURE)
     summary: dict[str, Any] = {
@@ -364,6 +377,11 @@ def run_training(
         "final_expert_load": train_rows[-1].get("moe") if train_rows else None,  # per MoE layer
         "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
         "final_val_perplexity": val_rows[-1]["val_perplexity"] if val_rows else None,
+        "final_val_bpb": val_rows[-1].get("val_bpb") if val_rows else None,
+        "final_val_groups": val_rows[-1].get("groups") if val_rows else None,  # per source and language
+        "forecast": forecast[0].to_dict() if forecast else None,  # L(D) fitted to the held-out losses, at the planned tokens
+        "alerts": [{k: v for k, v in r.items() if k != "kind"} for r in records if r.get("kind") == "alert"],
+        "stopped_by": str(stopped) if stopped else None,
         "best_val_loss": state.best_val_loss,
         "ln_vocab": math.log(reader.vocab_size),
         "weights_sha256": weights_digest,
@@ -384,6 +402,8 @@ def run_training(
     if cloze is not None:
         summary["cloze"] = {k: v for k, v in cloze.items() if k != "per_item"}
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if stopped is not None:
+        raise stopped
     return summary
 
 
@@ -419,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", required=True, help="run directory, shards stage directory or corpus.json")
-    parser.add_argument("--config", help="training TOML with [train] and [model] tables (default: the sample recipe)")
+    parser.add_argument("--config", help="training TOML with [train], [model], [parallel] and [[alerts]] tables (default: the sample recipe)")
     parser.add_argument("--out", required=True, help="output directory (checkpoints, metrics.jsonl, loss.png, summary.json)")
     parser.add_argument("--max-steps", type=int, help="stop after this many updates; the LR schedule keeps the recipe's horizon")
     parser.add_argument("--horizon", type=int, help="move the LR schedule's horizon (where decay ends) to this step")

@@ -35,12 +35,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from hymo_core.planner import planner
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.data import EndOfEpoch, TokenLoader, ValidationLoader
 from hymo_core.train.noise_scale import NoiseScale, gradient_square_norm
 from hymo_core.distributed.process_group import (Runtime, all_gather_objects, all_reduce_max_, all_reduce_sum_, clip_grad_norm_,
                                                 reduce_expert_load_)
+from hymo_core.train.alerts import AlertBook, Firing, parse_alerts
+from hymo_core.train.monitor import RunMonitor, model_flops_per_token
 from hymo_core.train.optim import PartitionedOptimizer
 from hymo_core.train.schedule import learning_rate_at_step
 
@@ -58,6 +59,7 @@ class TrainState:
     fixed_batch_offset: int | None = None  # overfit mode: loader position of the fixed batch
     grad_scaler_state: dict[str, Any] | None = None
     best_val_loss: float | None = None
+    lr_scale: float = 1.0  # lowered by a `lower-lr` alert; multiplies the scheduled LR from then on
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,11 +81,16 @@ class TrainHooks:
     """Where the loop reports; every hook is optional."""
 
     on_log: Callable[[dict[str, Any]], None] | None = None  # one record per logged step
-    on_eval: Callable[[int, float], None] | None = None  # (step, validation loss)
+    on_eval: Callable[[int, dict[str, Any]], None] | None = None  # (step, {"val_loss", and per group with a HeldOutSet})
     on_checkpoint: Callable[[TrainState], None] | None = None  # gradients are cleared when called
     on_event: Callable[[dict[str, Any]], None] | None = None  # skips and other notable events
     # (state, loss, lr) after every update; the loss is a 0-dim device tensor (float() it to read it: a host sync)
     on_update: Callable[[TrainState, torch.Tensor, float], None] | None = None
+    on_alert: Callable[[dict[str, Any]], None] | None = None  # one record per alert that fired, naming its action
+
+
+class TrainingStopped(RuntimeError):
+    """An alert whose action is `stop` fired; the message names it, its value and the step."""
 
 
 # ---------------------------------------------------------------- setup checks
@@ -305,50 +312,6 @@ def _window_at(loader: TokenLoader, epoch: int, position: int) -> dict[str, int]
     return {"shard": int(shard), "offset": int(offset)}
 
 
-# ---------------------------------------------------------------- utilisation
-
-
-def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """6 N (forward + backward matmuls) plus attention's 12 L d T (scores and values, fwd + bwd)."""
-    cfg = model.config
-    if set(getattr(cfg, "layer_pattern", "A")) != {"A"}:  # GDN / MLA layers: the planner's per-kind terms
-        return float(planner.training_flops_per_token(planner.model_shape(cfg), seq_len))
-    if getattr(cfg, "moe_on", "") or getattr(cfg, "mtp_depth", 0):  # only the active experts; MTP's own terms
-        return float(sum(planner.training_flops_breakdown(planner.model_shape(cfg), seq_len).values()))
-    n = sum(p.numel() for name, p in model.named_parameters() if "tok_embeddings" not in name or cfg.tie_embeddings)
-    return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
-
-
-PEAK_FLOPS = {  # dense tensor-core peaks per dtype, for utilisation on GPUs we know
-    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-}
-
-
-def reference_flops(device: torch.device, precision: str, size: int = 384, repeats: int = 6) -> tuple[float, str]:
-    """The FLOP/s that utilisation is measured against: the dtype peak of a known GPU, else a measured matmul."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peaks in PEAK_FLOPS.items():
-            if key in name:
-                return peaks[precision], f"{key} {precision} peak"
-    dtype = torch.float32 if precision == "fp32" or device.type == "cpu" else AUTOCAST_DTYPES[precision]
-    generator = torch.Generator(device=device).manual_seed(0)  # private: the global RNG stream is not touched
-    a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    a @ b  # warm-up
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
-    return 2.0 * size**3 * repeats / max(seconds, 1e-9), f"measured {size}x{size} {str(dtype).removeprefix('torch.')} matmul"
-
-
 # ---------------------------------------------------------------- host reads
 
 
@@ -440,8 +403,9 @@ def train(
     optimizer.zero_grad(set_to_none=True)
     scaler = make_scaler(config, device, state)
     qk_clip = QKClip(model, config.qk_clip_threshold, config.qk_clip)
-    flops_per_token = model_flops_per_token(model, config.seq_len)
-    reference, reference_label = reference_flops(device, config.precision)
+    monitor = RunMonitor(model, optimizer, config.max_grad_norm, device, config.precision,
+                         model_flops_per_token(model, config.seq_len), train_loader)
+    alerts = AlertBook(parse_alerts(config.alerts))
     fixed_batch: list = []
     consecutive_skips = 0
     window = Window()
@@ -454,30 +418,40 @@ def train(
             # Host reads (loss, grad norm, QK-Clip's finiteness, MoE figures) happen on steps whose
             # result leaves the loop (logged, evaluated, checkpointed, the last) and on every fp16 step
             # (GradScaler reads its overflow flag); every other step only queues device work.
-            host_step = scaler.is_enabled() or reads_host(config, step, val_loader is not None, hooks.on_checkpoint is not None)
+            # A skip-batch alert judges every step's loss and gradient norm before the update: it reads both each step.
+            host_step = (scaler.is_enabled() or alerts.checks_every_step
+                         or reads_host(config, step, val_loader is not None, hooks.on_checkpoint is not None))
             logged = step % config.log_interval == 0 or step == config.max_steps
             if host_step:
                 checks.raise_if_failed()  # a failure a non-reading step recorded on the device stops here
-            lr = learning_rate_at_step(schedule, step)
+            lr = learning_rate_at_step(schedule, step) * state.lr_scale
             optimizer.set_learning_rate(lr)
             qk_clip.reset()
+            monitor.start_update(logged)  # activation / log-Z hooks exist on logging steps only
             # The probe costs a chunked q.k pass per layer: only when QK-Clip acts or this step is logged.
             probing = config.qk_clip or logged
             model.set_attention_probe(probing)
             update_loss, update_tokens, update_mtp_ce = None, 0, []
             # Noise scale (hymo_core/train/noise_scale.py): the first micro-batch's |grad|^2 vs the update's, logged steps only.
             small_sq, small_tokens = None, 0
+            bad_batch = False
             reserve = getattr(train_loader, "reserve_update", None)  # a mixing loader (cpt replay) rolls its sides itself
             if reserve is not None and not config.overfit_one_batch:
                 reserve(config.batch_size * config.gradient_accumulation_steps)  # epochs turn here, between updates
             for _ in range(accumulation):
+                waiting = time.perf_counter()
                 x_BT, y_BT = next_training_batch(train_loader, config, state, fixed_batch)
+                monitor.waited_for_data(time.perf_counter() - waiting)  # the host clock: no device sync
                 x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
                 with autocast(device, config.precision):
                     _, loss = model(x_BT, y_BT)
                 if host_step:
                     value = loss.item()
                     if not math.isfinite(value):
+                        if alerts.checks_every_step:  # a skip-batch alert judges it below, before anything is mutated
+                            update_loss, bad_batch = loss.detach().float(), True
+                            state.tokens_seen += y_BT.numel() * runtime.world_size  # consumed, though never learned from
+                            break
                         raise FloatingPointError(f"non-finite training loss {value} at step {step}; nothing was back-propagated")
                 else:
                     checks.require(torch.isfinite(loss.detach()), "loss", step)
@@ -500,13 +474,35 @@ def train(
             qk_clip.reduce()
 
             scaler.unscale_(optimizer)
-            grad_norm_t = clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"),
-                                          error_if_nonfinite=host_step and not scaler.is_enabled())
+            if bad_batch:
+                grad_norm_t = torch.full((), math.nan, device=device)
+            else:
+                grad_norm_t = clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"),
+                                              error_if_nonfinite=host_step and not (scaler.is_enabled() or alerts.checks_every_step))
+            firing = None
+            if alerts.checks_every_step:  # the recipe asked for skip-batch: this step's two numbers, read now
+                step_loss, step_grad_norm = torch.stack([update_loss.float(), grad_norm_t.detach().float()]).tolist()
+                firing = alerts.check_step(step, step_loss, step_grad_norm)
+                if firing is None and (bad_batch or not (scaler.is_enabled() or math.isfinite(step_grad_norm))):
+                    what = f"loss {step_loss}" if bad_batch else f"gradient norm {step_grad_norm}"
+                    raise FloatingPointError(f"non-finite training {what} at step {step} and no skip-batch alert took it; "
+                                             "nothing was applied")
+            if firing is not None:  # skip-batch: this batch's gradients are dropped, the same step is tried on the next one
+                optimizer.zero_grad(set_to_none=True)
+                qk_clip.reset()
+                model.discard_routing_counts()
+                if scaler.is_enabled():
+                    scaler.update()  # unscale_ ran: the scaler's per-update state must close
+                monitor.after_step(grad_norm_t, applied=False)
+                state.skipped_updates += 1
+                act([firing], state, hooks, alerts)
+                continue
             if not host_step:
                 checks.require(torch.isfinite(grad_norm_t), "gradient norm", step)
                 finite_logits = qk_clip.finite()
                 if finite_logits is not None:
                     checks.require(finite_logits, "attention logit", step)
+            monitor.before_step(logged)  # hooks off; on a logging step, the weights before the update
             previous_scale = scaler.get_scale() if scaler.is_enabled() else None
             if host_step:
                 qk_clip.validate()
@@ -525,6 +521,7 @@ def train(
                 # Per-block bookkeeping: MoE gate-bias step on the token counts of every rank; figures when logged.
                 expert_load = model.after_optimizer_step(reduce_expert_load_, read=logged)
             optimizer.zero_grad(set_to_none=True)
+            monitor.after_step(grad_norm_t, applied=not skipped)  # clip count on the device; update RMS when logged
 
             if skipped:
                 state.skipped_updates += 1
@@ -544,6 +541,7 @@ def train(
             final = state.step == config.max_steps
             if host_step:
                 checks.raise_if_failed()  # nothing is logged, evaluated or saved after a recorded failure
+            firings: list[Firing] = []
             if logged:
                 loss_mean, last_loss, grad_norm, clipped, small_sq_value, *mtp_values = torch.stack(
                     [window.mean_loss(), update_loss, grad_norm_t.detach().float(), torch.as_tensor(clipped_heads).to(update_loss),
@@ -554,9 +552,9 @@ def train(
                     "step": state.step, "loss": loss_mean, "last_loss": last_loss,
                     "grad_norm_pre_clip": grad_norm,
                     "lr": {group["group"]: group["lr"] for group in optimizer.param_groups},
-                    "tokens_per_s": tokens_per_s, "utilisation": tokens_per_s * flops_per_token / reference,
-                    "utilisation_reference": reference_label, "tokens_seen": state.tokens_seen,
+                    "tokens_per_s": tokens_per_s, "tokens_seen": state.tokens_seen,
                     "skipped_updates": state.skipped_updates, "max_attention_logit": max_logit, "qk_clipped_heads": int(clipped),
+                    **monitor.record_fields(window.seconds, window.tokens),  # the seed's other signals (monitor.py)
                 }
                 if mtp_values:
                     record["mtp_ce"] = mtp_values  # per depth, this update's micro-batch mean
@@ -567,14 +565,42 @@ def train(
                 if hooks.on_log:
                     hooks.on_log(record)
                 window = Window()
+                firings += alerts.check_record(record)
             if val_loader is not None and (final or state.step % config.eval_interval == 0):
-                val_loss = evaluate(model, val_loader, device, config.precision, runtime)
-                if state.best_val_loss is None or val_loss < state.best_val_loss:
-                    state.best_val_loss = val_loss
+                val = validate(model, val_loader, device, config.precision, runtime)
+                val["tokens_seen"] = state.tokens_seen
+                if state.best_val_loss is None or val["val_loss"] < state.best_val_loss:
+                    state.best_val_loss = val["val_loss"]
                 if hooks.on_eval:
-                    hooks.on_eval(state.step, val_loss)
-            if hooks.on_checkpoint and (final or state.step % config.checkpoint_interval == 0):
+                    hooks.on_eval(state.step, val)
+                firings += alerts.check_record(val)
+            checkpoint_due = final or state.step % config.checkpoint_interval == 0
+            act(firings, state, hooks, alerts, checkpoint_due)
+            if hooks.on_checkpoint and checkpoint_due:
                 hooks.on_checkpoint(state)
     finally:
         model.set_attention_probe(False)
+        monitor.close()
     return state
+
+
+def validate(model: nn.Module, val_loader: Any, device: torch.device, precision: str, runtime: Runtime | None = None) -> dict[str, Any]:
+    """{"val_loss": ...}; a held-out set (hymo_core.eval.heldout.HeldOutSet) adds bits per byte and per-group losses."""
+    if isinstance(val_loader, ValidationLoader):
+        return {"val_loss": evaluate(model, val_loader, device, precision, runtime)}
+    return val_loader.evaluate(model, device, precision, runtime).to_record()
+
+
+def act(firings: list[Firing], state: TrainState, hooks: TrainHooks, alerts: AlertBook, checkpoint_due: bool = False) -> None:
+    """What each alert that fired asks for (alerts.py); skip-batch was already done by the caller."""
+    for firing in firings:
+        if hooks.on_alert:
+            hooks.on_alert(firing.to_record())
+    for firing in firings:
+        if firing.action == "lower-lr":
+            state.lr_scale *= alerts.factor_of(firing)
+        elif firing.action == "checkpoint" and hooks.on_checkpoint and not checkpoint_due:
+            hooks.on_checkpoint(state)
+            checkpoint_due = True  # one checkpoint however many alerts ask for it
+        elif firing.action == "stop":
+            raise TrainingStopped(f"alert {firing.alert!r} fired at step {firing.step} ({firing.metric} = {firing.value}): action stop")

@@ -42,7 +42,7 @@ def test_train_writes_summary_metrics_picture_checkpoint(trained: Path, tiny_run
     assert summary["final_step"] == 3 and summary["final_val_loss"] < summary["ln_vocab"] + 1
     assert (trained / "loss.png").stat().st_size > 1000 and (trained / "checkpoints" / "step-00000003.pt").is_file()
     record = json.loads((trained / "metrics.jsonl").read_text().splitlines()[0])
-    assert {"loss", "grad_norm_pre_clip", "lr", "tokens_per_s", "utilisation", "skipped_updates", "max_attention_logit"} <= set(record)
+    assert {"loss", "grad_norm_pre_clip", "lr", "tokens_per_s", "mfu", "clip_fraction", "update_rms_ratio", "skipped_updates", "max_attention_logit"} <= set(record)
     # a second plain `train` into the same directory would silently discard the checkpoints: refused, in one line
     capsys.readouterr()
     assert main(["train", "--corpus", str(tiny_run), "--out", str(trained)]) == 1

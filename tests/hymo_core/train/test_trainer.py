@@ -195,7 +195,8 @@ def test_loss_falls_and_intervals_fire_on_final_step(tiny_corpus):
                                              eval_interval=10, checkpoint_interval=20)
     val = ValidationLoader(CorpusReader(tiny_corpus), seq_len=16, batch_size=4, max_batches=2)
     logs, evals, saves = [], [], []
-    hooks = TrainHooks(on_log=logs.append, on_eval=lambda s, v: evals.append((s, v)), on_checkpoint=lambda s: saves.append(s.step))
+    hooks = TrainHooks(on_log=logs.append, on_eval=lambda s, v: evals.append((s, v["val_loss"])),
+                       on_checkpoint=lambda s: saves.append(s.step))
     state = train(model, optimizer, loader, val, config, TrainState(), CPU, hooks)
     assert [r["step"] for r in logs] == [10, 20, 25] and [s for s, _ in evals] == [10, 20, 25] and saves == [20, 25]
     assert evals[-1][1] < math.log(64) - 0.5

@@ -1,0 +1,100 @@
+"""Validate the loss forecast on the sample: train longer than usual, fit L(D) on the first half, forecast the second.
+
+    python -m bench.loss_forecast --corpus runs/sample [--steps 400] [--eval-interval 20] [--write]
+
+Trains the sample recipe (hymo_core.train.config.SAMPLE_TRAIN / SAMPLE_MODEL) with a constant LR after
+warmup, so that the loss follows one power law and no decay phase bends it late, evaluating the
+held-out set every `--eval-interval` updates. The forecast (hymo_core.train.forecast) is fitted on the
+evaluations of the first half of the tokens and compared with every evaluation of the second half:
+absolute error, whether each point lies in the 90 % band, and how the final forecast moves with the fit
+window. With --write the table replaces its section in docs/training.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+TITLE = "Forecast validation on the sample (`bench/loss_forecast.py`)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", required=True, help="a run directory, shards stage directory or corpus.json of the sample")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--eval-interval", type=int, default=20)
+    parser.add_argument("--write", action="store_true", help="replace the section in docs/training.md")
+    args = parser.parse_args(argv)
+
+    import numpy as np
+    import torch
+
+    from bench.report import markdown_table
+    from hymo_core.models.configs import SAMPLE_MODEL
+    from hymo_core.train.config import SAMPLE_TRAIN
+    from hymo_core.train.forecast import forecast_loss
+    from hymo_core.train.run import run_training
+
+    config = replace(SAMPLE_TRAIN, max_steps=args.steps, schedule="constant", eval_interval=args.eval_interval,
+                     log_interval=args.eval_interval, checkpoint_interval=args.steps, alerts=())
+    with tempfile.TemporaryDirectory() as out:
+        summary = run_training(args.corpus, out, config, SAMPLE_MODEL, resume=False, cloze_path=None, device=torch.device("cpu"),
+                               log=lambda *_: None, progress=False)
+        evals = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if '"kind": "eval"' in line]
+    tokens = np.array([e["tokens_seen"] for e in evals], dtype=float)
+    losses = np.array([e["val_loss"] for e in evals], dtype=float)
+    half = tokens <= tokens[-1] / 2
+    result, fits = forecast_loss(tokens[half], losses[half], tokens[-1])
+    rows, inside, errors = [], 0, []
+    for t, observed in zip(tokens[~half], losses[~half]):
+        low, high = fits.band(t)
+        predicted = float(result.fit(t))
+        inside += low <= observed <= high
+        errors.append(abs(predicted - observed))
+        rows.append((f"{t:,.0f}", f"{observed:.4f}", f"{predicted:.4f}", f"{predicted - observed:+.4f}", f"[{low:.4f}, {high:.4f}]",
+                     "yes" if low <= observed <= high else "no"))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    load = os.getloadavg()[0]
+    lines = [f"## {TITLE}", "",
+             f"Measured on commit {commit}, {platform.machine()} CPU ({os.cpu_count()} cores), load {load:.1f}, {torch.get_num_threads()} threads: "
+             f"the sample recipe with a constant LR for {args.steps} updates ({tokens[-1]:,.0f} tokens), held-out loss every "
+             f"{args.eval_interval} updates ({len(evals)} points). Fit on the {int(half.sum())} points up to {tokens[half][-1]:,.0f} tokens: "
+             f"L(D) = {result.fit.l_inf:.3f} + {result.fit.a:.3g} D^-{result.fit.gamma:.3f}.", "",
+             markdown_table(["tokens", "observed", "forecast", "error", "90 % band", "inside"], rows), "",
+             f"Second half: mean absolute error {np.mean(errors):.4f} nats, largest {np.max(errors):.4f}; {inside} of {len(errors)} points "
+             f"inside the band. At the last point ({tokens[-1]:,.0f} tokens) the forecast is {result.forecast:.4f} "
+             f"(90 % [{result.low:.4f}, {result.high:.4f}]) against {losses[-1]:.4f} observed.", "",
+             "How the forecast at the last point moves with the fit window (latest k of the first-half points):", "",
+             markdown_table(["points", "from tokens", "forecast", "L_inf", "gamma"],
+                            [(w["points"], f"{w['from_tokens']:,.0f}", f"{w['forecast']:.4f}", f"{w['l_inf']:.3f}", f"{w['gamma']:.3f}")
+                             for w in result.window_sensitivity]),
+             "", f"(final train loss {summary['final_train_loss']:.4f}, final held-out loss {summary['final_val_loss']:.4f})"]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        doc = Path(__file__).resolve().parent.parent / "docs" / "training.md"
+        replace_section_level3(doc, text)
+    return 0
+
+
+def replace_section_level3(doc: Path, text: str) -> None:
+    """The section sits under "Watching a run" as a ### heading: replace it (or the placeholder) in place."""
+    body = text.replace(f"## {TITLE}", f"#### {TITLE}", 1)
+    existing = doc.read_text(encoding="utf-8")
+    heading = f"#### {TITLE}"
+    if "FORECAST_VALIDATION" in existing:
+        updated = existing.replace("FORECAST_VALIDATION", body, 1)
+    else:
+        start = existing.index(heading)
+        end = existing.find("\n### ", start)
+        updated = existing[:start] + body + "\n" + existing[end:]
+    doc.write_text(updated, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,225 @@
+"""`hymo report RUN`: one HTML page a person looks at instead of reading metrics.jsonl.
+
+Everything comes from the training directory (metrics.jsonl, summary.json):
+the loss curves, held-out loss per source and per language, the loss forecast
+with its band at the planned token budget, the run signals (gradient and
+update norms, clip fraction, activation RMS, log-Z, attention logits, memory,
+data wait), tokens per source, and every alert with the action it took. The
+plots are matplotlib PNGs embedded in the page, so the file travels alone.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from hymo_core.train.forecast import MIN_POINTS, forecast_loss
+
+REPORT_FILE = "report.html"
+HELDOUT_PICTURE = "heldout.png"
+
+
+def read_records(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{run}: no metrics.jsonl (give a training output directory, e.g. RUN/NN_pretrain or --out of hymo train)")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def planned_tokens(summary: dict[str, Any]) -> float | None:
+    config = summary.get("train_config") or {}
+    steps = config.get("horizon_steps") or config.get("max_steps")
+    per_update = (config.get("batch_size") or 0) * (config.get("seq_len") or 0) * (config.get("gradient_accumulation_steps") or 1)
+    return float(steps * per_update) if steps and per_update else None
+
+
+def run_forecast(records: list[dict[str, Any]], target: float | None) -> tuple[Any, Any] | None:
+    evals = [r for r in records if r.get("kind") == "eval" and r.get("tokens_seen") and math.isfinite(r.get("val_loss", math.nan))]
+    if len(evals) < MIN_POINTS or not target:
+        return None
+    return forecast_loss([r["tokens_seen"] for r in evals], [r["val_loss"] for r in evals], target)
+
+
+def _figure(width: float = 7.5, height: float = 4.2):
+    from matplotlib.figure import Figure  # no pyplot: no global state shared with another thread's plot
+
+    figure = Figure(figsize=(width, height), dpi=100)
+    return figure
+
+
+def _png(figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def plot_groups(records: list[dict[str, Any]]) -> bytes | None:
+    evals = [r for r in records if r.get("kind") == "eval" and r.get("groups")]
+    if not evals:
+        return None
+    figure = _figure(9, 4.2)
+    source_axis, lang_axis = figure.subplots(1, 2, sharey=True)
+    names = sorted({name for r in evals for name in r["groups"]})
+    steps_all = [r["step"] for r in evals]
+    for axis, prefix in ((source_axis, "source:"), (lang_axis, "lang:")):
+        axis.plot(steps_all, [r["val_loss"] for r in evals], color="black", linestyle=":", label="all")
+        for name in (n for n in names if n.startswith(prefix)):
+            rows = [r for r in evals if name in r["groups"]]
+            axis.plot([r["step"] for r in rows], [r["groups"][name]["loss"] for r in rows], marker="o", markersize=3, label=name.removeprefix(prefix))
+        axis.set_title(f"held-out loss per {prefix.rstrip(':')}")
+        axis.set_xlabel("successful update")
+        axis.legend(fontsize=7)
+    source_axis.set_ylabel("cross-entropy (nats / token)")
+    return _png(figure)
+
+
+def plot_forecast(records: list[dict[str, Any]], fitted: tuple[Any, Any] | None) -> bytes | None:
+    if fitted is None:
+        return None
+    import numpy as np
+
+    result, fits = fitted
+    evals = [r for r in records if r.get("kind") == "eval" and r.get("tokens_seen")]
+    figure = _figure()
+    axis = figure.subplots()
+    x = np.array([r["tokens_seen"] for r in evals], dtype=float)
+    axis.plot(x, [r["val_loss"] for r in evals], "o", color="tab:orange", label="held-out loss")
+    grid = np.geomspace(x.min(), max(result.target_tokens, x.max()), 80)
+    bands = np.array([fits.band(t) for t in grid])
+    axis.plot(grid, result.fit(grid), color="tab:blue", label=f"L(D) = {result.fit.l_inf:.3f} + a D^-{result.fit.gamma:.3f}")
+    axis.fill_between(grid, bands[:, 0], bands[:, 1], color="tab:blue", alpha=0.2, label="90 % band")
+    axis.errorbar([result.target_tokens], [result.forecast], yerr=[[result.forecast - result.low], [result.high - result.forecast]],
+                  fmt="s", color="tab:red", capsize=4, label=f"forecast at planned {result.target_tokens:,.0f} tokens")
+    axis.set_xscale("log")
+    axis.set_xlabel("tokens seen D")
+    axis.set_ylabel("held-out loss")
+    axis.legend(fontsize=7)
+    return _png(figure)
+
+
+def plot_signals(records: list[dict[str, Any]]) -> bytes | None:
+    rows = [r for r in records if r.get("kind") == "train"]
+    if not rows:
+        return None
+    figure = _figure(11, 6.5)
+    axes = figure.subplots(2, 3).flatten()
+    steps = [r["step"] for r in rows]
+
+    def series(axis, title, getter, label=None):
+        values = [getter(r) for r in rows]
+        pairs = [(s, v) for s, v in zip(steps, values) if isinstance(v, (int, float)) and math.isfinite(v)]
+        if pairs:
+            axis.plot(*zip(*pairs), label=label)
+        axis.set_title(title, fontsize=9)
+
+    series(axes[0], "gradient norm (pre-clip)", lambda r: r.get("grad_norm_pre_clip"))
+    series(axes[1], "clip fraction", lambda r: r.get("clip_fraction"))
+    for group in sorted({g for r in rows for g in (r.get("update_rms_ratio") or {})}):
+        series(axes[2], "update RMS / weight RMS", lambda r, g=group: (r.get("update_rms_ratio") or {}).get(g), group)
+    for block in sorted({b for r in rows for b in (r.get("activation_rms") or {})}, key=lambda b: int(b.split("_")[-1])):
+        series(axes[3], "activation RMS per block", lambda r, b=block: (r.get("activation_rms") or {}).get(b), block)
+    series(axes[4], "log-Z and max attention logit", lambda r: r.get("log_z"), "log-Z")
+    series(axes[4], "log-Z and max attention logit", lambda r: r.get("max_attention_logit"), "max attention logit")
+    series(axes[5], "data wait fraction", lambda r: r.get("data_wait_fraction"))
+    for axis in axes:
+        axis.set_xlabel("update", fontsize=8)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=6)
+    return _png(figure)
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return html.escape("" if value is None else str(value))
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _image(data: bytes | None, alt: str, element_id: str) -> str:
+    if data is None:
+        return f"<p id='{element_id}'>(no data for: {html.escape(alt)})</p>"
+    return f"<img id='{element_id}' alt='{html.escape(alt)}' src='data:image/png;base64,{base64.b64encode(data).decode()}'>"
+
+
+def write_group_plot(records: list[dict[str, Any]], path: Path) -> Path | None:
+    """heldout.png beside loss.png: each source's and language's held-out curve (nothing without groups)."""
+    data = plot_groups(records)
+    if data is None:
+        return None
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(data)
+    temporary.replace(path)
+    return path
+
+
+def render_report(run: str | Path) -> str:
+    run = Path(run)
+    records = read_records(run)
+    summary_path = run / "summary.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+    fitted = run_forecast(records, planned_tokens(summary))
+    evals = [r for r in records if r.get("kind") == "eval"]
+    trains = [r for r in records if r.get("kind") == "train"]
+    alerts = [r for r in records if r.get("kind") == "alert"]
+    parts = [f"<h1>HyMo training run <code>{html.escape(str(run.resolve()))}</code></h1>"]
+    facts = [["final step", summary.get("final_step", trains[-1]["step"] if trains else None)],
+             ["tokens seen", summary.get("tokens_seen")], ["final train loss", summary.get("final_train_loss")],
+             ["final held-out loss", summary.get("final_val_loss")], ["skipped updates", summary.get("skipped_updates")],
+             ["alerts fired", len(alerts)]]
+    parts.append(_table(["", "value"], facts))
+    parts.append("<h2>Held-out loss per source and language</h2>")
+    parts.append(_image(plot_groups(records), "held-out loss per source and language", "per-group-curves"))
+    if evals and evals[-1].get("groups"):
+        last = evals[-1]
+        parts.append(_table(["group", "loss", "bits per byte", "tokens"],
+                            [["all", last["val_loss"], last.get("val_bpb"), None]]
+                            + [[name, g["loss"], g.get("bpb"), g.get("tokens")] for name, g in sorted(last["groups"].items())]))
+    parts.append("<h2>Loss forecast</h2>")
+    parts.append(_image(plot_forecast(records, fitted), "loss forecast with its band", "forecast"))
+    if fitted is not None:
+        result = fitted[0]
+        parts.append(_table(["planned tokens", "forecast", "5 %", "95 %", "L_inf", "a", "gamma", "points"],
+                            [[result.target_tokens, result.forecast, result.low, result.high, result.fit.l_inf, result.fit.a, result.fit.gamma, result.points]]))
+        parts.append("<p>How the forecast moves with the fit window:</p>")
+        parts.append(_table(["points (latest)", "from tokens", "forecast", "L_inf", "gamma"],
+                            [[w["points"], w["from_tokens"], w["forecast"], w["l_inf"], w["gamma"]] for w in result.window_sensitivity]))
+        parts.append(_table(["eval", "residual"], [[i + 1, r] for i, r in enumerate(result.residuals)]))
+    else:
+        parts.append(f"<p>No forecast: it needs {MIN_POINTS} held-out evaluations with tokens seen and a planned token budget.</p>")
+    parts.append("<h2>Run signals</h2>")
+    parts.append(_image(plot_signals(records), "run signals", "signals"))
+    if trains:
+        last = trains[-1]
+        parts.append(_table(["signal", "latest"], [[k, last.get(k)] for k in (
+            "loss", "grad_norm_pre_clip", "clip_fraction", "log_z", "max_attention_logit", "tokens_per_s", "mfu", "mfu_reference",
+            "peak_memory_bytes", "peak_memory_kind", "data_wait_fraction", "documents_per_window", "skipped_updates")]))
+        totals = last.get("tokens_per_source_total") or {}
+        if totals:
+            parts.append("<h3>Tokens per source (whole run)</h3>")
+            parts.append(_table(["source", "tokens"], [[k, v] for k, v in sorted(totals.items())]))
+    parts.append("<h2>Alerts</h2>")
+    parts.append(_table(["step", "alert", "metric", "value", "statistic", "condition", "action"],
+                        [[a.get("step"), a.get("alert"), a.get("metric"), a.get("value"), a.get("statistic"), a.get("condition"), a.get("action")]
+                         for a in alerts]) if alerts else "<p id='no-alerts'>No alert fired.</p>")
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;margin:0.5em 0}"
+             " td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px} img{max-width:100%}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>HyMo run report</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
+
+
+def write_report(run: str | Path, out: str | Path | None = None) -> Path:
+    """RUN/report.html (or `out`), written atomically."""
+    target = Path(out) if out else Path(run) / REPORT_FILE
+    page = render_report(run)
+    temporary = target.with_name(target.name + ".tmp")
+    temporary.write_text(page, encoding="utf-8")
+    temporary.replace(target)
+    return target

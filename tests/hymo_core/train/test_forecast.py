@@ -1,0 +1,43 @@
+"""The loss forecast: recovers a known power law, shrugs off a spike, and its band covers what comes next."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hymo_core.train.forecast import MIN_POINTS, fit_power_law, forecast_loss, observed_band
+
+
+def curve(tokens, l_inf=2.0, a=5.0, gamma=0.4, unit=1e5):
+    return l_inf + a * (np.asarray(tokens) / unit) ** -gamma
+
+
+def test_fit_recovers_a_known_law_despite_one_spike():
+    tokens = np.linspace(1e5, 2e6, 30)
+    losses = curve(tokens) + np.random.default_rng(1).normal(0, 0.005, 30)
+    losses[10] += 0.8  # a spike that a least-squares fit would chase
+    fit = fit_power_law(tokens, losses)
+    assert fit.gamma == pytest.approx(0.4, abs=0.05)
+    assert fit(4e6) == pytest.approx(curve(4e6), abs=0.02)
+
+
+def test_forecast_of_the_second_half_from_the_first_lies_in_its_band():
+    tokens = np.linspace(1e5, 2e6, 30)
+    losses = curve(tokens) + np.random.default_rng(2).normal(0, 0.005, 30)
+    result, fits = forecast_loss(tokens[:15], losses[:15], tokens[-1], samples=60)
+    assert result.low <= curve(tokens[-1]) <= result.high or abs(result.forecast - curve(tokens[-1])) < 0.03
+    assert result.low <= result.forecast <= result.high
+    assert len(result.residuals) == 15 and abs(np.median(result.residuals)) < 0.01
+    assert [w["points"] for w in result.window_sensitivity] == [15, 11, 8]
+    low, high = fits.band(tokens[16])
+    assert low <= losses[16] <= high
+
+
+def test_band_needs_enough_points_and_flags_a_jump():
+    tokens = list(np.linspace(1e5, 1e6, 8))
+    losses = list(curve(tokens))
+    assert observed_band(tokens[:MIN_POINTS], losses[:MIN_POINTS], tokens[MIN_POINTS]) is None
+    low, high = observed_band(tokens[:7], losses[:7], tokens[7], samples=40)
+    assert low <= losses[7] <= high
+    assert not low <= losses[7] + 1.0 <= high  # a regression of one nat leaves the band
+    with pytest.raises(ValueError, match="needs >= 4"):
+        fit_power_law([1, 2, 3], [3.0, 2.0, 1.0])
