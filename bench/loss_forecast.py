@@ -83,16 +83,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def replace_section_level3(doc: Path, text: str) -> None:
-    """The section sits under "Watching a run" as a ### heading: replace it (or the placeholder) in place."""
+    """The section sits under "Watching a run" as a #### heading, up to the next ### one: replace it in place."""
     body = text.replace(f"## {TITLE}", f"#### {TITLE}", 1)
     existing = doc.read_text(encoding="utf-8")
     heading = f"#### {TITLE}"
-    if "FORECAST_VALIDATION" in existing:
-        updated = existing.replace("FORECAST_VALIDATION", body, 1)
-    else:
-        start = existing.index(heading)
-        end = existing.find("\n### ", start)
-        updated = existing[:start] + body + "\n" + existing[end:]
+    start = existing.index(heading)
+    end = existing.find("\n### ", start)
+    updated = existing[:start] + body + "\n" + existing[end:]
     doc.write_text(updated, encoding="utf-8")
 
 
