@@ -31,6 +31,7 @@ from hymo_core.checkpoint.common import (FORMAT_VERSION, INDEX_FILE, PAYLOAD_KEY
                                        previous_checkpoint, rng_from_payload, rng_payload, runtime_signature, validation_cursor)
 from hymo_core.train.data import TokenLoader, ValidationLoader
 from hymo_core.train.config import TrainConfig
+from hymo_core.train.ema import WeightEMA
 from hymo_core.train.trainer import TrainState, restore_rng
 
 
@@ -42,8 +43,10 @@ def save_checkpoint(
     config: TrainConfig,
     train_loader: TokenLoader,
     val_loader: ValidationLoader | None = None,
+    ema: WeightEMA | None = None,
 ) -> Path:
-    """Write a checkpoint atomically (temp file, fsync, rename). Gradients must be cleared first."""
+    """Write a checkpoint atomically (temp file, fsync, rename). Gradients must be cleared first.
+    `ema`: the weights' moving average (TrainConfig.ema_decay) goes in too, so a resume continues it."""
     live = [name for name, p in model.named_parameters() if p.grad is not None]
     if live:
         raise ValueError(f"checkpoint must be saved after optimizer.zero_grad(set_to_none=True); live gradients on {live[:3]}")
@@ -66,6 +69,8 @@ def save_checkpoint(
         "rng": rng_payload(),
         "runtime": runtime_signature(model),
     }
+    if ema is not None:
+        payload["ema"] = ema.state_dict()
     return write_payload(path, payload)
 
 
@@ -108,14 +113,19 @@ def load_checkpoint(
     train_loader: TokenLoader,
     warn: Callable[[str], None] | None = None,
     strict: bool = False,
+    ema: WeightEMA | None = None,
 ) -> TrainState:
-    """Validate everything, then restore weights, optimizer, train cursor and finally RNG; returns the counters."""
+    """Validate everything, then restore weights, optimizer, EMA, train cursor and finally RNG; returns the counters."""
     path = Path(path)
     payload = read_checkpoint(path)
     state = check_compatible(payload, path, model, optimizer, config, train_loader, warn, strict)
+    if ema is not None and "ema" not in payload:
+        raise CheckpointError(f"{path}: holds no EMA of the weights, but the recipe keeps one (ema_decay {ema.decay}); refusing to resume")
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
     optimizer.zero_grad(set_to_none=True)
+    if ema is not None:
+        ema.load_state_dict(payload["ema"], str(path))
     train_loader.load_state_dict(payload["loaders"]["train"])
     restore_rng(rng_from_payload(payload["rng"]))  # last: constructors above must not shift the resumed sequence
     return state

@@ -14,6 +14,7 @@ OPTIMIZERS = ("muon_adamw", "normuon")  # hymo_core.train.optim.MuonAdamW | NorM
 # What a training run writes into its directory.
 METRICS_FILE, LOSS_PICTURE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "loss.png", "summary.json", "checkpoints"
 EXPERT_LOAD_PICTURE = "expert_load.png"  # only for models with MoE layers
+EMA_CHECKPOINT = "ema.pt"  # with ema_decay > 0: the EMA weights as a checkpoint for evaluation
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class TrainConfig:
     normuon_row_normalisation: bool = True  # the published NorMuon's per-neuron second moment (docs/training.md)
     embed_weight_decay: float = 0.1  # normuon only: embedding and head; other AdamW parameters get 0
     cautious_weight_decay: bool = False  # decay only coordinates it does not fight (each optimizer's rule: train/optim.py)
+    # An exponential moving average of the weights beside the trained ones (hymo_core/train/ema.py): after every
+    # applied update ema = decay * ema + (1 - decay) * weights; evaluated with them, checkpointed, written as ema.pt.
+    # 0 = off. decay 0.999 averages over ~1000 updates.
+    ema_decay: float = 0.0
     # How this session runs, not what it computes (a resume may change them):
     activation_checkpointing: bool = False  # recompute each block's activations in the backward instead of storing them
     compile: bool = False  # torch.compile each block (hymo_core/distributed/parallelize.py)
@@ -102,6 +107,8 @@ class TrainConfig:
             raise ValueError("muon_peak_lr and embed_weight_decay must be >= 0")
         if not all(0 <= b < 1 for b in self.adamw_betas) or not 0 <= self.muon_momentum < 1:
             raise ValueError("AdamW betas and Muon momentum must lie in [0, 1)")
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError(f"TrainConfig.ema_decay must lie in [0, 1) (0 = no EMA), got {self.ema_decay}")
         self.schedule_config()  # raises on an inconsistent schedule
         if self.alerts is not None:
             object.__setattr__(self, "alerts", tuple(dict(table) for table in self.alerts))  # TOML gives a list

@@ -8,6 +8,7 @@ flow call; `python -m hymo_core.train` runs it without Prefect. It writes into
     metrics.jsonl                  one record per logged step, validation (per source / language), skip event, alert
     loss.png                       train and validation loss, and the LR (as Lab 2 plots them)
     heldout.png                    held-out loss per source and per language (hymo_core.eval.heldout)
+    ema.pt                         with ema_decay > 0: the EMA weights as a checkpoint, for `hymo eval` (not for resuming)
     summary.json                   final step, final train / validation loss, sha256 of the final weights
 
 With `resume=True` it continues from the newest readable checkpoint (an
@@ -33,9 +34,11 @@ import numpy as np
 import torch
 
 from hymo_core.models.configs import SAMPLE_MODEL
-from hymo_core.train.config import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_TRAIN, SUMMARY_FILE
+from hymo_core.train.config import (CHECKPOINT_DIR, EMA_CHECKPOINT, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_TRAIN,
+                                    SUMMARY_FILE)
 from hymo_core.checkpoint.common import CheckpointError, list_checkpoints, weights_sha256
-from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint
+from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint, save_checkpoint
+from hymo_core.train.ema import WeightEMA
 from hymo_core.eval.heldout import HeldOutSet
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
 from hymo_core.train.monitor import status_line
@@ -195,6 +198,13 @@ class ProgressLine:
     def logged(self, record: dict) -> None:
         self.logged_loss = record["loss"]
 
+    def print(self, line: str, log: Any) -> None:
+        """A status line above the live bar (rich keeps the bar at the bottom), else through `log`."""
+        if self.progress is not None:
+            self.progress.console.print(line, markup=False, highlight=False)
+        else:
+            log(line)
+
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
@@ -281,6 +291,7 @@ def run_training(
         log(f"mesh: {replicate} replica group(s) x {shard} shards" + (" (HSDP)" if replicate > 1 else " (FSDP)")
             + (f"; routed experts over {groups} group(s) x {experts} ranks (EP)" if experts > 1 else ""))
     optimizer = build_optimizer(model, config.optimizer_config(device))
+    ema = WeightEMA(model, config.ema_decay) if config.ema_decay else None  # refuses FSDP-sharded weights
     micro_batch, _ = runtime.batch_plan(config)
     train_loader = TokenLoader(reader, "train", config.seq_len, micro_batch, config.seed, rank=runtime.rank, world_size=runtime.world_size)
     # The held-out windows: eval_batches batches chosen round-robin over the sources and languages that lead them.
@@ -290,7 +301,7 @@ def run_training(
         val_loader = None
     state, resumed_from = TrainState(), None
     if resume:
-        state, resumed_from = _resume(checkpoints, lambda p: _load_any(p, model, optimizer, config, train_loader, runtime, log, strict_resume),
+        state, resumed_from = _resume(checkpoints, lambda p: _load_any(p, model, optimizer, config, train_loader, runtime, log, strict_resume, ema),
                                        log)
         if resumed_from:
             log(f"resumed from {resumed_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
@@ -318,7 +329,7 @@ def run_training(
 
     def on_checkpoint(current: TrainState) -> None:
         objects = dict(model=model, optimizer=optimizer, state=current, config=config, train_loader=train_loader,
-                       val_loader=val_loader)
+                       val_loader=val_loader, **({"ema": ema} if ema is not None else {}))
         if background is not None:  # DCP: staged to CPU now, written while the next updates run
             background.save(current.step, last_val[0], **objects)
         else:
@@ -345,7 +356,7 @@ def run_training(
     stopped: TrainingStopped | None = None
     try:
         try:
-            train(model, optimizer, train_loader, val_loader, config, state, device, hooks, runtime)
+            train(model, optimizer, train_loader, val_loader, config, state, device, hooks, runtime, ema)
         except TrainingStopped as exc:  # an alert's `stop`: the summary and pictures are still written, then it is raised
             stopped = exc
         if background is not None:
@@ -401,6 +412,11 @@ def run_training(
     }
     if cloze is not None:
         summary["cloze"] = {k: v for k, v in cloze.items() if k != "per_item"}
+    if ema is not None:  # the EMA weights as a checkpoint `hymo eval LAST ema.pt` pairs with the last one
+        with ema.swapped_in():
+            summary["ema_checkpoint"] = str(save_checkpoint(out / EMA_CHECKPOINT, model, optimizer, state, config, train_loader, val_loader))
+            summary["ema_weights_sha256"] = weights_sha256(model)
+        summary["final_ema_val_loss"] = val_rows[-1].get("ema_val_loss") if val_rows else None
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     if stopped is not None:
         raise stopped
@@ -408,14 +424,16 @@ def run_training(
 
 
 def _load_any(path: Path, model, optimizer, config: TrainConfig, train_loader: TokenLoader, runtime: Runtime, log: Any,
-              strict: bool = False) -> TrainState:
+              strict: bool = False, ema: WeightEMA | None = None) -> TrainState:
     """A DCP directory (any world size, also into one plain process) or a single-file checkpoint (one process)."""
     warn = lambda message: log(f"warning: {message}")  # noqa: E731
+    if ema is not None and (path.is_dir() or runtime.launched):
+        raise CheckpointError(f"{path}: a DCP or torchrun resume carries no EMA of the weights (ema_decay {ema.decay}); refusing to resume")
     if path.is_dir():
         return load_sharded_checkpoint(path, model, optimizer, config, train_loader, runtime, warn=warn, strict=strict)
     if runtime.launched:  # one process -> W ranks: every rank reads the file and keeps its rows
         return load_single_file_into_shards(path, model, optimizer, config, train_loader, runtime, warn=warn, strict=strict)
-    return load_checkpoint(path, model, optimizer, config, train_loader, warn=warn, strict=strict)
+    return load_checkpoint(path, model, optimizer, config, train_loader, warn=warn, strict=strict, ema=ema)
 
 
 def full_weights_sha256(model) -> str:

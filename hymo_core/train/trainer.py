@@ -41,6 +41,7 @@ from hymo_core.train.noise_scale import NoiseScale, gradient_square_norm
 from hymo_core.distributed.process_group import (Runtime, all_gather_objects, all_reduce_max_, all_reduce_sum_, clip_grad_norm_,
                                                 reduce_expert_load_)
 from hymo_core.train.alerts import AlertBook, Firing, parse_alerts
+from hymo_core.train.ema import WeightEMA
 from hymo_core.train.monitor import RunMonitor, model_flops_per_token
 from hymo_core.train.optim import PartitionedOptimizer
 from hymo_core.train.schedule import learning_rate_at_step
@@ -386,11 +387,13 @@ def train(
     device: torch.device,
     hooks: TrainHooks | None = None,
     runtime: Runtime | None = None,
+    ema: WeightEMA | None = None,
 ) -> TrainState:
     """Run successful updates until `state.step == config.max_steps`; returns the (mutated) state.
 
     `runtime` places this process among the ranks (default: one plain process).
     The loaders are per rank; each update reads the recipe's global batch.
+    `ema`: the weights' moving average to continue (config.ema_decay > 0; default: a fresh one).
     """
     hooks = hooks or TrainHooks()
     runtime = runtime or Runtime(device=device)
@@ -406,6 +409,8 @@ def train(
     monitor = RunMonitor(model, optimizer, config.max_grad_norm, device, config.precision,
                          model_flops_per_token(model, config.seq_len), train_loader)
     alerts = AlertBook(parse_alerts(config.alerts))
+    if ema is None and config.ema_decay:
+        ema = WeightEMA(model, config.ema_decay)
     fixed_batch: list = []
     consecutive_skips = 0
     window = Window()
@@ -534,6 +539,8 @@ def train(
                 continue
             consecutive_skips = 0
             state.step = step
+            if ema is not None:
+                ema.update()  # one fused device op over the weights after the update (and QK-Clip's rescale)
             window.add(update_loss, update_tokens, time.perf_counter() - started)
             if hooks.on_update:
                 hooks.on_update(state, update_loss, lr)  # a 0-dim device tensor: reading it is the hook's choice
@@ -569,6 +576,10 @@ def train(
             if val_loader is not None and (final or state.step % config.eval_interval == 0):
                 val = validate(model, val_loader, device, config.precision, runtime)
                 val["tokens_seen"] = state.tokens_seen
+                if ema is not None:  # the EMA weights on the same windows: the same protocol
+                    with ema.swapped_in():
+                        averaged = validate(model, val_loader, device, config.precision, runtime)
+                    val.update({"ema_val_loss": averaged["val_loss"], "ema_val_bpb": averaged.get("val_bpb")})
                 if state.best_val_loss is None or val["val_loss"] < state.best_val_loss:
                     state.best_val_loss = val["val_loss"]
                 if hooks.on_eval:

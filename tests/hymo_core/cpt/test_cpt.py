@@ -16,7 +16,7 @@ from hymo_core.cpt.gate import Criterion, GateError, GateTampered, judge, parse_
 from hymo_core.cpt.replay import ReplayLoader
 from hymo_core.train.run import run_training
 from hymo_core.train.config import SAMPLE_TRAIN
-from hymo_core.models.model import ModelConfig
+from hymo_core.models.model import ModelConfig, Transformer
 from tests.conftest import write_corpus
 
 TINY_MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
@@ -31,6 +31,25 @@ def corpora(tmp_path_factory) -> dict[str, Path]:
     general, domain = write_corpus(root / "general", seed=0), write_corpus(root / "domain", seed=5)
     run_training(general, root / "base", TINY_TRAIN, TINY_MODEL, resume=False, cloze_path=None, device=torch.device("cpu"), log=lambda *_: None)
     return {"general": general, "domain": domain, "base": root / "base" / "checkpoints" / "step-00000012.pt"}
+
+
+def test_held_out_losses_run_on_the_training_runs_held_out_machinery(tiny_run):
+    """The gate's units (the validation prefix, per sequence and per document) and, from the same tokens, per-group rows."""
+    from hymo_core.eval.heldout import evaluate_heldout
+    from hymo_core.train.data import ValidationLoader
+
+    reader = CorpusReader(tiny_run / "07_shards")
+    held = cpt.held_out_set(reader, 16, 4, 2)
+    assert held.selection == "prefix" and (held.windows == ValidationLoader(reader, 16, 4, max_batches=2).windows[:8]).all()
+    torch.manual_seed(0)
+    model = Transformer(replace(TINY_MODEL, vocab_size=reader.vocab_size))
+    losses = cpt.held_out_losses(model, held, torch.device("cpu"), reader.eos_id)
+    assert sum(losses["doc_tokens"]) == 2 * 4 * 16 and len(losses["doc_tokens"]) > 2
+    assert losses["sequences"] == pytest.approx(evaluate_heldout(model, held, torch.device("cpu")).window_losses, rel=1e-6)
+    sources = {n: g for n, g in losses["groups"].items() if n.startswith("source:")}
+    assert sources and sum(g["tokens"] for g in sources.values()) == 2 * 4 * 16
+    mean_loss = sum(g["loss"] * g["tokens"] for g in sources.values()) / (2 * 4 * 16)
+    assert mean_loss == pytest.approx(sum(losses["sequences"]) / 8, rel=1e-6)
 
 
 def loaders(corpora, ratio: float, seed: int = 0) -> ReplayLoader:
@@ -101,6 +120,7 @@ def test_cpt_run_records_gate_before_training_and_lineage_after(corpora, tmp_pat
     assert measured["replay"]["sequences"] == 6 * 4 and 0 <= measured["replay"]["actual"] <= 1
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
     assert [row["step"] for row in evals] == [0, 3, 6]
+    assert all("domain_groups" in row and "general_groups" in row for row in evals)  # per source / language (below)
     # the verdict is a function of the gate file and the measurements only: judging again gives the same
     assert judge_run(out)["verdict"] == summary["verdict"]
     # an edited gate is refused, and a second run into the same directory too

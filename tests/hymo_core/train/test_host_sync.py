@@ -51,8 +51,9 @@ def test_five_unlogged_hymo_tiny_steps_make_no_host_read(tiny_corpus, monkeypatc
     model = Transformer(replace(PRESETS["hymo-tiny"], vocab_size=reader.vocab_size, max_seq_len=32))
     settings = {**PRESET_TRAINING["hymo-tiny"], "optimizer": optimizer}
     # Steps 2..6 are counted; 7 (the last) is logged. Logging, evaluation and checkpoints: step 100.
+    # The monitor's clip counter and the weights' EMA run on every step too: device ops only.
     config = TrainConfig(batch_size=2, seq_len=32, max_steps=7, warmup_steps=2, log_interval=100, eval_interval=100,
-                         checkpoint_interval=100, gradient_accumulation_steps=2, qk_clip=True, **settings)
+                         checkpoint_interval=100, gradient_accumulation_steps=2, qk_clip=True, ema_decay=0.99, **settings)
     optim = build_optimizer(model, config.optimizer_config(CPU))
     loader = TokenLoader(reader, "train", config.seq_len, config.batch_size, config.seed)
     reads = HostReads(monkeypatch)
