@@ -40,7 +40,7 @@ from bench.report import markdown_table, write_section  # noqa: E402
 from hymo_core.models.configs import ModelConfig  # noqa: E402
 from hymo_core.models.presets import PRESETS  # noqa: E402
 from hymo_core.planner.planner import count_parameters, model_shape, training_flops_per_token  # noqa: E402
-from hymo_core.train.trainer import PEAK_FLOPS  # noqa: E402
+from hymo_core.train.monitor import PEAK_FLOPS  # noqa: E402
 
 # A GPT-2-small-sized dense decoder (~124 M parameters with the tied 50,304-token table).
 DENSE_125M = ModelConfig(vocab_size=50_304, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048,
@@ -76,7 +76,7 @@ class Report:
 
 
 def mfu_cases(steps_seq: int | None) -> list[MFUCase]:
-    """The MFU runs; FLOPs per token from the planner (the trainer's utilisation uses the same numbers)."""
+    """The MFU runs; FLOPs per token from the planner (the trainer's MFU uses the same numbers)."""
     cases = []
     for name, kind, config, batch, seq in (("dense-125m", "dense", DENSE_125M, 8, 2048),
                                            ("hymo-750m", "hybrid", PRESETS["hymo-750m"], 2, 4096)):
