@@ -7,7 +7,8 @@ warmup, so that the loss follows one power law and no decay phase bends it late,
 held-out set every `--eval-interval` updates. The forecast (hymo_core.train.forecast) is fitted on the
 evaluations of the first half of the tokens and compared with every evaluation of the second half:
 absolute error, whether each point lies in the 90 % band, and how the final forecast moves with the fit
-window. With --write the table replaces its section in docs/training.md.
+window. With --write the table replaces its section in docs/training.md (under "Watching a run") and
+in docs/benchmarks.md (bench/report.replace_section).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from bench.report import markdown_table
+    from bench.report import markdown_table, replace_section
     from hymo_core.models.configs import SAMPLE_MODEL
     from hymo_core.train.config import SAMPLE_TRAIN
     from hymo_core.train.forecast import forecast_loss
@@ -42,10 +44,12 @@ def main(argv: list[str] | None = None) -> int:
 
     config = replace(SAMPLE_TRAIN, max_steps=args.steps, schedule="constant", eval_interval=args.eval_interval,
                      log_interval=args.eval_interval, checkpoint_interval=args.steps, alerts=())
+    load_before, started = os.getloadavg()[0], time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         summary = run_training(args.corpus, out, config, SAMPLE_MODEL, resume=False, cloze_path=None, device=torch.device("cpu"),
                                log=lambda *_: None, progress=False)
         evals = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if '"kind": "eval"' in line]
+    minutes = (time.perf_counter() - started) / 60
     tokens = np.array([e["tokens_seen"] for e in evals], dtype=float)
     losses = np.array([e["val_loss"] for e in evals], dtype=float)
     half = tokens <= tokens[-1] / 2
@@ -60,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
                      "yes" if low <= observed <= high else "no"))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     load = os.getloadavg()[0]
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [f"## {TITLE}", "",
-             f"Measured on commit {commit}, {platform.machine()} CPU ({os.cpu_count()} cores), load {load:.1f}, {torch.get_num_threads()} threads: "
+             f"Measured {date} on commit {commit}, {platform.machine()} CPU ({os.cpu_count()} cores), load {load_before:.1f} before and "
+             f"{load:.1f} after, {torch.get_num_threads()} threads, {minutes:.1f} min: "
              f"the sample recipe with a constant LR for {args.steps} updates ({tokens[-1]:,.0f} tokens), held-out loss every "
              f"{args.eval_interval} updates ({len(evals)} points). Fit on the {int(half.sum())} points up to {tokens[half][-1]:,.0f} tokens: "
              f"L(D) = {result.fit.l_inf:.3f} + {result.fit.a:.3g} D^-{result.fit.gamma:.3f}.", "",
@@ -77,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     if args.write:
-        doc = Path(__file__).resolve().parent.parent / "docs" / "training.md"
-        replace_section_level3(doc, text)
+        docs = Path(__file__).resolve().parent.parent / "docs"
+        replace_section_level3(docs / "training.md", text)
+        replace_section(docs / "benchmarks.md", f"## {TITLE}", text)
     return 0
 
 

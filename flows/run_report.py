@@ -152,7 +152,11 @@ class TrainingReport:
                  "| step | loss | lr | tokens/s |", "|---|---|---|---|"]
         lines += [f"| {r['step']} | {r['loss']:.4f} | {r['lr']:.3g} | {r['tokens_per_s']:,.0f} |" for r in self.rows]
         if self.evals:
-            lines += ["", "| step | validation loss |", "|---|---|"] + [f"| {e['step']} | {e['val_loss']:.4f} |" for e in self.evals[-TRAINING_ROWS:]]
+            if any(e.get("ema_val_loss") is not None for e in self.evals):  # TrainConfig.ema_decay: the EMA weights, same windows
+                lines += ["", "| step | validation loss | EMA weights |", "|---|---|---|"]
+                lines += [f"| {e['step']} | {e['val_loss']:.4f} | {e.get('ema_val_loss') or float('nan'):.4f} |" for e in self.evals[-TRAINING_ROWS:]]
+            else:
+                lines += ["", "| step | validation loss |", "|---|---|"] + [f"| {e['step']} | {e['val_loss']:.4f} |" for e in self.evals[-TRAINING_ROWS:]]
             groups = self.evals[-1].get("groups") or {}
             if groups:
                 lines += ["", f"#### held-out loss per group at step {self.evals[-1]['step']}", "", "| group | loss | bits per byte | tokens |",

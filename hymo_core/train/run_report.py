@@ -89,6 +89,9 @@ def plot_forecast(records: list[dict[str, Any]], fitted: tuple[Any, Any] | None)
     axis = figure.subplots()
     x = np.array([r["tokens_seen"] for r in evals], dtype=float)
     axis.plot(x, [r["val_loss"] for r in evals], "o", color="tab:orange", label="held-out loss")
+    ema = [(t, r["ema_val_loss"]) for t, r in zip(x, evals) if r.get("ema_val_loss") is not None]
+    if ema:  # TrainConfig.ema_decay: the EMA weights on the same windows
+        axis.plot(*zip(*ema), "x", color="tab:green", label="held-out loss, EMA weights")
     grid = np.geomspace(x.min(), max(result.target_tokens, x.max()), 80)
     bands = np.array([fits.band(t) for t in grid])
     axis.plot(grid, result.fit(grid), color="tab:blue", label=f"L(D) = {result.fit.l_inf:.3f} + a D^-{result.fit.gamma:.3f}")
@@ -175,6 +178,8 @@ def render_report(run: str | Path) -> str:
              ["tokens seen", summary.get("tokens_seen")], ["final train loss", summary.get("final_train_loss")],
              ["final held-out loss", summary.get("final_val_loss")], ["skipped updates", summary.get("skipped_updates")],
              ["alerts fired", len(alerts)]]
+    if summary.get("final_ema_val_loss") is not None:
+        facts.insert(4, ["final held-out loss, EMA weights (ema.pt)", summary["final_ema_val_loss"]])
     parts.append(_table(["", "value"], facts))
     parts.append("<h2>Held-out loss per source and language</h2>")
     parts.append(_image(plot_groups(records), "held-out loss per source and language", "per-group-curves"))
