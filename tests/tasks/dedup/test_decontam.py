@@ -94,3 +94,25 @@ def test_a_changed_benchmark_file_recomputes_the_stage(tmp_path, upstream):
     second = run_decontam(DecontamConfig(benchmarks=(bench,)), source, tmp_path / "decontam", workers=1)
     assert second.cache_key != first.cache_key
     assert set(removed(tmp_path / "decontam")) == {"other"}
+
+
+def test_the_flow_process_gets_per_ngram_counts_and_removed_documents_not_every_match(tmp_path, upstream, monkeypatch):
+    """Counting what the shard tasks return: it stays the same as the documents that match grow 10×."""
+    import tasks.dedup.decontam as decontam
+
+    returned: list[list[dict]] = []
+    for name in ("map_upstream_shards", "map_shards"):
+        real = getattr(decontam, name)
+        monkeypatch.setattr(decontam, name, lambda *args, _real=real: returned.append(list(_real(*args))) or returned[-1])
+    bench = write_benchmark(tmp_path / "bench.jsonl.gz", [("q1", QUESTION), ("lic", LICENCE)])
+    config = DecontamConfig(benchmarks=(bench,), max_training_docs_per_ngram=5)
+    sizes = []
+    for copies in (6, 60):
+        returned.clear()
+        texts = {f"repo-{i:02d}": f"project {i} readme. {LICENCE}" for i in range(copies)} | {"leak": f"puzzle of the day: {QUESTION}"}
+        run_decontam(config, upstream(texts, shards=2, name=f"up-{copies}"), tmp_path / f"decontam-{copies}", workers=1)
+        assert set(removed(tmp_path / f"decontam-{copies}")) == {"leak"}
+        matched, evidence = returned
+        assert sum(len(r["removed"]) for r in evidence) == 1 and all(set(r) == {"shard", "removed"} for r in evidence)
+        sizes.append(sum(len(r["hashes"]) for r in matched))
+    assert sizes[0] == sizes[1] > 0  # one count per (shard, matched n-gram), however many documents hold it
