@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{SAMPLE_TRAIN.batch_size} x {SAMPLE_TRAIN.seq_len} tokens, cosine) on the same corpus; "
                       f"dense and hybrid-trunk with MuonAdamW, hymo-tiny with its preset's NorMuon + CautiousAdamW "
                       f"and MoE + MTP (its validation loss is the next-token CE, as for the others); "
-                      f"ln V = {ln_v:.3f}. Wall times are on a shared, heavily loaded 2-core machine.")
+                      f"ln V = {ln_v:.3f}.")
     return 0
 
 

@@ -2,17 +2,31 @@
 from __future__ import annotations
 
 import datetime
+import os
+import platform
 import re
+import subprocess
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 HEADER = "# Benchmarks\n\nMeasured with the scripts in `bench/`; each section names its script, date and machine.\n"
 
 
+def run_stamp() -> str:
+    """Date, machine, load and commit of this run, as the figures beside it were measured."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=DOC.parent, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    return (f"Measured {datetime.date.today().isoformat()} on commit {commit}, {platform.machine()} "
+            f"with {os.cpu_count()} CPUs, load average {load} (1/5/15 min) as it finished.")
+
+
 def write_section(title: str, table: str, note: str = "") -> None:
-    """This benchmark's `## title` section of docs/benchmarks.md, stamped with today's date."""
-    stamp = datetime.date.today().isoformat()
-    replace_section(DOC, f"## {title}", f"## {title}\n\nMeasured {stamp}. {note}\n\n{table}\n")
+    """This benchmark's `## title` section of docs/benchmarks.md, stamped with the run's date, machine and load."""
+    replace_section(DOC, f"## {title}", f"## {title}\n\n{run_stamp()} {note}\n\n{table}\n")
 
 
 def markdown_table(header: list[str], rows: list[tuple]) -> str:
