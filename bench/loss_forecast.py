@@ -54,12 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     losses = np.array([e["val_loss"] for e in evals], dtype=float)
     half = tokens <= tokens[-1] / 2
     result, fits = forecast_loss(tokens[half], losses[half], tokens[-1])
-    rows, inside, errors = [], 0, []
+    rows, inside, errors, signed = [], 0, [], []
     for t, observed in zip(tokens[~half], losses[~half]):
         low, high = fits.band(t)
         predicted = float(result.fit(t))
         inside += low <= observed <= high
         errors.append(abs(predicted - observed))
+        signed.append(predicted - observed)
         rows.append((f"{t:,.0f}", f"{observed:.4f}", f"{predicted:.4f}", f"{predicted - observed:+.4f}", f"[{low:.4f}, {high:.4f}]",
                      "yes" if low <= observed <= high else "no"))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -71,10 +72,13 @@ def main(argv: list[str] | None = None) -> int:
              f"the sample recipe with a constant LR for {args.steps} updates ({tokens[-1]:,.0f} tokens), held-out loss every "
              f"{args.eval_interval} updates ({len(evals)} points). Fit on the {int(half.sum())} points up to {tokens[half][-1]:,.0f} tokens: "
              f"L(D) = {result.fit.l_inf:.3f} + {result.fit.a:.3g} D^-{result.fit.gamma:.3f}.", "",
-             markdown_table(["tokens", "observed", "forecast", "error", "90 % band", "inside"], rows), "",
-             f"Second half: mean absolute error {np.mean(errors):.4f} nats, largest {np.max(errors):.4f}; {inside} of {len(errors)} points "
-             f"inside the band. At the last point ({tokens[-1]:,.0f} tokens) the forecast is {result.forecast:.4f} "
-             f"(90 % [{result.low:.4f}, {result.high:.4f}]) against {losses[-1]:.4f} observed.", "",
+             markdown_table(["tokens", "observed", "forecast", "error", "90 % band for an observation", "inside"], rows), "",
+             f"Second half: mean absolute error {np.mean(errors):.4f} nats, largest {np.max(errors):.4f}, mean signed error "
+             f"{np.mean(signed):+.4f} (forecast above the observation at {sum(e > 0 for e in signed)} of {len(signed)} points); "
+             f"{inside} of {len(errors)} points inside the band an observation is expected in (the curve's bootstrap band widened by "
+             f"the points' own scatter, what the `outside_forecast` alert checks). At the last point ({tokens[-1]:,.0f} tokens) the "
+             f"curve's forecast is {result.forecast:.4f}, its own 90 % bootstrap interval [{result.low:.4f}, {result.high:.4f}] "
+             f"(the summary's `forecast.low` / `high`), against {losses[-1]:.4f} observed.", "",
              "How the forecast at the last point moves with the fit window (latest k of the first-half points):", "",
              markdown_table(["points", "from tokens", "forecast", "L_inf", "gamma"],
                             [(w["points"], f"{w['from_tokens']:,.0f}", f"{w['forecast']:.4f}", f"{w['l_inf']:.3f}", f"{w['gamma']:.3f}")
