@@ -167,6 +167,15 @@ def tiny_run(tmp_path_factory) -> Path:
 
 # --- orchestration: a tiny real pipeline config, and `hymo serve` against the session's server ---
 
+# The tiny model every pipeline and CLI training test trains (a [model] or [pretrain.model] table's body).
+TINY_MODEL_KEYS = """d_model = 32
+n_layers = 1
+n_heads = 2
+n_kv_heads = 2
+ffn_dim = 64
+max_seq_len = 16
+"""
+
 TINY_STAGES = """
 [ingest]
 docs_per_shard = 25
@@ -203,13 +212,7 @@ checkpoint_interval = 2
 eval_batches = 2
 
 [pretrain.model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-n_kv_heads = 2
-ffn_dim = 64
-max_seq_len = 16
-"""
+""" + TINY_MODEL_KEYS
 
 
 def write_pipeline_config(root: Path, extra: str = "") -> Path:

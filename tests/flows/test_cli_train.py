@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from tests.conftest import TINY_MODEL_KEYS
 
 RECIPE = """
 [train]
@@ -20,13 +21,7 @@ checkpoint_interval = 3
 eval_batches = 2
 
 [model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-n_kv_heads = 2
-ffn_dim = 64
-max_seq_len = 16
-"""
+""" + TINY_MODEL_KEYS
 
 
 @pytest.fixture(scope="module")

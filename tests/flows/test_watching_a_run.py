@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flows.cli import main
+from tests.conftest import TINY_MODEL_KEYS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -27,13 +28,7 @@ eval_batches = 2
 peak_lr = 0.01
 
 [model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-n_kv_heads = 2
-ffn_dim = 64
-max_seq_len = 16
-
+""" + TINY_MODEL_KEYS + """
 [[alerts]]
 name = "loss above zero"
 metric = "loss"
