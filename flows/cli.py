@@ -12,7 +12,7 @@ from rich.table import Table
 from manifests.audit_query import decisions_for, funnel, sample_removed
 from manifests.run_dir import completed_stages
 
-from flows import cli_classifier, cli_cpt, cli_extend, cli_interop, cli_sweep, cli_trace, cli_train, serve
+from flows import cli_ablate, cli_classifier, cli_cpt, cli_extend, cli_interop, cli_sweep, cli_trace, cli_train, serve
 from flows.console import console
 from flows.prefect_env import apply_prefect_defaults
 
@@ -21,7 +21,7 @@ DEFAULT_RUN = "$HYMO_HOME/runs/sample"  # HYMO_HOME: the current directory when 
 # Sub-command modules outside this file register here: add_commands(subparsers).
 EXTRA_COMMANDS: list[Callable[[Any], None]] = [cli_trace.add_commands, cli_train.add_commands, serve.add_commands, cli_classifier.add_commands,
                                                cli_cpt.add_commands, cli_interop.add_commands, cli_sweep.add_commands,
-                                               cli_extend.add_commands]
+                                               cli_extend.add_commands, cli_ablate.add_commands]
 
 
 def _plan_commands(subparsers: Any) -> None:

@@ -228,7 +228,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 manifest = read_manifest(out, verify=False)
                 if state.name != "Cached":  # a cached task run does no work: its artifacts are those of the run that did
                     artifacts.submit(publish_stage_artifacts, run, entry.name, manifest)
-                summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": manifest.counts})
+                summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": manifest.counts,
+                                              "state": state.name})  # "Cached": Prefect found the stage's contract key
     finally:
         SHARD_RUNNER.reset(shard_runner)
         if task_runner is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from flows.server import DEFAULT_HOME, prefect_api
 
-DEPLOYMENTS = ("hymo-pipeline/full", "hymo-stage/rerun", "hymo-train/train", "hymo-cpt/cpt")
+DEPLOYMENTS = ("hymo-pipeline/full", "hymo-stage/rerun", "hymo-train/train", "hymo-cpt/cpt", "hymo-ablate/ablate")
 
 
 def pipeline_defaults(run_root: str | Path, config_path: str | None = None) -> dict:
@@ -25,6 +25,8 @@ def pipeline_defaults(run_root: str | Path, config_path: str | None = None) -> d
 
 
 def build_deployments(run_root: str | Path, config_path: str | None = None) -> list:
+    from flows.ablate_flow import hymo_ablate
+    from flows.ablate_spec import SAMPLE_SPEC
     from flows.config import SAMPLE_CONFIG
     from flows.cpt_flow import hymo_cpt
     from flows.pipeline import hymo_pipeline
@@ -47,6 +49,10 @@ def build_deployments(run_root: str | Path, config_path: str | None = None) -> l
         hymo_cpt.to_deployment(
             "cpt", parameters={"general": run},
             description="Continue a checkpoint on a domain corpus with general replay; the verdict comes from a gate written before training."),
+        hymo_ablate.to_deployment(
+            "ablate", parameters={"spec": str(SAMPLE_SPEC), "out": str(Path(run_root).resolve() / "ablate-sample"), "base_run": run},
+            description=("Proxy runs of an ablation spec's variants x seeds over the base run's cached stages, then a verdict per variant "
+                         f"from the rule the spec fixed (default: {SAMPLE_SPEC.name}, the sample's prose-vs-web and MoE ablations).")),
     ]
 
 

@@ -234,6 +234,8 @@ def hymo_serve(args: list[str], cwd: Path, env: dict[str, str], log_path: Path):
     """`hymo serve ARGS` until its deployments answer at the Prefect API of the current settings; stopped with Ctrl-C."""
     from prefect.client.orchestration import get_client
 
+    from flows.serve import DEPLOYMENTS
+
     with open(log_path, "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "flows", "serve", *args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -241,7 +243,8 @@ def hymo_serve(args: list[str], cwd: Path, env: dict[str, str], log_path: Path):
             with get_client(sync_client=True) as client:
                 while True:
                     try:
-                        client.read_deployment_by_name("hymo-pipeline/full")
+                        for name in DEPLOYMENTS:  # `serve` registers them one by one: wait for all
+                            client.read_deployment_by_name(name)
                         break
                     except Exception:
                         if process.poll() is not None or time.monotonic() > deadline:
