@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -45,7 +44,6 @@ def main() -> int:
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     spec = load_spec(args.spec)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     load_before = os.getloadavg()
     started = time.time()
     command = [sys.executable, "-m", "flows", "ablate", args.spec, "--out", args.out]
@@ -59,8 +57,7 @@ def main() -> int:
     evidence = "\n".join(evidence_line(name, row, z) for name, row in comparison["variants"].items())
     noise = ", ".join(f"{s}: {v:,.0f}" for s, v in comparison["base"]["b_simple_tokens"].items() if v)
     train = spec.base_config.pretrain.train
-    note = (f"Commit {commit}; {platform.machine()}, {os.cpu_count()} cores, load average {load_before[0]:.1f} before and "
-            f"{os.getloadavg()[0]:.1f} after; {seconds / 60:.1f} min wall in all. Spec `{Path(args.spec).name}` (sha256 "
+    note = (f"Load average {load_before[0]:.1f} when it started; {seconds / 60:.1f} min wall in all. Spec `{Path(args.spec).name}` (sha256 "
             f"{spec.sha256[:12]}…): seeds {list(spec.seeds)}, each proxy {train.max_steps} updates of {train.tokens_per_update:,} tokens "
             f"({train.max_steps * train.tokens_per_update:,} tokens), evaluated on the base's held-out documents that no run trains on "
             f"and the first {spec.suite_limit} items of {', '.join(spec.suite)}. Base B_simple (tokens, per seed): {noise or 'not positive yet'}.")
