@@ -453,11 +453,15 @@ def train(
                 if host_step:
                     value = loss.item()
                     if not math.isfinite(value):
-                        if alerts.checks_every_step:  # a skip-batch alert judges it below, before anything is mutated
+                        if not alerts.checks_every_step:
+                            raise FloatingPointError(f"non-finite training loss {value} at step {step}; nothing was back-propagated")
+                        # A skip-batch alert judges it below, before anything is mutated. One process stops reading now;
+                        # several ranks carry on, so that every rank makes the same collectives: the all-reduced loss
+                        # is then non-finite on all of them, and they skip (or raise) together.
+                        if runtime.world_size == 1:
                             update_loss, bad_batch = loss.detach().float(), True
-                            state.tokens_seen += y_BT.numel() * runtime.world_size  # consumed, though never learned from
+                            state.tokens_seen += y_BT.numel()  # consumed, though never learned from
                             break
-                        raise FloatingPointError(f"non-finite training loss {value} at step {step}; nothing was back-propagated")
                 else:
                     checks.require(torch.isfinite(loss.detach()), "loss", step)
                 if probing:
@@ -488,8 +492,8 @@ def train(
             if alerts.checks_every_step:  # the recipe asked for skip-batch: this step's two numbers, read now
                 step_loss, step_grad_norm = torch.stack([update_loss.float(), grad_norm_t.detach().float()]).tolist()
                 firing = alerts.check_step(step, step_loss, step_grad_norm)
-                if firing is None and (bad_batch or not (scaler.is_enabled() or math.isfinite(step_grad_norm))):
-                    what = f"loss {step_loss}" if bad_batch else f"gradient norm {step_grad_norm}"
+                if firing is None and not (math.isfinite(step_loss) and (scaler.is_enabled() or math.isfinite(step_grad_norm))):
+                    what = f"loss {step_loss}" if not math.isfinite(step_loss) else f"gradient norm {step_grad_norm}"
                     raise FloatingPointError(f"non-finite training {what} at step {step} and no skip-batch alert took it; "
                                              "nothing was applied")
             if firing is not None:  # skip-batch: this batch's gradients are dropped, the same step is tried on the next one
