@@ -6,7 +6,7 @@ final loss against log LR. Every run shares the recipe, token budget and data or
 validation windows, kept per window so the uncertainty can resample them.
 
 The optimum is the vertex of a quadratic in log LR fitted to the mean loss at the grid's best point
-and its neighbours (two on each side, where the grid has them). Its uncertainty comes from a paired
+and its neighbour on each side (the parabola through those three points, so far-off LRs do not bend it). Its uncertainty comes from a paired
 bootstrap: seeds and validation windows are resampled with replacement (the same draw at every
 LR), and the curve and vertex are refitted each time. Where the best grid point lies on the edge of
 the grid, or the local fit is not convex, the optimum is not bracketed: the sweep says so and
@@ -31,7 +31,7 @@ from hymo_core.train.config import SUMMARY_FILE, TrainConfig
 from hymo_core.train.data import CorpusReader, ValidationLoader
 
 SWEEP_FILE, SWEEP_PICTURE = "lr_sweep.json", "lr_sweep.png"
-FIT_NEIGHBOURS = 2  # grid points each side of the best one in the quadratic fit
+FIT_NEIGHBOURS = 1  # grid points each side of the best one: the parabola through three points, local to the optimum
 
 
 def log_grid(lr_min: float, lr_max: float, points: int) -> list[float]:

@@ -78,21 +78,30 @@ class BenchmarkIndex:
 
 
 def build_index(config: DecontamConfig) -> BenchmarkIndex:
-    """All benchmark n-grams, minus those found in more than `max_benchmark_items_per_ngram` items."""
+    """All benchmark n-grams, minus those found in more than `max_benchmark_items_per_ngram` items.
+
+    Built once per process for the same files (by sha256) and settings: tokenising the bundled sets takes
+    seconds, and a long-lived flow host (a served deployment, repeated runs) would pay them on every run."""
+    files = tuple((name, str(benchmark_path(name)), sha256_file(benchmark_path(name))) for name in config.benchmarks)
+    return index_of_files(files, config.ngram_size, config.max_benchmark_items_per_ngram)
+
+
+@lru_cache(maxsize=4)
+def index_of_files(files: tuple[tuple[str, str, str], ...], ngram_size: int, max_items_per_ngram: int) -> BenchmarkIndex:
+    """The index of (name, path, sha256) benchmark files; callers only read it."""
     cache = TokenHashCache()
     all_hashes, all_items = [], []
     item_ids: list[str] = []
     benchmark_of_item: list[int] = []
     per_benchmark: dict[str, dict[str, Any]] = {}
-    for bench_index, name in enumerate(config.benchmarks):
-        path = benchmark_path(name)
-        items = read_benchmark(path)
-        hashes, offsets = batch_ngram_hashes((tokens(text, fold_numbers=False) for _, text in items), config.ngram_size, cache)
+    for bench_index, (name, path, sha256) in enumerate(files):
+        items = read_benchmark(Path(path))
+        hashes, offsets = batch_ngram_hashes((tokens(text, fold_numbers=False) for _, text in items), ngram_size, cache)
         all_hashes.append(hashes)
         all_items.append(np.repeat(np.arange(len(items), dtype=np.int64) + len(item_ids), np.diff(offsets)))
         item_ids.extend(item_id for item_id, _ in items)
         benchmark_of_item.extend([bench_index] * len(items))
-        per_benchmark[name] = {"path": str(path), "sha256": sha256_file(path), "items": len(items), "ngrams": int(len(hashes))}
+        per_benchmark[name] = {"path": path, "sha256": sha256, "items": len(items), "ngrams": int(len(hashes))}
     hashes = np.concatenate(all_hashes) if all_hashes else np.zeros(0, np.uint64)
     items = np.concatenate(all_items) if all_items else np.zeros(0, np.int64)
     order = np.lexsort((items, hashes))
@@ -101,12 +110,12 @@ def build_index(config: DecontamConfig) -> BenchmarkIndex:
     hashes, items = hashes[distinct_pair], items[distinct_pair]  # an n-gram repeated inside one item counts once
     starts = np.flatnonzero(np.concatenate(([True], hashes[1:] != hashes[:-1]))) if len(hashes) else np.zeros(0, np.int64)
     items_per_ngram = np.diff(np.append(starts, len(hashes)))
-    keep = starts[items_per_ngram <= config.max_benchmark_items_per_ngram]
+    keep = starts[items_per_ngram <= max_items_per_ngram]
     benchmark_of = np.asarray(benchmark_of_item, dtype=np.int32)
-    over_cap = benchmark_of[items[starts[items_per_ngram > config.max_benchmark_items_per_ngram]]]
-    for bench_index, name in enumerate(config.benchmarks):
+    over_cap = benchmark_of[items[starts[items_per_ngram > max_items_per_ngram]]]
+    for bench_index, (name, _, _) in enumerate(files):
         per_benchmark[name]["ngrams_over_item_cap"] = int(np.sum(over_cap == bench_index))
-    return BenchmarkIndex(hashes[keep], benchmark_of[items[keep]], items[keep], item_ids, list(config.benchmarks), per_benchmark)
+    return BenchmarkIndex(hashes[keep], benchmark_of[items[keep]], items[keep], item_ids, [name for name, _, _ in files], per_benchmark)
 
 
 @lru_cache(maxsize=2)
