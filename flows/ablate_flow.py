@@ -118,8 +118,9 @@ def split_documents(run: Path, config: PipelineConfig) -> tuple[list[dict], set[
     return held, train
 
 
-def common_held_out(spec: AblationSpec, out: Path) -> list[dict]:
-    """The base's held-out documents that no variant trains on (a variant's own split may choose differently)."""
+def common_held_out(spec: AblationSpec, out: Path) -> tuple[list[dict], int]:
+    """The base's held-out documents that no variant trains on (a variant's own split may choose differently),
+    and how many the base held out."""
     base_seed = spec.seeds[0]
     held, _ = split_documents(run_dir(out, BASE, base_seed), spec.config(BASE, base_seed))
     trained: set[str] = set()
@@ -129,7 +130,7 @@ def common_held_out(spec: AblationSpec, out: Path) -> list[dict]:
     if not common:
         raise SpecError(f"{spec.path}: every held-out document of the base is a training document of some variant; "
                         "raise [split] validation_fraction")
-    return common
+    return common, len(held)
 
 
 # ---------------------------------------------------------------- tasks
@@ -179,7 +180,8 @@ def evaluate_proxy(run: str, config: PipelineConfig, variant: str, seed: int, do
 
 
 @task(task_run_name="compare", cache_policy=NO_CACHE)
-def compare_runs(spec: AblationSpec, out: str, measured: dict[str, dict[int, dict]], states: dict[str, dict[int, dict]]) -> dict[str, Any]:
+def compare_runs(spec: AblationSpec, out: str, measured: dict[str, dict[int, dict]], states: dict[str, dict[int, dict]],
+                 held_out: dict[str, int]) -> dict[str, Any]:
     """comparison.json / .md / .png and the Prefect artifact; the spec is re-hashed before any verdict."""
     from prefect.artifacts import create_markdown_artifact
 
@@ -191,7 +193,8 @@ def compare_runs(spec: AblationSpec, out: str, measured: dict[str, dict[int, dic
     verify_spec(spec)
     out_path = Path(out)
     comparison: dict[str, Any] = {"spec": str(spec.path), "sha256": spec.sha256, "rule": spec.rule.__dict__,
-                                  "rule_text": spec.rule.describe(), "seeds": list(spec.seeds), "variants": {},
+                                  "rule_text": spec.rule.describe(), "seeds": list(spec.seeds), "held_out_documents": held_out,
+                                  "variants": {},
                                   "base": {"states": states[BASE], "groups": {s: r["groups"] for s, r in measured[BASE].items()},
                                            "b_simple_tokens": {s: r["b_simple_tokens"] for s, r in measured[BASE].items()}}}
     for name in spec.names[1:]:
@@ -238,11 +241,12 @@ def hymo_ablate(spec: str = str(SAMPLE_SPEC), out: str | None = None, base_run: 
             recomputed = [stage for stage, state in stage_states.items() if state != "Cached"]
             states[name][seed] = {"states": stage_states, "recomputed": recomputed, "linked": linked}
             logger.info("%s seed %d: recomputed %s; cached the rest", name, seed, ", ".join(recomputed) or "nothing")
-    documents = common_held_out(loaded, out_path)
+    documents, held_out = common_held_out(loaded, out_path)
+    logger.info("held-out documents: %d of the base's %d pair (the rest some variant trains on)", len(documents), held_out)
     measured = {name: {seed: evaluate_proxy(str(run_dir(out_path, name, seed)), loaded.config(name, seed), name, seed, documents,
                                             list(loaded.suite), loaded.suite_limit)
                        for seed in loaded.seeds} for name in loaded.names}
-    comparison = compare_runs(loaded, str(out_path), measured, states)
+    comparison = compare_runs(loaded, str(out_path), measured, states, {"base": held_out, "paired": len(documents)})
     for name, row in comparison["variants"].items():
         logger.info("%s: %s", name, row["verdict"])
     return {"out": str(out_path), "comparison": str(out_path / f"{COMPARISON}.json"),

@@ -59,6 +59,7 @@ def test_tiny_spec_end_to_end_reuses_cached_stages(tmp_path, prefect_harness):
     assert variant["recomputed"] == ["tokenizer", "mixture", "shards", "pretrain"]
     assert all(variant["states"]["0"]["states"][s] == "Cached" for s in stages[:stages.index("tokenizer")])
     bpb = variant["heldout_bpb"]
+    assert comparison["held_out_documents"]["paired"] == bpb["n"] <= comparison["held_out_documents"]["base"]
     assert bpb["seeds"] == [0, 1] and len(bpb["per_seed"]) == 2 and bpb["n"] >= 2 and bpb["se"] > 0
     assert bpb["base"] > 0 and variant["verdict"] in ("better", "worse", "equivalent", "within noise")
     assert variant["suite_accuracy"]["n"] == 4  # the first 4 arc_easy items, paired
