@@ -136,21 +136,26 @@ def score_cloze(model: nn.Module, tokenizer, items: list[ClozeItem], device: tor
 
 @torch.no_grad()
 def sample_tokens(model: nn.Module, ids: list[int], max_new_tokens: int, temperature: float, top_k: int,
-                  generator: torch.Generator, eos_id: int | None = None, stop: Callable[[list[int]], bool] | None = None) -> list[int]:
+                  generator: torch.Generator, eos_id: int | None = None, stop: Callable[[list[int]], bool] | None = None,
+                  keep_on_slide: int | None = None) -> list[int]:
     """New token ids after `ids`, decoding through the model's per-layer caches; `stop(new)` true ends it.
 
-    The model sees the last max_seq_len tokens, as a full recomputation would: the prompt
-    is prefilled once, each new token costs one single-position step, and only when the
-    window is full and must slide is it prefilled again.
+    The prompt is prefilled once (its last max_seq_len tokens) and each new token costs one
+    single-position step until the window is full. Then the window slides: `keep_on_slide` None
+    re-prefills the last max_seq_len tokens for every later token, so each token sees exactly what
+    a full recomputation sees; k re-prefills only the newest k tokens, once per max_seq_len - k new
+    tokens, so a later token sees between k and max_seq_len tokens of context (an evaluation
+    convention: about two positions per token instead of a window's).
     """
     device = generator.device  # the caller's device: the generator samples there
     limit = model.config.max_seq_len
+    keep = limit if keep_on_slide is None else max(1, min(int(keep_on_slide), limit))
     new: list[int] = []
     cache = None
     for _ in range(max_new_tokens):
         if cache is None or cache.position >= limit:
+            fed = (ids + new)[-(limit if cache is None else keep):]
             cache = model.new_cache(1, device)
-            fed = (ids + new)[-limit:]
         else:
             fed = new[-1:]
         logits_1TV, _ = model(torch.tensor(fed, device=device).unsqueeze(0), cache=cache)

@@ -12,7 +12,10 @@ changes a number (up to float summation order within one forward).
 Greedy generation is lm-evaluation-harness's `generate_until`: argmax each
 step (the trainer's own cached decoder, `evaluation.sample_tokens`), stop at
 EOS, at `max_new_tokens`, or as soon as the decoded text contains a stop
-string (the text is cut before it).
+string (the text is cut before it). A generation that outgrows the model's
+window slides it by half (`WINDOW_SLIDE`): the newest half window is
+prefilled again once per half window of new tokens, not the whole window once
+per token; eval.json names the convention and counts the generations it touched.
 """
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hymo_core.eval.evaluation import sample_tokens
+
+
+WINDOW_SLIDE = "half"  # what a full window keeps when a generation outgrows it: the newest max_seq_len // 2 tokens
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,8 @@ def generate_until(model: nn.Module, tokenizer, prompt_ids: list[int], stop: tup
     tail = max((len(s.encode("utf-8")) for s in stop), default=0)
     try:
         new = sample_tokens(model, ids, max_new_tokens, 0.0, 0, torch.Generator(device=device), eos_id,
-                            stop=lambda new: any(s in tokenizer.decode(new[-tail:]) for s in stop) if tail else False)
+                            stop=lambda new: any(s in tokenizer.decode(new[-tail:]) for s in stop) if tail else False,
+                            keep_on_slide=max(1, model.config.max_seq_len // 2))
     finally:
         model.train(was_training)
     text = tokenizer.decode(new)

@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from hymo_core.eval.evaluation import encode, split_ids
 from hymo_core.eval.metrics import LABELS, PICKS, UNCOND_CONTEXT, bits_per_byte, item_picks, mean_with_stderr, proportion
-from hymo_core.eval.lm_scoring import Generation, Request, generate_until, score_requests
+from hymo_core.eval.lm_scoring import WINDOW_SLIDE, Generation, Request, generate_until, score_requests
 from hymo_core.eval.sandbox import require_isolation, run_program
 from manifests.benchmark_sets import eval_items, fewshot_items
 
@@ -287,7 +287,7 @@ def score_gsm8k(model: nn.Module, tokenizer, records: list[dict[str, Any]], eos_
 def _truncation(generations: list[Generation]) -> dict[str, int]:
     """Per task: prompts the window cut, and generations that outgrew it (continuations conditioned on a cut prompt)."""
     return {"contexts_truncated": sum(g.prompt_truncated for g in generations),
-            "continuations_truncated": sum(g.window_slid for g in generations)}
+            "continuations_truncated": sum(g.window_slid for g in generations), "window_slide": WINDOW_SLIDE}
 
 
 def humaneval_program(record: dict[str, Any], completion: str) -> str:

@@ -92,6 +92,31 @@ def test_cached_generation_equals_full_recomputation_also_when_the_window_slides
     assert sample_tokens(model, prompt, 15, 0.0, 0, torch.Generator()) == expected
 
 
+@pytest.mark.parametrize("pattern", ["A", "GM"])
+def test_a_half_window_slide_prefills_once_per_half_window_and_sees_what_it_keeps(pattern):
+    """The suite's convention: once the window is full, the newest half is prefilled again and decoding goes on
+    from it; each token equals a full recomputation over the context the convention kept, and the positions
+    fed grow about twice the tokens generated, not a window per token."""
+    from hymo_core.eval.evaluation import sample_tokens
+
+    model = build(layer_pattern=pattern, max_seq_len=12)
+    prompt, keep = [5, 9, 2, 33, 7], 6
+    expected, start = [], 0
+    for _ in range(30):
+        if len(prompt + expected) - start > 12:  # the window would overflow: keep its newest `keep` tokens
+            start = len(prompt + expected) - keep
+        expected.append(int(model(torch.tensor([(prompt + expected)[start:]]))[0][0, -1].argmax()))
+    fed = []
+    forward = model.forward
+    model.forward = lambda tokens, **kw: (fed.append(tokens.shape[1]), forward(tokens, **kw))[1]
+    assert sample_tokens(model, prompt, 30, 0.0, 0, torch.Generator(), keep_on_slide=keep) == expected
+    slides = sum(1 for n in fed[1:] if n > 1)
+    assert slides == 4 and sum(fed) == len(prompt) + 29 + slides * (keep - 1)  # exact sliding would feed about 12 per token
+    fed.clear()
+    assert sample_tokens(model, prompt, 7, 0.0, 0, torch.Generator(), keep_on_slide=keep) == \
+        sample_tokens(model, prompt, 7, 0.0, 0, torch.Generator())  # until the window fills, no convention applies
+
+
 @pytest.mark.parametrize("overrides", [dict(layer_pattern="GGGM"), dict(layer_pattern="GM", qk_norm=True, tie_embeddings=False),
                                        dict(layer_pattern="AM", mla_qk_rope_head_dim=8, n_layers=3)])
 def test_planner_counts_the_built_hybrid(overrides):
