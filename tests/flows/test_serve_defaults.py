@@ -30,8 +30,11 @@ def test_served_defaults_are_absolute_and_follow_hymo_home(tmp_path: Path, monke
     monkeypatch.setenv("HYMO_HOME", str(home))
     assert default_run() == home.resolve() / "runs" / "sample"
 
-    (full, rerun, train, cpt) = build_deployments(Path("relative-root"))  # --run-root as typed: made absolute
+    (full, rerun, train, cpt, ablate) = build_deployments(Path("relative-root"))  # --run-root as typed: made absolute
     expected = str(tmp_path.resolve() / "relative-root" / "sample")
     assert full.parameters == {"config": load_config().model_dump(mode="json"), "out": expected}
     assert rerun.parameters == {"run": expected} and train.parameters == {"corpus": expected} and cpt.parameters == {"general": expected}
+    assert ablate.parameters["base_run"] == expected
+    assert ablate.parameters["out"] == str(tmp_path.resolve() / "relative-root" / "ablate-sample")
+    assert all(Path(value).is_absolute() for value in (ablate.parameters["spec"], ablate.parameters["out"]))
     assert expected in full.description and "sample.toml" in full.description
