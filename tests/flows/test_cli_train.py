@@ -158,20 +158,21 @@ def test_train_nproc_names_the_rank_and_its_first_error_line(tiny_run: Path, tmp
 
 
 def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Path, tiny_run: Path, tmp_path: Path, capsys):
-    """`hymo eval CKPT --suite default --limit 50`, offline, on a checkpoint inside its run directory (corpus found by digest)."""
+    """`hymo eval CKPT --suite default --limit 10`, offline, on a checkpoint inside its run directory (corpus found by digest).
+    (bench/eval_suite.py times the README's --limit 50 on the sample checkpoint.)"""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "07_shards").symlink_to(tiny_run / "07_shards")
     checkpoint = run / "checkpoints" / "step-00000003.pt"
     checkpoint.write_bytes((trained / "checkpoints" / "step-00000003.pt").read_bytes())
-    assert main(["eval", str(checkpoint), "--suite", "default", "--limit", "50"]) == 0
+    assert main(["eval", str(checkpoint), "--suite", "default", "--limit", "10"]) == 0
     table = capsys.readouterr().out
     for task in ("hellaswag", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "held-out (validation)"):
         assert f"| {task} |" in table, task
     result = json.loads((run / "eval" / "step-00000003" / "eval.json").read_text())
     tasks = result["tasks"]
-    assert result["same_corpus"] and [tasks[t]["items"] for t in ("hellaswag", "arc_easy", "arc_challenge", "gsm8k", "humaneval")] == [50] * 5
-    assert tasks["mmlu"]["items"] == 57 * 50 and len(tasks["mmlu"]["subjects"]) == 57
+    assert result["same_corpus"] and [tasks[t]["items"] for t in ("hellaswag", "arc_easy", "arc_challenge", "gsm8k", "humaneval")] == [10] * 5
+    assert tasks["mmlu"]["items"] == 57 * 10 and len(tasks["mmlu"]["subjects"]) == 57
     assert tasks["mmlu"]["chance"] == 0.25 and 0 <= tasks["hellaswag"]["accuracy"] <= 1
     assert result["sandbox"] == tasks["humaneval"]["sandbox"] == "namespaces" and all(r["status"] in ("passed", "failed", "timeout") for r in tasks["humaneval"]["per_item"])
     assert result["perplexity"]["perplexity"] == pytest.approx(2.718281828 ** result["perplexity"]["loss"], rel=1e-6)
