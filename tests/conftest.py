@@ -437,3 +437,31 @@ def exports(checkpoints: OnDemand, tiny_run: Path, tmp_path_factory) -> OnDemand
             export_hf(checkpoints[name], root / name, corpus=tiny_run)
         return root / name
     return OnDemand(export)
+
+
+# ---------------------------------------------------------------- greedy generation tests
+
+class AlphabetTokenizer:
+    """One character per id (61 ids), so a stop string is an exact run of tokens; `encode`/`decode` as tokenizers' are called."""
+
+    ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ123456789"
+
+    def encode(self, text: str, add_special_tokens: bool = False):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(ids=[self.ALPHABET.index(c) for c in text])
+
+    def decode(self, ids) -> str:
+        return "".join(self.ALPHABET[i] for i in ids)
+
+
+def varied_model(**overrides):
+    """A random 61-token model whose greedy continuations vary (init std 0.3, untied head): a 12-token window."""
+    import torch
+
+    from hymo_core.models.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    config = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, max_seq_len=12,
+                  init_std=0.3, tie_embeddings=False)
+    return Transformer(ModelConfig(**{**config, **overrides})).eval()

@@ -16,6 +16,9 @@ string (the text is cut before it). A generation that outgrows the model's
 window slides it by half (`WINDOW_SLIDE`): the newest half window is
 prefilled again once per half window of new tokens, not the whole window once
 per token; eval.json names the convention and counts the generations it touched.
+`generate_until_batched` decodes many requests together (one step per token
+for the whole batch, `batched_greedy`) and gives each the same tokens as
+`generate_until` alone: each row keeps its own positions, window and slide.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hymo_core.eval.batched_greedy import BATCH_SIZE as GENERATION_BATCH, greedy_tokens_batched
 from hymo_core.eval.evaluation import sample_tokens
 
 
@@ -120,24 +124,68 @@ def greedy_until(model: nn.Module, tokenizer, prompt_ids: list[int], stop: tuple
     return generate_until(model, tokenizer, prompt_ids, stop, max_new_tokens, eos_id, device).text
 
 
+def _prompt(prompt_ids, eos_id: int | None) -> list[int]:
+    return list(prompt_ids) or [eos_id if eos_id is not None else 0]
+
+
+def _stop_check(tokenizer, stop: tuple[str, ...]):
+    """True once the new tokens' text contains a stop string (None: no stop strings).
+
+    A stop string first appears when the token holding its last byte arrives, so it lies within the
+    last len(bytes) tokens (every token is at least one byte): only that tail is decoded at each step."""
+    tail = max((len(s.encode("utf-8")) for s in stop), default=0)
+    return (lambda new: any(s in tokenizer.decode(new[-tail:]) for s in stop)) if tail else None
+
+
+def _generation(tokenizer, ids: list[int], new: list[int], stop: tuple[str, ...], limit: int) -> Generation:
+    text = tokenizer.decode(new)
+    cut = min((text.find(s) for s in stop if s in text), default=-1)
+    return Generation(text[:cut] if cut >= 0 else text, len(new), len(ids) > limit, len(ids) + len(new) > limit)
+
+
+def _slide(model: nn.Module) -> int:
+    return max(1, model.config.max_seq_len // 2)  # WINDOW_SLIDE
+
+
 @torch.no_grad()
 def generate_until(model: nn.Module, tokenizer, prompt_ids: list[int], stop: tuple[str, ...], max_new_tokens: int,
                    eos_id: int | None, device: torch.device | str = "cpu") -> Generation:
-    """`greedy_until` with what eval.json records about it: tokens generated and whether the window cut anything."""
+    """`greedy_until` with what eval.json records about it: tokens generated and whether the window cut anything.
+
+    One prompt at a time (`evaluation.sample_tokens`); `generate_until_batched` gives the same for many at once."""
     device = torch.device(device)
-    ids = list(prompt_ids) or [eos_id if eos_id is not None else 0]
+    ids = _prompt(prompt_ids, eos_id)
     was_training = model.training
     model.eval()
-    # A stop string first appears when the token holding its last byte arrives, so it lies within the
-    # last len(bytes) tokens (every token is at least one byte): decode only that tail at each step.
-    tail = max((len(s.encode("utf-8")) for s in stop), default=0)
     try:
         new = sample_tokens(model, ids, max_new_tokens, 0.0, 0, torch.Generator(device=device), eos_id,
-                            stop=lambda new: any(s in tokenizer.decode(new[-tail:]) for s in stop) if tail else False,
-                            keep_on_slide=max(1, model.config.max_seq_len // 2))
+                            stop=_stop_check(tokenizer, stop), keep_on_slide=_slide(model))
     finally:
         model.train(was_training)
-    text = tokenizer.decode(new)
-    cut = min((text.find(s) for s in stop if s in text), default=-1)
-    limit = model.config.max_seq_len
-    return Generation(text[:cut] if cut >= 0 else text, len(new), len(ids) > limit, len(ids) + len(new) > limit)
+    return _generation(tokenizer, ids, new, stop, model.config.max_seq_len)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: tuple[int, ...]
+    stop: tuple[str, ...]
+    max_new_tokens: int
+
+
+@torch.no_grad()
+def generate_until_batched(model: nn.Module, tokenizer, requests: list[GenerationRequest], eos_id: int | None,
+                           device: torch.device | str = "cpu", batch_size: int = GENERATION_BATCH) -> list[Generation]:
+    """`generate_until` of every request, `batch_size` rows decoded together (hymo_core/eval/batched_greedy.py):
+    each Generation is token for token the one `generate_until` gives that request alone, in the order given."""
+    if not requests:
+        return []
+    device = torch.device(device)
+    prompts = [_prompt(r.prompt_ids, eos_id) for r in requests]
+    was_training = model.training
+    model.eval()
+    try:
+        news = greedy_tokens_batched(model, prompts, [r.max_new_tokens for r in requests], eos_id,
+                                     [_stop_check(tokenizer, r.stop) for r in requests], _slide(model), batch_size, device)
+    finally:
+        model.train(was_training)
+    return [_generation(tokenizer, ids, new, r.stop, model.config.max_seq_len) for ids, new, r in zip(prompts, news, requests)]

@@ -23,7 +23,7 @@ from hymo_core.checkpoint.load import load_model
 from hymo_core.train.data import CorpusError, CorpusReader, ValidationLoader
 from hymo_core.eval.sandbox import require_isolation
 from hymo_core.eval.metrics import bits_per_byte
-from hymo_core.eval.suite import FEWSHOT_SEED, SUITES, markdown_table, run_task
+from hymo_core.eval.suite import FEWSHOT_SEED, GENERATION_BATCH, SUITES, markdown_table, run_task
 from hymo_core.eval.evaluation import load_tokenizer
 from hymo_core.train.trainer import evaluate
 
@@ -100,9 +100,10 @@ def pin_threads() -> int:
 def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path | None = None, limit: int | None = None,
               out: str | Path | None = None, device: torch.device | str = "cpu", mmlu_format: str = "rc",
               max_new_tokens: dict[str, int] | None = None, log: Any = print, unsafe_exec: bool = False, num_fewshot: int = 0,
-              fewshot_seed: int = FEWSHOT_SEED) -> dict[str, Any]:
+              fewshot_seed: int = FEWSHOT_SEED, generation_batch_size: int = GENERATION_BATCH) -> dict[str, Any]:
     """Every task of `suite`, then perplexity; returns the eval.json content. eval.json (and eval.md) in `out`
-    are rewritten atomically after every task, so a killed eval keeps the tasks it finished."""
+    are rewritten atomically after every task, so a killed eval keeps the tasks it finished.
+    `generation_batch_size`: GSM8K / HumanEval prompts decoded together (no number depends on it)."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
     sandbox = require_isolation(unsafe_exec) if "humaneval" in SUITES[suite] else None  # refuse before loading anything
@@ -123,7 +124,8 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
         started = time.perf_counter()
         results["tasks"][task] = run_task(task, model, tokenizer, limit=limit, eos_id=reader.eos_id, device=device,
                                           mmlu_format=mmlu_format, max_new_tokens=max_new_tokens, unsafe_exec=unsafe_exec,
-                                          num_fewshot=num_fewshot, fewshot_seed=fewshot_seed)
+                                          num_fewshot=num_fewshot, fewshot_seed=fewshot_seed,
+                                          generation_batch_size=generation_batch_size)
         results["tasks"][task]["seconds"] = time.perf_counter() - started
         if out is not None:
             write_report(results, Path(out))  # before anything else can fail or be interrupted

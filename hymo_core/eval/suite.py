@@ -35,7 +35,8 @@ import torch.nn as nn
 
 from hymo_core.eval.evaluation import encode, split_ids
 from hymo_core.eval.metrics import LABELS, PICKS, UNCOND_CONTEXT, bits_per_byte, item_picks, mean_with_stderr, proportion
-from hymo_core.eval.lm_scoring import WINDOW_SLIDE, Generation, Request, generate_until, score_requests
+from hymo_core.eval.lm_scoring import (GENERATION_BATCH, WINDOW_SLIDE, Generation, GenerationRequest, Request,
+                                       generate_until_batched, score_requests)
 from hymo_core.eval.sandbox import require_isolation, run_program
 from manifests.benchmark_sets import eval_items, fewshot_items
 
@@ -264,13 +265,14 @@ def gsm8k_extract(generation: str) -> tuple[str | None, str | None]:
 
 
 def score_gsm8k(model: nn.Module, tokenizer, records: list[dict[str, Any]], eos_id: int | None, device: torch.device | str,
-                max_new_tokens: int = 256, prefix: str = "") -> dict[str, Any]:
-    """Exact match, strict and flexible; `prefix`: the few-shot examples before each question."""
-    per_item, generations = [], []
-    for record in records:
-        prompt = f"{prefix}Question: {record['question']}\nAnswer:"
-        generated = generate_until(model, tokenizer, encode(tokenizer, prompt), GSM8K_STOP, max_new_tokens, eos_id, device)
-        generations.append(generated)
+                max_new_tokens: int = 256, prefix: str = "", batch_size: int = GENERATION_BATCH) -> dict[str, Any]:
+    """Exact match, strict and flexible; `prefix`: the few-shot examples before each question.
+    Generations are decoded `batch_size` at a time, each exactly as alone (lm_scoring.generate_until_batched)."""
+    per_item = []
+    prompts = [encode(tokenizer, f"{prefix}Question: {record['question']}\nAnswer:") for record in records]
+    generations = generate_until_batched(model, tokenizer, [GenerationRequest(tuple(ids), GSM8K_STOP, max_new_tokens) for ids in prompts],
+                                         eos_id, device, batch_size)
+    for record, generated in zip(records, generations):
         generation = generated.text
         strict, flexible = gsm8k_extract(generation)
         target = gsm8k_normalise(record["short_answer"])
@@ -296,13 +298,15 @@ def humaneval_program(record: dict[str, Any], completion: str) -> str:
 
 
 def score_humaneval(model: nn.Module, tokenizer, records: list[dict[str, Any]], eos_id: int | None, device: torch.device | str,
-                    max_new_tokens: int = 512, timeout_s: float = 10.0, unsafe_exec: bool = False) -> dict[str, Any]:
-    """pass@1 of greedy completions; refuses (SandboxUnavailable) before generating when the sandbox cannot hold."""
+                    max_new_tokens: int = 512, timeout_s: float = 10.0, unsafe_exec: bool = False,
+                    batch_size: int = GENERATION_BATCH) -> dict[str, Any]:
+    """pass@1 of greedy completions (decoded `batch_size` at a time, each exactly as alone); refuses
+    (SandboxUnavailable) before generating when the sandbox cannot hold."""
     mode = require_isolation(unsafe_exec)
-    per_item, generations = [], []
-    for record in records:
-        generated = generate_until(model, tokenizer, encode(tokenizer, record["prompt"]), HUMANEVAL_STOP, max_new_tokens, eos_id, device)
-        generations.append(generated)
+    per_item = []
+    requests = [GenerationRequest(tuple(encode(tokenizer, record["prompt"])), HUMANEVAL_STOP, max_new_tokens) for record in records]
+    generations = generate_until_batched(model, tokenizer, requests, eos_id, device, batch_size)
+    for record, generated in zip(records, generations):
         completion = generated.text
         result = run_program(humaneval_program(record, completion), timeout_s, unsafe=unsafe_exec)
         per_item.append({"id": record["id"], "completion": completion, "passed": result.passed, "status": result.status})
@@ -317,17 +321,20 @@ def score_humaneval(model: nn.Module, tokenizer, records: list[dict[str, Any]], 
 def run_task(task: str, model: nn.Module, tokenizer, *, limit: int | None = None, eos_id: int | None = None,
              device: torch.device | str = "cpu", mmlu_format: str = "rc", batch_size: int = 64,
              max_new_tokens: dict[str, int] | None = None, unsafe_exec: bool = False, num_fewshot: int = 0,
-             fewshot_seed: int = FEWSHOT_SEED) -> dict[str, Any]:
-    """One task: its scores, their conventions, and the sha256 of the benchmark (and few-shot) files it read."""
+             fewshot_seed: int = FEWSHOT_SEED, generation_batch_size: int = GENERATION_BATCH) -> dict[str, Any]:
+    """One task: its scores, their conventions, and the sha256 of the benchmark (and few-shot) files it read.
+    `batch_size`: log-likelihood requests per forward; `generation_batch_size`: prompts decoded together.
+    Neither changes a number."""
     records, files = eval_items(task)
     shots, shot_files = task_shots(task, num_fewshot, fewshot_seed)
     files = {**files, **shot_files}
     max_new_tokens = max_new_tokens or {}
     if task == "gsm8k":
-        result = score_gsm8k(model, tokenizer, first_n(records, limit), eos_id, device, max_new_tokens.get("gsm8k", 256), shot_prefix(shots))
+        result = score_gsm8k(model, tokenizer, first_n(records, limit), eos_id, device, max_new_tokens.get("gsm8k", 256), shot_prefix(shots),
+                             generation_batch_size)
     elif task == "humaneval":
         result = score_humaneval(model, tokenizer, first_n(records, limit), eos_id, device, max_new_tokens.get("humaneval", 512),
-                                  unsafe_exec=unsafe_exec)
+                                  unsafe_exec=unsafe_exec, batch_size=generation_batch_size)
     elif task == "mmlu":
         items = choice_items(task, first_n(records, limit, lambda r: r["subject"]), mmlu_format, shots)
         scored = score_choices(model, tokenizer, items, device, batch_size)

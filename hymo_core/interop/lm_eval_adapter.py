@@ -8,8 +8,10 @@ item: `loglikelihood` splits (context, continuation) into ids as the suite does
 (`evaluation.split_ids`) and scores them with `lm_scoring.score_requests`; an empty context is the
 EOS token, as lm-eval's `hf` model uses its prefix token. `loglikelihood_rolling` cuts the text into
 lm-eval's disjoint rolling windows of max_seq_len (first window after EOS) and sums them.
-`generate_until` is greedy only (`lm_scoring.greedy_until`, through the model's decode caches),
-until a stop string, EOS or `max_gen_toks` (default 256).
+`generate_until` is greedy only, until a stop string, EOS or `max_gen_toks` (default 256): all of
+lm-eval's requests go to `lm_scoring.generate_until_batched` at once (model arg
+`generation_batch_size`, default 32, rows decoded together), which gives each request the tokens
+the suite's one-at-a-time `generate_until` gives it.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from hymo_core.eval.evaluation import encode, load_tokenizer, split_ids
-from hymo_core.eval.lm_scoring import Request, greedy_until, score_requests
+from hymo_core.eval.lm_scoring import GENERATION_BATCH, GenerationRequest, Request, generate_until_batched, score_requests
 
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -33,7 +35,7 @@ class HymoLM(LM):
 
     def __init__(self, checkpoint: str | None = None, corpus: str | None = None, device: str = "cpu",
                  batch_size: int | str = 64, model: torch.nn.Module | None = None, tokenizer: Any = None,
-                 eos_id: int | None = None, **_: Any) -> None:
+                 eos_id: int | None = None, generation_batch_size: int | str = GENERATION_BATCH, **_: Any) -> None:
         super().__init__()
         if model is None:
             if checkpoint is None:
@@ -50,6 +52,7 @@ class HymoLM(LM):
         self.model, self.tokenizer, self.eos_id = model.eval(), tokenizer, eos_id
         self.device_ = torch.device(device)
         self.batch_size = int(batch_size) if str(batch_size) != "auto" else 64
+        self.generation_batch_size = int(generation_batch_size)
         self.boundary_merged = 0  # requests whose context tokens were no prefix of context + continuation
 
     @property
@@ -81,7 +84,8 @@ class HymoLM(LM):
         return totals
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        out = []
+        """Greedy, all requests decoded together (`generation_batch_size` rows at a time), each exactly as alone."""
+        batch = []
         for request in requests:
             context, kwargs = request.args
             kwargs = dict(kwargs or {})
@@ -90,6 +94,6 @@ class HymoLM(LM):
             until = kwargs.get("until") or []
             stop = (until,) if isinstance(until, str) else tuple(until)
             max_new = int(kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
-            out.append(greedy_until(self.model, self.tokenizer, encode(self.tokenizer, context), stop, max_new,
-                                    self.eos_id, self.device_))
-        return out
+            batch.append(GenerationRequest(tuple(encode(self.tokenizer, context)), stop, max_new))
+        generations = generate_until_batched(self.model, self.tokenizer, batch, self.eos_id, self.device_, self.generation_batch_size)
+        return [g.text for g in generations]

@@ -20,7 +20,7 @@ shard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import torch
@@ -31,7 +31,7 @@ from hymo_core.planner import planner
 from hymo_core.models.configs import ModelConfig  # defined torch-free there; part of this module's API
 from hymo_core.models.layers.attention import Attention  # noqa: F401  (re-exported: the dense mixer)
 from hymo_core.models.layers.block import Block
-from hymo_core.models.layers.context import MixerContext
+from hymo_core.models.layers.context import MixerContext, RowPositions
 from hymo_core.models.layers.ffn import FeedForward  # noqa: F401  (re-exported)
 from hymo_core.models.layers.moe import MoE, Reduce, moe_after_optimizer_step
 from hymo_core.models.layers.mtp import MultiTokenPrediction
@@ -47,10 +47,42 @@ def count_parameters(config: ModelConfig) -> int:
 
 @dataclass
 class DecodeCache:
-    """Every layer's cache plus the number of positions already consumed."""
+    """Every layer's cache plus the number of positions already consumed.
+
+    With `row_positions` (`new_cache(..., per_row=True)`) each row is its own sequence at its own
+    position: a forward then takes one token per row, row b's at row_positions[b] (batched decoding
+    of ragged prompts, hymo_core/eval/batched_greedy.py). Rows are filled from another cache
+    (`write_rows`) and dropped (`keep_rows`); a layer cache is a dataclass of batch-first tensors.
+    """
 
     layers: list[Any]
     position: int = 0
+    row_positions: list[int] | None = None
+
+    def write_rows(self, rows: list[int], source: "DecodeCache") -> None:
+        """Rows `rows` of this per-row cache become the rows of `source` (a plain cache, one row each), at its position."""
+        if self.row_positions is None or source.row_positions is not None:
+            raise ValueError("write_rows copies a plain cache's rows into a per-row cache")
+        index = torch.tensor(rows, dtype=torch.long, device=_cache_device(self))
+        for mine, theirs in zip(self.layers, source.layers):
+            for field in fields(mine):
+                getattr(mine, field.name)[index] = getattr(theirs, field.name).to(getattr(mine, field.name).dtype)
+        for row in rows:
+            self.row_positions[row] = source.position
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only rows `rows` (in that order) of every layer's cache and of the positions."""
+        index = torch.tensor(rows, dtype=torch.long, device=_cache_device(self))
+        for layer in self.layers:
+            for field in fields(layer):
+                setattr(layer, field.name, getattr(layer, field.name).index_select(0, index))
+        if self.row_positions is not None:
+            self.row_positions = [self.row_positions[row] for row in rows]
+
+
+def _cache_device(cache: DecodeCache) -> torch.device:
+    first = cache.layers[0]
+    return getattr(first, fields(first)[0].name).device
 
 
 class Transformer(nn.Module):
@@ -162,16 +194,24 @@ class Transformer(nn.Module):
     def forward(
         self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, cache: DecodeCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (and the loss when targets are given). With a `cache`, tokens continue it."""
+        """Logits (and the loss when targets are given). With a `cache`, tokens continue it (per row, see DecodeCache)."""
         B, T = tokens_BT.shape
         start = cache.position if cache is not None else 0
+        rows = None
+        if cache is not None and cache.row_positions is not None:
+            if T != 1 or B != len(cache.row_positions):
+                raise ValueError(f"a per-row cache of {len(cache.row_positions)} rows takes one token per row, got {B} x {T}")
+            start = max(cache.row_positions)
+            rows = RowPositions.of(cache.row_positions, self.rope_cos_TD2, self.rope_sin_TD2)
         if start + T > self.config.max_seq_len:
             raise ValueError(f"sequence length {start + T} exceeds max_seq_len {self.config.max_seq_len}")
         x_BTD = self.tok_embeddings(tokens_BT)
         for i, block in enumerate(self.layers):
-            ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2, start, cache.layers[i] if cache is not None else None)
+            ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2, start, cache.layers[i] if cache is not None else None, rows)
             x_BTD = block(x_BTD, ctx)
-        if cache is not None:
+        if rows is not None:
+            cache.row_positions = [position + 1 for position in cache.row_positions]
+        elif cache is not None:
             cache.position += T
         logits_BTV = self.head(self.norm(x_BTD))
         if targets_BT is None:
@@ -218,12 +258,13 @@ class Transformer(nn.Module):
         return [(name, module) for name, module in self.named_modules() if isinstance(module, MoE)]
 
     def new_cache(self, batch_size: int, device: torch.device | str | None = None,
-                  dtype: torch.dtype | None = None) -> DecodeCache:
-        """Empty per-layer caches for incremental generation (see layers/__init__.py)."""
+                  dtype: torch.dtype | None = None, per_row: bool = False) -> DecodeCache:
+        """Empty per-layer caches for incremental generation (see layers/__init__.py); `per_row`: every row at position 0
+        and decoding at its own position from then on."""
         param = self.tok_embeddings.weight
         device, dtype = device or param.device, dtype or param.dtype
         layers = [block.attn.new_cache(batch_size, torch.device(device), dtype) for block in self.layers]
-        return DecodeCache(layers)
+        return DecodeCache(layers, row_positions=[0] * batch_size if per_row else None)
 
     def after_optimizer_step(self, reduce: Reduce | None = None, read: bool = True) -> dict[str, dict]:
         """Called by the trainer once per successful update: per-block bookkeeping.

@@ -9,7 +9,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hymo_core import kernels
 from hymo_core.models.configs import ModelConfig
 from hymo_core.kernels.logit_probe import causal_max_logits, qk_clip_heads_  # noqa: F401  (the probe other mixers use too)
 from hymo_core.models.layers.context import MixerContext
@@ -23,21 +22,27 @@ class KVCache:
     k_BKSD: torch.Tensor
     v_BKSD: torch.Tensor
 
-    def append(self, start: int, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write positions start .. start+T-1; return keys and values of positions 0 .. start+T-1."""
-        end = start + k_BKTD.shape[2]
+    def append(self, ctx: MixerContext, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's positions (start .. start+T-1, or each row's own); return keys and values 0 .. key_end-1."""
+        end = ctx.key_end(k_BKTD.shape[2])
         if end > self.k_BKSD.shape[2]:
             raise ValueError(f"KV cache holds {self.k_BKSD.shape[2]} positions, asked for {end}")
-        self.k_BKSD[:, :, start:end] = k_BKTD
-        self.v_BKSD[:, :, start:end] = v_BKTD
+        if ctx.rows is None:
+            self.k_BKSD[:, :, ctx.start:end] = k_BKTD
+            self.v_BKSD[:, :, ctx.start:end] = v_BKTD
+        else:
+            self.k_BKSD[ctx.rows.rows_B, :, ctx.rows.positions_B] = k_BKTD[:, :, 0]
+            self.v_BKSD[ctx.rows.rows_B, :, ctx.rows.positions_B] = v_BKTD[:, :, 0]
         return self.k_BKSD[:, :, :end], self.v_BKSD[:, :, :end]
 
 
 def attend(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, ctx: MixerContext,
            scale: float | None = None) -> torch.Tensor:
-    """Causal SDPA, also when the queries continue a cache (keys then start before them)."""
+    """Causal SDPA, also when the queries continue a cache (keys then start before them) or rows sit at their own positions."""
     T = q_BHTD.shape[2]
     gqa = k_BKSD.shape[1] != q_BHTD.shape[1]
+    if ctx.rows is not None:  # one query per row, at its own position: each row masks the keys past it
+        return F.scaled_dot_product_attention(q_BHTD, k_BKSD, v_BKSD, attn_mask=ctx.rows.visible_B11S, scale=scale, enable_gqa=gqa)
     if ctx.start == 0:
         return F.scaled_dot_product_attention(q_BHTD, k_BKSD, v_BKSD, is_causal=True, scale=scale, enable_gqa=gqa)
     mask_TS = None if T == 1 else ctx.causal_mask(T, q_BHTD.device)  # one new query sees every cached key
@@ -81,7 +86,6 @@ class Attention(nn.Module):
     def forward(self, x_BTD: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, K = self.n_heads, self.n_kv_heads
-        cos_TD2, sin_TD2 = ctx.rope(T)
         # q, k, v stay separate parameters (Muon orthogonalises each, QK-Clip rescales
         # q and k per head) but run as one matmul: concatenating the small weight is
         # cheaper than two extra activation-sized matmuls and gradient additions.
@@ -89,15 +93,15 @@ class Attention(nn.Module):
         qkv_BTXD = F.linear(x_BTD, w_qkv).view(B, T, H + 2 * K, self.head_dim)
         if self.q_norm is not None:
             q_BTHD, k_BTKD, v_BTKD = qkv_BTXD.split((H, K, K), dim=2)
-            q_BTHD = kernels.apply_rope(self.q_norm(q_BTHD), cos_TD2, sin_TD2, backend=self.kernel_backend)
-            k_BTKD = kernels.apply_rope(self.k_norm(k_BTKD), cos_TD2, sin_TD2, backend=self.kernel_backend)
+            q_BTHD = ctx.rotate(self.q_norm(q_BTHD), self.kernel_backend)
+            k_BTKD = ctx.rotate(self.k_norm(k_BTKD), self.kernel_backend)
         else:  # one rotation call for queries and keys together
-            qk_BTXD = kernels.apply_rope(qkv_BTXD[:, :, : H + K], cos_TD2, sin_TD2, backend=self.kernel_backend)
+            qk_BTXD = ctx.rotate(qkv_BTXD[:, :, : H + K], self.kernel_backend)
             q_BTHD, k_BTKD = qk_BTXD.split((H, K), dim=2)
             v_BTKD = qkv_BTXD[:, :, H + K :]
         q_BHTD, k_BKTD, v_BKTD = (t.transpose(1, 2) for t in (q_BTHD, k_BTKD, v_BTKD))
         if ctx.cache is not None:
-            k_BKTD, v_BKTD = ctx.cache.append(ctx.start, k_BKTD, v_BKTD)
+            k_BKTD, v_BKTD = ctx.cache.append(ctx, k_BKTD, v_BKTD)
         elif self.probe:  # chunked, never a full B*H*T*T score tensor beside SDPA
             self.max_logit_H = causal_max_logits(q_BHTD, k_BKTD, math.sqrt(self.head_dim))
         y_BHTD = attend(q_BHTD, k_BKTD, v_BKTD, ctx)

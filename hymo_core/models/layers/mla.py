@@ -36,12 +36,17 @@ class LatentCache:
     latent_BSR: torch.Tensor  # normalised c_kv
     k_rope_BSD: torch.Tensor  # before RoPE (and before QK-norm, when that is on)
 
-    def append(self, start: int, latent_BTR: torch.Tensor, k_rope_BTD: torch.Tensor):
-        end = start + latent_BTR.shape[1]
+    def append(self, ctx: MixerContext, latent_BTR: torch.Tensor, k_rope_BTD: torch.Tensor):
+        """Write this forward's positions (start .. start+T-1, or each row's own); return positions 0 .. key_end-1."""
+        end = ctx.key_end(latent_BTR.shape[1])
         if end > self.latent_BSR.shape[1]:
             raise ValueError(f"latent cache holds {self.latent_BSR.shape[1]} positions, asked for {end}")
-        self.latent_BSR[:, start:end] = latent_BTR
-        self.k_rope_BSD[:, start:end] = k_rope_BTD
+        if ctx.rows is None:
+            self.latent_BSR[:, ctx.start:end] = latent_BTR
+            self.k_rope_BSD[:, ctx.start:end] = k_rope_BTD
+        else:
+            self.latent_BSR[ctx.rows.rows_B, ctx.rows.positions_B] = latent_BTR[:, 0]
+            self.k_rope_BSD[ctx.rows.rows_B, ctx.rows.positions_B] = k_rope_BTD[:, 0]
         return self.latent_BSR[:, :end], self.k_rope_BSD[:, :end]
 
 
@@ -77,10 +82,15 @@ class MultiHeadLatentAttention(nn.Module):
         return LatentCache(torch.zeros(batch_size, self.max_seq_len, self.kv_rank, device=device, dtype=dtype),
                            torch.zeros(batch_size, self.max_seq_len, self.rope_dim, device=device, dtype=dtype))
 
-    def rotate(self, x_BTHX: torch.Tensor, cos_TD2: torch.Tensor, sin_TD2: torch.Tensor) -> torch.Tensor:
-        """RoPE on the last rope_dim features of each head, after the optional QK-norm."""
+    def rotate(self, x_BTHX: torch.Tensor, ctx: MixerContext, from_zero: bool = False) -> torch.Tensor:
+        """RoPE on the last rope_dim features of each head, after the optional QK-norm: at this forward's
+        positions (queries), or `from_zero` for keys laid out from position 0 (the whole cache)."""
         nope, rope = x_BTHX.split((self.nope_dim, self.rope_dim), dim=-1)
-        return torch.cat((nope, kernels.apply_rope(rope, cos_TD2, sin_TD2, backend=self.kernel_backend)), dim=-1)
+        rope = self.rotate_from_zero(rope, ctx) if from_zero else ctx.rotate(rope, self.kernel_backend)
+        return torch.cat((nope, rope), dim=-1)
+
+    def rotate_from_zero(self, x_BSHD: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
+        return kernels.apply_rope(x_BSHD, ctx.cos_TD2, ctx.sin_TD2, backend=self.kernel_backend)
 
     def forward(self, x_BTD: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
         B, T, _ = x_BTD.shape
@@ -89,7 +99,7 @@ class MultiHeadLatentAttention(nn.Module):
         latent_BTR, k_rope_BTD = self.kv_a_proj_with_mqa(x_BTD).split((self.kv_rank, self.rope_dim), dim=-1)
         latent_BTR = self.kv_a_norm(latent_BTR)
         if ctx.cache is not None:
-            latent_BTR, k_rope_BTD = ctx.cache.append(ctx.start, latent_BTR, k_rope_BTD)
+            latent_BTR, k_rope_BTD = ctx.cache.append(ctx, latent_BTR, k_rope_BTD)
             if self.q_norm is None:  # QK-norm normalises whole expanded keys: nothing to absorb then
                 return self.decode_absorbed(q_BTHX, latent_BTR, k_rope_BTD, ctx)
         S = latent_BTR.shape[1]  # key positions: 0 .. start + T - 1
@@ -98,8 +108,8 @@ class MultiHeadLatentAttention(nn.Module):
         k_BSHX = torch.cat((k_nope_BSHN, k_rope_BTD[:, :, None, :].expand(B, S, H, self.rope_dim)), dim=-1)
         if self.q_norm is not None:
             q_BTHX, k_BSHX = self.q_norm(q_BTHX), self.k_norm(k_BSHX)
-        q_BTHX = self.rotate(q_BTHX, *ctx.rope(T))
-        k_BSHX = self.rotate(k_BSHX, ctx.cos_TD2, ctx.sin_TD2)  # keys always start at position 0
+        q_BTHX = self.rotate(q_BTHX, ctx)
+        k_BSHX = self.rotate(k_BSHX, ctx, from_zero=True)  # keys always start at position 0
         q_BHTX, k_BHSX, v_BHSV = (t.transpose(1, 2) for t in (q_BTHX, k_BSHX, v_BSHV))
         if ctx.cache is None and self.probe:
             self.max_logit_H = causal_max_logits(q_BHTX, k_BHSX, math.sqrt(self.qk_dim))
@@ -121,13 +131,16 @@ class MultiHeadLatentAttention(nn.Module):
         w_uk_HNR, w_uv_HVR = w_HXR.split((self.nope_dim, self.v_dim), dim=1)
         q_nope_BTHN, q_rope_BTHD = q_BTHX.split((self.nope_dim, self.rope_dim), dim=-1)
         q_latent_BTHR = torch.einsum("bthn,hnr->bthr", q_nope_BTHN, w_uk_HNR.to(q_nope_BTHN.dtype))
-        q_rope_BTHD = kernels.apply_rope(q_rope_BTHD, *ctx.rope(T), backend=self.kernel_backend)
-        k_rope_BS1D = kernels.apply_rope(k_rope_BSD[:, :, None, :], ctx.cos_TD2, ctx.sin_TD2, backend=self.kernel_backend)
+        q_rope_BTHD = ctx.rotate(q_rope_BTHD, self.kernel_backend)
+        k_rope_BS1D = self.rotate_from_zero(k_rope_BSD[:, :, None, :], ctx)
         scores_BHTS = (torch.einsum("bthr,bsr->bhts", q_latent_BTHR, latent_BSR.to(q_latent_BTHR.dtype))
                        + torch.einsum("bthd,bsd->bhts", q_rope_BTHD, k_rope_BS1D[:, :, 0].to(q_rope_BTHD.dtype)))
-        visible_TS = (torch.arange(S, device=q_BTHX.device)[None, :]
-                      <= torch.arange(ctx.start, ctx.start + T, device=q_BTHX.device)[:, None])
-        scores_BHTS = (scores_BHTS.float() / math.sqrt(self.qk_dim)).masked_fill(~visible_TS, float("-inf"))
+        if ctx.rows is not None:  # one query per row at its own position
+            visible = ctx.rows.visible_B11S
+        else:
+            visible = (torch.arange(S, device=q_BTHX.device)[None, :]
+                       <= torch.arange(ctx.start, ctx.start + T, device=q_BTHX.device)[:, None])
+        scores_BHTS = (scores_BHTS.float() / math.sqrt(self.qk_dim)).masked_fill(~visible, float("-inf"))
         p_BHTS = scores_BHTS.softmax(dim=-1).to(latent_BSR.dtype)
         context_BTHR = torch.einsum("bhts,bsr->bthr", p_BHTS, latent_BSR)
         y_BTHV = torch.einsum("bthr,hvr->bthv", context_BTHR, w_uv_HVR.to(context_BTHR.dtype))

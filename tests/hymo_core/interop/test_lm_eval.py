@@ -126,3 +126,31 @@ def test_hybrid_through_lm_evals_hf_model_agrees_with_the_hymo_model(checkpoints
     assert theirs["route"] == "hf"
     for a, b in zip(sorted(ours["items"]["arc_easy"], key=lambda r: r["doc_id"]), sorted(theirs["items"]["arc_easy"], key=lambda r: r["doc_id"])):
         assert b["loglikelihoods"] == pytest.approx(a["loglikelihoods"], abs=1e-4) and a["acc"] == b["acc"]
+
+
+def test_hymo_generate_until_decodes_the_requests_together_and_each_as_alone():
+    """lm-eval's generate_until requests (ragged contexts, their own `until` and `max_gen_toks`) in one batched decode:
+    each string is the suite's one-at-a-time generate_until's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from conftest import AlphabetTokenizer, varied_model
+    from hymo_core.eval.lm_scoring import generate_until
+    from hymo_core.interop.lm_eval_adapter import HymoLM
+
+    model, tokenizer, eos_id = varied_model(layer_pattern="GM", n_kv_heads=4), AlphabetTokenizer(), 60
+    contexts = ["abc", "QuestionXY", "a", "thequickbrownfoxjumpsover", "Zz9"]
+    free = [generate_until(model, tokenizer, encode(tokenizer, c), (), 20, eos_id).text for c in contexts]
+    kwargs = [{"until": [free[i][6:8]] if i % 2 else "never", "max_gen_toks": 20 - i} for i in range(len(contexts))]
+    requests = [SimpleNamespace(args=(c, k)) for c, k in zip(contexts, kwargs)]
+    expected = [generate_until(model, tokenizer, encode(tokenizer, c), tuple(k["until"]) if i % 2 else ("never",),
+                               k["max_gen_toks"], eos_id).text for i, (c, k) in enumerate(zip(contexts, kwargs))]
+    assert len(expected[1]) <= 6 and len(expected[3]) <= 6  # the odd rows end at their stop strings
+    batches = []
+    forward = model.forward
+    model.forward = lambda tokens, **kw: (batches.append(tokens.shape[0]), forward(tokens, **kw))[1]
+    lm = HymoLM(model=model, tokenizer=tokenizer, eos_id=eos_id, generation_batch_size=3)
+    with torch.no_grad():
+        assert lm.generate_until(requests) == expected
+    assert max(batches) == 3

@@ -35,6 +35,35 @@ def test_cached_decoding_equals_full_forward(overrides):
     torch.testing.assert_close(cached_logits(model, tokens, [5, 1, 1, 4, 2]), full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("overrides", [{}, dict(qk_norm=True), dict(layer_pattern="GM", n_kv_heads=4),
+                                       dict(layer_pattern="M", qk_norm=True, n_kv_heads=4)])
+def test_a_per_row_cache_steps_ragged_rows_each_as_alone(overrides):
+    """Rows filled to different lengths (write_rows), then stepped together one token each at their own positions
+    (RoPE angle, key mask, GDN state per row): each row's logits are its own cached decoding's; keep_rows drops rows."""
+    model = build(**overrides)
+    lengths = [3, 7, 1, 10]
+    tokens = [torch.randint(0, 61, (n + 4,), generator=torch.Generator().manual_seed(n)) for n in lengths]
+    alone = [cached_logits(model, t[None], [n] + [1] * 4)[0, n - 1:] for t, n in zip(tokens, lengths)]
+    rows = model.new_cache(len(lengths), per_row=True)
+    for b, (t, n) in enumerate(zip(tokens, lengths)):
+        filled = model.new_cache(1)
+        if n > 1:
+            model(t[None, :n - 1], cache=filled)
+        rows.write_rows([b], filled)
+    assert rows.row_positions == [n - 1 for n in lengths]
+    live = list(range(len(lengths)))
+    for k in range(5):
+        if k == 3:
+            live = [3, 0, 2]
+            rows.keep_rows([3, 0, 2])
+        logits_BV = model(torch.stack([tokens[b][lengths[b] - 1 + k] for b in live])[:, None], cache=rows)[0][:, 0]
+        for row, b in enumerate(live):
+            torch.testing.assert_close(logits_BV[row], alone[b][k], rtol=1e-5, atol=1e-5)
+    assert rows.row_positions == [n + 4 for n in (10, 3, 1)]
+    with pytest.raises(ValueError, match="one token per row"):
+        model(torch.zeros(3, 2, dtype=torch.long), cache=rows)
+
+
 def test_cache_refuses_to_run_past_max_seq_len():
     model = build(max_seq_len=8)
     cache = model.new_cache(1)
