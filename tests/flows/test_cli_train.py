@@ -158,14 +158,15 @@ def test_train_nproc_names_the_rank_and_its_first_error_line(tiny_run: Path, tmp
 
 
 def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Path, tiny_run: Path, tmp_path: Path, capsys):
-    """`hymo eval CKPT --suite default --limit 10`, offline, on a checkpoint inside its run directory (corpus found by digest).
+    """`hymo eval CKPT --suite default --limit 10`, offline, on a checkpoint inside its run directory (corpus found by digest);
+    GSM8K / HumanEval decoded 4 prompts at a time.
     (bench/eval_suite.py times the README's --limit 50 on the sample checkpoint.)"""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "07_shards").symlink_to(tiny_run / "07_shards")
     checkpoint = run / "checkpoints" / "step-00000003.pt"
     checkpoint.write_bytes((trained / "checkpoints" / "step-00000003.pt").read_bytes())
-    assert main(["eval", str(checkpoint), "--suite", "default", "--limit", "10"]) == 0
+    assert main(["eval", str(checkpoint), "--suite", "default", "--limit", "10", "--generation-batch-size", "4"]) == 0
     table = capsys.readouterr().out
     for task in ("hellaswag", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "held-out (validation)"):
         assert f"| {task} |" in table, task
