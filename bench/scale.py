@@ -1,6 +1,6 @@
-"""The data half (ingest → shards) at growing document counts: wall time, peak memory, bytes on disk per stage.
+"""The data half (ingest → shards) at growing document counts, through the distributed path: wall, CPU, memory per process, files and bytes per stage, and a cost model.
 
-    python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--reuse] [--include OTHER_WORK_DIR] [--no-write]
+    python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--path flow|loop] [--reuse] [--include OTHER_WORK_DIR] [--no-write]
 
 The corpus is synthetic but keeps real word statistics: unigram frequencies
 and document lengths are read from --word-source (the anchor harness's
@@ -10,13 +10,32 @@ documentation profile), document lengths are the source's page lengths times
 large.jsonl and like extracted web pages), documents are drawn from them, a paragraph ends after
 a sentence-final word with probability 1/4, and 10 % are near copies (3 % of
 words replaced) of a recent document. It is written as one
-JSONL source, streamed, never held in memory. Each size runs every stage up
-to `shards` in a fresh child process (the stage functions in a plain loop, as
-bench/orchestration.py's "plain" side) while a sampler records the peak RSS of
-the whole process tree and of its largest process, and the tree's CPU
-seconds, every 100 ms. `--reuse` takes a size's stored result when it ran on
-the same commit with the same settings (a 1M run is long; sizes can run apart).
-Writes a table and docs/scale.png, and a section of docs/benchmarks.md.
+JSONL source, streamed, never held in memory.
+
+Each size runs in a fresh child process. `--path flow` (the default) is what a
+cluster user runs: a real Prefect server (`prefect server start`, its own
+process), a Dask LocalCluster of --workers worker processes (one thread each),
+and one Prefect flow run per stage (`hymo_pipeline(until=ingest)`, then
+`hymo_stage(stage=S, until=S)` for each later stage: the re-run-one-stage path),
+each with `--runner dask --dask-address` of that cluster, so every per-shard
+pass runs as a Dask task in a worker process. `--path loop` calls the stage
+functions in a plain loop with the process pool (bench/orchestration.py's
+"plain" side). Each stage's flow runs in a fresh process and the workers are restarted
+before it, so a stage's peak memory is its own. A sampler records, every
+100 ms, the RSS of every process in the tree by role (the stage's flow host;
+the bench child, which holds the Dask scheduler and nannies; the Prefect
+server; the Dask workers) and their CPU seconds.
+`--reuse` takes a size's stored result when it ran on the same commit with the
+same settings (a 1M run is long; sizes can run apart).
+
+The cost model fits each stage's CPU seconds, on the flow host (serial) and on
+the workers (parallel), to fixed + per-document terms from the sizes run on the
+same code, checks the per-document (marginal) cost for growth with N, and
+extrapolates to 100M and 1B documents on 64 and 512 workers: time = host
+CPU + worker CPU / workers (perfect scaling of the workers' part: a lower bound),
+memory = the flow host's peak and the largest worker's peak, each fitted as
+fixed + bytes per document.
+Writes the tables and docs/scale.png, and a section of docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -32,7 +51,8 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# Run as a script, bench/ is sys.path[0], where bench/distributed.py would shadow the `distributed` package.
+sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 
 WORK = Path(os.environ.get("HYMO_BENCH_WORK", "/tmp/hymo-bench-scale"))
 DEFAULT_WORD_SOURCE = Path("/work/scratch/bench/corpus/small.jsonl")
@@ -104,44 +124,94 @@ def write_config(root: Path, corpus: Path, workers: int) -> Path:
 
 
 class TreeSampler:
-    """Peak RSS of this process tree and of its largest process, and the tree's CPU seconds, every 100 ms.
+    """Peak RSS of this process tree, of its largest process and per role, and CPU seconds per role, every 100 ms.
 
-    CPU seconds (user + system, summed over every process seen) are what a
-    stage costs whatever else the machine runs; wall seconds stretch with the
-    load. A process that exits between two samples loses at most 100 ms.
+    Roles: "host" is the process `host_pid` (the stage's flow host; this process
+    when unset), "scheduler" this process when it is not the host (it holds the
+    Dask scheduler and the nannies), "server" every process under `server_pid`
+    (the Prefect server), "worker" every other descendant (Dask workers, pool
+    processes). CPU seconds (user + system, summed over every
+    process seen) are what a stage costs whatever else the machine runs; wall
+    seconds stretch with the load. A process that exits between two samples
+    loses at most 100 ms. The sampling thread's own CPU is left out.
     """
 
-    def __init__(self) -> None:
+    ROLES = ("host", "host_child", "scheduler", "server", "worker")
+
+    def __init__(self, server_pid: int | None = None) -> None:
         import psutil
 
         self.tree_mb = self.largest_mb = 0.0
+        self.peak_mb = dict.fromkeys(self.ROLES, 0.0)
         self.me = psutil.Process()
+        self.server_pid = server_pid
+        self.host_pid: int | None = None
+        self.own_cpu = 0.0
+        self.role: dict[int, str] = {}
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
+    def roles(self) -> dict[int, str]:
+        import psutil
+
+        host = self.host_pid or self.me.pid
+        found = {self.me.pid: "host" if host == self.me.pid else "scheduler"}
+        server = set()
+        if self.server_pid is not None:
+            try:
+                root = psutil.Process(self.server_pid)
+                server = {root.pid, *(p.pid for p in root.children(recursive=True))}
+            except psutil.Error:
+                pass
+        host_tree = set()
+        if host != self.me.pid:
+            try:
+                root = psutil.Process(host)
+                host_tree = {root.pid, *(p.pid for p in root.children(recursive=True))}
+            except psutil.Error:
+                pass
+        for process in self.me.children(recursive=True):
+            found[process.pid] = "server" if process.pid in server else "host" if process.pid == host else \
+                "host_child" if process.pid in host_tree else "worker"
+        return found
+
     def sample(self) -> None:
         import psutil
 
-        sizes = []
-        for process in [self.me, *self.me.children(recursive=True)]:
+        total = 0.0
+        for pid, role in self.roles().items():
             try:
+                process = psutil.Process(pid)
                 with process.oneshot():
-                    sizes.append(process.memory_info().rss / 2**20)
+                    mb = process.memory_info().rss / 2**20
                     times = process.cpu_times()
-                    self.last[process.pid] = times.user + times.system
             except psutil.Error:
-                pass
-        self.tree_mb, self.largest_mb = max(self.tree_mb, sum(sizes)), max(self.largest_mb, max(sizes, default=0.0))
+                continue
+            self.role[pid] = role
+            self.last[pid] = times.user + times.system
+            total += mb
+            self.largest_mb = max(self.largest_mb, mb)
+            self.peak_mb[role] = max(self.peak_mb[role], mb)
+        self.tree_mb = max(self.tree_mb, total)
 
     def run(self) -> None:
         while not self.stop.wait(0.1):
             self.sample()
+        self.own_cpu = time.thread_time()  # this sampling thread's CPU: the bench's, not the pipeline's
 
-    @property
-    def cpu_seconds(self) -> float:
-        return sum(cpu - self.first.get(pid, 0.0) for pid, cpu in self.last.items())
+
+    def cpu_seconds(self, role: str | None = None) -> float:
+        total = sum(cpu - self.first.get(pid, 0.0) for pid, cpu in self.last.items() if role is None or self.role.get(pid) == role)
+        if role is None or role == self.role.get(self.me.pid):
+            total -= self.own_cpu
+        return total
+
+    def row(self) -> dict:
+        return {"cpu_seconds": self.cpu_seconds(), **{f"cpu_{r}": self.cpu_seconds(r) for r in self.ROLES},
+                "tree_mb": self.tree_mb, "largest_mb": self.largest_mb, **{f"{r}_mb": self.peak_mb[r] for r in self.ROLES},
+                "host_mb": max(self.peak_mb["host"], self.peak_mb["host_child"])}  # under py-spy, the flow host is its child
 
     def __enter__(self) -> "TreeSampler":
         self.sample()
@@ -155,12 +225,19 @@ class TreeSampler:
         self.sample()
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def dir_files(path: Path) -> tuple[int, int]:
+    """(files, bytes) under `path`."""
+    files = [p for p in path.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
 
 
-def child(config_path: Path, run: Path, result: Path) -> None:
-    """Every stage up to `shards`, in order, timed and sampled one stage at a time."""
+def stage_row(name: str, seconds: float, sampler: TreeSampler, out: Path) -> dict:
+    files, size = dir_files(out)
+    return {"stage": name, "seconds": seconds, **sampler.row(), "files": files, "bytes": size, "load": os.getloadavg()[0]}
+
+
+def child_loop(config_path: Path, run: Path, result: Path) -> None:
+    """Every stage up to `shards`, in order, as plain function calls with the process pool."""
     from flows.config import load_config
     from flows.stages import pipeline_stages, previous_stage_path, stage_path
     from tasks.runner.stage_runner import shutdown_worker_pools
@@ -175,10 +252,74 @@ def child(config_path: Path, run: Path, result: Path) -> None:
             started = time.perf_counter()
             entry.run(config, run, previous_stage_path(run, entry.name, config), out)
             seconds = time.perf_counter() - started
-        rows.append({"stage": entry.name, "seconds": seconds, "cpu_seconds": sampler.cpu_seconds, "tree_mb": sampler.tree_mb,
-                     "largest_mb": sampler.largest_mb, "bytes": dir_bytes(out), "load": os.getloadavg()[0]})
+        rows.append(stage_row(entry.name, seconds, sampler, out))
         result.write_text(json.dumps(rows))
     shutdown_worker_pools()
+
+
+def child_flow(config_path: Path, run: Path, result: Path, workers: int, profile: Path | None = None) -> None:
+    """Every stage up to `shards`: a real Prefect server, a Dask LocalCluster, and per stage a fresh flow-host process.
+
+    Each stage's flow runs in a process of its own (a user re-running one stage
+    starts one too), and the workers are restarted before it, so every stage's
+    peak RSS is its own, not the high-water mark an earlier stage left in a
+    long-lived process.
+    """
+    from flows.prefect_env import apply_prefect_defaults
+
+    apply_prefect_defaults()
+    from distributed import Client, LocalCluster
+
+    from flows.config import load_config
+    from flows.server import LocalServer, free_port, prefect_api
+    from flows.stages import pipeline_stages, stage_path
+
+    config = load_config(config_path)
+    server = LocalServer(home=run.parent / "prefect", port=free_port()).start()
+    rows = []
+    try:
+        with prefect_api(server.api_url):  # the environment now names the API: the cluster and the stage processes inherit it
+            with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+                    Client(cluster) as client:
+                for n, entry in enumerate(pipeline_stages(config)):
+                    if entry.name == "pretrain":
+                        break
+                    client.restart()
+                    command = [sys.executable, __file__, "--stage-flow", entry.name, "--run", str(run), "--address", cluster.scheduler_address]
+                    if n == 0:
+                        command += ["--child", str(config_path)]
+                    if profile is not None:  # py-spy's folded stacks of the flow host, one file a stage
+                        profile.mkdir(parents=True, exist_ok=True)
+                        command = ["py-spy", "record", "--format", "raw", "--rate", "50", "-o", str(profile / f"{entry.name}.txt"), "--", *command]
+                    with TreeSampler(server.process.pid) as sampler:
+                        started = time.perf_counter()
+                        stage_process = subprocess.Popen(command)
+                        sampler.host_pid = stage_process.pid  # under py-spy, its child is the flow host: still the host's tree
+                        if stage_process.wait() != 0:
+                            raise RuntimeError(f"stage {entry.name} failed (exit {stage_process.returncode})")
+                        seconds = time.perf_counter() - started
+                    rows.append(stage_row(entry.name, seconds, sampler, stage_path(run, entry.name, config)))
+                    result.write_text(json.dumps(rows))
+                    row = rows[-1]
+                    print(f"  {entry.name}: {seconds:.1f} s, CPU host {row['cpu_host'] + row['cpu_host_child']:.1f} s, scheduler {row['cpu_scheduler']:.1f} s, "
+                          f"workers {row['cpu_worker']:.1f} s, host {row['host_mb']:.0f} MB, worker {row['worker_mb']:.0f} MB", flush=True)
+    finally:
+        server.stop()
+
+
+def stage_flow(stage: str, run: Path, address: str, config_path: Path | None) -> None:
+    """One stage as one Prefect flow run on the cluster at `address`: the first builds the run directory."""
+    from flows.prefect_env import apply_prefect_defaults
+
+    apply_prefect_defaults()
+    from flows.config import load_config
+    from flows.pipeline import Runner, hymo_pipeline
+    from flows.stage_flow import hymo_stage
+
+    if config_path is not None:
+        hymo_pipeline(config=load_config(config_path), out=str(run), until=stage, runner=Runner.dask, dask_address=address)
+    else:
+        hymo_stage(run=str(run), stage=stage, until=stage, runner=Runner.dask, dask_address=address)
 
 
 def plot(results: dict[int, list[dict]], path: Path) -> None:
@@ -188,16 +329,19 @@ def plot(results: dict[int, list[dict]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sizes = sorted(results)
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+    figure, axes = plt.subplots(1, 4, figsize=(20, 4))
+    panels = (("cpu_seconds", 1, "CPU seconds (process tree)"), ("host_mb", 1, "flow host peak MB"),
+              ("worker_mb", 1, "largest worker peak MB"), ("bytes", 2**-20, "MB on disk"))
     for stage in [row["stage"] for row in results[sizes[0]]]:
-        for axis, key, scale in ((axes[0], "seconds", 1), (axes[1], "largest_mb", 1), (axes[2], "bytes", 2**-20)):
-            axis.plot(sizes, [next(r[key] for r in results[n] if r["stage"] == stage) * scale for n in sizes], marker="o", label=stage)
-    for axis, label in zip(axes, ("wall seconds", "largest process MB", "MB on disk")):
+        for axis, (key, scale, _) in zip(axes, panels):
+            axis.plot(sizes, [next(r.get(key, float("nan")) for r in results[n] if r["stage"] == stage) * scale for n in sizes],
+                      marker="o", label=stage)
+    for axis, (_, _, label) in zip(axes, panels):
         axis.set_xlabel("documents")
         axis.set_ylabel(label)
         axis.set_xscale("log")
         axis.set_yscale("log")
-    axes[2].legend(fontsize=7)
+    axes[3].legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
@@ -206,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--docs", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--path", choices=["flow", "loop"], default="flow",
+                        help="flow: Prefect flow runs on a Dask LocalCluster (default); loop: the stage functions with the process pool")
     parser.add_argument("--word-source", type=Path, default=DEFAULT_WORD_SOURCE)
     parser.add_argument("--length-scale", type=float, default=0.25, help="document length = a word-source page's length times this")
     parser.add_argument("--no-write", action="store_true")
@@ -215,9 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", type=Path)
     parser.add_argument("--run", type=Path)
     parser.add_argument("--result", type=Path)
+    parser.add_argument("--profile", type=Path, help="with --path flow: record each stage's flow host with py-spy (folded stacks) here")
+    parser.add_argument("--stage-flow", help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.stage_flow:
+        stage_flow(args.stage_flow, args.run, args.address, args.child)
+        return 0
     if args.child:
-        child(args.child, args.run, args.result)
+        if args.path == "flow":
+            child_flow(args.child, args.run, args.result, args.workers, args.profile)
+        else:
+            child_loop(args.child, args.run, args.result)
         return 0
     from bench.report import write_section
 
@@ -225,8 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, list[dict]] = {}
     runs: dict[int, dict] = {}
     for count in args.docs:
-        root = WORK / f"{count}"
-        meta = {"docs": count, "length_scale": args.length_scale, "workers": args.workers, "word_source": str(args.word_source), "commit": commit}
+        root = WORK / args.path / f"{count}"
+        meta = {"docs": count, "length_scale": args.length_scale, "workers": args.workers, "word_source": str(args.word_source),
+                "commit": commit, "path": args.path}
         if args.reuse and (root / "run.json").exists() and json.loads((root / "run.json").read_text())["meta"] == meta:
             runs[count] = json.loads((root / "run.json").read_text())
             results[count] = json.loads((root / "result.json").read_text())
@@ -239,10 +395,13 @@ def main(argv: list[str] | None = None) -> int:
         config = write_config(root, corpus, args.workers)
         result = root / "result.json"
         load_start, started = os.getloadavg()[0], time.perf_counter()
-        subprocess.run([sys.executable, __file__, "--child", str(config), "--run", str(root / "run"), "--result", str(result)], check=True)
+        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        subprocess.run([sys.executable, __file__, "--child", str(config), "--run", str(root / "run"), "--result", str(result),
+                        "--path", args.path, "--workers", str(args.workers), *(["--profile", str(args.profile / str(count))] if args.profile else [])],
+                       check=True)
         results[count] = json.loads(result.read_text())
-        runs[count] = {"meta": meta, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": load_start,
-                       "load_end": os.getloadavg()[0], "seconds": time.perf_counter() - started}
+        runs[count] = {"meta": meta, "date": date, "load_start": load_start, "load_end": os.getloadavg()[0],
+                       "seconds": time.perf_counter() - started, "corpus_bytes": corpus.stat().st_size}
         (root / "run.json").write_text(json.dumps(runs[count]))
         print(f"{count} documents: {runs[count]['seconds']:.0f} s, load {load_start:.1f} -> {runs[count]['load_end']:.1f}", flush=True)
         shutil.rmtree(root / "run", ignore_errors=True)
@@ -254,16 +413,23 @@ def main(argv: list[str] | None = None) -> int:
                 stored = json.loads((root / "run.json").read_text())
                 columns.append((stored["meta"]["commit"], stored["meta"]["docs"], json.loads((root / "result.json").read_text()), stored))
     table = scale_table(columns)
+    same_code = [(n, rows_of) for c, n, rows_of, _ in columns if c == commit]
+    model = cost_model_tables(same_code) if len(same_code) >= 2 else ""
     loads = "; ".join(f"{n:,} at {c}: {r['date']}, load {r['load_start']:.1f} -> {r['load_end']:.1f}" for c, n, _, r in columns)
-    note = (f"x86_64 with {os.cpu_count()} CPUs, {args.workers} workers; synthetic documents with the word statistics of "
+    path = ("one Prefect flow run per stage against a real Prefect server, on a Dask LocalCluster of "
+            f"{args.workers} worker processes (one thread each, restarted before each stage), every per-shard pass a Dask task, each "
+            "stage's flow in a fresh process (`hymo_stage(stage=S, until=S)`)" if args.path == "flow"
+            else f"the stage functions in a plain loop with {args.workers} pool workers")
+    note = (f"x86_64 with {os.cpu_count()} CPUs; {path}. Synthetic documents with the word statistics of "
             f"{args.word_source.name} (page lengths x {args.length_scale:g}, documentation profile, paragraphs), 10 % near copies. "
-            f"Runs ({loads}). Cells: wall s / CPU s of the process tree / largest process / bytes on disk; a column's per-document "
-            f"cost is compared with the smallest size run on the same code. CPU seconds are the cost measure when runs saw different "
-            f"loads (wall stretches with the load, CPU much less). Plot (this invocation's runs): docs/scale.png.")
-    print(f"\n{note}\n\n{table}")
+            f"Runs ({loads}). Cells: wall s / CPU s of the whole process tree (flow host + workers + Prefect server) / peak RSS of "
+            f"the stage's flow-host process / of the largest worker process / files / bytes on disk; a column's "
+            f"per-document cost is compared with the smallest size run on the same code. CPU seconds are the cost measure when "
+            f"runs saw different loads (wall stretches with the load, CPU much less). Plot (this invocation's runs): docs/scale.png.")
+    print(f"\n{note}\n\n{table}\n\n{model}")
     if not args.no_write:
         plot(results, REPO / "docs" / "scale.png")
-        write_section(TITLE, table, note)
+        write_section(TITLE, table + ("\n\n" + model if model else ""), note)
     return 0
 
 
@@ -274,20 +440,30 @@ def code_commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
+def cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    host = row.get("host_mb", float("nan"))
+    worker = row.get("worker_mb", row["largest_mb"])
+    files = row.get("files")
+    return (f"{row['seconds']:.1f} s / {row.get('cpu_seconds', float('nan')):.1f} s / {host:.0f} MB / {worker:.0f} MB / "
+            f"{'-' if files is None else files} / {row['bytes'] / 2**20:.1f} MB")
+
+
 def scale_table(columns: list[tuple[str, int, list[dict], dict]]) -> str:
-    """Per stage and (code, size): wall / CPU / largest process / on disk; totals; per-document cost against the
-    smallest size run on the same code."""
+    """Per stage and (code, size): wall / CPU / flow host / largest worker / files / on disk; totals; per-document cost
+    against the smallest size run on the same code."""
     from bench.report import markdown_table
 
     rows = []
     for stage in [row["stage"] for row in columns[0][2]]:
-        cells = [next((r for r in rows_of if r["stage"] == stage), None) for _, _, rows_of, _ in columns]
-        rows.append((stage, *("-" if c is None else f"{c['seconds']:.1f} s / {c.get('cpu_seconds', float('nan')):.1f} s / "
-                              f"{c['largest_mb']:.0f} MB / {c['bytes'] / 2**20:.1f} MB" for c in cells)))
+        rows.append((stage, *(cell(next((r for r in rows_of if r["stage"] == stage), None)) for _, _, rows_of, _ in columns)))
     wall = [sum(r["seconds"] for r in rows_of) / n for _, n, rows_of, _ in columns]
     cpu = [sum(r.get("cpu_seconds", float("nan")) for r in rows_of) / n for _, n, rows_of, _ in columns]
     rows.append(("all stages", *(f"{w * n:.0f} s ({w * 1e6:.0f} µs/doc) / {c * n:.0f} s ({c * 1e6:.0f} µs/doc) / "
-                                 f"{max(r['largest_mb'] for r in rows_of):.0f} MB largest, {max(r['tree_mb'] for r in rows_of):.0f} MB tree / "
+                                 f"{max(r.get('host_mb', float('nan')) for r in rows_of):.0f} MB host, "
+                                 f"{max(r.get('worker_mb', r['largest_mb']) for r in rows_of):.0f} MB worker, "
+                                 f"{max(r['tree_mb'] for r in rows_of):.0f} MB tree / {sum(r.get('files', 0) for r in rows_of):,} files / "
                                  f"{sum(r['bytes'] for r in rows_of) / 2**30:.2f} GB" for w, c, (_, n, rows_of, _) in zip(wall, cpu, columns))))
     ratios = []
     for commit, n, _, _ in columns:
@@ -295,7 +471,83 @@ def scale_table(columns: list[tuple[str, int, list[dict], dict]]) -> str:
         i = next(i for i, (other, m, _, _) in enumerate(columns) if other == commit and m == n)
         ratios.append(f"wall {wall[i] / wall[base]:.2f}x, CPU {cpu[i] / cpu[base]:.2f}x vs {columns[base][1]:,}")
     rows.append(("per-document cost", *ratios))
-    return markdown_table(["stage", *(f"{n:,} docs @{commit}: wall / CPU / largest / on disk" for commit, n, _, _ in columns)], rows)
+    return markdown_table(["stage", *(f"{n:,} docs @{commit}: wall / CPU / flow host / largest worker / files / on disk"
+                                      for commit, n, _, _ in columns)], rows)
+
+
+TARGETS = ((100_000_000, 64), (100_000_000, 512), (1_000_000_000, 64), (1_000_000_000, 512))
+
+
+def tail_fit(sizes: list[int], values: list[float]) -> tuple[float, float]:
+    """(fixed, per-document) of the line through the two largest sizes, the slope clamped at 0.
+
+    The two largest sizes, not a least-squares line over all of them: terms that are capped (the
+    tokenizer's sample, a model load) are flat there, and it is the cost at large N that is extrapolated.
+    """
+    slope = max(0.0, (values[-1] - values[-2]) / (sizes[-1] - sizes[-2]))
+    return values[-1] - slope * sizes[-1], slope
+
+
+def marginal_growth(sizes: list[int], values: list[float]) -> float | None:
+    """Per-document cost between the two largest sizes over that between the two smallest (1.0: linear; >1: superlinear)."""
+    if len(sizes) < 3:
+        return None
+    first = (values[1] - values[0]) / (sizes[1] - sizes[0])
+    last = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
+    return last / first if first > 0 else None
+
+
+def cost_model(same_code: list[tuple[int, list[dict]]]) -> list[dict]:
+    """Per stage: fixed and per-document CPU on the flow host and on the workers, their growth, and memory fits."""
+    same_code = sorted(same_code)
+    sizes = [n for n, _ in same_code]
+    model = []
+    for stage in [row["stage"] for row in same_code[0][1]]:
+        rows = [next(r for r in rows_of if r["stage"] == stage) for _, rows_of in same_code]
+        # Serial: the flow host (and any child of its own), the Dask scheduler, the Prefect server.
+        host_cpu = [r["cpu_host"] + r["cpu_host_child"] + r["cpu_scheduler"] + r["cpu_server"] for r in rows]
+        worker_cpu = [r["cpu_worker"] for r in rows]
+        model.append({
+            "stage": stage, "host_cpu": tail_fit(sizes, host_cpu), "worker_cpu": tail_fit(sizes, worker_cpu),
+            "growth": marginal_growth(sizes, [h + w for h, w in zip(host_cpu, worker_cpu)]),
+            "host_mb": tail_fit(sizes, [r["host_mb"] for r in rows]), "worker_mb": tail_fit(sizes, [r["worker_mb"] for r in rows]),
+            "files": tail_fit(sizes, [r["files"] for r in rows]),
+        })
+    return model
+
+
+def cost_model_tables(same_code: list[tuple[int, list[dict]]]) -> str:
+    """The fitted terms per stage, and the extrapolation to 100M and 1B documents on 64 and 512 workers."""
+    from bench.report import markdown_table
+
+    model = cost_model(same_code)
+    sizes = sorted(n for n, _ in same_code)
+    terms = []
+    for m in model:
+        (h0, h1), (w0, w1), (mh0, mh1), (mw0, mw1) = m["host_cpu"], m["worker_cpu"], m["host_mb"], m["worker_mb"]
+        growth = m["growth"]
+        terms.append((m["stage"], f"{h0:.1f} s + {h1 * 1e6:.1f} µs·N", f"{w0:.1f} s + {w1 * 1e6:.1f} µs·N",
+                      "-" if growth is None else f"{growth:.2f}", f"{mh0:.0f} MB + {mh1 * 2**20:.1f} B·N", f"{mw0:.0f} MB + {mw1 * 2**20:.1f} B·N",
+                      f"{m['files'][1] * 1e6:.1f}"))
+    fitted = markdown_table(["stage", "flow host + server CPU", "worker CPU", f"marginal cost {sizes[-2]:,}→{sizes[-1]:,} / {sizes[0]:,}→{sizes[1]:,}"
+                             if len(sizes) >= 3 else "marginal growth", "flow host peak RSS", "largest worker peak RSS", "files per 1M docs"], terms)
+    predicted = []
+    for n, workers in TARGETS:
+        host_s = sum(max(0.0, m["host_cpu"][0] + m["host_cpu"][1] * n) for m in model)
+        worker_s = sum(max(0.0, m["worker_cpu"][0] + m["worker_cpu"][1] * n) for m in model)
+        host_gb = max(m["host_mb"][0] + m["host_mb"][1] * n for m in model) / 1024
+        worker_gb = max(m["worker_mb"][0] + m["worker_mb"][1] * n for m in model) / 1024
+        worst = max(model, key=lambda m: m["host_mb"][0] + m["host_mb"][1] * n)["stage"]
+        files = sum(max(0.0, m["files"][0] + m["files"][1] * n) for m in model)
+        predicted.append((f"{n:,}", workers, f"{(host_s + worker_s / workers) / 3600:.1f} h", f"{host_s / 3600:.1f} h",
+                          f"{worker_s / 3600:.0f} h", f"{host_gb:.1f} GB ({worst})", f"{worker_gb:.2f} GB", f"{files:,.0f}"))
+    extrapolated = markdown_table(["documents", "workers", "predicted wall (host + workers' CPU / workers)", "of which serial on the flow host",
+                                   "workers' CPU in all", "flow host peak", "largest worker", "files (all stages)"], predicted)
+    return ("Cost model, per stage, from the two largest sizes run on this code (fixed + per-document term through them, the "
+            "per-document term clamped at 0; host = the stage's flow-host process, the Dask scheduler and the Prefect server, serial; "
+            "workers = every Dask worker process, parallel):\n\n" + fitted +
+            "\n\nExtrapolated (worker CPU assumed to divide perfectly over the workers, so the wall times are lower bounds; "
+            "memory per process does not depend on the number of workers):\n\n" + extrapolated)
 
 
 if __name__ == "__main__":

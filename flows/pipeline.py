@@ -141,6 +141,16 @@ def batches(jobs: list[tuple], sizes: list[int], count: int) -> list[list[tuple]
     return [b for b in out if b]
 
 
+def needs_task_runner(entries: list[StageEntry], runner: Runner) -> bool:
+    """Whether these stages need the task runner: a document stage maps its shard batches over it; on Dask every data
+    stage does, since its per-shard passes (ingest's byte ranges, extraction, the global passes, tokenizer sampling,
+    mixture, shards) run on the cluster only through the runner's client. Re-running one of those alone with
+    `--runner dask` must not run it on the flow host."""
+    if runner == Runner.dask:
+        return any(e.name != TRAINING_STAGE for e in entries)
+    return any(e.doc_stage for e in entries)
+
+
 def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
     if runner == Runner.dask:
         from prefect_dask import DaskTaskRunner
@@ -195,8 +205,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
     funnel_drawn = False
     entries = stages_between(start, until, config)
-    needs_runner = any(e.doc_stage for e in entries)
-    task_runner = make_task_runner(runner, workers, dask_address) if needs_runner else None
+    task_runner = make_task_runner(runner, workers, dask_address) if needs_task_runner(entries, runner) else None
     environ_before = dict(os.environ)  # a Dask LocalCluster sets OMP_NUM_THREADS=1 & co. for its workers
     if task_runner is not None:
         task_runner.__enter__()

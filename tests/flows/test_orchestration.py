@@ -205,3 +205,15 @@ def test_a_cluster_run_without_an_api_the_workers_reach_fails_at_once(tmp_path: 
         assert main(["run", "--runner", "dask", "--dask-address", "tcp://10.20.30.40:8786", "--out", str(tmp_path / "run"), *extra]) == 1
         error = capsys.readouterr().err.strip()
         assert message in error and error.count("\n") == 0 and not (tmp_path / "run").exists()
+
+
+def test_a_data_stage_rerun_alone_on_dask_gets_the_cluster() -> None:
+    """`hymo rerun --stage S --until S --runner dask` of a stage without shard batches (ingest, extract, tokenizer, mixture,
+    shards) still runs its per-shard passes on the cluster: it gets the task runner (whose client they use); the process
+    runner keeps its own pools for them, and pretraining alone needs no runner."""
+    from flows.pipeline import needs_task_runner
+    from flows.stages import STAGE_BY_NAME
+
+    alone = {name: [STAGE_BY_NAME[name]] for name in ("ingest", "extract", "langid", "tokenizer", "mixture", "shards", "pretrain")}
+    assert [n for n, e in alone.items() if needs_task_runner(e, Runner.dask)] == ["ingest", "extract", "langid", "tokenizer", "mixture", "shards"]
+    assert [n for n, e in alone.items() if needs_task_runner(e, Runner.process)] == ["langid"]
