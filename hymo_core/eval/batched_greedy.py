@@ -21,9 +21,11 @@ The scheme is exact and pads nothing:
 
 Each token is computed from exactly the context the one-at-a-time decoder uses, by the same layers
 (a cached single-token step equals the full forward, the decode caches' contract); only float
-summation order differs (batched matmuls, a masked softmax over more key slots), about 1e-7 on the
-logits, so the greedy tokens are the same. Exception: MoE with a capacity factor drops tokens
-depending on how many share a forward, so such a model decodes one prompt at a time.
+summation order differs (batched matmuls, a masked softmax over more key slots, GDN's
+recurrent step for a prompt's last token instead of the chunked pass), well under the decode-cache
+tests' 1e-5 on fp32 logits, so the greedy tokens are the same (in bf16 the same reordering is
+~1e-2 and could flip a near tie). Exception: MoE with a capacity factor drops tokens depending on
+how many share a forward, so such a model decodes one prompt at a time.
 
 Memory: `batch_size` rows of decode cache (max_seq_len positions each) and, per prefill forward,
 at most FILL_TOKENS positions of logits.
