@@ -235,7 +235,7 @@ def add_commands(sub: Any) -> None:
     evaluate.add_argument("--unsafe-exec", action="store_true",
                           help="with --suite: run HumanEval's generated code even where the namespace sandbox fails (eval.json records sandbox: unsafe)")
     evaluate.add_argument("--generation-batch-size", type=int, metavar="N",
-                          help="with --suite: GSM8K / HumanEval prompts decoded together (default 32; each generation is "
+                          help="with --suite: GSM8K / HumanEval prompts decoded together (default 64; each generation is "
                                "token for token the one-at-a-time one, so no number depends on it)")
     evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")
     evaluate.add_argument("--cloze", help="cloze JSONL (default: the bundled sample set)")

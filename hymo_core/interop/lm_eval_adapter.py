@@ -10,7 +10,7 @@ EOS token, as lm-eval's `hf` model uses its prefix token. `loglikelihood_rolling
 lm-eval's disjoint rolling windows of max_seq_len (first window after EOS) and sums them.
 `generate_until` is greedy only, until a stop string, EOS or `max_gen_toks` (default 256): all of
 lm-eval's requests go to `lm_scoring.generate_until_batched` at once (model arg
-`generation_batch_size`, default 32, rows decoded together), which gives each request the tokens
+`generation_batch_size`, default 64, rows decoded together), which gives each request the tokens
 the suite's one-at-a-time `generate_until` gives it.
 """
 from __future__ import annotations
