@@ -103,14 +103,15 @@ def vocab_size_of(tokenizer) -> int:
     return max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
 
 
-def round_trip_failures(tokenizer, ids: list[str], texts: list[str]) -> list[str]:
-    decoded = tokenizer.decode_batch(encode_texts(tokenizer, texts), skip_special_tokens=False)
+def round_trip_failures(tokenizer, ids: list[str], texts: list[str], encoded: list[list[int]] | None = None) -> list[str]:
+    """Ids of the texts that decode(encode(text)) changes; `encoded`: their ids, when the caller has them already."""
+    decoded = tokenizer.decode_batch(encode_texts(tokenizer, texts) if encoded is None else encoded, skip_special_tokens=False)
     return [doc_id for doc_id, text, back in zip(ids, texts, decoded) if text != back]
 
 
-def compression(tokenizer, texts: list[str]) -> dict[str, float]:
+def compression(texts: list[str], tokens_per_text: list[int]) -> dict[str, float]:
     """Lab 2's diagnostics: characters per token and tokens per whitespace word."""
-    tokens = sum(map(len, encode_texts(tokenizer, texts)))
+    tokens = sum(tokens_per_text)
     chars = sum(len(t) for t in texts)
     words = sum(len(t.split()) for t in texts)
     return {"documents": len(texts), "chars": chars, "tokens": tokens,
@@ -215,13 +216,21 @@ def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: To
     report_progress("training BPE")
     tokenizer = build_tokenizer(texts, config)
     report_progress("round-trip check")
-    failed = round_trip_failures(tokenizer, [i for ids, _ in sample.values() for i in ids], texts)
+    # One encode of the sample serves both the round trip and the compression figures: an encode of the
+    # sample costs as much as training the BPE on it.
+    encoded = encode_texts(tokenizer, texts)
+    tokens_per_text = [len(ids) for ids in encoded]
+    failed = round_trip_failures(tokenizer, [i for ids, _ in sample.values() for i in ids], texts, encoded)
+    del encoded
     if failed:
         raise ValueError(f"tokenizer round trip changed {len(failed)} sampled documents, e.g. {failed[:3]}")
     tokenizer_path = work_dir / TOKENIZER_FILE
     tokenizer.save(str(tokenizer_path))
     report_progress("compression")
-    per_source = {source: compression(tokenizer, source_texts) for source, (_, source_texts) in sample.items()}
+    per_source, start = {}, 0
+    for source, (_, source_texts) in sample.items():  # `texts` is the sources' texts in this order
+        per_source[source] = compression(source_texts, tokens_per_text[start: start + len(source_texts)])
+        start += len(source_texts)
     identity = {
         "path": TOKENIZER_FILE,
         "sha256": sha256_file(tokenizer_path),
@@ -234,7 +243,7 @@ def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: To
         "documents_encoded_with": {"encode_special_tokens": True, "add_special_tokens": False},
         "round_trip_documents": len(texts),
     }
-    stats = {"tokenizer": identity, "sample_by_source": per_source, "overall": compression(tokenizer, texts)}
+    stats = {"tokenizer": identity, "sample_by_source": per_source, "overall": compression(texts, tokens_per_text)}
     atomic_write_text(work_dir / STATS_FILE, json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
     return [(TOKENIZER_FILE, identity["vocab_size"]), (STATS_FILE, len(per_source))], stats
 
