@@ -70,7 +70,7 @@ def cmd_retokenize(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    from hymo_core.cpt.run import CptConfig
+    from hymo_core.cpt.config import CptConfig
 
     defaults = CptConfig()
     cpt = sub.add_parser("cpt", help="continue a checkpoint on a domain corpus with general replay; verdict from a gate written before "

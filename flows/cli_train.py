@@ -211,7 +211,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    from hymo_core.train.run import add_train_arguments
+    from hymo_core.train.arguments import add_train_arguments
 
     train = sub.add_parser("train", help="pretrain on a corpus: checkpoints, metrics.jsonl, loss.png, summary.json")
     add_train_arguments(train)

@@ -52,6 +52,7 @@ from hymo_core.distributed.parallelize import build_parallel_model
 from hymo_core.checkpoint.background import BackgroundCheckpoints
 from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards
 from hymo_core.train.config import TrainConfig
+from hymo_core.train.arguments import add_train_arguments  # noqa: F401 (re-exported: the trainer's arguments)
 from hymo_core.train.trainer import TrainHooks, TrainingStopped, TrainState, continuations_over_ranks, seed_training_rng, train
 
 
@@ -453,18 +454,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hymo_core.train", description="Pretrain on a corpus (no Prefect needed).")
     add_train_arguments(parser)
     return parser
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--corpus", required=True, help="run directory, shards stage directory or corpus.json")
-    parser.add_argument("--config", help="training TOML with [train], [model], [parallel] and [[alerts]] tables (default: the sample recipe)")
-    parser.add_argument("--out", required=True, help="output directory (checkpoints, metrics.jsonl, loss.png, summary.json)")
-    parser.add_argument("--max-steps", type=int, help="stop after this many updates; the LR schedule keeps the recipe's horizon")
-    parser.add_argument("--horizon", type=int, help="move the LR schedule's horizon (where decay ends) to this step")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
-    parser.add_argument("--strict-resume", action="store_true",
-                        help="refuse a resume across a torch version or device change (default: warn and continue)")
-    parser.add_argument("--cloze", help="cloze JSONL scored into summary.json (default: the bundled sample set)")
 
 
 def session_config(train_config: TrainConfig, max_steps: int | None = None, horizon: int | None = None) -> TrainConfig:

@@ -1,0 +1,17 @@
+"""The command-line arguments of a training run, in a module without torch: `hymo`'s parser is built on every
+command (`hymo run` included), and importing torch for it cost seconds of start-up."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", required=True, help="run directory, shards stage directory or corpus.json")
+    parser.add_argument("--config", help="training TOML with [train], [model], [parallel] and [[alerts]] tables (default: the sample recipe)")
+    parser.add_argument("--out", required=True, help="output directory (checkpoints, metrics.jsonl, loss.png, summary.json)")
+    parser.add_argument("--max-steps", type=int, help="stop after this many updates; the LR schedule keeps the recipe's horizon")
+    parser.add_argument("--horizon", type=int, help="move the LR schedule's horizon (where decay ends) to this step")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+    parser.add_argument("--strict-resume", action="store_true",
+                        help="refuse a resume across a torch version or device change (default: warn and continue)")
+    parser.add_argument("--cloze", help="cloze JSONL scored into summary.json (default: the bundled sample set)")
