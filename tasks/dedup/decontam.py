@@ -124,6 +124,7 @@ def benchmark_index(index_file: str, index_sha256: str) -> np.ndarray:
     return np.asarray(read_checked_array(Path(index_file), index_sha256, mmap=False))
 
 
+MATCH_BATCH_ROWS = 2048  # documents tokenised at once by a match task: its memory follows this, not the shard size
 MATCH_SCHEMA = pa.schema([("id", pa.string()), ("hash", pa.uint64()), ("ngram", pa.string())])
 
 
@@ -131,12 +132,15 @@ def match_shard(shard_path: str, shard: str, config: DecontamConfig, index_file:
     """Task: spill, per document, the benchmark n-grams it contains (hash, first matching text) in order of appearance;
     return per matched n-gram how many of the shard's documents hold it, and the spill file."""
     index = benchmark_index(index_file, index_sha256)
-    table = pq.read_table(shard_path, columns=["id", "text"])
-    doc_ids = table.column("id").to_pylist()
-    doc_tokens = [tokens(text, fold_numbers=False) for text in table.column("text").to_pylist()]
-    hashes, offsets = batch_ngram_hashes(doc_tokens, config.ngram_size, TokenHashCache())
     matches: dict[str, dict[int, str]] = {}  # doc id -> {n-gram hash: its text}, in order of appearance
-    if len(index) and len(hashes):
+    cache = TokenHashCache()
+    # A batch of rows at a time: a shard's token lists as Python strings are ~20x its text (2.9 GB for a 128 MB shard).
+    for batch in pq.ParquetFile(shard_path).iter_batches(batch_size=MATCH_BATCH_ROWS, columns=["id", "text"]):
+        doc_ids = batch.column("id").to_pylist()
+        doc_tokens = [tokens(text, fold_numbers=False) for text in batch.column("text").to_pylist()]
+        hashes, offsets = batch_ngram_hashes(doc_tokens, config.ngram_size, cache)
+        if not (len(index) and len(hashes)):
+            continue
         positions = np.minimum(np.searchsorted(index, hashes), len(index) - 1)
         for window in np.flatnonzero(index[positions] == hashes).tolist():
             doc = int(np.searchsorted(offsets, window, side="right")) - 1

@@ -116,3 +116,24 @@ def test_the_flow_process_gets_per_ngram_counts_and_removed_documents_not_every_
         assert sum(len(r["removed"]) for r in evidence) == 1 and all(set(r) == {"shard", "removed"} for r in evidence)
         sizes.append(sum(len(r["hashes"]) for r in matched))
     assert sizes[0] == sizes[1] > 0  # one count per (shard, matched n-gram), however many documents hold it
+
+
+def test_a_match_task_tokenises_a_batch_of_rows_at_a_time_with_the_same_result(tmp_path, upstream, monkeypatch):
+    """Counting the documents tokenised at once: bounded by MATCH_BATCH_ROWS however large the shard, and the stage's
+    bytes equal those of a whole-shard pass."""
+    import tasks.dedup.decontam as decontam
+
+    bench = write_benchmark(tmp_path / "bench.jsonl.gz", [("q1", QUESTION), ("lic", LICENCE)])
+    config = DecontamConfig(benchmarks=(bench,), max_training_docs_per_ngram=5)
+    texts = {f"doc-{i:02d}": f"note {i} about the garden. {LICENCE if i % 7 == 0 else ''}" for i in range(40)}
+    texts |= {"leak-a": f"puzzle of the day: {QUESTION}", "zz-leak": f"homework {QUESTION} due monday"}
+    source = upstream(texts, shards=1, name="one-shard")
+    whole = run_decontam(config, source, tmp_path / "whole", workers=1)
+    seen: list[int] = []
+    real = decontam.batch_ngram_hashes
+    monkeypatch.setattr(decontam, "batch_ngram_hashes", lambda docs, *a: seen.append(len(docs)) or real(docs, *a))
+    monkeypatch.setattr(decontam, "MATCH_BATCH_ROWS", 8)
+    batched = run_decontam(config, source, tmp_path / "batched", workers=1)
+    assert max(seen) == 8 and sum(seen) == len(texts)
+    assert {o.path: o.sha256 for o in batched.outputs} == {o.path: o.sha256 for o in whole.outputs}
+    assert set(removed(tmp_path / "batched")) == {"leak-a", "zz-leak"}
