@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     (root / "result.json").write_text(json.dumps({"hymo": {k: hymo[k] for k in ("side", "stages")}, "datatrove": {k: datatrove[k] for k in ("side", "stages")},
                                                   "scores": scores}, indent=1, default=str))
     if not args.no_write:
-        write_section(TITLE, body, note)
+        write_section(TITLE if args.profile == "documentation" else TITLE.replace("`)", f" --profile {args.profile}`)"), body, note)
     return 0
 
 
