@@ -21,6 +21,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# Not bench/ itself (the script's directory): its distributed.py would shadow the `distributed` package in the
+# spawned workers, and Prefect's prefect_dask collection would fail to load there as it never does under `hymo run`.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 
 def plain_loop(config, run: Path) -> float:
