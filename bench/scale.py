@@ -348,7 +348,8 @@ def plot(results: dict[int, list[dict]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--docs", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])
+    parser.add_argument("--docs", type=int, nargs="*", default=[100_000, 300_000, 1_000_000],
+                        help="sizes to run (none: only render the runs stored under --include)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--path", choices=["flow", "loop"], default="flow",
                         help="flow: Prefect flow runs on a Dask LocalCluster (default); loop: the stage functions with the process pool")
@@ -412,9 +413,16 @@ def main(argv: list[str] | None = None) -> int:
             if (root / "run.json").exists() and (root / "result.json").exists():
                 stored = json.loads((root / "run.json").read_text())
                 columns.append((stored["meta"]["commit"], stored["meta"]["docs"], json.loads((root / "result.json").read_text()), stored))
+    if not columns:
+        parser.error("no runs: give --docs, or --include a work directory with stored runs")
     table = scale_table(columns)
-    same_code = [(n, rows_of) for c, n, rows_of, _ in columns if c == commit]
-    model = cost_model_tables(same_code) if len(same_code) >= 2 else ""
+    # The cost model: the sizes of the code run at the most sizes (this invocation's, on a tie).
+    by_code: dict[str, list[tuple[int, list[dict]]]] = {}
+    for c, n, rows_of, _ in columns:
+        by_code.setdefault(c, []).append((n, rows_of))
+    model_code = max(by_code, key=lambda c: (len(by_code[c]), c == commit))
+    same_code = by_code[model_code]
+    model = f"On {model_code}. " + cost_model_tables(same_code) if len(same_code) >= 2 else ""
     loads = "; ".join(f"{n:,} at {c}: {r['date']}, load {r['load_start']:.1f} -> {r['load_end']:.1f}" for c, n, _, r in columns)
     path = ("one Prefect flow run per stage against a real Prefect server, on a Dask LocalCluster of "
             f"{args.workers} worker processes (one thread each, restarted before each stage), every per-shard pass a Dask task, each "
@@ -425,10 +433,10 @@ def main(argv: list[str] | None = None) -> int:
             f"Runs ({loads}). Cells: wall s / CPU s of the whole process tree (flow host + workers + Prefect server) / peak RSS of "
             f"the stage's flow-host process / of the largest worker process / files / bytes on disk; a column's "
             f"per-document cost is compared with the smallest size run on the same code. CPU seconds are the cost measure when "
-            f"runs saw different loads (wall stretches with the load, CPU much less). Plot (this invocation's runs): docs/scale.png.")
+            f"runs saw different loads (wall stretches with the load, CPU much less). Plot (the cost model's runs): docs/scale.png.")
     print(f"\n{note}\n\n{table}\n\n{model}")
     if not args.no_write:
-        plot(results, REPO / "docs" / "scale.png")
+        plot(dict(same_code), REPO / "docs" / "scale.png")
         write_section(TITLE, table + ("\n\n" + model if model else ""), note)
     return 0
 
@@ -488,13 +496,15 @@ def tail_fit(sizes: list[int], values: list[float]) -> tuple[float, float]:
     return values[-1] - slope * sizes[-1], slope
 
 
-def marginal_growth(sizes: list[int], values: list[float]) -> float | None:
-    """Per-document cost between the two largest sizes over that between the two smallest (1.0: linear; >1: superlinear)."""
+def marginal_growth(sizes: list[int], values: list[float]) -> float:
+    """How the per-document cost grows with N: with three sizes or more, the marginal cost between the two largest
+    over that between the two smallest (1.0: linear, > 1: superlinear); with two, the larger size's per-document
+    cost over the smaller's (fixed costs spread make it < 1 for a linear stage)."""
     if len(sizes) < 3:
-        return None
+        return (values[-1] / sizes[-1]) / (values[0] / sizes[0]) if values[0] > 0 else float("nan")
     first = (values[1] - values[0]) / (sizes[1] - sizes[0])
     last = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
-    return last / first if first > 0 else None
+    return last / first if first > 0 else float("nan")
 
 
 def cost_model(same_code: list[tuple[int, list[dict]]]) -> list[dict]:
@@ -525,12 +535,10 @@ def cost_model_tables(same_code: list[tuple[int, list[dict]]]) -> str:
     terms = []
     for m in model:
         (h0, h1), (w0, w1), (mh0, mh1), (mw0, mw1) = m["host_cpu"], m["worker_cpu"], m["host_mb"], m["worker_mb"]
-        growth = m["growth"]
-        terms.append((m["stage"], f"{h0:.1f} s + {h1 * 1e6:.1f} µs·N", f"{w0:.1f} s + {w1 * 1e6:.1f} µs·N",
-                      "-" if growth is None else f"{growth:.2f}", f"{mh0:.0f} MB + {mh1 * 2**20:.1f} B·N", f"{mw0:.0f} MB + {mw1 * 2**20:.1f} B·N",
+        terms.append((m["stage"], f"{h0:.1f} s + {h1 * 1e6:.1f} µs·N", f"{w0:.1f} s + {w1 * 1e6:.1f} µs·N", f"{m['growth']:.2f}", f"{mh0:.0f} MB + {mh1 * 2**20:.1f} B·N", f"{mw0:.0f} MB + {mw1 * 2**20:.1f} B·N",
                       f"{m['files'][1] * 1e6:.1f}"))
     fitted = markdown_table(["stage", "flow host + server CPU", "worker CPU", f"marginal cost {sizes[-2]:,}→{sizes[-1]:,} / {sizes[0]:,}→{sizes[1]:,}"
-                             if len(sizes) >= 3 else "marginal growth", "flow host peak RSS", "largest worker peak RSS", "files per 1M docs"], terms)
+                             if len(sizes) >= 3 else f"CPU per document, {sizes[-1]:,} / {sizes[0]:,}", "flow host peak RSS", "largest worker peak RSS", "files per 1M docs"], terms)
     predicted = []
     for n, workers in TARGETS:
         host_s = sum(max(0.0, m["host_cpu"][0] + m["host_cpu"][1] * n) for m in model)
