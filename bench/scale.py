@@ -508,20 +508,24 @@ def marginal_growth(sizes: list[int], values: list[float]) -> float:
 
 
 def cost_model(same_code: list[tuple[int, list[dict]]]) -> list[dict]:
-    """Per stage: fixed and per-document CPU on the flow host and on the workers, their growth, and memory fits."""
+    """Per stage: fixed and per-document CPU on the flow host and on the workers, the cluster's overhead per wall
+    second, their growth, and memory fits."""
     same_code = sorted(same_code)
     sizes = [n for n, _ in same_code]
     model = []
     for stage in [row["stage"] for row in same_code[0][1]]:
         rows = [next(r for r in rows_of if r["stage"] == stage) for _, rows_of in same_code]
-        # Serial: the flow host (and any child of its own), the Dask scheduler, the Prefect server.
-        host_cpu = [r["cpu_host"] + r["cpu_host_child"] + r["cpu_scheduler"] + r["cpu_server"] for r in rows]
+        host_cpu = [r["cpu_host"] + r["cpu_host_child"] for r in rows]  # serial: the stage's flow-host process
         worker_cpu = [r["cpu_worker"] for r in rows]
+        # The Dask scheduler and the Prefect server tick with wall time (heartbeats, polling, task-run states), not N.
+        overhead = [(r["cpu_scheduler"] + r["cpu_server"]) / r["seconds"] for r in rows]
         model.append({
             "stage": stage, "host_cpu": tail_fit(sizes, host_cpu), "worker_cpu": tail_fit(sizes, worker_cpu),
-            "growth": marginal_growth(sizes, [h + w for h, w in zip(host_cpu, worker_cpu)]),
-            "host_mb": tail_fit(sizes, [r["host_mb"] for r in rows]), "worker_mb": tail_fit(sizes, [r["worker_mb"] for r in rows]),
-            "files": tail_fit(sizes, [r["files"] for r in rows]),
+            "growth": marginal_growth(sizes, [h + w for h, w in zip(host_cpu, worker_cpu)]), "overhead": overhead[-1],
+            "host_mb": tail_fit(sizes, [r["host_mb"] for r in rows]), "files": tail_fit(sizes, [r["files"] for r in rows]),
+            # A task holds one shard or one partition, both capped in bytes: at the largest size the shards are full,
+            # so its peak is the bound; it grows with N only until the first shard fills (tests count the rows held).
+            "worker_mb": rows[-1]["worker_mb"], "worker_mb_growth": (rows[-1]["worker_mb"] - rows[-2]["worker_mb"]) / (sizes[-1] - sizes[-2]),
         })
     return model
 
@@ -534,27 +538,32 @@ def cost_model_tables(same_code: list[tuple[int, list[dict]]]) -> str:
     sizes = sorted(n for n, _ in same_code)
     terms = []
     for m in model:
-        (h0, h1), (w0, w1), (mh0, mh1), (mw0, mw1) = m["host_cpu"], m["worker_cpu"], m["host_mb"], m["worker_mb"]
-        terms.append((m["stage"], f"{h0:.1f} s + {h1 * 1e6:.1f} µs·N", f"{w0:.1f} s + {w1 * 1e6:.1f} µs·N", f"{m['growth']:.2f}", f"{mh0:.0f} MB + {mh1 * 2**20:.1f} B·N", f"{mw0:.0f} MB + {mw1 * 2**20:.1f} B·N",
-                      f"{m['files'][1] * 1e6:.1f}"))
-    fitted = markdown_table(["stage", "flow host + server CPU", "worker CPU", f"marginal cost {sizes[-2]:,}→{sizes[-1]:,} / {sizes[0]:,}→{sizes[1]:,}"
-                             if len(sizes) >= 3 else f"CPU per document, {sizes[-1]:,} / {sizes[0]:,}", "flow host peak RSS", "largest worker peak RSS", "files per 1M docs"], terms)
+        (h0, h1), (w0, w1), (mh0, mh1) = m["host_cpu"], m["worker_cpu"], m["host_mb"]
+        terms.append((m["stage"], f"{h0:.1f} s + {h1 * 1e6:.1f} µs·N", f"{w0:.1f} s + {w1 * 1e6:.1f} µs·N", f"{m['growth']:.2f}",
+                      f"{m['overhead']:.2f}", f"{mh0:.0f} MB + {mh1 * 2**20:.0f} B·N", f"{m['worker_mb']:.0f} MB",
+                      f"{m['files'][1] * 1e6:.0f}"))
+    growth = (f"marginal cost {sizes[-2]:,}→{sizes[-1]:,} / {sizes[0]:,}→{sizes[1]:,}" if len(sizes) >= 3
+              else f"CPU per document, {sizes[-1]:,} / {sizes[0]:,}")
+    fitted = markdown_table(["stage", "flow-host CPU (serial)", "worker CPU (parallel)", growth, "scheduler + server CPU per wall s",
+                             "flow host peak RSS", f"largest worker peak RSS (shards full at {sizes[-1]:,})", "files per 1M docs"], terms)
     predicted = []
     for n, workers in TARGETS:
         host_s = sum(max(0.0, m["host_cpu"][0] + m["host_cpu"][1] * n) for m in model)
         worker_s = sum(max(0.0, m["worker_cpu"][0] + m["worker_cpu"][1] * n) for m in model)
         host_gb = max(m["host_mb"][0] + m["host_mb"][1] * n for m in model) / 1024
-        worker_gb = max(m["worker_mb"][0] + m["worker_mb"][1] * n for m in model) / 1024
-        worst = max(model, key=lambda m: m["host_mb"][0] + m["host_mb"][1] * n)["stage"]
+        worst = sorted(model, key=lambda m: -(m["host_mb"][0] + m["host_mb"][1] * n))[:3]
+        worker_gb = max(m["worker_mb"] for m in model) / 1024
         files = sum(max(0.0, m["files"][0] + m["files"][1] * n) for m in model)
         predicted.append((f"{n:,}", workers, f"{(host_s + worker_s / workers) / 3600:.1f} h", f"{host_s / 3600:.1f} h",
-                          f"{worker_s / 3600:.0f} h", f"{host_gb:.1f} GB ({worst})", f"{worker_gb:.2f} GB", f"{files:,.0f}"))
+                          f"{worker_s / 3600:,.0f} h", f"{host_gb:.1f} GB ({', '.join(m['stage'] for m in worst)})",
+                          f"{worker_gb:.2f} GB", f"{files:,.0f}"))
     extrapolated = markdown_table(["documents", "workers", "predicted wall (host + workers' CPU / workers)", "of which serial on the flow host",
-                                   "workers' CPU in all", "flow host peak", "largest worker", "files (all stages)"], predicted)
+                                   "workers' CPU in all", "flow host peak (largest three stages)", "largest worker", "files (all stages)"], predicted)
     return ("Cost model, per stage, from the two largest sizes run on this code (fixed + per-document term through them, the "
-            "per-document term clamped at 0; host = the stage's flow-host process, the Dask scheduler and the Prefect server, serial; "
-            "workers = every Dask worker process, parallel):\n\n" + fitted +
-            "\n\nExtrapolated (worker CPU assumed to divide perfectly over the workers, so the wall times are lower bounds; "
+            "per-document term clamped at 0). Serial: the stage's flow-host process. Parallel: every Dask worker process. The "
+            "Dask scheduler and the Prefect server are given per second of wall time, which is what drives them. A worker's "
+            "peak is taken at the largest size, where every shard is full (a task holds one shard or one byte-capped partition):\n\n"
+            + fitted + "\n\nExtrapolated (worker CPU assumed to divide perfectly over the workers, so the wall times are lower bounds; "
             "memory per process does not depend on the number of workers):\n\n" + extrapolated)
 
 
