@@ -8,7 +8,7 @@ The recorded list (bench/sample_digests.json) was recorded on the layout move; t
 commit gave the same digests (docs/benchmarks.md, "Layout move: the sample's outputs unchanged").
 
 Data, audit and token files are hashed byte for byte. What legitimately differs between two runs of
-equal outputs is left out, and only that: in JSON files the timings, the code version and the keys
+equal outputs is left out, and only that: in JSON files the timings, the code version, the config's directory (the checkout's path) and the keys
 that digest code (a stage's cache key digests its rule modules' syntax trees, so moving a module
 changes it, and with it every later stage's input digest and manifest digest), and in a manifest the
 byte digests of the JSON and checkpoint files it lists (those are compared normalised); in checkpoints, the
@@ -27,7 +27,8 @@ from typing import Any
 # Keys whose values depend on the code's text or on the clock, not on the outputs.
 VOLATILE_KEYS = {"cache_key", "code_version", "wall_time_s", "session_seconds", "tokens_per_s", "step_seconds", "elapsed_s",
                  "data_wait_s", "seconds", "utilisation", "device_flops", "data_wait_fraction", "max_data_wait_s", "compute_s",
-                 "model_flops_per_s", "mfu", "peak_memory_bytes"}
+                 "model_flops_per_s", "mfu", "peak_memory_bytes",
+                 "config_dir"}  # where the checkout lies (relative plugin paths resolve against it), not an output
 MANIFEST_DIGESTS = {"digest"}  # manifest.json's own digest and its inputs' digests fold in the cache key
 
 
