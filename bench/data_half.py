@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.process_tree import tree_pids, usage  # noqa: E402  (after the path fix)
+
 DEFAULT_BENCH_DIR = Path("/work/scratch/bench")
 WORK = Path(os.environ.get("HYMO_BENCH_WORK", "/tmp/hymo-bench-data-half"))
 TITLE = "The data half beside datatrove (`python bench/data_half.py`)"
@@ -63,9 +65,7 @@ class TreeClock:
     """
 
     def __init__(self, roots: dict[str, int]) -> None:
-        import psutil
-
-        self.roots = {name: psutil.Process(pid) for name, pid in roots.items()}
+        self.roots = dict(roots)
         self.cpu: dict[str, dict[int, float]] = {name: {} for name in roots}
         self.base: dict[str, dict[int, float]] = {name: {} for name in roots}
         self.times: list[float] = []
@@ -74,23 +74,14 @@ class TreeClock:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def sample(self) -> None:
-        import psutil
-
         row = {}
         for name, root in self.roots.items():
             sizes = []
-            try:
-                processes = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                processes = []
-            for process in processes:
-                try:
-                    with process.oneshot():
-                        sizes.append(process.memory_info().rss / 2**20)
-                        times = process.cpu_times()
-                        self.cpu[name][process.pid] = times.user + times.system
-                except psutil.Error:
-                    pass
+            for pid in tree_pids(root):
+                read = usage(pid)
+                if read is not None:
+                    sizes.append(read[0])
+                    self.cpu[name][pid] = read[1]
             row[name] = (sum(self.cpu[name].values()) - sum(self.base[name].values()), sum(sizes), max(sizes, default=0.0))
         self.times.append(time.time())
         self.samples.append(row)

@@ -54,6 +54,8 @@ REPO = Path(__file__).resolve().parent.parent
 # Run as a script, bench/ is sys.path[0], where bench/distributed.py would shadow the `distributed` package.
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 
+from bench.process_tree import tree_pids, usage  # noqa: E402  (after the path fix)
+
 WORK = Path(os.environ.get("HYMO_BENCH_WORK", "/tmp/hymo-bench-scale"))
 DEFAULT_WORD_SOURCE = Path("/work/scratch/bench/corpus/small.jsonl")
 TITLE = "Data half at scale (`python bench/scale.py`)"
@@ -154,43 +156,22 @@ class TreeSampler:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def roles(self) -> dict[int, str]:
-        import psutil
-
         host = self.host_pid or self.me.pid
         found = {self.me.pid: "host" if host == self.me.pid else "scheduler"}
-        server = set()
-        if self.server_pid is not None:
-            try:
-                root = psutil.Process(self.server_pid)
-                server = {root.pid, *(p.pid for p in root.children(recursive=True))}
-            except psutil.Error:
-                pass
-        host_tree = set()
-        if host != self.me.pid:
-            try:
-                root = psutil.Process(host)
-                host_tree = {root.pid, *(p.pid for p in root.children(recursive=True))}
-            except psutil.Error:
-                pass
-        for process in self.me.children(recursive=True):
-            found[process.pid] = "server" if process.pid in server else "host" if process.pid == host else \
-                "host_child" if process.pid in host_tree else "worker"
+        server = tree_pids(self.server_pid) if self.server_pid is not None else set()
+        host_tree = tree_pids(host) if host != self.me.pid else set()
+        for pid in tree_pids(self.me.pid) - {self.me.pid}:
+            found[pid] = "server" if pid in server else "host" if pid == host else "host_child" if pid in host_tree else "worker"
         return found
 
     def sample(self) -> None:
-        import psutil
-
         total = 0.0
         for pid, role in self.roles().items():
-            try:
-                process = psutil.Process(pid)
-                with process.oneshot():
-                    mb = process.memory_info().rss / 2**20
-                    times = process.cpu_times()
-            except psutil.Error:
+            read = usage(pid)
+            if read is None:
                 continue
+            mb, self.last[pid] = read
             self.role[pid] = role
-            self.last[pid] = times.user + times.system
             total += mb
             self.largest_mb = max(self.largest_mb, mb)
             self.peak_mb[role] = max(self.peak_mb[role], mb)
