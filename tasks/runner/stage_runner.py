@@ -40,6 +40,7 @@ from manifests.digest import config_hash, sha256_file
 from manifests.file_stats import write_stats
 from manifests.schema import AUDIT_SCHEMA, DOC_SCHEMA, audit_table
 from manifests.stage_manifest import DigestMismatch, OutputFile, StageManifest, StageNotComplete, is_complete, read_manifest, write_manifest
+from tasks.runner import host_traffic
 from tasks.runner.code_version import code_version
 from tasks.runner.rule_digest import rule_digest
 
@@ -349,6 +350,22 @@ def map_shards(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, 
     that dies mid-task has its tasks rerun elsewhere, so `fn` must write its
     files atomically and deterministically (same bytes on a rerun).
     """
+    traffic = host_traffic.ACTIVE.get()
+    if traffic is not None:
+        yield from traffic_counted(traffic, label, jobs, map_shards_uncounted(fn, jobs, workers, label, sizes))
+        return
+    yield from map_shards_uncounted(fn, jobs, workers, label, sizes)
+
+
+def traffic_counted(traffic: "host_traffic.HostTraffic", label: str, jobs: list[tuple], results: Iterable[Any]) -> Iterable[Any]:
+    for job in jobs:
+        traffic.add_job(label, job)
+    for result in results:
+        traffic.add_result(label, result)
+        yield result
+
+
+def map_shards_uncounted(fn: Callable[..., ShardResult], jobs: list[tuple], workers: int, label: str, sizes: list[int]) -> Iterable[ShardResult]:
     client = dask_client()
     if client is not None:
         yield from map_on_dask(client, fn, jobs, label, sizes)

@@ -156,3 +156,19 @@ def test_a_shard_is_fed_in_bounded_batches_with_the_same_bytes(tmp_path: Path, m
     assert seen == [4, 4, 1, 4, 4, 1]
     assert file_bytes(tmp_path / "batched") == file_bytes(tmp_path / "whole")
     assert batched.counts == whole.counts
+
+
+def test_host_traffic_counts_jobs_and_results_of_every_map():
+    from tasks.runner.host_traffic import count_host_traffic
+    from tasks.runner.stage_runner import map_shards
+
+    with count_host_traffic() as traffic:
+        results = list(map_shards(_double, [(1,), (2,), (3,)], 1, "double", [1, 1, 1]))
+    assert results == [2, 4, 6]
+    assert traffic.jobs["double"] == 3 and traffic.result_bytes["double"] > 0 and traffic.job_bytes["double"] > 0
+    assert list(map_shards(_double, [(4,)], 1, "outside", [1])) == [8]
+    assert "outside" not in traffic.jobs
+
+
+def _double(value: int) -> int:
+    return 2 * value
