@@ -82,21 +82,37 @@ def sample_removed(run: Path, stage: str, rule: str | None = None, n: int = 10, 
 def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_text: bool = True) -> list[dict[str, Any]]:
     """Up to n audit rows per rule (n in all when `rules` is None), in audit order, with snippets.
 
-    One read of the audit log and one of the upstream text for every rule at
-    once: a stage with a dozen rules is sampled in one pass, not a dozen.
+    The audit log is read one file at a time, its `rule` column first, and
+    only until every rule has its n rows: the flow host samples every stage
+    after it runs, so this must cost a few files, not the whole log (a
+    concatenated log grew the host by ~300 bytes a removed document). The
+    snippets come from the upstream shard of the same name as each row's
+    audit file (stages keep shard names), the other shards only for ids not there.
     """
-    stage_dir, manifest = find_stage(run, stage)
-    tables = [pq.read_table(manifest.path_of(f)) for f in manifest.files("audit")]
-    if not tables:
-        return []
-    audit = pa.concat_tables(tables)
-    if rules is None:
-        picked = audit.slice(0, n).to_pylist()
-    else:
-        rule_column = audit.column("rule")
-        picked = [row for rule in rules for row in audit.take(pc.indices_nonzero(pc.equal(rule_column, rule))[:n]).to_pylist()]
+    _, manifest = find_stage(run, stage)
+    wanted = {rule: [] for rule in rules} if rules is not None else None
+    first: list[dict[str, Any]] = []
+    shard_of: dict[str, str] = {}
+    for audit_file in manifest.files("audit"):
+        need = {rule: n - len(rows) for rule, rows in wanted.items() if len(rows) < n} if wanted is not None else None
+        if (need is not None and not need) or (need is None and len(first) >= n):
+            break
+        path = manifest.path_of(audit_file)
+        rule_column = pq.read_table(path, columns=["rule"]).column("rule")
+        if need is None:
+            indices = {None: pa.array(range(min(n - len(first), len(rule_column))), pa.int64())}
+        else:
+            indices = {rule: pc.indices_nonzero(pc.equal(rule_column, rule))[:count] for rule, count in need.items()}
+        if not any(len(chosen) for chosen in indices.values()):
+            continue
+        table = pq.read_table(path)
+        for rule, chosen in indices.items():
+            rows = table.take(chosen).to_pylist()
+            (first if rule is None else wanted[rule]).extend(rows)
+            shard_of.update((row["id"], Path(audit_file.path).stem) for row in rows)
+    picked = first if wanted is None else [row for rule in rules for row in wanted[rule]]
     if with_text and picked:
-        texts = _texts_before(run, stage_dir.position, [r["id"] for r in picked])
+        texts = _texts_before(run, find_stage(run, stage)[0].position, shard_of)
         for row in picked:
             row["snippet"] = (texts.get(row["id"]) or "")[:200]
     for row in picked:
@@ -104,16 +120,29 @@ def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_
     return picked
 
 
-def _texts_before(run: Path, position: tuple[int, str], ids: list[str]) -> dict[str, str]:
-    """The text the documents had when they entered the stage at `position` (StageDir.position)."""
+def _texts_before(run: Path, position: tuple[int, str], shard_of: dict[str, str]) -> dict[str, str]:
+    """The text the documents had when they entered the stage at `position` (StageDir.position).
+
+    `shard_of`: id -> the shard its audit row came from; that upstream shard is
+    read first (its ids, then its texts only if one is there), the others only
+    for the ids still missing.
+    """
     previous = [(s, m) for s, m in completed_stages(run) if s.position < position]
     if not previous:
         return {}
     _, manifest = previous[-1]
-    wanted = pa.array(ids)
+    data_files = manifest.files("data")
+    likely = set(shard_of.values())
+    ordered = [f for f in data_files if Path(f.path).stem in likely] + [f for f in data_files if Path(f.path).stem not in likely]
     found: dict[str, str] = {}
-    for data_file in manifest.files("data"):
-        table = pq.read_table(manifest.path_of(data_file), columns=["id", "text"])
-        table = table.filter(pc.is_in(table.column("id"), value_set=wanted))
-        found.update(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+    for data_file in ordered:
+        missing = [doc_id for doc_id in shard_of if doc_id not in found]
+        if not missing:
+            break
+        path = manifest.path_of(data_file)
+        ids = pq.read_table(path, columns=["id"]).column("id")
+        rows = pc.indices_nonzero(pc.is_in(ids, value_set=pa.array(missing)))
+        if len(rows):
+            table = pq.read_table(path, columns=["id", "text"]).take(rows)
+            found.update(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
     return found
