@@ -27,6 +27,9 @@ from manifests.digest import sha256_file
 from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
 from tasks.dedup.minhash import ChecksumMismatch
+from tasks.dedup.near_dup_files import Slice
+from tasks.dedup.spill_reader import SpillFiles
+from tasks.dedup.table_slices import read_table_slices, write_table_slices
 from tasks.runner.stage_runner import ShardOutcome, map_shards
 
 
@@ -78,20 +81,66 @@ class ShardFiles:
         return sum(rows for _, _, rows in self.files.values())
 
 
-def write_by_shard(work_dir: Path, relative_dir: str, table: pa.Table) -> ShardFiles:
-    """Write `table` (with a SHARD_COLUMN) as one file per shard, each sorted by id, without the shard column."""
+def tables_by_shard(table: pa.Table) -> list[tuple[str, pa.Table]]:
+    """(shard, its rows sorted by id, without the shard column) for every shard `table` (with a SHARD_COLUMN) has rows of."""
     table = table.sort_by([(SHARD_COLUMN, "ascending"), ("id", "ascending")]).combine_chunks()
     shards = table.column(SHARD_COLUMN).to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]]) if len(shards) else np.zeros(0, np.int64)
     bounds = np.append(starts, len(shards)).tolist()
     rows = table.drop_columns([SHARD_COLUMN])
+    return [(str(shards[start]), rows.slice(start, stop - start)) for start, stop in zip(bounds, bounds[1:])]
+
+
+def write_shard_file(work_dir: Path, relative_dir: str, shard: str, rows: pa.Table) -> tuple[str, str, str, int]:
+    """One shard's file of a global result: (shard, path, sha256, rows)."""
+    path = Path(work_dir) / relative_dir / f"{shard}.parquet"
+    atomic_write_parquet(path, rows)
+    return shard, str(path), sha256_file(path), rows.num_rows
+
+
+def write_by_shard(work_dir: Path, relative_dir: str, table: pa.Table) -> ShardFiles:
+    """Write `table` (with a SHARD_COLUMN) as one file per shard, each sorted by id, without the shard column."""
     written = ShardFiles(relative_dir)
-    for start, stop in zip(bounds, bounds[1:]):
-        shard = str(shards[start])
-        path = Path(work_dir) / relative_dir / f"{shard}.parquet"
-        atomic_write_parquet(path, rows.slice(start, stop - start))
-        written.files[shard] = (str(path), sha256_file(path), stop - start)
+    for shard, rows in tables_by_shard(table):
+        _, path, sha256, count = write_shard_file(work_dir, relative_dir, shard, rows)
+        written.files[shard] = (path, sha256, count)
     return written
+
+
+def write_shard_pieces(path: Path, table: pa.Table) -> dict[str, Slice]:
+    """Task side of a global result built by many tasks: this task's rows (with a SHARD_COLUMN) as one checked
+    file, one slice per shard it has rows of, each sorted by id (tasks/dedup/table_slices.py)."""
+    by_shard = tables_by_shard(table)
+    slices = write_table_slices(path, [rows for _, rows in by_shard])
+    return {shard: part for (shard, _), part in zip(by_shard, slices)}
+
+
+def assemble_shard_file(work_dir: str, relative_dir: str, shard: str, pieces: list[Slice], schema: pa.Schema) -> tuple[str, str, str, int]:
+    """Task: one shard's file from its pieces (any order): the bytes `write_by_shard` writes for the same rows."""
+    spill = SpillFiles()
+    try:
+        rows = read_table_slices(spill, pieces, schema)
+    finally:
+        spill.close()
+    return write_shard_file(Path(work_dir), relative_dir, shard, rows.sort_by([("id", "ascending")]).combine_chunks())
+
+
+def assemble_by_shard(work_dir: Path, relative_dir: str, pieces: list[dict[str, Slice]], schema: pa.Schema, workers: int) -> ShardFiles:
+    """Host side: one assembly task per shard that has pieces; only (path, sha256, rows) per shard comes back.
+
+    `pieces`: what each writing task returned (`write_shard_pieces`). The host
+    holds slices, O(writers × shards) small records, never a row.
+    """
+    by_shard: dict[str, list[Slice]] = {}
+    for written in pieces:
+        for shard, part in written.items():
+            by_shard.setdefault(shard, []).append(part)
+    jobs = [(str(work_dir), relative_dir, shard, by_shard[shard], schema) for shard in sorted(by_shard)]
+    sizes = [sum(part.stop - part.start for part in job[3]) for job in jobs]
+    assembled = ShardFiles(relative_dir)
+    for shard, path, sha256, rows in map_shards(assemble_shard_file, jobs, workers, f"{relative_dir} by shard", sizes):
+        assembled.files[shard] = (path, sha256, rows)
+    return assembled
 
 
 @dataclass

@@ -97,3 +97,21 @@ def test_a_corrupt_shard_file_fails_with_its_path(tmp_path):
     removal_map.load_checked_table.cache_clear()
     with pytest.raises(removal_map.ChecksumMismatch, match="part-00000.parquet"):
         apply_removals(docs_table([{"id": "a", "text": "x", "source": "s", "meta": {}}]), None, part)
+
+
+def test_removal_files_assembled_from_pieces_have_write_by_shards_bytes(tmp_path):
+    """Tasks that each write part of a removal map (any split, any order) give the files the host's writer gives."""
+    ids = [doc_id(shard, row) for shard in range(3) for row in range(REMOVED_PER_SHARD)]
+    shards = [shard_name(shard) for shard in range(3) for _ in range(REMOVED_PER_SHARD)]
+    count = len(ids)
+    table = removal_table(ids, shards, ["r"] * count, [0.5] * count, [None] * count, [f'{{"n": {n}}}' for n in range(count)])
+    whole = removal_map.write_by_shard(tmp_path / "whole", "removals", table)
+    pieces = [removal_map.write_shard_pieces(tmp_path / f"piece-{n}.npy", table.take(list(range(n, count, 3)))) for n in (2, 0, 1)]
+    assembled = removal_map.assemble_by_shard(tmp_path / "pieces", "removals", pieces, removal_map.REMOVALS_SCHEMA, workers=1)
+    assert {s: (sha, rows) for s, (_, sha, rows) in assembled.files.items()} == {s: (sha, rows) for s, (_, sha, rows) in whole.files.items()}
+    assert sorted(assembled.files) == [shard_name(s) for s in range(3)]
+    with open(pieces[0][shard_name(2)].path, "r+b") as handle:
+        handle.seek(-1, 2)  # the last byte: inside shard 2's slice
+        handle.write(b"\xff")
+    with pytest.raises(removal_map.ChecksumMismatch, match="piece-2.npy"):
+        removal_map.assemble_by_shard(tmp_path / "again", "removals", pieces, removal_map.REMOVALS_SCHEMA, workers=1)
