@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.runner.worker_threads import cap_native_threads
+
 UINT16_LIMIT = 1 << 16
 BATCH_CHARS = 500_000  # characters per encode call: every core has work, the pipeline overlaps, memory stays small
 PIECE_CHARS = 1 << 16  # longer documents are cut into pieces of about this many characters
@@ -61,6 +63,7 @@ def encode_texts(tokenizer, texts: list[str], piece_chars: int = PIECE_CHARS) ->
         cut = split_long_text(text, piece_chars)
         pieces.extend(cut)
         owners.extend([i] * len(cut))
+    cap_native_threads()
     encodings = tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
     if len(pieces) == len(texts):
         return [e.ids for e in encodings]
