@@ -1,14 +1,21 @@
 from collections import Counter
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+import tasks.corpus.occurrence_stream as occurrence_stream
 
 from manifests.corpus import read_corpus_manifest
 from manifests.stage_manifest import read_manifest
 from tasks.corpus.encoding import token_dtype
-from tasks.corpus.shards import ShardsConfig, occurrence_order, run_shards, trace_token
+from tasks.corpus.occurrence_stream import cut_shards, lay_out_stream, occurrence_ranks, stream_blocks, write_blocks, write_shard
+from tasks.corpus.shards import ShardsConfig, run_shards, trace_token
+from tasks.corpus.occurrence_stream import OCCURRENCE_SCHEMA
 from tasks.corpus.split import iter_split_docs
+from tasks.dedup.spill_reader import SpillFiles
+from tasks.dedup.table_slices import read_table_slices
 from tasks.corpus.tokenizer import load_tokenizer, vocab_size_of
 
 
@@ -25,17 +32,46 @@ def test_dtype_boundary_at_65536_ids():
     assert vocab_size_of(tokenizer) == 65_537 and token_dtype(vocab_size_of(tokenizer)) == np.dtype("<u4")
 
 
-def test_occurrences_are_epoch_major_and_seeded():
-    def order(repeats):
-        ids = list(repeats)
-        doc, k = occurrence_order(ids, np.array(list(repeats.values())), seed=0)
-        return [(ids[d], r) for d, r in zip(doc.tolist(), k.tolist())]
+def write_plan(path, docs, repeats):
+    """A mixture-like plan (id, offset, tokens, repeats) for (id, tokens) documents, and their token file: document i's tokens are 0..n-1."""
+    path.mkdir(parents=True, exist_ok=True)
+    lengths = np.array([n for _, n in docs], dtype=np.int64)
+    pq.write_table(pa.table({"id": [d for d, _ in docs], "offset": np.cumsum(lengths) - lengths, "tokens": lengths,
+                             "repeats": np.asarray(repeats, np.int64)}), path / "plan.parquet")
+    np.concatenate([np.arange(n, dtype="<u2") for _, n in docs] or [np.zeros(0, "<u2")]).tofile(path / "tokens.bin")
+    return path / "plan.parquet", path / "tokens.bin"
 
-    first = order({"a": 2, "b": 1, "c": 3, "z": 0})
+
+def streamed(tmp_path, docs, repeats, seed=0, workers=1):
+    """(id, repeat) of the stream's occurrences, in stream order, as the sort tasks wrote them."""
+    plan, _ = write_plan(tmp_path, docs, repeats)
+    blocks = stream_blocks(plan, seed, tmp_path / "spill", workers)
+    spill = SpillFiles()
+    rows = read_table_slices(spill, [b.slice for b in blocks], OCCURRENCE_SCHEMA)
+    spill.close()
+    return list(zip(rows.column("id").to_pylist(), rows.column("repeat").to_pylist()))
+
+
+def test_occurrences_are_epoch_major_and_seeded(tmp_path):
+    docs = {"a": 2, "b": 1, "c": 3, "z": 0}
+    first = streamed(tmp_path / "one", [(d, 4) for d in docs], list(docs.values()))
     assert Counter(d for d, _ in first) == {"a": 2, "b": 1, "c": 3}
     assert [k for _, k in first] == sorted(k for _, k in first)
     assert sorted(first) == [("a", 0), ("a", 1), ("b", 0), ("c", 0), ("c", 1), ("c", 2)]
-    assert first == order({"c": 3, "z": 0, "b": 1, "a": 2})
+    shuffled = {"c": 3, "z": 0, "b": 1, "a": 2}
+    assert first == streamed(tmp_path / "two", [(d, 4) for d in shuffled], list(shuffled.values()))
+
+
+def test_the_external_sort_gives_the_in_memory_order_across_chunks_ranges_and_blocks(tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    docs = [(f"d{i:03d}", int(n)) for i, n in enumerate(rng.integers(1, 9, size=300))]
+    repeats = rng.integers(0, 4, size=len(docs))
+    doc, k, rank = occurrence_ranks([d for d, _ in docs], repeats, seed=7)
+    order = np.lexsort((doc, rank, k))
+    expected = [(docs[d][0], int(r)) for d, r in zip(doc[order].tolist(), k[order].tolist())]
+    monkeypatch.setattr(occurrence_stream, "PLAN_CHUNK_ROWS", 37)
+    monkeypatch.setattr(occurrence_stream, "BLOCK_ROWS", 11)
+    assert streamed(tmp_path, docs, repeats, seed=7) == expected
 
 
 def read_stream(run, side):
@@ -99,20 +135,22 @@ def test_trace_names_document_and_position_across_a_shard_boundary(tiny_run):
         trace_token(tiny_run, 99, 0)
 
 
-def small_side(tmp_path, docs):
-    from tasks.corpus.shards import SideTokens
-
-    lengths = np.array([n for _, n in docs])
-    np.concatenate([np.arange(n, dtype="<u2") for _, n in docs]).tofile(tmp_path / "tokens.bin")
-    return SideTokens([d for d, _ in docs], np.cumsum(lengths) - lengths, lengths, tmp_path / "tokens.bin", np.dtype("<u2"))
-
-
-def test_stream_splits_documents_at_the_shard_bound_and_indexes_each_piece(tmp_path):
-    from tasks.corpus.shards import write_stream
-
-    side = small_side(tmp_path, [("a", 5), ("b", 7), ("c", 4)])  # 16 tokens, shards of 6
+def explicit_stream(tmp_path, docs, order, tokens_per_shard):
+    """Shards cut from occurrences in a given order ((document index, repeat) pairs), as the shard tasks write them."""
+    _, tokens = write_plan(tmp_path, docs, [0] * len(docs))
+    lengths = np.array([n for _, n in docs], dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    occurrences = pa.table({"id": [docs[d][0] for d, _ in order], "start": [int(starts[d]) for d, _ in order],
+                            "length": [int(lengths[d]) for d, _ in order], "repeat": [k for _, k in order],
+                            "rank": np.zeros(len(order), np.uint64), "row": [d for d, _ in order]}, schema=OCCURRENCE_SCHEMA)
     (tmp_path / "out").mkdir()
-    shards = write_stream(side, np.array([0, 1, 2]), np.array([0, 0, 0]), 6, tmp_path / "out", "train")
+    layouts = cut_shards(write_blocks(tmp_path / "blocks.npy", occurrences), tokens_per_shard, "train")
+    return [write_shard(layout, str(tokens), "<u2", str(tmp_path / "out")) for layout in layouts]
+
+
+def test_stream_splits_documents_at_the_shard_bound_and_indexes_each_piece(tmp_path, monkeypatch):
+    monkeypatch.setattr(occurrence_stream, "BLOCK_ROWS", 2)  # the middle document's pieces come from two blocks
+    shards = explicit_stream(tmp_path, [("a", 5), ("b", 7), ("c", 4)], [(0, 0), (1, 0), (2, 0)], 6)  # 16 tokens, shards of 6
     assert [s["tokens"] for s in shards] == [6, 6, 4]
     rows = [r for s in shards for r in pq.read_table(tmp_path / "out" / f"{s['name']}.idx.parquet").to_pylist()]
     assert [(r["doc_id"], r["offset"], r["length"], r["doc_start"]) for r in rows] == [
@@ -122,29 +160,53 @@ def test_stream_splits_documents_at_the_shard_bound_and_indexes_each_piece(tmp_p
 
 
 def test_document_longer_than_a_shard_spans_several(tmp_path):
-    from tasks.corpus.shards import write_stream
-
-    side = small_side(tmp_path, [("long", 13)])
-    (tmp_path / "out").mkdir()
-    shards = write_stream(side, np.array([0, 0]), np.array([0, 1]), 5, tmp_path / "out", "train")
+    shards = explicit_stream(tmp_path, [("long", 13)], [(0, 0), (0, 1)], 5)
     assert [s["tokens"] for s in shards] == [5, 5, 5, 5, 5, 1]
     last = pq.read_table(tmp_path / "out" / "train-00005.idx.parquet").to_pylist()
     assert last == [{"doc_id": "long", "offset": 0, "length": 1, "doc_start": 12, "repeat": 1}]
 
 
-def test_shards_are_written_by_one_task_each_with_the_bytes_of_one_pass(tmp_path):
+def test_shards_are_written_by_one_task_each_with_the_bytes_of_one_pass(tmp_path, monkeypatch):
     """Random lengths and repeats cut into 7-token shards: the shard tasks' files equal one stream cut sequentially."""
-    from tasks.corpus.shards import write_stream
-
     rng = np.random.default_rng(5)
     docs = [(f"d{i}", int(n)) for i, n in enumerate(rng.integers(1, 20, size=30))]
-    side = small_side(tmp_path, docs)
-    doc, repeat = occurrence_order(side.ids, rng.integers(0, 3, size=len(docs)), seed=3)
+    repeats = rng.integers(0, 3, size=len(docs))
+    monkeypatch.setattr(occurrence_stream, "BLOCK_ROWS", 4)
+    plan, tokens = write_plan(tmp_path, docs, repeats)
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    one = write_stream(side, doc, repeat, 7, tmp_path / "one", "train", workers=1)
-    two = write_stream(side, doc, repeat, 7, tmp_path / "two", "train", workers=2)
-    assert one == two and len(one) > 10  # same names, token counts and file digests
-    stream = np.concatenate([np.arange(side.lengths[d], dtype="<u2") for d in doc.tolist()])
+    one = lay_out_stream(plan, tokens, np.dtype("<u2"), 7, 3, tmp_path / "one", "train", tmp_path / "spill-one", workers=1)
+    two = lay_out_stream(plan, tokens, np.dtype("<u2"), 7, 3, tmp_path / "two", "train", tmp_path / "spill-two", workers=2)
+    assert one == two and len(one) > 10  # same names, token counts and file digests (the workers read the default blocks)
+    doc, k, rank = occurrence_ranks([d for d, _ in docs], repeats, seed=3)
+    order = np.lexsort((doc, rank, k))
+    stream = np.concatenate([np.arange(docs[d][1], dtype="<u2") for d in doc[order].tolist()])
     written = np.concatenate([np.fromfile(tmp_path / "two" / f"{s['name']}.bin", dtype="<u2") for s in two])
     assert written.tolist() == stream.tolist() and all(s["tokens"] == 7 for s in two[:-1])
+    assert not (tmp_path / "spill-one").exists() and not (tmp_path / "spill-two").exists()
+
+
+def host_peak_bytes(tmp_path, documents: int) -> int:
+    """Peak Python-heap bytes of the planning process while it lays out `documents` 10-token documents into 20 shards
+    (the tasks run in workers)."""
+    import tracemalloc
+
+    plan, tokens = write_plan(tmp_path, [(f"doc-{i:07d}", 10) for i in range(documents)], [1] * documents)
+    (tmp_path / "out").mkdir()
+    tracemalloc.start()
+    try:
+        shards = lay_out_stream(plan, tokens, np.dtype("<u2"), documents // 2, 0, tmp_path / "out", "train", tmp_path / "spill", workers=2)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sum(s["tokens"] for s in shards) == 10 * documents
+    return peak
+
+
+def test_the_planning_process_holds_no_per_document_data(tmp_path, monkeypatch):
+    """8x the documents, as many shards: the host's peak grows by a few records per rank task, not by the documents
+    (holding the ids and ranks, as the in-memory layout did, is ~150 bytes a document; a shard costs the host ~3 KB)."""
+    monkeypatch.setattr(occurrence_stream, "PLAN_CHUNK_ROWS", 1_000)  # read by the host only: several rank tasks, on the workers
+    host_peak_bytes(tmp_path / "warm", 2_000)  # imports and the worker pool, once
+    small, large = host_peak_bytes(tmp_path / "small", 4_000), host_peak_bytes(tmp_path / "large", 32_000)
+    assert (large - small) / 28_000 < 16, (small, large)

@@ -1,0 +1,222 @@
+"""The token stream's occurrence order and its cut into shards, as an external sort run by runner tasks.
+
+The stream is every document occurrence (a document and its k-th mixture
+repeat) in epoch-major seeded order: all first occurrences ordered by
+`seeded_rank(seed, id + NUL + k)`, then all second ones, and so on (ties,
+which a 64-bit hash makes all but impossible, by plan row). Shards are cut
+every `tokens_per_shard` tokens, a document crossing a bound getting a piece
+in each.
+
+How it runs, so that no process holds a per-document array:
+1. one task per chunk of PLAN_CHUNK_ROWS plan rows ranks that chunk's
+   occurrences and spills them by (epoch, rank range) — the map side;
+2. one task per (epoch, rank range) sorts its occurrences and writes them in
+   blocks of BLOCK_ROWS rows, returning each block's tokens — the reduce side;
+3. the planning process only adds up block tokens (a few dozen bytes a block)
+   and hands each shard task the blocks its token range overlaps;
+4. one task per output shard reads those blocks, finds its rows, and writes
+   its .bin (read piece by piece from the token file) and .idx.parquet.
+
+Memory bound: the planning process holds O(chunks × ranges + blocks) small
+records (about 60 bytes per block of BLOCK_ROWS occurrences, so ~3 MB at a
+billion occurrences); a rank task one chunk, a sort task one range (about
+PARTITION_BYTES of records), a shard task a few blocks and its own shard.
+The files are the bytes one in-memory sort and one sequential cut give.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from manifests.atomic import atomic_write_bytes, atomic_write_parquet
+from manifests.digest import sha256_file
+from tasks.corpus.split import seeded_rank
+from tasks.dedup.near_dup_files import Slice
+from tasks.dedup.spill_reader import SpillFiles
+from tasks.dedup.table_slices import read_table_slices, write_table_slices
+from tasks.runner.stage_runner import map_shards, partition_count
+
+PLAN_CHUNK_ROWS = 1 << 20  # plan rows ranked by one task
+BLOCK_ROWS = 1 << 14  # sorted occurrences per block: what a shard task reads to find its rows
+RECORD_BYTES = 64  # an occurrence record (id, start, length, repeat, rank, row), for sizing the ranges
+OCCURRENCE_SCHEMA = pa.schema([("id", pa.string()), ("start", pa.int64()), ("length", pa.int64()), ("repeat", pa.int32()),
+                               ("rank", pa.uint64()), ("row", pa.int64())])
+INDEX_SCHEMA = pa.schema([
+    ("doc_id", pa.string()),
+    ("offset", pa.int64()),  # first token of this piece inside the shard
+    ("length", pa.int64()),  # tokens of this piece, the closing EOS included when it ends the document
+    ("doc_start", pa.int64()),  # position of the piece's first token inside the document's token sequence
+    ("repeat", pa.int32()),  # 0 for a document's first occurrence, k for its k-th mixture repeat
+])
+
+
+@dataclass(frozen=True)
+class Block:
+    """BLOCK_ROWS (or fewer) consecutive occurrences of the stream: its spill slice, tokens and rows."""
+
+    slice: Slice
+    tokens: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """One output shard: tokens [low, high) of the stream, and the blocks (with the stream position each begins at) holding them."""
+
+    name: str
+    blocks: tuple[tuple[Block, int], ...]
+    low: int
+    high: int
+
+    @property
+    def tokens(self) -> int:
+        return self.high - self.low
+
+
+def occurrence_ranks(ids: list[str], repeats: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(document index, repeat k, seeded rank) of every occurrence of these documents, document-major."""
+    doc = np.repeat(np.arange(len(ids), dtype=np.int64), repeats)
+    k = np.arange(len(doc), dtype=np.int64) - np.repeat(np.cumsum(repeats) - repeats, repeats)
+    rank = np.fromiter((int(seeded_rank(seed, f"{ids[d]}\x00{r}"), 16) for d, r in zip(doc.tolist(), k.tolist())), dtype=np.uint64, count=len(doc))
+    return doc, k, rank
+
+
+def rank_range(rank: np.ndarray, ranges: int) -> np.ndarray:
+    """The range of each rank: its top 32 bits scaled onto [0, ranges), so range order is rank order."""
+    return ((rank >> np.uint64(32)) * np.uint64(ranges) >> np.uint64(32)).astype(np.int64)
+
+
+def plan_rows(plan_path: str, first: int, stop: int) -> pa.Table:
+    """Rows [first, stop) of a plan file, reading only the row groups that hold them."""
+    parquet = pq.ParquetFile(plan_path)
+    groups, begin, row = [], None, 0
+    for index in range(parquet.metadata.num_row_groups):
+        rows = parquet.metadata.row_group(index).num_rows
+        if row < stop and row + rows > first:
+            groups.append(index)
+            begin = row if begin is None else begin
+        row += rows
+    table = parquet.read_row_groups(groups, columns=["id", "offset", "tokens", "repeats"])
+    return table.slice(first - begin, stop - first)
+
+
+def rank_chunk(plan_path: str, first: int, stop: int, seed: int, ranges: int, spill_path: str) -> tuple[int, dict[int, Slice]]:
+    """Task: the occurrences of plan rows [first, stop), spilled by key = epoch × ranges + rank range: (first, key -> slice)."""
+    plan = plan_rows(plan_path, first, stop)
+    ids = plan.column("id").to_pylist()
+    doc, k, rank = occurrence_ranks(ids, plan.column("repeats").to_numpy().astype(np.int64), seed)
+    key = k * ranges + rank_range(rank, ranges)
+    order = np.lexsort((doc, key))
+    doc, k, rank, key = doc[order], k[order], rank[order], key[order]
+    records = pa.table({"id": pa.array(ids, pa.string()).take(pa.array(doc, pa.int64())),
+                        "start": plan.column("offset").to_numpy()[doc].astype(np.int64), "length": plan.column("tokens").to_numpy()[doc].astype(np.int64),
+                        "repeat": k.astype(np.int32), "rank": rank, "row": doc + first}, schema=OCCURRENCE_SCHEMA)
+    keys, starts = np.unique(key, return_index=True)
+    bounds = [*starts.tolist(), len(key)]
+    slices = write_table_slices(Path(spill_path), [records.slice(a, b - a) for a, b in zip(bounds, bounds[1:])])
+    return first, dict(zip(keys.tolist(), slices))
+
+
+def write_blocks(path: Path, occurrences: pa.Table) -> list[Block]:
+    """Occurrences already in stream order, written as blocks of BLOCK_ROWS rows into one checked file."""
+    tables = [occurrences.slice(start, BLOCK_ROWS) for start in range(0, occurrences.num_rows, BLOCK_ROWS)]
+    slices = write_table_slices(path, tables)
+    return [Block(part, int(pc.sum(table.column("length")).as_py() or 0), table.num_rows) for part, table in zip(slices, tables)]
+
+
+def sort_range(key: int, slices: list[Slice], spill_path: str) -> tuple[int, list[Block]]:
+    """Task: one (epoch, rank range)'s occurrences in stream order (rank, then plan row), as blocks."""
+    spill = SpillFiles()
+    try:
+        occurrences = read_table_slices(spill, slices, OCCURRENCE_SCHEMA)
+    finally:
+        spill.close()
+    order = np.lexsort((occurrences.column("row").to_numpy(), occurrences.column("rank").to_numpy()))
+    return key, write_blocks(Path(spill_path), occurrences.take(pa.array(order)))
+
+
+def cut_shards(blocks: list[Block], tokens_per_shard: int, prefix: str) -> list[ShardLayout]:
+    """Cut the stream every `tokens_per_shard` tokens (the last shard shorter); each shard names the blocks it overlaps."""
+    ends = np.cumsum([block.tokens for block in blocks]).tolist()
+    begins = [end - block.tokens for end, block in zip(ends, blocks)]
+    total = ends[-1] if ends else 0
+    layouts = []
+    for index, low in enumerate(range(0, total, tokens_per_shard)):
+        high = min(low + tokens_per_shard, total)
+        first, last = bisect.bisect_right(ends, low), bisect.bisect_left(begins, high)
+        layouts.append(ShardLayout(f"{prefix}-{index:05d}", tuple((blocks[b], begins[b]) for b in range(first, last)), low, high))
+    return layouts
+
+
+def write_shard(layout: ShardLayout, tokens_path: str, dtype_name: str, out_dir: str) -> dict[str, Any]:
+    """Task: one shard's .bin (its tokens, read piece by piece with pread) and .idx.parquet (one row per piece)."""
+    dtype = np.dtype(dtype_name)
+    spill = SpillFiles()
+    try:
+        rows = read_table_slices(spill, [block.slice for block, _ in layout.blocks], OCCURRENCE_SCHEMA)
+    finally:
+        spill.close()
+    lengths = rows.column("length").to_numpy()
+    ends = (layout.blocks[0][1] if layout.blocks else 0) + np.cumsum(lengths)
+    begins = ends - lengths
+    first, last = int(np.searchsorted(ends, layout.low, side="right")), int(np.searchsorted(begins, layout.high, side="left"))
+    buffer = np.empty(layout.tokens, dtype=dtype)
+    index: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
+    fill = 0
+    handle = os.open(tokens_path, os.O_RDONLY)
+    try:
+        columns = (rows.column(name).slice(first, last - first).to_pylist() for name in ("id", "start", "length", "repeat"))
+        for position, (doc_id, start, length, k) in enumerate(zip(*columns)):
+            done = layout.low - int(begins[first]) if position == 0 else 0
+            piece = min(length - done, layout.tokens - fill)
+            buffer[fill:fill + piece] = np.frombuffer(os.pread(handle, piece * dtype.itemsize, (start + done) * dtype.itemsize), dtype=dtype)
+            for column, value in zip(INDEX_SCHEMA.names, (doc_id, fill, piece, done, k)):
+                index[column].append(value)
+            fill += piece
+    finally:
+        os.close(handle)
+    if fill != layout.tokens:
+        raise ValueError(f"{tokens_path}: shard {layout.name} got {fill} tokens where {layout.tokens} were planned; nothing was published")
+    bin_path, idx_path = Path(out_dir) / f"{layout.name}.bin", Path(out_dir) / f"{layout.name}.idx.parquet"
+    atomic_write_bytes(bin_path, buffer.tobytes())
+    atomic_write_parquet(idx_path, pa.table(index, schema=INDEX_SCHEMA))
+    return {"name": layout.name, "tokens": fill, "documents": len(index["doc_id"]), "sha256": sha256_file(bin_path),
+            "index_sha256": sha256_file(idx_path)}
+
+
+def stream_blocks(plan_path: Path, seed: int, spill_dir: Path, workers: int) -> list[Block]:
+    """Steps 1-2: the plan's occurrences sorted into stream order, as blocks (only their slices and counts come back)."""
+    rows = pq.ParquetFile(plan_path).metadata.num_rows
+    ranges = partition_count(workers, rows * RECORD_BYTES)  # an epoch holds at most one occurrence of each plan row
+    chunks = [(str(plan_path), first, min(first + PLAN_CHUNK_ROWS, rows), seed, ranges, str(spill_dir / f"ranked-{first:012d}.npy"))
+              for first in range(0, rows, PLAN_CHUNK_ROWS)]
+    by_key: dict[int, list[tuple[int, Slice]]] = {}
+    for first, slices in map_shards(rank_chunk, chunks, workers, "shards: ranking", [job[2] - job[1] for job in chunks]):
+        for key, part in slices.items():
+            by_key.setdefault(key, []).append((first, part))
+    jobs = [(key, [part for _, part in sorted(by_key[key], key=lambda item: item[0])], str(spill_dir / f"sorted-{key:08d}.npy"))
+            for key in sorted(by_key)]
+    sizes = [sum(part.stop - part.start for part in job[1]) for job in jobs]
+    sorted_ranges = dict(map_shards(sort_range, jobs, workers, "shards: sorting", sizes))
+    return [block for key in sorted(sorted_ranges) for block in sorted_ranges[key]]
+
+
+def lay_out_stream(plan_path: Path, tokens_path: Path, dtype: np.dtype, tokens_per_shard: int, seed: int, out_dir: Path, prefix: str,
+                   spill_dir: Path, workers: int = 1) -> list[dict[str, Any]]:
+    """One side's shards from its plan (id, offset, tokens, repeats) and token file; their listing, in order."""
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        layouts = cut_shards(stream_blocks(plan_path, seed, spill_dir, workers), tokens_per_shard, prefix)
+        jobs = [(layout, str(tokens_path), dtype.str, str(out_dir)) for layout in layouts]
+        return sorted(map_shards(write_shard, jobs, workers, f"shards: {prefix}", [layout.tokens for layout in layouts]), key=lambda s: s["name"])
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
