@@ -9,11 +9,33 @@ every document is its own family.
 
 Nothing is removed here: a validation document keeps flowing, marked
 `meta.split = "validation"` with a `routed` audit row (rule `held_out`).
+
+Planning (`plan_split`) is runner tasks over partitioned spill files
+(tasks/corpus/split_tasks.py); the flow host sends paths and receives slices
+and per-range totals. Only documents in a duplicate relation have a family
+other than themselves, and those families come from the relations alone,
+keyed by keeper (an exact removal names its keeper, a near-duplicate cluster
+names its keeper), so a family never spans two partitions. The per-source
+choice in seeded order is found without a global sort: tasks total each rank
+range per source, the host finds the range where each source's choice stops,
+and only that range is decided family by family.
+
+Memory bound. With N documents in S input shards and P partitions (P =
+partition_count(workers, 64 B × N): 2 × workers, or one per PARTITION_BYTES =
+256 MB of spilled rows when that is more), the shard-reading steps take runs of
+consecutive shards, at most P runs, so:
+* the flow host holds O(P²) slice records (~300 B each) per step, one
+  validation file entry per shard and (families, documents, bytes) per source
+  and rank range, and no row: at 1B documents (P ≈ 250), about 20 MB of slices
+  plus ~300 B a shard, whatever N is for a given shard size;
+* every task holds one run's (id, source, size) rows or one partition of one
+  step (≈ 64 B × N / P, so ≈ PARTITION_BYTES once P follows the data), a few
+  times over while it sorts, and one 2,048-row read batch of texts.
 """
 from __future__ import annotations
 
-import hashlib
 import json
+import shutil
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +49,12 @@ import pyarrow.parquet as pq
 from manifests.run_dir import find_stage
 from manifests.schema import DOC_SCHEMA, docs_table
 from manifests.stage_manifest import StageManifest
-from tasks.dedup.removal_map import SHARD_COLUMN, ShardFiles, ShardSlice, map_upstream_shards, shard_rows, write_by_shard
-from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
+from tasks.corpus.split_rule import SplitConfig, seeded_rank, taken_before_stop
+from tasks.corpus.split_tasks import (VALIDATION_SCHEMA, choose_in_range, doc_sizes, exact_relations, family_members, fuzzy_relations,
+                                      rank_documents, rank_range_totals, resolve_keys, write_validation_files)
+from tasks.corpus.table_spill import TableSlice
+from tasks.dedup.removal_map import ShardFiles, ShardSlice, shard_rows
+from tasks.runner.stage_runner import ShardOutcome, StageDef, map_shards, partition_count, run_stage
 
 STAGE = "split"
 VERSION = "1"
@@ -36,24 +62,13 @@ VALIDATION = "validation"
 HELD_OUT_RULE = "held_out"
 CLUSTERS_ARTIFACT = "clusters.parquet"
 VALIDATION_DIR = "validation"  # the held-out choice, one file per input shard: each shard job reads only its own
-VALIDATION_SCHEMA = pa.schema([("id", pa.string()), ("family_id", pa.string()), ("family_size", pa.int64())])
 SPLIT_DOCS_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("n_bytes", pa.int64())])
-
-
-@dataclass(frozen=True)
-class SplitConfig:
-    # Seed 001 Lab 2 holds out ~5% (1,000 of 21,990 stories) before fitting BPE.
-    validation_fraction: float = 0.05  # of each source's documents
-    # Alternative budget per source, in estimated tokens (UTF-8 bytes / bytes_per_token_estimate):
-    # the tokenizer does not exist yet, so the budget can only be an estimate.
-    validation_tokens_per_source: int | None = None
-    bytes_per_token_estimate: float = 4.0
-    min_validation_docs_per_source: int = 1  # a source with >= 2 families always gets held-out loss
-    seed: int = 0
+SPILL_DIR = "_split_spill"  # the planning tasks' shuffle files, under the stage's work directory, removed after planning
+SPILL_BYTES_PER_DOC = 64  # a document's row in the shuffle, for the partition count
 
 
 class UnionFind:
-    """Families of document ids linked by duplicate relations."""
+    """Families of document ids linked by duplicate relations (the in-memory reference, for small inputs)."""
 
     def __init__(self) -> None:
         self.parent: dict[str, str] = {}
@@ -76,31 +91,39 @@ class UnionFind:
 
 
 def duplicate_relations(run: Path) -> Iterable[tuple[str, str]]:
-    """(member, kept) pairs found by dedup_exact and dedup_fuzzy in this run; none when they are absent."""
+    """(member, kept) pairs found by dedup_exact and dedup_fuzzy in this run, read here (the in-memory reference)."""
+    exact, clusters = relation_files(run)
+    for audit_path in exact:
+        table = pq.read_table(audit_path, columns=["id", "action", "detail"])
+        for doc_id, action, detail in zip(*(table.column(c).to_pylist() for c in ("id", "action", "detail"))):
+            kept_id = json.loads(detail).get("kept_id") if action == "removed" else None
+            if kept_id:
+                yield doc_id, kept_id
+    for path in clusters:
+        table = pq.read_table(path, columns=["id", "kept_id"])
+        yield from zip(table.column("id").to_pylist(), table.column("kept_id").to_pylist())
+
+
+def relation_files(run: Path) -> tuple[list[str], list[str]]:
+    """The dedup_exact audit files and dedup_fuzzy clusters files of this run (none for a stage that is absent)."""
+    exact, clusters = [], []
     try:
-        _, exact = find_stage(run, "dedup_exact")
+        _, manifest = find_stage(run, "dedup_exact")
+        exact = [str(manifest.path_of(f)) for f in manifest.files("audit")]
     except KeyError:
-        exact = None
-    if exact is not None:
-        for audit_file in exact.files("audit"):
-            table = pq.read_table(exact.path_of(audit_file), columns=["id", "action", "detail"])
-            for doc_id, action, detail in zip(*(table.column(c).to_pylist() for c in ("id", "action", "detail"))):
-                kept_id = json.loads(detail).get("kept_id") if action == "removed" else None
-                if kept_id:
-                    yield doc_id, kept_id
+        pass
     try:
-        _, fuzzy = find_stage(run, "dedup_fuzzy")
+        _, manifest = find_stage(run, "dedup_fuzzy")
+        clusters = [str(manifest.path_of(f)) for f in manifest.files("artifact") if Path(f.path).name == CLUSTERS_ARTIFACT]
     except KeyError:
-        return
-    for artifact in fuzzy.files("artifact"):
-        if Path(artifact.path).name == CLUSTERS_ARTIFACT:
-            table = pq.read_table(fuzzy.path_of(artifact), columns=["id", "kept_id"])
-            yield from zip(table.column("id").to_pylist(), table.column("kept_id").to_pylist())
+        pass
+    return exact, clusters
 
 
 def families_of(doc_ids: list[str], relations: Iterable[tuple[str, str]]) -> tuple[list[str], list[int]]:
     """Family id and family size (removed members counted) of each surviving document, in `doc_ids` order.
 
+    The in-memory definition (any relation graph) that `plan_split`'s tasks reproduce at scale.
     Only documents that take part in a duplicate relation enter the union-find;
     every other document is a family of one, named after itself.
     """
@@ -114,17 +137,11 @@ def families_of(doc_ids: list[str], relations: Iterable[tuple[str, str]]) -> tup
     return family, [sizes.get(root, 1) for root in family]
 
 
-def seeded_rank(seed: int, key: str) -> str:
-    """A stable pseudo-random order: independent of shard layout and input order."""
-    return hashlib.blake2b(f"{seed}\x00{key}".encode("utf-8"), digest_size=8).hexdigest()
-
-
 def choose_validation(docs: pa.Table, family: list[str], config: SplitConfig) -> set[str]:
-    """Per source, whole families in seeded order until the fraction (or token budget) is reached.
+    """Per source, whole families in seeded order until the fraction (or token budget) is reached (the in-memory reference).
 
     `docs` has columns id, source and n_bytes. A family is assigned to the source
     of its smallest surviving id, so a family never splits across sources either.
-    Columnar: one row per document, one array entry per family, no object per document.
     """
     table = docs.append_column("family", pa.array(family, pa.string())).sort_by([("family", "ascending"), ("id", "ascending")])
     roots_by_doc = table.column("family").to_numpy(zero_copy_only=False)
@@ -142,14 +159,8 @@ def choose_validation(docs: pa.Table, family: list[str], config: SplitConfig) ->
             continue  # one family cannot be on both sides; it trains
         ranks = np.array([int(seeded_rank(config.seed, root), 16) for root in roots[members].tolist()], dtype=np.uint64)
         ordered = members[np.argsort(ranks, kind="stable")][:-1]  # at least one family stays in training
-        docs_before = np.cumsum(doc_counts[ordered]) - doc_counts[ordered]
-        if config.validation_tokens_per_source is not None:
-            tokens_before = (np.cumsum(family_bytes[ordered]) - family_bytes[ordered]) / config.bytes_per_token_estimate
-            reached = tokens_before >= config.validation_tokens_per_source
-        else:
-            reached = docs_before >= config.validation_fraction * doc_counts[members].sum()
-        done = reached & (docs_before >= config.min_validation_docs_per_source)
-        stop = int(np.argmax(done)) if done.any() else len(ordered)
+        stop = taken_before_stop(np.cumsum(doc_counts[ordered]) - doc_counts[ordered],
+                                 np.cumsum(family_bytes[ordered]) - family_bytes[ordered], doc_counts[members].sum(), config)
         chosen_roots += roots[ordered[:stop]].tolist()
     chosen = table.filter(pc.is_in(table.column("family"), value_set=pa.array(chosen_roots, pa.string())))
     return set(chosen.column("id").to_pylist())
@@ -175,33 +186,91 @@ class SplitPlan:
         return self.validation.artifacts()
 
 
-def shard_split_sizes(shard_path: str, shard: str) -> dict[str, Any]:
-    """Task: id, source and UTF-8 size of every document of one shard, the columns the split plans from;
-    the texts are read here, on a worker, and go no further."""
-    table = pq.read_table(shard_path, columns=["id", "source", "text"])
-    n_bytes = pc.binary_length(table.column("text").cast(pa.binary())).cast(pa.int64())
-    return {"shard": shard, "docs": pa.table([table.column("id"), table.column("source"), n_bytes], schema=SPLIT_DOCS_SCHEMA)}
+def cutoff_decisions(totals: list[dict[str, tuple[int, int, int]]], config: SplitConfig) -> list[dict[str, tuple]]:
+    """Per rank range, what `choose_in_range` does for each source, from (families, documents, bytes) per range and source.
+
+    Ranges before the one where a source's choice stops are taken whole; that
+    range is decided family by family from the running totals where it starts;
+    later ranges give nothing. A source's last range is always decided family by
+    family (its last family stays in training); a source of one family gives nothing.
+    """
+    decisions: list[dict[str, tuple]] = [{} for _ in totals]
+    for source in sorted({source for by_source in totals for source in by_source}):
+        ranges = [(index, by_source[source]) for index, by_source in enumerate(totals) if source in by_source]
+        if sum(families for _, (families, _, _) in ranges) < 2:
+            continue  # one family cannot be on both sides; it trains
+        source_docs = sum(docs for _, (_, docs, _) in ranges)
+        docs_before = bytes_before = 0
+        for position, (index, (_, docs, size)) in enumerate(ranges):
+            last_range = position == len(ranges) - 1
+            if last_range or taken_before_stop([docs_before + docs], [bytes_before + size], source_docs, config) == 0:
+                decisions[index][source] = ("cut", docs_before, bytes_before, source_docs, last_range)
+                break
+            decisions[index][source] = ("all",)
+            docs_before, bytes_before = docs_before + docs, bytes_before + size
+    return decisions
+
+
+def mapped(fn: Any, jobs: list[tuple], workers: int, label: str) -> list[dict[str, Any]]:
+    """Every job's result, in job order (each result names its index)."""
+    return sorted(map_shards(fn, jobs, workers, label, [1] * len(jobs)), key=lambda result: result["index"])
+
+
+def by_partition(results: list[dict[str, Any]], partitions: int) -> list[list[TableSlice]]:
+    """Partition p's slices from every writer, in writer order."""
+    return [[result["slices"][part] for result in results if part in result["slices"]] for part in range(partitions)]
 
 
 def plan_split(upstream: StageManifest, config: SplitConfig, work_dir: Path, workers: int = 1) -> SplitPlan:
-    """Families and the validation choice from ids, sources and byte sizes (one runner task per shard reads the texts).
+    """Families and the validation choice, planned by runner tasks over spill files (module docstring: steps and bounds)."""
+    data_files = upstream.files("data")
+    names = [Path(f.path).stem for f in data_files]
+    partitions = partition_count(workers, sum(f.rows or 0 for f in data_files) * SPILL_BYTES_PER_DOC)
+    spill = Path(work_dir) / SPILL_DIR
+    try:
+        return plan_with_spill(upstream, config, Path(work_dir), spill, names, partitions, workers)
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
 
-    The flow host holds those columns (~40 bytes a document plus the id) and
-    the duplicate relations; no text and no object per document besides the id strings.
-    """
-    shards = map_upstream_shards(shard_split_sizes, upstream, (), workers, "split sizes")
-    docs = pa.concat_tables([SPLIT_DOCS_SCHEMA.empty_table(), *(shard["docs"] for shard in shards)]).combine_chunks()
-    shard_of = np.repeat(np.arange(len(shards), dtype=np.int32), [shard["docs"].num_rows for shard in shards])
-    names = [shard["shard"] for shard in shards]
-    del shards
-    doc_ids = docs.column("id").to_pylist()
-    family, sizes = families_of(doc_ids, duplicate_relations(Path(upstream.directory).parent))
-    chosen = choose_validation(docs, family, config)
-    picked = [i for i, doc_id in enumerate(doc_ids) if doc_id in chosen]
-    table = pa.table([pa.array([doc_ids[i] for i in picked], pa.string()), pa.array([family[i] for i in picked], pa.string()),
-                      pa.array([sizes[i] for i in picked], pa.int64()), pa.array([names[shard_of[i]] for i in picked], pa.string())],
-                     names=[*VALIDATION_SCHEMA.names, SHARD_COLUMN])
-    return SplitPlan(write_by_shard(Path(work_dir), VALIDATION_DIR, table), table.num_rows, len(set(family)), len(doc_ids))
+
+def runs_of(items: list[Any], runs: int) -> list[list[Any]]:
+    """`items` cut into at most `runs` runs of consecutive items, as equal in length as can be (no empty run)."""
+    count = min(len(items), runs)
+    bounds = [len(items) * run // count for run in range(count + 1)] if count else [0]
+    return [items[start:stop] for start, stop in zip(bounds, bounds[1:])]
+
+
+def plan_with_spill(upstream: StageManifest, config: SplitConfig, work_dir: Path, spill: Path, names: list[str], partitions: int,
+                    workers: int) -> SplitPlan:
+    shard_runs = runs_of(list(enumerate(str(upstream.path_of(f)) for f in upstream.files("data"))), partitions)
+    sizes = mapped(doc_sizes, [([(path, index) for index, path in run], group, partitions, str(spill)) for group, run in enumerate(shard_runs)],
+                   workers, "split sizes")
+    exact_files, cluster_files = relation_files(Path(upstream.directory).parent)
+    exact = mapped(exact_relations, [(run, group, partitions, str(spill)) for group, run in enumerate(runs_of(exact_files, partitions))],
+                   workers, "split exact")
+    row_groups = [(path, group) for path in cluster_files for group in range(pq.ParquetFile(path).metadata.num_row_groups)]
+    fuzzy = mapped(fuzzy_relations, [(run, group, partitions, str(spill)) for group, run in enumerate(runs_of(row_groups, partitions))],
+                   workers, "split clusters")
+    relations = by_partition([*exact, *fuzzy], partitions)
+    del exact, fuzzy
+    keys = mapped(resolve_keys, [(relations[part], part, partitions, str(spill)) for part in range(partitions) if relations[part]],
+                  workers, "split keys")
+    families = by_partition(mapped(family_members, [(slices, part, partitions, str(spill)) for part, slices in
+                                                    enumerate(by_partition(keys, partitions)) if slices], workers, "split families"),
+                            partitions)
+    docs = by_partition(sizes, partitions)
+    ranked = by_partition(mapped(rank_documents, [(docs[part], families[part], part, partitions, config.seed, str(spill))
+                                                  for part in range(partitions) if docs[part]], workers, "split ranks"), partitions)
+    del docs, families
+    totals = mapped(rank_range_totals, [(ranked[part], part) for part in range(partitions)], workers, "split totals")
+    decisions = cutoff_decisions([result["sources"] for result in totals], config)
+    group_starts = [run[0][0] for run in shard_runs]
+    chosen = by_partition(mapped(choose_in_range, [(ranked[part], part, decisions[part], config, group_starts, str(spill))
+                                                   for part in range(partitions) if decisions[part]], workers, "split choice"), len(shard_runs))
+    written = mapped(write_validation_files, [(chosen[group], group, [(index, names[index]) for index, _ in run], str(work_dir / VALIDATION_DIR))
+                                              for group, run in enumerate(shard_runs) if chosen[group]], workers, "split validation")
+    validation = ShardFiles(VALIDATION_DIR, {shard: entry for result in written for shard, entry in result["files"].items()})
+    return SplitPlan(validation, validation.rows(), sum(result["families"] for result in totals), sum(result["documents"] for result in sizes))
 
 
 def split_shard(docs: pa.Table, config: SplitConfig, part: ShardSlice) -> ShardOutcome:
