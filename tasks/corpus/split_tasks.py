@@ -102,6 +102,13 @@ def fuzzy_relations(row_groups: list[tuple[str, int]], group: int, partitions: i
     return {"index": group, "slices": slices}
 
 
+def refuse_repeated_ids(table: pa.Table, column: str, message: str) -> None:
+    """RelationError naming the first id that `column` holds twice (`message` formats it), if any."""
+    if pc.count_distinct(table.column(column)).as_py() != table.num_rows:
+        counts = table.group_by(column, use_threads=False).aggregate([([], "count_all")])
+        raise RelationError(message.format(counts.filter(pc.greater(counts.column("count_all"), 1)).column(column)[0].as_py()))
+
+
 def resolve_keys(slices: list[TableSlice], partition: int, partitions: int, spill_dir: str) -> dict[str, Any]:
     """Task, one partition: every related id with its family key (an exact keeper's fuzzy keeper, else the keeper), by key hash.
 
@@ -111,10 +118,7 @@ def resolve_keys(slices: list[TableSlice], partition: int, partitions: int, spil
     relations = read_table_slices(slices, RELATIONS)
     fuzzy = relations.filter(relations.column("fuzzy")).drop_columns(["fuzzy"]).group_by(["member", "kept"], use_threads=False).aggregate([])
     exact = relations.filter(pc.invert(relations.column("fuzzy")))
-    if pc.count_distinct(fuzzy.column("member")).as_py() != fuzzy.num_rows:
-        counts = fuzzy.group_by("member", use_threads=False).aggregate([("kept", "count")])
-        twice = counts.filter(pc.greater(counts.column("kept_count"), 1)).column("member")[0].as_py()
-        raise RelationError(f"clusters.parquet: id {twice!r} is in two near-duplicate clusters")
+    refuse_repeated_ids(fuzzy, "member", "clusters.parquet: id {!r} is in two near-duplicate clusters")
     keeper_row = pc.index_in(exact.column("kept"), value_set=fuzzy.column("member"))
     exact_key = pc.coalesce(fuzzy.column("kept").take(keeper_row), exact.column("kept"))
     nodes = pa.table([pa.concat_arrays([fuzzy.column("member").combine_chunks(), exact.column("member").combine_chunks(),
@@ -144,10 +148,7 @@ def rank_documents(doc_slices: list[TableSlice], member_slices: list[TableSlice]
     rank, spilled by rank range, so a range holds whole families in rank order."""
     docs = read_table_slices(doc_slices, DOC_SIZES)
     members = read_table_slices(member_slices, MEMBERS)
-    if pc.count_distinct(members.column("node")).as_py() != members.num_rows:
-        counts = members.group_by("node", use_threads=False).aggregate([("family_id", "count")])
-        twice = counts.filter(pc.greater(counts.column("family_id_count"), 1)).column("node")[0].as_py()
-        raise RelationError(f"id {twice!r} is linked to two duplicate families (an exact copy that is also in a near-duplicate cluster)")
+    refuse_repeated_ids(members, "node", "id {!r} is linked to two duplicate families (an exact copy that is also in a near-duplicate cluster)")
     member_row = pc.index_in(docs.column("id"), value_set=members.column("node"))
     family_id = pc.coalesce(members.column("family_id").take(member_row), docs.column("id"))
     family_size = pc.coalesce(members.column("family_size").take(member_row), pa.scalar(1, pa.int64()))

@@ -109,3 +109,21 @@ def test_host_traffic_per_shard_grows_neither_with_the_corpus_nor_with_the_shard
     bigger_shards = host_bytes_per_shard(tmp_path / "8n-wide", 1920, 240)
     assert more_shards <= 1.2 * small, (small, more_shards)
     assert bigger_shards <= 1.2 * small, (small, bigger_shards)
+
+
+def test_split_on_a_dask_cluster_gives_the_local_bytes(tmp_path):
+    """Every planning task pickled to Dask workers (2 processes, 4 partitions) writes what the inline run (2 partitions) writes."""
+    from distributed import Client, LocalCluster
+
+    from manifests.stage_manifest import read_manifest
+    from tasks.corpus.split import run_split
+    from tasks.runner.stage_runner import on_dask_cluster
+
+    upstream, _, _ = related_run(tmp_path, 400, 40)
+    config = SplitConfig(validation_fraction=0.3)
+    local = run_split(config, upstream.directory, tmp_path / "split-local", workers=1)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with Client(cluster, set_as_default=False) as client, on_dask_cluster(client):
+            dask = run_split(config, upstream.directory, tmp_path / "split-dask", workers=1)
+    assert {o.path: o.sha256 for o in read_manifest(dask.directory).outputs} == {o.path: o.sha256 for o in local.outputs}
+    assert any(o.path.startswith("validation/") for o in local.outputs) and local.counts["routed"]["held_out"] > 50
