@@ -52,7 +52,7 @@ from manifests.stage_manifest import StageManifest
 from tasks.corpus.split_rule import SplitConfig, seeded_rank, taken_before_stop
 from tasks.corpus.split_tasks import (VALIDATION_SCHEMA, choose_in_range, doc_sizes, exact_relations, family_members, fuzzy_relations,
                                       rank_documents, rank_range_totals, resolve_keys, write_validation_files)
-from tasks.corpus.table_spill import TableSlice
+from tasks.dedup.near_dup_files import Slice
 from tasks.dedup.removal_map import ShardFiles, ShardSlice, shard_rows
 from tasks.runner.stage_runner import ShardOutcome, StageDef, map_shards, partition_count, run_stage
 
@@ -216,7 +216,7 @@ def mapped(fn: Any, jobs: list[tuple], workers: int, label: str) -> list[dict[st
     return sorted(map_shards(fn, jobs, workers, label, [1] * len(jobs)), key=lambda result: result["index"])
 
 
-def by_partition(results: list[dict[str, Any]], partitions: int) -> list[list[TableSlice]]:
+def by_partition(results: list[dict[str, Any]], partitions: int) -> list[list[Slice]]:
     """Partition p's slices from every writer, in writer order."""
     return [[result["slices"][part] for result in results if part in result["slices"]] for part in range(partitions)]
 
@@ -267,7 +267,7 @@ def plan_with_spill(upstream: StageManifest, config: SplitConfig, work_dir: Path
     group_starts = [run[0][0] for run in shard_runs]
     chosen = by_partition(mapped(choose_in_range, [(ranked[part], part, decisions[part], config, group_starts, str(spill))
                                                    for part in range(partitions) if decisions[part]], workers, "split choice"), len(shard_runs))
-    written = mapped(write_validation_files, [(chosen[group], group, [(index, names[index]) for index, _ in run], str(work_dir / VALIDATION_DIR))
+    written = mapped(write_validation_files, [(chosen[group], group, [(index, names[index]) for index, _ in run], str(work_dir), VALIDATION_DIR)
                                               for group, run in enumerate(shard_runs) if chosen[group]], workers, "split validation")
     validation = ShardFiles(VALIDATION_DIR, {shard: entry for result in written for shard, entry in result["files"].items()})
     return SplitPlan(validation, validation.rows(), sum(result["families"] for result in totals), sum(result["documents"] for result in sizes))

@@ -1,6 +1,6 @@
 """The held-out split's planning tasks: every per-document step of `plan_split`, run by the stage runner's workers.
 
-They exchange rows as partitioned spill files (tasks/corpus/table_spill.py);
+They exchange rows as partitioned spill files (tasks/corpus/table_spill.py over tasks/dedup/table_slices.py);
 each returns slices and per-partition totals, never rows. In order:
 1. `doc_sizes`, per run of input shards: (id, source, UTF-8 bytes, shard) by hash of the id;
 2. `exact_relations` per dedup_exact audit file and `fuzzy_relations` per row group of
@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests.atomic import atomic_write_parquet
-from manifests.digest import sha256_file
 from tasks.corpus.split_rule import SplitConfig, taken_before_stop
-from tasks.corpus.table_spill import TableSlice, hash_range, read_table_slices, string_hashes, write_partitioned_table
+from tasks.corpus.table_spill import hash_range, read_slices, string_hashes, write_partitioned_table
+from tasks.dedup.near_dup_files import Slice
+from tasks.dedup.removal_map import write_shard_file
 
 READ_BATCH_ROWS = 2048  # rows decoded at a time when a task reads an input shard or a relation file
 PARTITION_SALT = "split-partition"  # hash of an id for partitioning; ranks use the configured seed
@@ -109,13 +109,13 @@ def refuse_repeated_ids(table: pa.Table, column: str, message: str) -> None:
         raise RelationError(message.format(counts.filter(pc.greater(counts.column("count_all"), 1)).column(column)[0].as_py()))
 
 
-def resolve_keys(slices: list[TableSlice], partition: int, partitions: int, spill_dir: str) -> dict[str, Any]:
+def resolve_keys(slices: list[Slice], partition: int, partitions: int, spill_dir: str) -> dict[str, Any]:
     """Task, one partition: every related id with its family key (an exact keeper's fuzzy keeper, else the keeper), by key hash.
 
     The exact relations of a keeper and the fuzzy relation naming that keeper as a
     member share this partition (both hash the keeper), so the join is local.
     """
-    relations = read_table_slices(slices, RELATIONS)
+    relations = read_slices(slices, RELATIONS)
     fuzzy = relations.filter(relations.column("fuzzy")).drop_columns(["fuzzy"]).group_by(["member", "kept"], use_threads=False).aggregate([])
     exact = relations.filter(pc.invert(relations.column("fuzzy")))
     refuse_repeated_ids(fuzzy, "member", "clusters.parquet: id {!r} is in two near-duplicate clusters")
@@ -130,9 +130,9 @@ def resolve_keys(slices: list[TableSlice], partition: int, partitions: int, spil
     return {"index": partition, "slices": written}
 
 
-def family_members(slices: list[TableSlice], partition: int, partitions: int, spill_dir: str) -> dict[str, Any]:
+def family_members(slices: list[Slice], partition: int, partitions: int, spill_dir: str) -> dict[str, Any]:
     """Task, one partition of keys: family id (smallest id) and size (distinct ids, removed ones counted) of every related id."""
-    nodes = read_table_slices(slices, NODE_KEYS).group_by(["node", "key"], use_threads=False).aggregate([])
+    nodes = read_slices(slices, NODE_KEYS).group_by(["node", "key"], use_threads=False).aggregate([])
     families = nodes.group_by("key", use_threads=False).aggregate([("node", "min"), ("node", "count")])
     key_row = pc.index_in(nodes.column("key"), value_set=families.column("key"))
     members = pa.table([nodes.column("node"), families.column("node_min").take(key_row),
@@ -142,12 +142,12 @@ def family_members(slices: list[TableSlice], partition: int, partitions: int, sp
     return {"index": partition, "slices": written}
 
 
-def rank_documents(doc_slices: list[TableSlice], member_slices: list[TableSlice], partition: int, partitions: int, seed: int,
+def rank_documents(doc_slices: list[Slice], member_slices: list[Slice], partition: int, partitions: int, seed: int,
                    spill_dir: str) -> dict[str, Any]:
     """Task, one id-hash partition: each surviving document with its family (itself when unrelated) and the family's seeded
     rank, spilled by rank range, so a range holds whole families in rank order."""
-    docs = read_table_slices(doc_slices, DOC_SIZES)
-    members = read_table_slices(member_slices, MEMBERS)
+    docs = read_slices(doc_slices, DOC_SIZES)
+    members = read_slices(member_slices, MEMBERS)
     refuse_repeated_ids(members, "node", "id {!r} is linked to two duplicate families (an exact copy that is also in a near-duplicate cluster)")
     member_row = pc.index_in(docs.column("id"), value_set=members.column("node"))
     family_id = pc.coalesce(members.column("family_id").take(member_row), docs.column("id"))
@@ -159,10 +159,10 @@ def rank_documents(doc_slices: list[TableSlice], member_slices: list[TableSlice]
     return {"index": partition, "slices": written}
 
 
-def families_in_order(slices: list[TableSlice]) -> tuple[pa.Table, pa.Table]:
+def families_in_order(slices: list[Slice]) -> tuple[pa.Table, pa.Table]:
     """One rank range's documents sorted by (rank, family id, id), and one row per family: its first row, source
     (that of its smallest surviving id), documents and bytes."""
-    docs = read_table_slices(slices, RANKED).sort_by([("rank", "ascending"), ("family_id", "ascending"), ("id", "ascending")])
+    docs = read_slices(slices, RANKED).sort_by([("rank", "ascending"), ("family_id", "ascending"), ("id", "ascending")])
     family, rows = docs.column("family_id"), docs.num_rows
     changes = pc.not_equal(family.slice(1), family.slice(0, max(rows - 1, 0))).to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, changes]) if rows else np.zeros(0, np.int64)
@@ -173,7 +173,7 @@ def families_in_order(slices: list[TableSlice]) -> tuple[pa.Table, pa.Table]:
     return docs, families
 
 
-def rank_range_totals(slices: list[TableSlice], partition: int) -> dict[str, Any]:
+def rank_range_totals(slices: list[Slice], partition: int) -> dict[str, Any]:
     """Task, one rank range: families, documents and bytes per source (what the host needs to find each source's cutoff)."""
     _, families = families_in_order(slices)
     totals = families.group_by("source", use_threads=False).aggregate([("docs", "count"), ("docs", "sum"), ("bytes", "sum")])
@@ -182,7 +182,7 @@ def rank_range_totals(slices: list[TableSlice], partition: int) -> dict[str, Any
                         zip(*(totals.column(c).to_pylist() for c in ("source", "docs_count", "docs_sum", "bytes_sum")))}}
 
 
-def choose_in_range(slices: list[TableSlice], partition: int, decisions: dict[str, tuple], config: SplitConfig, group_starts: list[int],
+def choose_in_range(slices: list[Slice], partition: int, decisions: dict[str, tuple], config: SplitConfig, group_starts: list[int],
                     spill_dir: str) -> dict[str, Any]:
     """Task, one rank range: the held-out documents of the sources the host decided here, spilled by run of input shards
     (`group_starts`: the first shard index of each run).
@@ -213,18 +213,16 @@ def choose_in_range(slices: list[TableSlice], partition: int, decisions: dict[st
     return {"index": partition, "slices": written, "documents": chosen.num_rows}
 
 
-def write_validation_files(slices: list[TableSlice], group: int, shards: list[tuple[int, str]], out_dir: str) -> dict[str, Any]:
+def write_validation_files(slices: list[Slice], group: int, shards: list[tuple[int, str]], work_dir: str, relative_dir: str) -> dict[str, Any]:
     """Task, a run of input shards ((index, name) each): each one's held-out documents (id, family_id, family_size), sorted by
-    id, as out_dir/<shard>.parquet, the file its shard job reads; a shard with none gets no file."""
-    chosen = read_table_slices(slices, CHOSEN).sort_by([("shard", "ascending"), ("id", "ascending")])
+    id, as work_dir/relative_dir/<shard>.parquet, the file its shard job reads; a shard with none gets no file."""
+    chosen = read_slices(slices, CHOSEN).sort_by([("shard", "ascending"), ("id", "ascending")])
     shard_column = chosen.column("shard").to_numpy()
     files = {}
     for index, name in shards:
         first, stop = np.searchsorted(shard_column, [index, index + 1]).tolist()
-        if stop == first:
-            continue
-        table = chosen.slice(first, stop - first).select(VALIDATION_SCHEMA.names).cast(VALIDATION_SCHEMA).combine_chunks()
-        path = Path(out_dir) / f"{name}.parquet"
-        atomic_write_parquet(path, table)
-        files[name] = (str(path), sha256_file(path), table.num_rows)
+        if stop > first:
+            rows = chosen.slice(first, stop - first).select(VALIDATION_SCHEMA.names).cast(VALIDATION_SCHEMA).combine_chunks()
+            _, path, sha256, count = write_shard_file(Path(work_dir), relative_dir, name, rows)
+            files[name] = (path, sha256, count)
     return {"index": group, "files": files}

@@ -122,7 +122,7 @@ def test_split_on_a_dask_cluster_gives_the_local_bytes(tmp_path):
     upstream, _, _ = related_run(tmp_path, 400, 40)
     config = SplitConfig(validation_fraction=0.3)
     local = run_split(config, upstream.directory, tmp_path / "split-local", workers=1)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         with Client(cluster, set_as_default=False) as client, on_dask_cluster(client):
             dask = run_split(config, upstream.directory, tmp_path / "split-dask", workers=1)
     assert {o.path: o.sha256 for o in read_manifest(dask.directory).outputs} == {o.path: o.sha256 for o in local.outputs}
