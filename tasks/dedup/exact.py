@@ -2,20 +2,38 @@
 
 Seed 001, "精确重复": lower-case, collapse whitespace, hash; the key also holds
 the normalised string, so a digest collision can never merge two different
-texts. Workers compute SHA-1 digests per shard; the planning process sorts
-them (numpy, 40 bytes a document: digest 20, shard 4, row 8, key length 8)
-to find the digests held by two or more documents. Only those documents are
-read again, and that work is runner tasks too (process pool, or Dask tasks on
-a cluster), exchanging files in the stage's work directory (shared storage
-for a multi-machine run):
-1. one task per shard that holds colliding documents reads them (streamed in
-   record batches) and writes their (group, id, key text, shard) into one Parquet
-   file per group range — the shuffle;
-2. one task per group range compares the key texts of each of its digest
-   groups and returns removed id -> kept id (the smallest id per distinct text).
-Group ranges number PARTITIONS_PER_WORKER × the workers (on Dask: the
-scheduler's), or one per PARTITION_BYTES of colliding key text when that is
-more (tasks/stage_runner.partition_count); the removal map is the same for any count.
+texts. A digest group is the set of documents sharing one SHA-1 digest; the
+digest itself names it, so groups and the outcome do not depend on the
+number of shards, workers or partitions.
+
+Every per-document step is a runner task (process pool, or Dask tasks on a
+cluster); tasks exchange checked spill files in the stage's work directory
+(shared storage for a multi-machine run), and the planning process only
+passes paths, digests and counts between them:
+1. map, one task per shard: (digest, row, key length) of every document,
+   28 bytes each, written partitioned by digest range
+   (tasks/dedup/near_dup_files.write_partitioned), one checked slice a range;
+2. reduce, one task per digest range: its slice of every shard's file, sorted,
+   the documents whose digest two or more share, written partitioned by shard;
+3. key texts, one task per shard that holds such documents: reads them
+   (streamed in record batches) and writes their (digest, id, key text)
+   partitioned by text range (tasks/dedup/table_slices.py), the shuffle;
+4. comparison, one task per text range: the key texts of each of its digest
+   groups compared, removed id -> kept id (the smallest id per distinct text),
+   the removal rows written by shard (removal_map.write_shard_pieces);
+5. one task per shard that loses documents concatenates its pieces into
+   `removals/<shard>.parquet` (removal_map.assemble_by_shard).
+Digest ranges number one per PARTITION_BYTES of map records, estimated from
+the upstream manifest's rows before the map, text ranges one per
+PARTITION_BYTES of colliding key text (both at least PARTITIONS_PER_WORKER ×
+the workers; tasks/runner/stage_runner.partition_count).
+
+Memory bound: the planning process holds O(shards × partitions) small records
+(a slice's path, range and sha256; a few counts), never a per-document value;
+each task holds one shard's record batch and its digest records, or one
+partition (about PARTITION_BYTES of records or key text). One digest group
+is compared whole by one task: a text copied a million times puts a million
+key texts into one comparison range.
 Rule `exact_duplicate`, detail {"kept_id": ...}.
 """
 from __future__ import annotations
@@ -31,19 +49,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from manifests.atomic import atomic_write_parquet
-from manifests.digest import sha256_file
 from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
-from tasks.dedup.minhash import ChecksumMismatch
-from tasks.dedup.removal_map import RemovalContext, apply_removals, map_upstream_shards, removal_table, write_removal_table
+from tasks.dedup.near_dup_files import Slice, key_partition, read_slices, write_partitioned
+from tasks.dedup.removal_map import (REMOVALS_DIR, REMOVALS_SCHEMA, RemovalContext, apply_removals, assemble_by_shard,
+                                     map_upstream_shards, removal_table, write_shard_pieces)
 from tasks.dedup.shingles import normalise
+from tasks.dedup.spill_reader import SpillFiles
+from tasks.dedup.table_slices import read_table_slices, write_table_slices
 from tasks.runner.stage_runner import StageDef, map_shards, partition_count, run_stage
 
 STAGE = "dedup_exact"
 VERSION = "1"
 RULE = "exact_duplicate"
 DIGEST_DTYPE = np.dtype(f"S{hashlib.sha1().digest_size}")  # compared as raw bytes: every digest has all 20
+DIGEST_RECORD = np.dtype([("digest", DIGEST_DTYPE), ("row", "<u4"), ("key_bytes", "<u4")])  # a document in the map's spill
+KEY_TEXTS = pa.schema([("group", pa.binary(DIGEST_DTYPE.itemsize)), ("id", pa.string()), ("key_text", pa.string()), ("shard", pa.string())])
 READ_BATCH_ROWS = 1024  # rows decoded at a time: worker and read-back memory follow this, not the shard size
 SPILL_DIR = "_spill"
 
@@ -78,36 +99,67 @@ def keepers_of_texts(by_text: dict[str, list[str]]) -> dict[str, str]:
     return removed
 
 
-def digest_shard(shard_path: str, shard: str, config: DedupExactConfig) -> dict[str, Any]:
-    """Task: SHA-1 of every document's key text of one shard, in row order, as a numpy array."""
+def digest_range(digests: np.ndarray, partitions: int) -> np.ndarray:
+    """The range of each digest: its first 8 bytes, big-endian, scaled onto [0, partitions) (digests are uniform)."""
+    raw = np.ascontiguousarray(digests).view(np.uint8).reshape(-1, DIGEST_DTYPE.itemsize)
+    return key_partition(np.ascontiguousarray(raw[:, :8]).view(">u8").ravel().astype(np.uint64), partitions)
+
+
+def digest_shard(shard_path: str, shard: str, config: DedupExactConfig, spill_dir: str, partitions: int) -> dict[str, Any]:
+    """Task (map): SHA-1 of every document's key text of one shard, spilled by digest range: one slice a range."""
     digests, key_bytes = bytearray(), []
     for batch in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["text"], use_threads=False):
         for text in batch.column("text").to_pylist():
             key = exact_key_text(text, config).encode("utf-8")
             digests += text_digest(key)
             key_bytes.append(len(key))
-    return {"shard": shard, "path": shard_path, "digests": np.frombuffer(bytes(digests), dtype=DIGEST_DTYPE),
-            "key_bytes": np.asarray(key_bytes, dtype=np.int64)}
+    records = np.empty(len(key_bytes), DIGEST_RECORD)
+    records["digest"] = np.frombuffer(bytes(digests), dtype=DIGEST_DTYPE)
+    records["row"] = np.arange(len(key_bytes))
+    records["key_bytes"] = key_bytes
+    path = Path(spill_dir) / f"{shard}.digests.npy"
+    return {"shard": shard, "documents": len(records),
+            "slices": write_partitioned(path, records, digest_range(records["digest"], partitions), partitions)}
 
 
-def colliding_groups(digests: np.ndarray) -> list[np.ndarray]:
-    """Positions of the documents of every digest shared by two or more, in digest order."""
-    order = np.argsort(digests, kind="stable")
-    ordered = digests[order]
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+def colliding_of_digest_range(part: int, slices: list[Slice], path: str) -> dict[str, Any]:
+    """Task (reduce): of one digest range, the documents whose digest two or more share, written by shard.
+
+    `slices`: the range's slice of every shard's map file, in shard order. Returns the non-empty slice of
+    each shard (by shard index) and the range's counts: digest groups, their documents and key bytes.
+    """
+    spill = SpillFiles()
+    try:
+        parts = [spill.read_checked_slice(s.path, s.start, s.stop, s.sha256) for s in slices]
+    finally:
+        spill.close()
+    records = np.concatenate([np.empty(0, DIGEST_RECORD), *parts])
+    shard_of = np.repeat(np.arange(len(parts), dtype=np.int64), [len(p) for p in parts])
+    order = np.argsort(records["digest"], kind="stable")
+    ordered = records["digest"][order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if len(ordered) else np.zeros(0, np.int64)
     sizes = np.diff(np.append(starts, len(ordered)))
-    return [order[start: start + size] for start, size in zip(starts[sizes > 1].tolist(), sizes[sizes > 1].tolist())]
+    colliding = order[np.repeat(sizes > 1, sizes)]
+    written = write_partitioned(Path(path), records[colliding], shard_of[colliding], len(parts))
+    return {"partition": part, "by_shard": {index: s for index, s in enumerate(written) if s.stop > s.start},
+            "groups": int(np.count_nonzero(sizes > 1)), "documents": len(colliding),
+            "key_bytes": int(records["key_bytes"][colliding].sum(dtype=np.int64))}
 
 
-def key_text_shard(shard_path: str, shard: str, rows: np.ndarray, groups: np.ndarray, config: DedupExactConfig,
-                   partitions: int, group_count: int, spill_dir: str) -> list[tuple[int, str, str]]:
-    """Task: (group, id, key text) of the given rows of one shard, one Parquet file per group range: [(range, path, sha256)].
+def key_text_shard(shard_path: str, shard: str, slices: list[Slice], config: DedupExactConfig, partitions: int,
+                   path: str) -> dict[int, Slice]:
+    """Task: (digest, id, key text) of one shard's colliding documents, one slice per text range it has rows in.
 
     The shard is read in record batches of READ_BATCH_ROWS rows, not whole:
     reading a shard at once costs several times its text in decode buffers.
     """
-    order = np.argsort(rows, kind="stable")
-    rows, groups = rows[order], groups[order]
+    spill = SpillFiles()
+    try:
+        colliding = read_slices(spill, slices, DIGEST_RECORD)
+    finally:
+        spill.close()
+    colliding = colliding[np.argsort(colliding["row"], kind="stable")]
+    rows = colliding["row"].astype(np.int64)
     picked_ids, picked_texts, batch_start = [], [], 0
     for records in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["id", "text"], use_threads=False):
         first, last = np.searchsorted(rows, [batch_start, batch_start + records.num_rows])
@@ -115,80 +167,80 @@ def key_text_shard(shard_path: str, shard: str, rows: np.ndarray, groups: np.nda
         picked_ids.extend(picked.column("id").to_pylist())
         picked_texts.extend(exact_key_text(text, config) for text in picked.column("text").to_pylist())
         batch_start += records.num_rows
-    group_range = groups * partitions // max(group_count, 1)
-    table = pa.table({"group": groups, "id": picked_ids, "key_text": picked_texts, "shard": [shard] * len(picked_ids)})
-    written = []
-    for part in np.unique(group_range).tolist():
-        path = Path(spill_dir) / f"{shard}.texts-{part:05d}.parquet"
-        atomic_write_parquet(path, table.filter(pa.array(group_range == part)))
-        written.append((part, str(path), sha256_file(path)))
-    return written
+    groups = pa.FixedSizeBinaryArray.from_buffers(KEY_TEXTS.field("group").type, len(rows),
+                                                  [None, pa.py_buffer(np.ascontiguousarray(colliding["digest"]).tobytes())])
+    text_range = digest_range(colliding["digest"], partitions)
+    order = np.argsort(text_range, kind="stable")
+    table = pa.table([groups, picked_ids, picked_texts, [shard] * len(rows)], schema=KEY_TEXTS).take(order)
+    bounds = np.searchsorted(text_range[order], np.arange(partitions + 1)).tolist()
+    written = write_table_slices(Path(path), [table.slice(start, stop - start) for start, stop in zip(bounds, bounds[1:])])
+    return {part: s for part, s in enumerate(written) if s.stop > s.start}
 
 
-def keepers_of_group_range(files: list[tuple[str, str]]) -> tuple[list[str], list[str], list[str], int]:
-    """Task: (removed ids, their shards, their kept ids, groups whose digest hides different texts) for one group range."""
-    tables = []
-    for path, expected in files:
-        if sha256_file(Path(path)) != expected:
-            raise ChecksumMismatch(f"{path}: sha256 differs from what its writer recorded; the intermediate file is corrupt, "
-                                   "nothing was published")
-        tables.append(pq.read_table(path))
-    if not tables:
-        return [], [], [], 0
-    table = pa.concat_tables(tables)
+def keepers_of_text_range(part: int, slices: list[Slice], path: str) -> dict[str, Any]:
+    """Task: compare the key texts of each digest group of one text range; its removal rows written by shard.
+
+    Returns the pieces (shard -> slice), the removed count and the groups whose digest hides different texts.
+    """
+    spill = SpillFiles()
+    try:
+        table = read_table_slices(spill, slices, KEY_TEXTS)
+    finally:
+        spill.close()
     shard_of = dict(zip(table.column("id").to_pylist(), table.column("shard").to_pylist()))
-    by_group: dict[int, dict[str, list[str]]] = defaultdict(dict)
+    by_group: dict[bytes, dict[str, list[str]]] = defaultdict(dict)
     for group, doc_id, key_text in zip(table.column("group").to_pylist(), table.column("id").to_pylist(), table.column("key_text").to_pylist()):
         by_group[group].setdefault(key_text, []).append(doc_id)
+    del table
     removed_ids, kept_ids = [], []
     for by_text in by_group.values():
         for doc_id, kept_id in keepers_of_texts(by_text).items():
             removed_ids.append(doc_id)
             kept_ids.append(kept_id)
-    return removed_ids, [shard_of[doc_id] for doc_id in removed_ids], kept_ids, sum(len(by_text) > 1 for by_text in by_group.values())
+    count = len(removed_ids)
+    removals = removal_table(removed_ids, [shard_of[doc_id] for doc_id in removed_ids], [RULE] * count, [None] * count, [None] * count,
+                             [dumps_json({"kept_id": kept_id}) for kept_id in kept_ids])
+    return {"partition": part, "pieces": write_shard_pieces(Path(path), removals), "removed": count,
+            "different": sum(len(by_text) > 1 for by_text in by_group.values())}
 
 
 def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
-    """Global pass: digests per shard, colliding digests found in numpy, key texts compared per group range; all runner tasks."""
-    shards = map_upstream_shards(digest_shard, upstream, (config,), workers, "exact digests")
-    sizes = [len(result["digests"]) for result in shards]
-    digests = np.concatenate([result["digests"] for result in shards] or [np.empty(0, DIGEST_DTYPE)])
-    key_bytes = np.concatenate([result["key_bytes"] for result in shards] or [np.empty(0, np.int64)])
-    paths, names = [result["path"] for result in shards], [result["shard"] for result in shards]
-    del shards
-    shard_of = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
-    row_of = np.concatenate([np.arange(size, dtype=np.int64) for size in sizes] or [np.empty(0, np.int64)])
-    groups = colliding_groups(digests)
-    del digests
-    positions = np.concatenate(groups) if groups else np.zeros(0, np.int64)
-    group_of = np.repeat(np.arange(len(groups), dtype=np.int64), [len(group) for group in groups])
-    # Ranges follow the key texts the shuffle moves (those of colliding documents), and the workers.
-    partitions = partition_count(workers, int(key_bytes[positions].sum()))
-    del key_bytes
+    """Global pass: digests per shard, colliding digests per digest range, key texts compared per text range,
+    removal files per shard; all runner tasks, the host passing only slices and counts."""
     spill_dir = Path(work_dir) / SPILL_DIR
+    documents = sum(f.rows or 0 for f in upstream.files("data"))
+    digest_ranges = partition_count(workers, documents * DIGEST_RECORD.itemsize)  # known before the map: the manifest's rows
     try:
-        read_jobs, read_sizes = [], []
-        for shard in np.unique(shard_of[positions]).tolist():
-            mine = shard_of[positions] == shard
-            read_jobs.append((paths[shard], names[shard], row_of[positions[mine]], group_of[mine], config, partitions, len(groups), str(spill_dir)))
-            read_sizes.append(int(mine.sum()))
-        by_range: dict[int, list[tuple[str, str]]] = defaultdict(list)
-        for written in map_shards(key_text_shard, read_jobs, workers, "colliding texts", read_sizes):
-            for part, path, sha256 in written:
-                by_range[part].append((path, sha256))
-        compare_jobs = [(sorted(by_range[part]),) for part in sorted(by_range)]
-        decided = list(map_shards(keepers_of_group_range, compare_jobs, workers, "comparing texts", [len(job[0]) for job in compare_jobs]))
+        shards = map_upstream_shards(digest_shard, upstream, (config, str(spill_dir), digest_ranges), workers, "exact digests")
+        paths = {Path(f.path).stem: str(upstream.path_of(f)) for f in upstream.files("data")}
+        names = [shard["shard"] for shard in shards]
+        reduce_jobs = [(part, [shard["slices"][part] for shard in shards], str(spill_dir / f"colliding-{part:05d}.npy"))
+                       for part in range(digest_ranges)]
+        reduced = sorted(map_shards(colliding_of_digest_range, reduce_jobs, workers, "exact collisions",
+                                    [sum(s.stop - s.start for s in job[1]) for job in reduce_jobs]), key=lambda r: r["partition"])
+        del reduce_jobs
+        # Text ranges follow the key texts the shuffle moves (those of colliding documents), and the workers.
+        text_ranges = partition_count(workers, sum(r["key_bytes"] for r in reduced))
+        read_jobs = []
+        for index, name in enumerate(names):
+            mine = [r["by_shard"][index] for r in reduced if index in r["by_shard"]]
+            if mine:
+                read_jobs.append((paths[name], name, mine, config, text_ranges, str(spill_dir / f"{name}.texts.npy")))
+        keyed = list(map_shards(key_text_shard, read_jobs, workers, "colliding texts", [sum(s.stop - s.start for s in job[2]) for job in read_jobs]))
+        by_range: dict[int, list[Slice]] = defaultdict(list)
+        for written in keyed:
+            for part, piece in written.items():
+                by_range[part].append(piece)
+        compare_jobs = [(part, sorted(by_range[part], key=lambda s: s.path), str(spill_dir / f"removed-{part:05d}.npy")) for part in sorted(by_range)]
+        compared = list(map_shards(keepers_of_text_range, compare_jobs, workers, "comparing texts",
+                                 [sum(s.stop - s.start for s in job[1]) for job in compare_jobs]))
+        removals = assemble_by_shard(Path(work_dir), REMOVALS_DIR, [c["pieces"] for c in compared], REMOVALS_SCHEMA, workers)
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
-    removed_ids = [doc_id for removed, _, _, _ in decided for doc_id in removed]
-    removed_shards = [shard for _, shards, _, _ in decided for shard in shards]
-    kept_ids = [kept_id for _, _, kept, _ in decided for kept_id in kept]
-    count = len(removed_ids)
-    table = removal_table(removed_ids, removed_shards, [RULE] * count, [None] * count, [None] * count,
-                          [dumps_json({"kept_id": kept_id}) for kept_id in kept_ids])
-    stats = {"documents": int(sum(sizes)), "duplicate_groups": len(groups), "partitions": partitions,
-             "digest_collisions_with_different_text": sum(different for _, _, _, different in decided), "removed": count}
-    return write_removal_table(work_dir, table, stats)
+    stats = {"documents": sum(shard["documents"] for shard in shards), "duplicate_groups": sum(r["groups"] for r in reduced),
+             "partitions": text_ranges, "digest_collisions_with_different_text": sum(c["different"] for c in compared),
+             "removed": sum(c["removed"] for c in compared)}
+    return RemovalContext(removals, stats)
 
 
 DEDUP_EXACT = StageDef(STAGE, VERSION, apply_removals, prepare=find_exact_duplicates)

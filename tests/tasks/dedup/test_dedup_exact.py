@@ -1,13 +1,18 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 
+import pyarrow.parquet as pq
 import pytest
 
 import tasks.dedup.exact as dedup_exact
 import tasks.runner.stage_runner as stage_runner
+from tasks.dedup import removal_map
 from tasks.dedup.exact import DedupExactConfig, keepers_by_text, run_dedup_exact
 from tasks.dedup.shingles import normalise
+from tasks.dedup.spill_reader import SpillFiles
+from tasks.runner.host_traffic import count_host_traffic
 from tasks.runner.stage_runner import read_stage_audit, read_stage_docs
 
 
@@ -61,3 +66,77 @@ def test_partition_counts_follow_the_data_bytes_not_only_the_workers():
     assert stage_runner.partition_count(4, 0) == 8  # at least two ranges a worker
     assert stage_runner.partition_count(4, 100 * stage_runner.PARTITION_BYTES) == 100  # then one per PARTITION_BYTES
     assert stage_runner.partition_count(4, 100 * stage_runner.PARTITION_BYTES + 1) == 101
+
+
+# --- planning memory, by counting: the host exchanges slices and counts, never per-document values ---
+
+ROWS_PER_SHARD = 24
+
+
+def duplicated_corpus(upstream, shards: int, rows: int, name: str):
+    """`rows` documents a shard, all of them duplicates: even rows copy the same row of every other shard,
+    odd rows pair up within their shard. Doc (shard s, row r) is the r-th document of shard s."""
+    texts = {}
+    for row in range(rows):
+        for shard in range(shards):  # publish_docs deals ids round-robin: this order puts (shard, row) there
+            texts[f"d{row:04d}-{shard:04d}"] = f"Shared row {row}" if row % 2 == 0 else f"own text {shard} {row // 4}"
+    return upstream(texts, shards, name)
+
+
+def counted_pass(upstream, tmp_path, monkeypatch, shards: int, rows: int):
+    """(host traffic, spill elements + Parquet rows read by each per-shard job, by task) of one exact pass."""
+    read: dict[str, list[int]] = defaultdict(list)
+    running: list[str] = []
+
+    def per_job(name, fn):
+        def run(*job):
+            running.append(name)
+            read[name].append(0)
+            try:
+                return fn(*job)
+            finally:
+                running.pop()
+        return run
+
+    def counting_read(self, path, start, stop):
+        values = real_read(self, path, start, stop)
+        if running:
+            read[running[-1]][-1] += len(values)
+        return values
+
+    def counting_batches(self, *args, **kwargs):
+        for batch in real_batches(self, *args, **kwargs):
+            if running:
+                read[running[-1]][-1] += batch.num_rows
+            yield batch
+
+    real_read, real_batches = SpillFiles.read, pq.ParquetFile.iter_batches
+    with monkeypatch.context() as patch:
+        patch.setattr(SpillFiles, "read", counting_read)
+        patch.setattr(pq.ParquetFile, "iter_batches", counting_batches)
+        for module, name in ((dedup_exact, "digest_shard"), (dedup_exact, "key_text_shard"), (removal_map, "assemble_shard_file")):
+            if hasattr(module, name):
+                patch.setattr(module, name, per_job(name, getattr(module, name)))
+        source = duplicated_corpus(upstream, shards, rows, f"in-{shards}-{rows}")
+        with count_host_traffic() as traffic:
+            manifest = run_dedup_exact(DedupExactConfig(), source, tmp_path / f"out-{shards}-{rows}", workers=1)
+    assert manifest.counts["removed"]["exact_duplicate"] == (shards - 1) * rows // 2 + shards * rows // 4
+    return traffic, read
+
+
+def test_host_traffic_per_shard_stays_flat_with_8x_the_shards_and_shard_jobs_read_the_same(tmp_path, upstream, monkeypatch):
+    small, small_read = counted_pass(upstream, tmp_path, monkeypatch, 4, ROWS_PER_SHARD)
+    large, large_read = counted_pass(upstream, tmp_path, monkeypatch, 32, ROWS_PER_SHARD)
+    assert large.total() / 32 <= 1.2 * small.total() / 4
+    assert set(small_read) == set(large_read) == {"digest_shard", "key_text_shard", "assemble_shard_file"}
+    for task, counts in small_read.items():
+        assert max(large_read[task]) <= 1.2 * max(counts), task  # one shard's rows, whatever the corpus
+    assert max(small_read["digest_shard"]) == max(large_read["digest_shard"]) == ROWS_PER_SHARD
+
+
+def test_host_traffic_does_not_follow_the_documents_at_a_fixed_shard_count(tmp_path, upstream, monkeypatch):
+    """8× the documents in the same shards: the host's bytes stay put (main's per-document digests grew 28 B a document)."""
+    small, _ = counted_pass(upstream, tmp_path, monkeypatch, 4, ROWS_PER_SHARD)
+    large, _ = counted_pass(upstream, tmp_path, monkeypatch, 4, 8 * ROWS_PER_SHARD)
+    assert large.total() <= 1.2 * small.total()
+    assert large.largest_result <= 1.2 * small.largest_result
