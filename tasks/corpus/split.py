@@ -31,6 +31,9 @@ consecutive shards, at most P runs, so:
 * every task holds one run's (id, source, size) rows or one partition of one
   step (≈ 64 B × N / P, so ≈ PARTITION_BYTES once P follows the data), a few
   times over while it sorts, and one 2,048-row read batch of texts.
+A map of a single job runs in the flow host under the local process pool
+(stage_runner.map_shards; never on Dask): then the host also holds that one
+task's partition, which is bounded the same way.
 """
 from __future__ import annotations
 

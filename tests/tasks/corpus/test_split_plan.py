@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from manifests.atomic import atomic_write_parquet
 from manifests.schema import DOC_SCHEMA
 from tasks.corpus.split import SPLIT_DOCS_SCHEMA, SplitConfig, choose_validation, families_of, plan_split
 from tasks.corpus.split_tasks import RelationError
@@ -27,7 +28,7 @@ def write_stage(path, stage, shards, audits=(), artifact=None):
     for index, table in enumerate(shards):
         writer.write_shard(index, table, audits[index] if audits else [])
     if artifact is not None:
-        pq.write_table(artifact, writer.work_dir / "clusters.parquet")
+        atomic_write_parquet(writer.work_dir / "clusters.parquet", artifact)  # as dedup_fuzzy writes it: 16,384-row groups
         writer.add_artifact("clusters.parquet", artifact.num_rows)
     return writer.publish()
 
