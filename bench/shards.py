@@ -39,7 +39,7 @@ from hymo_core.train.data import CorpusReader, EndOfEpoch, TokenLoader  # noqa: 
 from manifests.corpus import source_of_id  # noqa: E402
 from manifests.run_dir import find_stage  # noqa: E402
 from manifests.stage_manifest import read_manifest  # noqa: E402
-from tasks.corpus.mixture import PLAN_FILE, MixtureConfig, run_mixture  # noqa: E402
+from tasks.corpus.mixture import MixtureConfig, plan_parts, run_mixture  # noqa: E402
 from tasks.corpus.shards import ShardsConfig, build_shards, token_dtype  # noqa: E402
 from tasks.corpus.split import VALIDATION, iter_split_docs  # noqa: E402
 from tasks.runner.stage_runner import StageWriter  # noqa: E402
@@ -136,10 +136,10 @@ def main() -> int:
 
         def whole_stage():
             with tempfile.TemporaryDirectory() as tmp:
-                run_mixture(mixture_config, split_dir, tokenizer_dir, Path(tmp) / "mixture")
+                mixture = run_mixture(mixture_config, split_dir, tokenizer_dir, Path(tmp) / "mixture")
                 (Path(tmp) / "shards").mkdir()
                 _, extra = build_shards(split_dir, tokenizer_dir, Path(tmp) / "mixture", ShardsConfig(), Path(tmp) / "shards")
-                train_unique = pq.read_table(Path(tmp) / "mixture" / PLAN_FILE, columns=["tokens"]).column("tokens").to_numpy().sum()
+                train_unique = sum(pq.read_table(part, columns=["tokens"]).column("tokens").to_numpy().sum() for part in plan_parts(mixture))
             return int(train_unique) + extra["validation_tokens"]
 
         (loop_ids, loop_s, loop_cpu), (written, stage_s, stage_cpu) = best_of(args.rounds, lambda: loop_encode(tokenizer_path, texts), whole_stage)

@@ -15,15 +15,16 @@ deterministic given the seed and independent of shard layout.
 
 How it runs: one runner task per split shard (process pool, or Dask tasks on
 a cluster) tokenises that shard's training documents into its own token file,
-the tokenizer shipped as a path and its sha256; the flow host joins the files
-in shard order (the same bytes as one sequential pass) and plans from the
-per-document counts, about 50 bytes a training document.
+the tokenizer shipped as a path and its sha256, and ranks its documents; the
+flow host joins the files in shard order (the same bytes as one sequential
+pass), and the seeded prefixes are found by group and written as one plan part
+per split shard by further tasks (tasks/corpus/repeat_plan.py): the host holds
+per-group aggregates and block records, never a document.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 from collections import defaultdict
@@ -35,22 +36,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from manifests.atomic import atomic_write_parquet, atomic_write_text
+from manifests.atomic import atomic_write_text
 from manifests.digest import sha256_file
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.corpus.encoding import encode_to_file, token_dtype
 from tasks.dedup.minhash import ChecksumMismatch
-from tasks.corpus.split import seeded_rank, split_side_of_shard
+from tasks.corpus.repeat_plan import (COUNT_SCHEMA, CountBlock, Group, GroupCut, RankedShard, blocks_in_bin, cut_bin, cut_in_bin, prefix_budget,
+                                      rank_counts, shard_plan)
+from tasks.corpus.split import split_side_of_shard
 from tasks.runner.stage_runner import default_workers, map_shards, run_artifact_stage
 from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, checked_tokenizer, vocab_size_of
 
 STAGE = "mixture"
-VERSION = "2"  # 2: the training side's tokens are written once here (train_tokens.bin) and laid out by shards
-PLAN_FILE = "plan.parquet"  # id, source, lang, tokens, repeats, offset (into TOKENS_FILE)
+VERSION = "3"  # 3: the plan is one part per split shard (plan/<shard>.parquet), decided by tasks
+PLAN_DIR = "plan"  # one part per split shard, in shard order: id, source, lang, tokens, repeats, offset (into TOKENS_FILE)
 TOKENS_FILE = "train_tokens.bin"  # every training document's ids + EOS, in plan order: the shards stage's input
 TABLE_FILE = "mixture.json"
 UNKNOWN_LANG = "und"
 SPILL_DIR = "_tokens"  # under the work directory: each split shard's token file, joined into TOKENS_FILE
+RANK_DIR = "_ranked"  # under the work directory: each shard's ranked counts and histogram, while the plan is decided
 COPY_BYTES = 8 << 20  # joining the token files: memory per copy, whatever the corpus
 
 
@@ -103,28 +107,6 @@ def group_targets(unique: dict[tuple[str, str], int], weights: dict[str, float],
     return {g: t * shares[g[1]] / natural[g[1]] if natural[g[1]] else 0.0 for g, t in targets.items()}
 
 
-def seeded_ranks(ids: list[str], seed: int) -> np.ndarray:
-    """Each id's `seeded_rank` as an unsigned 64-bit integer: the same order as its fixed-width hex string."""
-    return np.fromiter((int(seeded_rank(seed, doc_id), 16) for doc_id in ids), dtype=np.uint64, count=len(ids))
-
-
-def repeats_for_group(ranks: np.ndarray, tokens: np.ndarray, target: float, max_epochs: float) -> tuple[np.ndarray, float]:
-    """Per-document repeat counts meeting `target` tokens as closely as whole documents allow, capped.
-
-    Every document gets ⌊e⌋ repeats; then, in seeded-rank order, documents get
-    one more while the tokens already given one stay below the fraction's share.
-    """
-    unique = int(tokens.sum())
-    epochs = min(target / unique, max_epochs) if unique else 0.0
-    full = math.floor(epochs)
-    order = np.argsort(ranks, kind="stable")
-    taken_before = np.cumsum(tokens[order]) - tokens[order]
-    repeats = np.full(len(tokens), full, dtype=np.int32)
-    repeats[order[taken_before < (epochs - full) * unique]] += 1
-    return repeats, epochs
-
-
-COUNT_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("lang", pa.string()), ("tokens", pa.int64())])
 
 
 def encode_shard_side(shard_path: str, shard: str, side: str, tokenizer_path: str, tokenizer_sha256: str, out_path: str) -> dict[str, Any]:
@@ -146,13 +128,24 @@ def encode_shard_side(shard_path: str, shard: str, side: str, tokenizer_path: st
     return {"shard": shard, "path": out_path, "sha256": sha256_file(Path(out_path)), "counts": pa.concat_tables(tables).combine_chunks()}
 
 
+def join_token_files(shards: list[dict[str, Any]], tokens_path: Path) -> None:
+    """The shards' token files, in shard order, into one (each checked against its task's sha256 as it is copied)."""
+    with open(tokens_path, "wb") as joined:
+        for shard in shards:
+            digest = hashlib.sha256()
+            with open(shard["path"], "rb") as part:
+                while chunk := part.read(COPY_BYTES):
+                    digest.update(chunk)
+                    joined.write(chunk)
+            if digest.hexdigest() != shard["sha256"]:
+                raise ChecksumMismatch(f"{shard['path']}: sha256 differs from what its task recorded; nothing was published")
+
+
 def encode_split_side(split_dir: Path, side: str, tokenizer_path: Path, tokens_path: Path, workers: int) -> pa.Table:
     """Tokenise every document of one side once, shard by shard as runner tasks; the token files joined in shard
-    order into `tokens_path`; the counts. (The training side's file is the stream the shards stage lays out,
-    so no document is tokenised twice.)
+    order into `tokens_path`; the counts (the held-out side's: the training side goes through `plan_training_side`).
 
-    The flow host only concatenates files (checking each one's sha256 as it copies) and keeps the counts:
-    about 50 bytes a document, no text and no token.
+    The flow host only concatenates files and keeps the counts: about 50 bytes a document, no text and no token.
     """
     spill_dir = tokens_path.parent / SPILL_DIR
     spill_dir.mkdir(parents=True, exist_ok=True)
@@ -162,45 +155,98 @@ def encode_split_side(split_dir: Path, side: str, tokenizer_path: Path, tokens_p
                  str(spill_dir / f"{Path(f.path).stem}.tokens")) for f in upstream.files("data")]
         shards = sorted(map_shards(encode_shard_side, jobs, workers, f"tokenising: {side}", [f.rows or 0 for f in upstream.files("data")]),
                         key=lambda result: result["shard"])
-        with open(tokens_path, "wb") as joined:
-            for shard in shards:
-                digest = hashlib.sha256()
-                with open(shard["path"], "rb") as part:
-                    while chunk := part.read(COPY_BYTES):
-                        digest.update(chunk)
-                        joined.write(chunk)
-                if digest.hexdigest() != shard["sha256"]:
-                    raise ChecksumMismatch(f"{shard['path']}: sha256 differs from what its task recorded; nothing was published")
+        join_token_files(shards, tokens_path)
         return pa.concat_tables([COUNT_SCHEMA.empty_table(), *(shard["counts"] for shard in shards)]).combine_chunks()
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
 
 
-def plan_mixture(counts: pa.Table, config: MixtureConfig) -> tuple[pa.Table, dict[str, Any]]:
-    """`counts` (id, source, lang, tokens) with a `repeats` column added, and the realised table."""
-    source = pc.dictionary_encode(counts.column("source")).combine_chunks()
-    lang = pc.dictionary_encode(counts.column("lang")).combine_chunks()
-    group_of = source.indices.to_numpy().astype(np.int64) * max(len(lang.dictionary), 1) + lang.indices.to_numpy()
-    names = {code: (source.dictionary[code // max(len(lang.dictionary), 1)].as_py(), lang.dictionary[code % max(len(lang.dictionary), 1)].as_py())
-             for code in np.unique(group_of).tolist()}
-    tokens = counts.column("tokens").to_numpy()
-    members = {names[code]: np.flatnonzero(group_of == code) for code in names}
-    unique = {g: int(tokens[m].sum()) for g, m in members.items()}
+def encode_and_rank_shard(shard_path: str, shard: str, shard_index: int, tokenizer_path: str, tokenizer_sha256: str, out_path: str,
+                          seed: int, rank_dir: str) -> dict[str, Any]:
+    """Task: one split shard's training documents tokenised (`encode_shard_side`) and ranked (repeat_plan step 1);
+    only file paths and per-group aggregates go back."""
+    encoded = encode_shard_side(shard_path, shard, "train", tokenizer_path, tokenizer_sha256, out_path)
+    return {"shard": shard, "path": encoded["path"], "sha256": encoded["sha256"],
+            "ranked": rank_counts(encoded["counts"], shard, shard_index, seed, rank_dir)}
+
+
+def group_order(ranked: list[RankedShard]) -> list[Group]:
+    """Groups in the order of (first appearance of the source, first appearance of the language) over the corpus."""
+    sources: dict[str, int] = {}
+    langs: dict[str, int] = {}
+    for shard in ranked:
+        for source in shard.first_seen[0]:
+            sources.setdefault(source, len(sources))
+        for lang in shard.first_seen[1]:
+            langs.setdefault(lang, len(langs))
+    groups = {group for shard in ranked for group in shard.groups}
+    return sorted(groups, key=lambda g: (sources[g[0]], langs[g[1]]))
+
+
+def bin_of_group(group: Group, histograms: list[tuple[str, str, int]], budget: float) -> tuple[Group, tuple[int, int]]:
+    return group, cut_bin(histograms, budget)
+
+
+def last_of_group(group: Group, bin_index: int, tokens_before: int, budget: float, blocks: list[CountBlock]) -> tuple[Group, tuple[int, int, int]]:
+    return group, cut_in_bin(group, bin_index, tokens_before, budget, blocks)
+
+
+def plan_training_side(split_dir: Path, tokenizer_path: Path, config: MixtureConfig, work_dir: Path,
+                       workers: int) -> tuple[list[tuple[str, int]], dict[str, Any], int]:
+    """Tokenise, rank and plan the training side (repeat_plan steps 1-4): plan parts [(path under work_dir, rows)],
+    the realised table, and the tokens written."""
+    spill_dir, rank_dir = work_dir / SPILL_DIR, work_dir / RANK_DIR
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    upstream = read_manifest(split_dir, verify=False)
+    files = sorted(upstream.files("data"), key=lambda f: Path(f.path).stem)
+    try:
+        jobs = [(str(upstream.path_of(f)), Path(f.path).stem, index, str(tokenizer_path), sha256_file(tokenizer_path),
+                 str(spill_dir / f"{Path(f.path).stem}.tokens"), config.seed, str(rank_dir)) for index, f in enumerate(files)]
+        shards = sorted(map_shards(encode_and_rank_shard, jobs, workers, "tokenising: train", [f.rows or 0 for f in files]),
+                        key=lambda result: result["shard"])
+        join_token_files(shards, work_dir / TOKENS_FILE)
+        return plan_ranked([shard["ranked"] for shard in shards], config, work_dir, workers)
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
+        shutil.rmtree(rank_dir, ignore_errors=True)
+
+
+def plan_ranked(ranked: list[RankedShard], config: MixtureConfig, work_dir: Path, workers: int) -> tuple[list[tuple[str, int]], dict[str, Any], int]:
+    """repeat_plan steps 2-4 over ranked shards (in shard order): plan parts under work_dir/plan, the realised table, tokens."""
+    (work_dir / PLAN_DIR).mkdir(exist_ok=True)
+    groups = group_order(ranked)
+    unique = {g: sum(shard.groups[g][1] for shard in ranked if g in shard.groups) for g in groups}
     unique_by_source: dict[str, int] = defaultdict(int)
     for (src, _), u in unique.items():
         unique_by_source[src] += u
     weights = source_weights(dict(unique_by_source), dict(config.weights))
     total = float(config.total_tokens if config.total_tokens is not None else sum(unique.values()))
     targets = group_targets(unique, weights, total, config.temperature_alpha)
-    ranks = seeded_ranks(counts.column("id").to_pylist(), config.seed)
-    repeats = np.zeros(len(tokens), dtype=np.int32)
-    realised: dict[tuple[str, str], dict[str, float]] = {}
-    for g in sorted(members):
-        m = members[g]
-        repeats[m], _ = repeats_for_group(ranks[m], tokens[m], targets[g], config.max_epochs)
-        realised[g] = {"target": targets[g], "contributed": int(repeats[m].astype(np.int64) @ tokens[m]),
-                       "capped": unique[g] > 0 and targets[g] / unique[g] > config.max_epochs}
-    return counts.append_column("repeats", pa.array(repeats, pa.int32())), realised_table(unique, weights, realised, total, config)
+    budgets = {g: prefix_budget(unique[g], targets[g], config.max_epochs) for g in groups}
+    with_prefix = [g for g in groups if budgets[g][2] > 0]
+    bin_jobs = [(g, [(*shard.histogram, list(shard.groups).index(g)) for shard in ranked if g in shard.groups], budgets[g][2]) for g in with_prefix]
+    bins = dict(map_shards(bin_of_group, bin_jobs, workers, "mixture: rank bins", [len(job[1]) for job in bin_jobs]))
+    last_jobs = [(g, bins[g][0], bins[g][1], budgets[g][2], blocks_in_bin([s.blocks for s in ranked], g, bins[g][0])) for g in with_prefix]
+    lasts = dict(map_shards(last_of_group, last_jobs, workers, "mixture: prefix ends", [len(job[4]) for job in last_jobs]))
+    cuts = {g: GroupCut(budgets[g][1], bins[g][0], lasts[g]) if g in lasts else GroupCut(budgets[g][1]) for g in groups}
+    offsets = np.cumsum([0, *(shard.tokens for shard in ranked)]).tolist()
+    plan_jobs = [(shard, index, {g: cuts[g] for g in shard.groups}, offsets[index], str(work_dir / PLAN_DIR / f"{shard.shard}.parquet"))
+                 for index, shard in enumerate(ranked)]
+    planned = list(map_shards(shard_plan, plan_jobs, workers, "mixture: plan", [shard.rows for shard in ranked]))
+    contributed: dict[Group, int] = defaultdict(int)
+    for _, _, by_group in planned:
+        for g, n in by_group.items():
+            contributed[g] += n
+    realised = {g: {"target": targets[g], "contributed": contributed[g], "capped": unique[g] > 0 and targets[g] / unique[g] > config.max_epochs}
+                for g in groups}
+    parts = sorted((str(Path(path).relative_to(work_dir)), rows) for path, rows, _ in planned)
+    return parts, realised_table(unique, weights, realised, total, config), int(offsets[-1])
+
+
+def plan_parts(manifest: StageManifest) -> list[Path]:
+    """The plan parts of a published mixture stage, in shard order (what the shards stage lays out)."""
+    return sorted(manifest.directory / output.path for output in manifest.outputs if output.path.startswith(f"{PLAN_DIR}/"))
 
 
 def realised_table(unique, weights, realised, total, config: MixtureConfig) -> dict[str, Any]:
@@ -238,14 +284,10 @@ def realised_table(unique, weights, realised, total, config: MixtureConfig) -> d
 
 def build_mixture_files(split_dir: Path, tokenizer_dir: Path, config: MixtureConfig, work_dir: Path,
                         workers: int | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
-    counts = encode_split_side(Path(split_dir), "train", read_manifest(tokenizer_dir).directory / TOKENIZER_FILE, work_dir / TOKENS_FILE,
-                               workers or default_workers())
-    plan, table = plan_mixture(counts, config)
-    tokens = plan.column("tokens").to_numpy()
-    plan = plan.append_column("offset", pa.array(np.cumsum(tokens) - tokens, pa.int64()))
-    atomic_write_parquet(work_dir / PLAN_FILE, plan)
+    parts, table, tokens = plan_training_side(Path(split_dir), read_manifest(tokenizer_dir).directory / TOKENIZER_FILE, config, work_dir,
+                                              workers or default_workers())
     atomic_write_text(work_dir / TABLE_FILE, json.dumps(table, indent=2, ensure_ascii=False) + "\n")
-    return [(PLAN_FILE, plan.num_rows), (TABLE_FILE, len(table["sources"])), (TOKENS_FILE, int(tokens.sum()))], {"mixture": table}
+    return [*parts, (TABLE_FILE, len(table["sources"])), (TOKENS_FILE, tokens)], {"mixture": table}
 
 
 def run_mixture(config: MixtureConfig, split_dir: Path, tokenizer_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:

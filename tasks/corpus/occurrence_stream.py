@@ -8,7 +8,7 @@ every `tokens_per_shard` tokens, a document crossing a bound getting a piece
 in each.
 
 How it runs, so that no process holds a per-document array:
-1. one task per chunk of PLAN_CHUNK_ROWS plan rows ranks that chunk's
+1. one task per plan part (the mixture writes one per split shard) ranks its
    occurrences and spills them by (epoch, rank range) — the map side;
 2. one task per (epoch, rank range) sorts its occurrences and writes them in
    blocks of BLOCK_ROWS rows, returning each block's tokens — the reduce side;
@@ -17,9 +17,9 @@ How it runs, so that no process holds a per-document array:
 4. one task per output shard reads those blocks, finds its rows, and writes
    its .bin (read piece by piece from the token file) and .idx.parquet.
 
-Memory bound: the planning process holds O(chunks × ranges + blocks) small
+Memory bound: the planning process holds O(parts × ranges + blocks) small
 records (about 60 bytes per block of BLOCK_ROWS occurrences, so ~3 MB at a
-billion occurrences); a rank task one chunk, a sort task one range (about
+billion occurrences); a rank task one part, a sort task one range (about
 PARTITION_BYTES of records), a shard task a few blocks and its own shard.
 The files are the bytes one in-memory sort and one sequential cut give.
 """
@@ -45,7 +45,6 @@ from tasks.dedup.spill_reader import SpillFiles
 from tasks.dedup.table_slices import read_table_slices, write_table_slices
 from tasks.runner.stage_runner import map_shards, partition_count
 
-PLAN_CHUNK_ROWS = 1 << 20  # plan rows ranked by one task
 BLOCK_ROWS = 1 << 14  # sorted occurrences per block: what a shard task reads to find its rows
 RECORD_BYTES = 64  # an occurrence record (id, start, length, repeat, rank, row), for sizing the ranges
 OCCURRENCE_SCHEMA = pa.schema([("id", pa.string()), ("start", pa.int64()), ("length", pa.int64()), ("repeat", pa.int32()),
@@ -95,23 +94,10 @@ def rank_range(rank: np.ndarray, ranges: int) -> np.ndarray:
     return ((rank >> np.uint64(32)) * np.uint64(ranges) >> np.uint64(32)).astype(np.int64)
 
 
-def plan_rows(plan_path: str, first: int, stop: int) -> pa.Table:
-    """Rows [first, stop) of a plan file, reading only the row groups that hold them."""
-    parquet = pq.ParquetFile(plan_path)
-    groups, begin, row = [], None, 0
-    for index in range(parquet.metadata.num_row_groups):
-        rows = parquet.metadata.row_group(index).num_rows
-        if row < stop and row + rows > first:
-            groups.append(index)
-            begin = row if begin is None else begin
-        row += rows
-    table = parquet.read_row_groups(groups, columns=["id", "offset", "tokens", "repeats"])
-    return table.slice(first - begin, stop - first)
-
-
-def rank_chunk(plan_path: str, first: int, stop: int, seed: int, ranges: int, spill_path: str) -> tuple[int, dict[int, Slice]]:
-    """Task: the occurrences of plan rows [first, stop), spilled by key = epoch × ranges + rank range: (first, key -> slice)."""
-    plan = plan_rows(plan_path, first, stop)
+def rank_part(plan_path: str, first: int, seed: int, ranges: int, spill_path: str) -> tuple[int, dict[int, Slice]]:
+    """Task: the occurrences of one plan part (its rows numbered from `first`), spilled by key = epoch × ranges + rank
+    range: (first, key -> slice)."""
+    plan = pq.read_table(plan_path, columns=["id", "offset", "tokens", "repeats"])
     ids = plan.column("id").to_pylist()
     doc, k, rank = occurrence_ranks(ids, plan.column("repeats").to_numpy().astype(np.int64), seed)
     key = k * ranges + rank_range(rank, ranges)
@@ -193,29 +179,28 @@ def write_shard(layout: ShardLayout, tokens_path: str, dtype_name: str, out_dir:
             "index_sha256": sha256_file(idx_path)}
 
 
-def stream_blocks(plan_path: Path, seed: int, spill_dir: Path, workers: int) -> list[Block]:
+def stream_blocks(plan_parts: list[Path], seed: int, spill_dir: Path, workers: int) -> list[Block]:
     """Steps 1-2: the plan's occurrences sorted into stream order, as blocks (only their slices and counts come back)."""
-    rows = pq.ParquetFile(plan_path).metadata.num_rows
-    ranges = partition_count(workers, rows * RECORD_BYTES)  # an epoch holds at most one occurrence of each plan row
-    chunks = [(str(plan_path), first, min(first + PLAN_CHUNK_ROWS, rows), seed, ranges, str(spill_dir / f"ranked-{first:012d}.npy"))
-              for first in range(0, rows, PLAN_CHUNK_ROWS)]
+    sizes = [pq.ParquetFile(part).metadata.num_rows for part in plan_parts]
+    firsts = np.cumsum([0, *sizes]).tolist()
+    ranges = partition_count(workers, firsts[-1] * RECORD_BYTES)  # an epoch holds at most one occurrence of each plan row
+    jobs = [(str(part), first, seed, ranges, str(spill_dir / f"ranked-{index:06d}.npy")) for index, (part, first) in enumerate(zip(plan_parts, firsts))]
     by_key: dict[int, list[tuple[int, Slice]]] = {}
-    for first, slices in map_shards(rank_chunk, chunks, workers, "shards: ranking", [job[2] - job[1] for job in chunks]):
+    for first, slices in map_shards(rank_part, jobs, workers, "shards: ranking", sizes):
         for key, part in slices.items():
             by_key.setdefault(key, []).append((first, part))
     jobs = [(key, [part for _, part in sorted(by_key[key], key=lambda item: item[0])], str(spill_dir / f"sorted-{key:08d}.npy"))
             for key in sorted(by_key)]
-    sizes = [sum(part.stop - part.start for part in job[1]) for job in jobs]
-    sorted_ranges = dict(map_shards(sort_range, jobs, workers, "shards: sorting", sizes))
+    sorted_ranges = dict(map_shards(sort_range, jobs, workers, "shards: sorting", [sum(p.stop - p.start for p in job[1]) for job in jobs]))
     return [block for key in sorted(sorted_ranges) for block in sorted_ranges[key]]
 
 
-def lay_out_stream(plan_path: Path, tokens_path: Path, dtype: np.dtype, tokens_per_shard: int, seed: int, out_dir: Path, prefix: str,
+def lay_out_stream(plan_parts: list[Path], tokens_path: Path, dtype: np.dtype, tokens_per_shard: int, seed: int, out_dir: Path, prefix: str,
                    spill_dir: Path, workers: int = 1) -> list[dict[str, Any]]:
-    """One side's shards from its plan (id, offset, tokens, repeats) and token file; their listing, in order."""
+    """One side's shards from its plan parts (id, offset, tokens, repeats; offsets into one token file); their listing, in order."""
     spill_dir.mkdir(parents=True, exist_ok=True)
     try:
-        layouts = cut_shards(stream_blocks(plan_path, seed, spill_dir, workers), tokens_per_shard, prefix)
+        layouts = cut_shards(stream_blocks(plan_parts, seed, spill_dir, workers), tokens_per_shard, prefix)
         jobs = [(layout, str(tokens_path), dtype.str, str(out_dir)) for layout in layouts]
         return sorted(map_shards(write_shard, jobs, workers, f"shards: {prefix}", [layout.tokens for layout in layouts]), key=lambda s: s["name"])
     finally:

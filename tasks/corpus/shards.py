@@ -37,7 +37,7 @@ from manifests.digest import sha256_file
 from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.corpus.encoding import token_dtype
-from tasks.corpus.mixture import PLAN_FILE, TABLE_FILE, TOKENS_FILE, encode_split_side
+from tasks.corpus.mixture import TABLE_FILE, TOKENS_FILE, encode_split_side, plan_parts
 from tasks.corpus.occurrence_stream import INDEX_SCHEMA, lay_out_stream
 from tasks.corpus.split import HELD_OUT_RULE, VALIDATION, iter_split_docs
 from tasks.runner.stage_runner import default_workers, run_artifact_stage
@@ -68,20 +68,20 @@ def write_validation_documents(split_dir: Path, ids: list[str], lengths: np.ndar
     return {"path": path.name, "sha256": sha256_file(path), "rows": table.num_rows}
 
 
-def pack_side(plan_path: Path, tokens_path: Path, dtype: np.dtype, config: ShardsConfig, work_dir: Path, prefix: str,
+def pack_side(plan_parts: list[Path], tokens_path: Path, dtype: np.dtype, config: ShardsConfig, work_dir: Path, prefix: str,
               workers: int = 1) -> list[dict[str, Any]]:
     """Lay out one side's occurrences and write its shards; the shard listing for the corpus manifest."""
-    written = lay_out_stream(plan_path, tokens_path, dtype, config.tokens_per_shard, config.seed, work_dir / "tokens", prefix,
+    written = lay_out_stream(plan_parts, tokens_path, dtype, config.tokens_per_shard, config.seed, work_dir / "tokens", prefix,
                              work_dir / f"_{prefix}_stream", workers)
     return [{"path": f"tokens/{shard['name']}.bin", "sha256": shard["sha256"], "tokens": shard["tokens"], "documents": shard["documents"],
              "index_path": f"tokens/{shard['name']}.idx.parquet", "index_sha256": shard["index_sha256"]} for shard in written]
 
 
-def documents_by_source(plan_path: Path) -> dict[str, int]:
-    """Training documents per source, counted batch by batch from the plan's source column."""
+def documents_by_source(plan_parts: list[Path]) -> dict[str, int]:
+    """Training documents per source, counted part by part from the plan's source column."""
     counts: dict[str, int] = {}
-    for batch in pq.ParquetFile(plan_path).iter_batches(columns=["source"]):
-        for row in pc.value_counts(batch.column("source")).to_pylist():
+    for part in plan_parts:
+        for row in pc.value_counts(pq.read_table(part, columns=["source"]).column("source")).to_pylist():
             counts[row["values"]] = counts.get(row["values"], 0) + row["counts"]
     return counts
 
@@ -95,10 +95,10 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
     vocab_size = vocab_size_of(tokenizer)
     dtype = token_dtype(vocab_size)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
-    plan_path = mixture_manifest.directory / PLAN_FILE
+    plan = plan_parts(mixture_manifest)
     (work_dir / "tokens").mkdir()
 
-    train = pack_side(plan_path, mixture_manifest.directory / TOKENS_FILE, dtype, config, work_dir, "train", workers)
+    train = pack_side(plan, mixture_manifest.directory / TOKENS_FILE, dtype, config, work_dir, "train", workers)
     cache = work_dir / f".{VALIDATION}.cache"
     validation_counts = encode_split_side(Path(split_dir), VALIDATION, work_dir / TOKENIZER_FILE, cache, workers)  # runner tasks, per shard
     lengths = validation_counts.column("tokens").to_numpy()
@@ -106,7 +106,7 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
     validation_plan = work_dir / f".{VALIDATION}.plan.parquet"
     atomic_write_parquet(validation_plan, pa.table({"id": validation_ids, "offset": np.cumsum(lengths) - lengths, "tokens": lengths,
                                                     "repeats": np.ones(len(lengths), np.int64)}))
-    validation = pack_side(validation_plan, cache, dtype, config, work_dir, VALIDATION, workers)
+    validation = pack_side([validation_plan], cache, dtype, config, work_dir, VALIDATION, workers)
     validation_tokens = dict(zip(validation_ids, lengths.tolist()))
     documents_table = write_validation_documents(Path(split_dir), validation_ids, lengths, work_dir / VALIDATION_DOCUMENTS)
     validation_plan.unlink()
@@ -120,7 +120,7 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
         "byte_order": "little",
         "eos_id": eos_id,
         "tokenizer": {**tokenizer_stats.get("tokenizer", {}), "path": TOKENIZER_FILE, "sha256": sha256_file(work_dir / TOKENIZER_FILE), "vocab_size": vocab_size},
-        "sources": corpus_sources(Path(split_dir), documents_by_source(plan_path), mixture_table, tokenizer_stats, validation_by_source),
+        "sources": corpus_sources(Path(split_dir), documents_by_source(plan), mixture_table, tokenizer_stats, validation_by_source),
         "mixture": mixture_table,
         "shards": {"train": train, VALIDATION: validation},
         "train_tokens": sum(s["tokens"] for s in train),

@@ -32,19 +32,23 @@ def test_dtype_boundary_at_65536_ids():
     assert vocab_size_of(tokenizer) == 65_537 and token_dtype(vocab_size_of(tokenizer)) == np.dtype("<u4")
 
 
-def write_plan(path, docs, repeats):
-    """A mixture-like plan (id, offset, tokens, repeats) for (id, tokens) documents, and their token file: document i's tokens are 0..n-1."""
+def write_plan(path, docs, repeats, parts=1):
+    """A mixture-like plan (id, offset, tokens, repeats) in `parts` parts for (id, tokens) documents, and their token
+    file: document i's tokens are 0..n-1."""
     path.mkdir(parents=True, exist_ok=True)
     lengths = np.array([n for _, n in docs], dtype=np.int64)
-    pq.write_table(pa.table({"id": [d for d, _ in docs], "offset": np.cumsum(lengths) - lengths, "tokens": lengths,
-                             "repeats": np.asarray(repeats, np.int64)}), path / "plan.parquet")
+    plan = pa.table({"id": [d for d, _ in docs], "offset": np.cumsum(lengths) - lengths, "tokens": lengths, "repeats": np.asarray(repeats, np.int64)})
+    bounds = np.linspace(0, len(docs), parts + 1).astype(int).tolist()
+    paths = [path / f"plan-{i:03d}.parquet" for i in range(parts)]
+    for part, start, stop in zip(paths, bounds, bounds[1:]):
+        pq.write_table(plan.slice(start, stop - start), part)
     np.concatenate([np.arange(n, dtype="<u2") for _, n in docs] or [np.zeros(0, "<u2")]).tofile(path / "tokens.bin")
-    return path / "plan.parquet", path / "tokens.bin"
+    return paths, path / "tokens.bin"
 
 
-def streamed(tmp_path, docs, repeats, seed=0, workers=1):
+def streamed(tmp_path, docs, repeats, seed=0, workers=1, parts=1):
     """(id, repeat) of the stream's occurrences, in stream order, as the sort tasks wrote them."""
-    plan, _ = write_plan(tmp_path, docs, repeats)
+    plan, _ = write_plan(tmp_path, docs, repeats, parts)
     blocks = stream_blocks(plan, seed, tmp_path / "spill", workers)
     spill = SpillFiles()
     rows = read_table_slices(spill, [b.slice for b in blocks], OCCURRENCE_SCHEMA)
@@ -62,16 +66,15 @@ def test_occurrences_are_epoch_major_and_seeded(tmp_path):
     assert first == streamed(tmp_path / "two", [(d, 4) for d in shuffled], list(shuffled.values()))
 
 
-def test_the_external_sort_gives_the_in_memory_order_across_chunks_ranges_and_blocks(tmp_path, monkeypatch):
+def test_the_external_sort_gives_the_in_memory_order_across_parts_ranges_and_blocks(tmp_path, monkeypatch):
     rng = np.random.default_rng(2)
     docs = [(f"d{i:03d}", int(n)) for i, n in enumerate(rng.integers(1, 9, size=300))]
     repeats = rng.integers(0, 4, size=len(docs))
     doc, k, rank = occurrence_ranks([d for d, _ in docs], repeats, seed=7)
     order = np.lexsort((doc, rank, k))
     expected = [(docs[d][0], int(r)) for d, r in zip(doc[order].tolist(), k[order].tolist())]
-    monkeypatch.setattr(occurrence_stream, "PLAN_CHUNK_ROWS", 37)
     monkeypatch.setattr(occurrence_stream, "BLOCK_ROWS", 11)
-    assert streamed(tmp_path, docs, repeats, seed=7) == expected
+    assert streamed(tmp_path, docs, repeats, seed=7, parts=8) == expected
 
 
 def read_stream(run, side):
@@ -90,7 +93,7 @@ def test_shards_hold_every_document_exactly_its_mixture_repeats_and_decode_back(
     corpus, pieces = read_stream(tiny_run, "train")
     tokenizer = load_tokenizer(tiny_run / "07_shards" / "tokenizer.json")
     texts = {i: t for table in iter_split_docs(tiny_run / "04_split", "train", ["id", "text"]) for i, t in zip(table.column("id").to_pylist(), table.column("text").to_pylist())}
-    plan = pq.read_table(tiny_run / "06_mixture" / "plan.parquet").to_pylist()
+    plan = [row for part in sorted((tiny_run / "06_mixture" / "plan").glob("*.parquet")) for row in pq.read_table(part).to_pylist()]
     documents: dict = {}
     for row, tokens in pieces:  # reassemble documents split across shard boundaries
         documents.setdefault((row["doc_id"], row["repeat"]), []).append((row["doc_start"], tokens))
@@ -191,7 +194,7 @@ def host_peak_bytes(tmp_path, documents: int) -> int:
     (the tasks run in workers)."""
     import tracemalloc
 
-    plan, tokens = write_plan(tmp_path, [(f"doc-{i:07d}", 10) for i in range(documents)], [1] * documents)
+    plan, tokens = write_plan(tmp_path, [(f"doc-{i:07d}", 10) for i in range(documents)], [1] * documents, parts=documents // 1_000)
     (tmp_path / "out").mkdir()
     tracemalloc.start()
     try:
@@ -203,10 +206,9 @@ def host_peak_bytes(tmp_path, documents: int) -> int:
     return peak
 
 
-def test_the_planning_process_holds_no_per_document_data(tmp_path, monkeypatch):
-    """8x the documents, as many shards: the host's peak grows by a few records per rank task, not by the documents
+def test_the_planning_process_holds_no_per_document_data(tmp_path):
+    """8x the documents in 8x the plan parts, as many shards: the host's peak grows by a few records per part, not by the documents
     (holding the ids and ranks, as the in-memory layout did, is ~150 bytes a document; a shard costs the host ~3 KB)."""
-    monkeypatch.setattr(occurrence_stream, "PLAN_CHUNK_ROWS", 1_000)  # read by the host only: several rank tasks, on the workers
     host_peak_bytes(tmp_path / "warm", 2_000)  # imports and the worker pool, once
     small, large = host_peak_bytes(tmp_path / "small", 4_000), host_peak_bytes(tmp_path / "large", 32_000)
     assert (large - small) / 28_000 < 16, (small, large)
