@@ -8,32 +8,36 @@ number of shards, workers or partitions.
 
 Every per-document step is a runner task (process pool, or Dask tasks on a
 cluster); tasks exchange checked spill files in the stage's work directory
-(shared storage for a multi-machine run), and the planning process only
-passes paths, digests and counts between them:
+(shared storage for a multi-machine run), each with its slice index beside it
+(tasks/dedup/slice_index.py), so the planning process passes only shard
+numbers, range counts and per-task totals between them:
 1. map, one task per shard: (digest, row, key length) of every document,
    28 bytes each, written partitioned by digest range
-   (tasks/dedup/near_dup_files.write_partitioned), one checked slice a range;
+   (tasks/dedup/near_dup_files.write_partitioned);
 2. reduce, one task per digest range: its slice of every shard's file, sorted,
    the documents whose digest two or more share, written partitioned by shard;
-3. key texts, one task per shard that holds such documents: reads them
-   (streamed in record batches) and writes their (digest, id, key text)
-   partitioned by text range (tasks/dedup/table_slices.py), the shuffle;
+3. key texts, one task per shard: reads its colliding documents (streamed in
+   record batches) and writes their (digest, id, key text) partitioned by
+   text range (tasks/dedup/table_slices.py), the shuffle;
 4. comparison, one task per text range: the key texts of each of its digest
    groups compared, removed id -> kept id (the smallest id per distinct text),
-   the removal rows written by shard (removal_map.write_shard_pieces);
-5. one task per shard that loses documents concatenates its pieces into
-   `removals/<shard>.parquet` (removal_map.assemble_by_shard).
+   the removal rows written partitioned by shard;
+5. one task per shard with colliding documents writes `removals/<shard>.parquet`
+   from its pieces when it loses any (removal_map.assemble_shard_file).
 Digest ranges number one per PARTITION_BYTES of map records, estimated from
 the upstream manifest's rows before the map, text ranges one per
 PARTITION_BYTES of colliding key text (both at least PARTITIONS_PER_WORKER ×
 the workers; tasks/runner/stage_runner.partition_count).
 
-Memory bound: the planning process holds O(shards × partitions) small records
-(a slice's path, range and sha256; a few counts), never a per-document value;
-each task holds one shard's record batch and its digest records, or one
-partition (about PARTITION_BYTES of records or key text). One digest group
-is compared whole by one task: a text copied a million times puts a million
-key texts into one comparison range.
+Memory bound. The planning process holds O(shards + ranges) small records
+(a shard's path and name, a task's few counts, a removal file's path, sha256
+and rows), never a per-document value and no slice list: what passes through
+it does not grow with the documents at a fixed shard count (counted in
+tests/tasks/dedup/test_dedup_exact.py). Each task holds one shard's record
+batch and its 28-byte digest records, or one range: about PARTITION_BYTES of
+records or of key text, plus one 48-byte index entry per writer it reads.
+Not bounded: one digest group is compared whole by one task, so a text
+copied a million times puts a million key texts into one comparison range.
 Rule `exact_duplicate`, detail {"kept_id": ...}.
 """
 from __future__ import annotations
@@ -43,7 +47,7 @@ import shutil
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -51,9 +55,10 @@ import pyarrow.parquet as pq
 
 from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
-from tasks.dedup.near_dup_files import Slice, key_partition, read_slices, write_partitioned
-from tasks.dedup.removal_map import (REMOVALS_DIR, REMOVALS_SCHEMA, RemovalContext, apply_removals, assemble_by_shard,
-                                     map_upstream_shards, removal_table, write_shard_pieces)
+from tasks.dedup.near_dup_files import Slice, key_partition, write_partitioned
+from tasks.dedup.removal_map import (REMOVALS_DIR, REMOVALS_SCHEMA, RemovalContext, ShardFiles, apply_removals, assemble_shard_file,
+                                     removal_table, tables_by_shard)
+from tasks.dedup.slice_index import indexed_slice, numbered_file, partition_slices, write_slice_index
 from tasks.dedup.shingles import normalise
 from tasks.dedup.spill_reader import SpillFiles
 from tasks.dedup.table_slices import read_table_slices, write_table_slices
@@ -64,7 +69,8 @@ VERSION = "1"
 RULE = "exact_duplicate"
 DIGEST_DTYPE = np.dtype(f"S{hashlib.sha1().digest_size}")  # compared as raw bytes: every digest has all 20
 DIGEST_RECORD = np.dtype([("digest", DIGEST_DTYPE), ("row", "<u4"), ("key_bytes", "<u4")])  # a document in the map's spill
-KEY_TEXTS = pa.schema([("group", pa.binary(DIGEST_DTYPE.itemsize)), ("id", pa.string()), ("key_text", pa.string()), ("shard", pa.string())])
+KEY_TEXTS = pa.schema([("group", pa.binary(DIGEST_DTYPE.itemsize)), ("id", pa.string()), ("key_text", pa.string()), ("shard", pa.string()),
+                       ("shard_number", pa.uint32())])
 READ_BATCH_ROWS = 1024  # rows decoded at a time: worker and read-back memory follow this, not the shard size
 SPILL_DIR = "_spill"
 
@@ -105,8 +111,8 @@ def digest_range(digests: np.ndarray, partitions: int) -> np.ndarray:
     return key_partition(np.ascontiguousarray(raw[:, :8]).view(">u8").ravel().astype(np.uint64), partitions)
 
 
-def digest_shard(shard_path: str, shard: str, config: DedupExactConfig, spill_dir: str, partitions: int) -> dict[str, Any]:
-    """Task (map): SHA-1 of every document's key text of one shard, spilled by digest range: one slice a range."""
+def digest_shard(shard_path: str, shard: int, config: DedupExactConfig, spill_dir: str, partitions: int) -> int:
+    """Task (map): SHA-1 of every document's key text of shard number `shard`, spilled by digest range; returns its documents."""
     digests, key_bytes = bytearray(), []
     for batch in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["text"], use_threads=False):
         for text in batch.column("text").to_pylist():
@@ -117,77 +123,88 @@ def digest_shard(shard_path: str, shard: str, config: DedupExactConfig, spill_di
     records["digest"] = np.frombuffer(bytes(digests), dtype=DIGEST_DTYPE)
     records["row"] = np.arange(len(key_bytes))
     records["key_bytes"] = key_bytes
-    path = Path(spill_dir) / f"{shard}.digests.npy"
-    return {"shard": shard, "documents": len(records),
-            "slices": write_partitioned(path, records, digest_range(records["digest"], partitions), partitions)}
+    path = numbered_file(Path(spill_dir) / "digests", shard)
+    write_slice_index(path, write_partitioned(Path(path), records, digest_range(records["digest"], partitions), partitions))
+    return len(records)
 
 
-def colliding_of_digest_range(part: int, slices: list[Slice], path: str) -> dict[str, Any]:
+def checked_records(spill: SpillFiles, slices: list[Slice]) -> list[np.ndarray]:
+    return [spill.read_checked_slice(s.path, s.start, s.stop, s.sha256) for s in slices]
+
+
+def colliding_of_digest_range(part: int, shards: int, spill_dir: str) -> dict[str, int]:
     """Task (reduce): of one digest range, the documents whose digest two or more share, written by shard.
 
-    `slices`: the range's slice of every shard's map file, in shard order. Returns the non-empty slice of
-    each shard (by shard index) and the range's counts: digest groups, their documents and key bytes.
+    Reads the range's slice of every shard's map file; returns the range's
+    counts: digest groups, their documents and their key bytes.
     """
     spill = SpillFiles()
     try:
-        parts = [spill.read_checked_slice(s.path, s.start, s.stop, s.sha256) for s in slices]
+        parts = checked_records(spill, partition_slices(spill, Path(spill_dir) / "digests", shards, part))
     finally:
         spill.close()
-    records = np.concatenate([np.empty(0, DIGEST_RECORD), *parts])
     shard_of = np.repeat(np.arange(len(parts), dtype=np.int64), [len(p) for p in parts])
+    records = np.concatenate([np.empty(0, DIGEST_RECORD), *parts])
+    del parts
     order = np.argsort(records["digest"], kind="stable")
     ordered = records["digest"][order]
     starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if len(ordered) else np.zeros(0, np.int64)
     sizes = np.diff(np.append(starts, len(ordered)))
+    del ordered
     colliding = order[np.repeat(sizes > 1, sizes)]
-    written = write_partitioned(Path(path), records[colliding], shard_of[colliding], len(parts))
-    return {"partition": part, "by_shard": {index: s for index, s in enumerate(written) if s.stop > s.start},
-            "groups": int(np.count_nonzero(sizes > 1)), "documents": len(colliding),
+    path = numbered_file(Path(spill_dir) / "colliding", part)
+    write_slice_index(path, write_partitioned(Path(path), records[colliding], shard_of[colliding], shards))
+    return {"groups": int(np.count_nonzero(sizes > 1)), "documents": len(colliding),
             "key_bytes": int(records["key_bytes"][colliding].sum(dtype=np.int64))}
 
 
-def key_text_shard(shard_path: str, shard: str, slices: list[Slice], config: DedupExactConfig, partitions: int,
-                   path: str) -> dict[int, Slice]:
-    """Task: (digest, id, key text) of one shard's colliding documents, one slice per text range it has rows in.
+def key_text_shard(shard_path: str, shard_name: str, shard: int, digest_ranges: int, config: DedupExactConfig, text_ranges: int,
+                   spill_dir: str) -> tuple[int, int]:
+    """Task: (digest, id, key text) of one shard's colliding documents, spilled by text range; returns (shard, how many).
 
     The shard is read in record batches of READ_BATCH_ROWS rows, not whole:
     reading a shard at once costs several times its text in decode buffers.
     """
     spill = SpillFiles()
     try:
-        colliding = read_slices(spill, slices, DIGEST_RECORD)
+        slices = [indexed_slice(spill, numbered_file(Path(spill_dir) / "colliding", part), shard) for part in range(digest_ranges)]
+        colliding = np.concatenate([np.empty(0, DIGEST_RECORD), *checked_records(spill, slices)])
     finally:
         spill.close()
     colliding = colliding[np.argsort(colliding["row"], kind="stable")]
     rows = colliding["row"].astype(np.int64)
     picked_ids, picked_texts, batch_start = [], [], 0
-    for records in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["id", "text"], use_threads=False):
-        first, last = np.searchsorted(rows, [batch_start, batch_start + records.num_rows])
-        picked = records.take(rows[first:last] - batch_start)
-        picked_ids.extend(picked.column("id").to_pylist())
-        picked_texts.extend(exact_key_text(text, config) for text in picked.column("text").to_pylist())
-        batch_start += records.num_rows
+    if len(rows):
+        for records in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["id", "text"], use_threads=False):
+            first, last = np.searchsorted(rows, [batch_start, batch_start + records.num_rows])
+            picked = records.take(rows[first:last] - batch_start)
+            picked_ids.extend(picked.column("id").to_pylist())
+            picked_texts.extend(exact_key_text(text, config) for text in picked.column("text").to_pylist())
+            batch_start += records.num_rows
     groups = pa.FixedSizeBinaryArray.from_buffers(KEY_TEXTS.field("group").type, len(rows),
                                                   [None, pa.py_buffer(np.ascontiguousarray(colliding["digest"]).tobytes())])
-    text_range = digest_range(colliding["digest"], partitions)
+    text_range = digest_range(colliding["digest"], text_ranges)
     order = np.argsort(text_range, kind="stable")
-    table = pa.table([groups, picked_ids, picked_texts, [shard] * len(rows)], schema=KEY_TEXTS).take(order)
-    bounds = np.searchsorted(text_range[order], np.arange(partitions + 1)).tolist()
-    written = write_table_slices(Path(path), [table.slice(start, stop - start) for start, stop in zip(bounds, bounds[1:])])
-    return {part: s for part, s in enumerate(written) if s.stop > s.start}
+    table = pa.table([groups, picked_ids, picked_texts, [shard_name] * len(rows), np.full(len(rows), shard, np.uint32)],
+                     schema=KEY_TEXTS).take(order)
+    bounds = np.searchsorted(text_range[order], np.arange(text_ranges + 1)).tolist()
+    path = numbered_file(Path(spill_dir) / "texts", shard)
+    write_slice_index(path, write_table_slices(Path(path), [table.slice(start, stop - start) for start, stop in zip(bounds, bounds[1:])]))
+    return shard, len(rows)
 
 
-def keepers_of_text_range(part: int, slices: list[Slice], path: str) -> dict[str, Any]:
-    """Task: compare the key texts of each digest group of one text range; its removal rows written by shard.
+def keepers_of_text_range(part: int, shards: int, spill_dir: str) -> dict[str, int]:
+    """Task: compare the key texts of each digest group of one text range; its removal rows written by shard number.
 
-    Returns the pieces (shard -> slice), the removed count and the groups whose digest hides different texts.
+    Returns the removed count and the groups whose digest hides different texts.
     """
     spill = SpillFiles()
     try:
-        table = read_table_slices(spill, slices, KEY_TEXTS)
+        table = read_table_slices(spill, partition_slices(spill, Path(spill_dir) / "texts", shards, part), KEY_TEXTS)
     finally:
         spill.close()
     shard_of = dict(zip(table.column("id").to_pylist(), table.column("shard").to_pylist()))
+    number_of = dict(zip(table.column("shard").to_pylist(), table.column("shard_number").to_pylist()))
     by_group: dict[bytes, dict[str, list[str]]] = defaultdict(dict)
     for group, doc_id, key_text in zip(table.column("group").to_pylist(), table.column("id").to_pylist(), table.column("key_text").to_pylist()):
         by_group[group].setdefault(key_text, []).append(doc_id)
@@ -200,46 +217,59 @@ def keepers_of_text_range(part: int, slices: list[Slice], path: str) -> dict[str
     count = len(removed_ids)
     removals = removal_table(removed_ids, [shard_of[doc_id] for doc_id in removed_ids], [RULE] * count, [None] * count, [None] * count,
                              [dumps_json({"kept_id": kept_id}) for kept_id in kept_ids])
-    return {"partition": part, "pieces": write_shard_pieces(Path(path), removals), "removed": count,
-            "different": sum(len(by_text) > 1 for by_text in by_group.values())}
+    by_number = [REMOVALS_SCHEMA.empty_table()] * shards
+    for name, rows in tables_by_shard(removals):
+        by_number[number_of[name]] = rows
+    path = numbered_file(Path(spill_dir) / "removed", part)
+    write_slice_index(path, write_table_slices(Path(path), by_number))
+    return {"removed": count, "different": sum(len(by_text) > 1 for by_text in by_group.values())}
+
+
+def shard_removals(work_dir: str, shard_name: str, shard: int, text_ranges: int, spill_dir: str) -> tuple[str, str, str, int] | None:
+    """Task: `removals/<shard>.parquet` from the shard's pieces of every text range; None when it loses nothing."""
+    spill = SpillFiles()
+    try:
+        pieces = [indexed_slice(spill, numbered_file(Path(spill_dir) / "removed", part), shard) for part in range(text_ranges)]
+        if not any(piece.stop > piece.start for piece in pieces):
+            for piece in pieces:  # every entry is checked: one cut short to nothing would drop removals silently
+                spill.read_checked_slice(piece.path, piece.start, piece.stop, piece.sha256)
+            return None
+    finally:
+        spill.close()
+    return assemble_shard_file(work_dir, REMOVALS_DIR, shard_name, pieces, REMOVALS_SCHEMA)
 
 
 def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
     """Global pass: digests per shard, colliding digests per digest range, key texts compared per text range,
-    removal files per shard; all runner tasks, the host passing only slices and counts."""
+    removal files per shard; all runner tasks, the host passing only shard numbers, range counts and totals."""
     spill_dir = Path(work_dir) / SPILL_DIR
-    documents = sum(f.rows or 0 for f in upstream.files("data"))
-    digest_ranges = partition_count(workers, documents * DIGEST_RECORD.itemsize)  # known before the map: the manifest's rows
+    data_files = sorted(upstream.files("data"), key=lambda f: Path(f.path).stem)
+    paths, names = [str(upstream.path_of(f)) for f in data_files], [Path(f.path).stem for f in data_files]
+    sizes, shards = [f.rows or 0 for f in data_files], len(data_files)
+    digest_ranges = partition_count(workers, sum(sizes) * DIGEST_RECORD.itemsize)  # known before the map: the manifest's rows
     try:
-        shards = map_upstream_shards(digest_shard, upstream, (config, str(spill_dir), digest_ranges), workers, "exact digests")
-        paths = {Path(f.path).stem: str(upstream.path_of(f)) for f in upstream.files("data")}
-        names = [shard["shard"] for shard in shards]
-        reduce_jobs = [(part, [shard["slices"][part] for shard in shards], str(spill_dir / f"colliding-{part:05d}.npy"))
-                       for part in range(digest_ranges)]
-        reduced = sorted(map_shards(colliding_of_digest_range, reduce_jobs, workers, "exact collisions",
-                                    [sum(s.stop - s.start for s in job[1]) for job in reduce_jobs]), key=lambda r: r["partition"])
-        del reduce_jobs
+        map_jobs = [(path, number, config, str(spill_dir), digest_ranges) for number, path in enumerate(paths)]
+        documents = sum(map_shards(digest_shard, map_jobs, workers, "exact digests", sizes))
+        reduce_jobs = [(part, shards, str(spill_dir)) for part in range(digest_ranges)]
+        reduced = list(map_shards(colliding_of_digest_range, reduce_jobs, workers, "exact collisions", [1] * digest_ranges))
         # Text ranges follow the key texts the shuffle moves (those of colliding documents), and the workers.
         text_ranges = partition_count(workers, sum(r["key_bytes"] for r in reduced))
-        read_jobs = []
-        for index, name in enumerate(names):
-            mine = [r["by_shard"][index] for r in reduced if index in r["by_shard"]]
-            if mine:
-                read_jobs.append((paths[name], name, mine, config, text_ranges, str(spill_dir / f"{name}.texts.npy")))
-        keyed = list(map_shards(key_text_shard, read_jobs, workers, "colliding texts", [sum(s.stop - s.start for s in job[2]) for job in read_jobs]))
-        by_range: dict[int, list[Slice]] = defaultdict(list)
-        for written in keyed:
-            for part, piece in written.items():
-                by_range[part].append(piece)
-        compare_jobs = [(part, sorted(by_range[part], key=lambda s: s.path), str(spill_dir / f"removed-{part:05d}.npy")) for part in sorted(by_range)]
-        compared = list(map_shards(keepers_of_text_range, compare_jobs, workers, "comparing texts",
-                                 [sum(s.stop - s.start for s in job[1]) for job in compare_jobs]))
-        removals = assemble_by_shard(Path(work_dir), REMOVALS_DIR, [c["pieces"] for c in compared], REMOVALS_SCHEMA, workers)
+        read_jobs = [(path, name, number, digest_ranges, config, text_ranges, str(spill_dir))
+                     for number, (path, name) in enumerate(zip(paths, names))]
+        colliding_by_shard = dict(map_shards(key_text_shard, read_jobs, workers, "colliding texts", sizes))
+        compare_jobs = [(part, shards, str(spill_dir)) for part in range(text_ranges)]
+        compared = list(map_shards(keepers_of_text_range, compare_jobs, workers, "comparing texts", [1] * text_ranges))
+        assembly_jobs = [(str(work_dir), names[number], number, text_ranges, str(spill_dir))
+                         for number in range(shards) if colliding_by_shard[number]]
+        removals = ShardFiles(REMOVALS_DIR)
+        for written in map_shards(shard_removals, assembly_jobs, workers, "removals by shard", [colliding_by_shard[job[2]] for job in assembly_jobs]):
+            if written is not None:
+                shard, path, sha256, rows = written
+                removals.files[shard] = (path, sha256, rows)
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
-    stats = {"documents": sum(shard["documents"] for shard in shards), "duplicate_groups": sum(r["groups"] for r in reduced),
-             "partitions": text_ranges, "digest_collisions_with_different_text": sum(c["different"] for c in compared),
-             "removed": sum(c["removed"] for c in compared)}
+    stats = {"documents": documents, "duplicate_groups": sum(r["groups"] for r in reduced), "partitions": text_ranges,
+             "digest_collisions_with_different_text": sum(c["different"] for c in compared), "removed": sum(c["removed"] for c in compared)}
     return RemovalContext(removals, stats)
 
 

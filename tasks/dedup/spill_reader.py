@@ -66,13 +66,18 @@ class SpillFiles:
             raise OSError(f"{path}: spill file ended early (wanted {count} values from element {start})")
         return np.frombuffer(payload, dtype=dtype)
 
-    def read_checked_slice(self, path: str, start: int, stop: int, expected_sha256: str) -> np.ndarray:
-        """Elements [start, stop) of a file written in slices, checked against the digest recorded for that slice."""
+    def read_unverified(self, path: str, start: int, stop: int) -> np.ndarray:
+        """Elements [start, stop) of a file not checked as a whole: its parts check themselves (a slice against the
+        digest its writer recorded, an index entry against the bytes it points to)."""
         if path not in self.layouts:
             if not Path(path).is_file():
                 raise ChecksumMismatch(f"{path}: intermediate file is missing")
             self.layouts[path] = npy_layout(Path(path))
-        values = self.read(path, start, stop)
+        return self.read(path, start, stop)
+
+    def read_checked_slice(self, path: str, start: int, stop: int, expected_sha256: str) -> np.ndarray:
+        """Elements [start, stop) of a file written in slices, checked against the digest recorded for that slice."""
+        values = self.read_unverified(path, start, stop)
         actual = hashlib.sha256(values.tobytes()).hexdigest()
         if actual != expected_sha256:
             raise ChecksumMismatch(f"{path}: sha256 of elements [{start}, {stop}) is {actual[:12]}… but its writer recorded "

@@ -8,7 +8,6 @@ import pytest
 
 import tasks.dedup.exact as dedup_exact
 import tasks.runner.stage_runner as stage_runner
-from tasks.dedup import removal_map
 from tasks.dedup.exact import DedupExactConfig, keepers_by_text, run_dedup_exact
 from tasks.dedup.shingles import normalise
 from tasks.dedup.spill_reader import SpillFiles
@@ -114,9 +113,9 @@ def counted_pass(upstream, tmp_path, monkeypatch, shards: int, rows: int):
     with monkeypatch.context() as patch:
         patch.setattr(SpillFiles, "read", counting_read)
         patch.setattr(pq.ParquetFile, "iter_batches", counting_batches)
-        for module, name in ((dedup_exact, "digest_shard"), (dedup_exact, "key_text_shard"), (removal_map, "assemble_shard_file")):
-            if hasattr(module, name):
-                patch.setattr(module, name, per_job(name, getattr(module, name)))
+        for name in ("digest_shard", "key_text_shard", "shard_removals"):
+            if hasattr(dedup_exact, name):
+                patch.setattr(dedup_exact, name, per_job(name, getattr(dedup_exact, name)))
         source = duplicated_corpus(upstream, shards, rows, f"in-{shards}-{rows}")
         with count_host_traffic() as traffic:
             manifest = run_dedup_exact(DedupExactConfig(), source, tmp_path / f"out-{shards}-{rows}", workers=1)
@@ -128,7 +127,10 @@ def test_host_traffic_per_shard_stays_flat_with_8x_the_shards_and_shard_jobs_rea
     small, small_read = counted_pass(upstream, tmp_path, monkeypatch, 4, ROWS_PER_SHARD)
     large, large_read = counted_pass(upstream, tmp_path, monkeypatch, 32, ROWS_PER_SHARD)
     assert large.total() / 32 <= 1.2 * small.total() / 4
-    assert set(small_read) == set(large_read) == {"digest_shard", "key_text_shard", "assemble_shard_file"}
+    assert large.largest_result <= 1.2 * small.largest_result  # no task hands back a list over all shards
+    assert max(large.job_bytes[label] / large.jobs[label] for label in large.jobs) <= 1.2 * max(
+        small.job_bytes[label] / small.jobs[label] for label in small.jobs)  # nor is handed one
+    assert set(small_read) == set(large_read) == {"digest_shard", "key_text_shard", "shard_removals"}
     for task, counts in small_read.items():
         assert max(large_read[task]) <= 1.2 * max(counts), task  # one shard's rows, whatever the corpus
     assert max(small_read["digest_shard"]) == max(large_read["digest_shard"]) == ROWS_PER_SHARD
