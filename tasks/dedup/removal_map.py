@@ -29,7 +29,7 @@ from manifests.stage_manifest import StageManifest
 from tasks.dedup.minhash import ChecksumMismatch
 from tasks.dedup.near_dup_files import Slice
 from tasks.dedup.spill_reader import SpillFiles
-from tasks.dedup.table_slices import read_table_slices, write_table_slices
+from tasks.dedup.table_slices import read_table_slices
 from tasks.runner.stage_runner import ShardOutcome, map_shards
 
 
@@ -107,40 +107,15 @@ def write_by_shard(work_dir: Path, relative_dir: str, table: pa.Table) -> ShardF
     return written
 
 
-def write_shard_pieces(path: Path, table: pa.Table) -> dict[str, Slice]:
-    """Task side of a global result built by many tasks: this task's rows (with a SHARD_COLUMN) as one checked
-    file, one slice per shard it has rows of, each sorted by id (tasks/dedup/table_slices.py)."""
-    by_shard = tables_by_shard(table)
-    slices = write_table_slices(path, [rows for _, rows in by_shard])
-    return {shard: part for (shard, _), part in zip(by_shard, slices)}
-
-
 def assemble_shard_file(work_dir: str, relative_dir: str, shard: str, pieces: list[Slice], schema: pa.Schema) -> tuple[str, str, str, int]:
-    """Task: one shard's file from its pieces (any order): the bytes `write_by_shard` writes for the same rows."""
+    """Task: one shard's file from its pieces (`tables_by_shard` rows written by several tasks, tasks/dedup/table_slices.py;
+    any order): the bytes `write_by_shard` writes for the same rows."""
     spill = SpillFiles()
     try:
         rows = read_table_slices(spill, pieces, schema)
     finally:
         spill.close()
     return write_shard_file(Path(work_dir), relative_dir, shard, rows.sort_by([("id", "ascending")]).combine_chunks())
-
-
-def assemble_by_shard(work_dir: Path, relative_dir: str, pieces: list[dict[str, Slice]], schema: pa.Schema, workers: int) -> ShardFiles:
-    """Host side: one assembly task per shard that has pieces; only (path, sha256, rows) per shard comes back.
-
-    `pieces`: what each writing task returned (`write_shard_pieces`). The host
-    holds slices, O(writers × shards) small records, never a row.
-    """
-    by_shard: dict[str, list[Slice]] = {}
-    for written in pieces:
-        for shard, part in written.items():
-            by_shard.setdefault(shard, []).append(part)
-    jobs = [(str(work_dir), relative_dir, shard, by_shard[shard], schema) for shard in sorted(by_shard)]
-    sizes = [sum(part.stop - part.start for part in job[3]) for job in jobs]
-    assembled = ShardFiles(relative_dir)
-    for shard, path, sha256, rows in map_shards(assemble_shard_file, jobs, workers, f"{relative_dir} by shard", sizes):
-        assembled.files[shard] = (path, sha256, rows)
-    return assembled
 
 
 @dataclass

@@ -8,6 +8,7 @@ from manifests.schema import docs_table
 from manifests.stage_manifest import read_manifest
 from tasks.dedup import removal_map
 from tasks.dedup.removal_map import RemovalContext, ShardSlice, apply_removals, removal_table, write_removal_table
+from tasks.dedup.table_slices import write_table_slices
 from tasks.runner.stage_runner import StageDef, StageWriter, _run_one_shard, plan_stage, read_stage_audit, read_stage_docs, run_stage, shard_name
 
 DOCS_PER_SHARD = 10
@@ -106,12 +107,17 @@ def test_removal_files_assembled_from_pieces_have_write_by_shards_bytes(tmp_path
     count = len(ids)
     table = removal_table(ids, shards, ["r"] * count, [0.5] * count, [None] * count, [f'{{"n": {n}}}' for n in range(count)])
     whole = removal_map.write_by_shard(tmp_path / "whole", "removals", table)
-    pieces = [removal_map.write_shard_pieces(tmp_path / f"piece-{n}.npy", table.take(list(range(n, count, 3)))) for n in (2, 0, 1)]
-    assembled = removal_map.assemble_by_shard(tmp_path / "pieces", "removals", pieces, removal_map.REMOVALS_SCHEMA, workers=1)
-    assert {s: (sha, rows) for s, (_, sha, rows) in assembled.files.items()} == {s: (sha, rows) for s, (_, sha, rows) in whole.files.items()}
-    assert sorted(assembled.files) == [shard_name(s) for s in range(3)]
-    with open(pieces[0][shard_name(2)].path, "r+b") as handle:
+    pieces = {}
+    for n in (2, 0, 1):  # three writers, each with some rows of every shard
+        by_shard = removal_map.tables_by_shard(table.take(list(range(n, count, 3))))
+        for (shard, _), part in zip(by_shard, write_table_slices(tmp_path / f"piece-{n}.npy", [rows for _, rows in by_shard])):
+            pieces.setdefault(shard, []).append(part)
+    assembled = {shard: removal_map.assemble_shard_file(str(tmp_path / "pieces"), "removals", shard, parts, removal_map.REMOVALS_SCHEMA)
+                 for shard, parts in pieces.items()}
+    assert {s: (sha, rows) for s, (_, _, sha, rows) in assembled.items()} == {s: (sha, rows) for s, (_, sha, rows) in whole.files.items()}
+    assert sorted(assembled) == [shard_name(s) for s in range(3)]
+    with open(pieces[shard_name(2)][0].path, "r+b") as handle:
         handle.seek(-1, 2)  # the last byte: inside shard 2's slice
         handle.write(b"\xff")
     with pytest.raises(removal_map.ChecksumMismatch, match="piece-2.npy"):
-        removal_map.assemble_by_shard(tmp_path / "again", "removals", pieces, removal_map.REMOVALS_SCHEMA, workers=1)
+        removal_map.assemble_shard_file(str(tmp_path / "again"), "removals", shard_name(2), pieces[shard_name(2)], removal_map.REMOVALS_SCHEMA)
