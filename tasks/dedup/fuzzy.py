@@ -61,21 +61,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests.atomic import atomic_write_parquet
-from manifests.digest import sha256_file
 from manifests.stage_manifest import StageManifest
-from tasks.dedup.lsh_buckets import RecordSlice, fallback_pairs, link_key_partition  # noqa: F401 (fallback_pairs re-exported)
+from tasks.dedup.id_ranks import SortedRun, bound_id_ranges, choose_splitters, rank_band_records, rank_id_range, sample_probability, write_sorted_run
+from tasks.dedup.lsh_buckets import fallback_pairs, link_key_partition  # noqa: F401 (fallback_pairs re-exported)
 from tasks.dedup.minhash import HashFamily, band_keys, signatures, write_checked_array
-from tasks.dedup.near_dup_files import RECORD, CorpusFiles, key_partition, write_partitioned
+from tasks.dedup.near_dup_files import RECORD, CorpusFiles, Slice, key_partition, write_partitioned
 from tasks.dedup.near_dup_links import link_clusters, verify_rank_partition
 from tasks.dedup.removal_map import RemovalContext, apply_removals, map_upstream_shards
 from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
 from tasks.dedup.signature_filter import fingerprints, minimum_agreement
-from tasks.dedup.spill_reader import SpillFiles
 from tasks.runner.stage_runner import StageDef, map_shards, partition_count, run_stage
 
 STAGE = "dedup_fuzzy"
@@ -111,14 +107,17 @@ def check_config(config: DedupFuzzyConfig) -> None:
         raise ValueError(f"dedup_fuzzy: max_bucket_members must be ≥ 2, got {config.max_bucket_members}")
 
 
-def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill_dir: str, partitions: int) -> dict[str, Any]:
-    """Task: shingle hashes, MinHash signatures and band records of one shard, spilled with checksums.
+def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill_dir: str, partitions: int,
+                    sample_probability: float = 1.0) -> dict[str, Any]:
+    """Task: shingle hashes, MinHash signatures and band records of one shard, spilled with checksums; its sorted id run.
 
     Texts are hashed SIGNATURE_BATCH_ROWS documents at a time (a document's
     hashes do not depend on its neighbours), so the worker's scratch memory
     follows the batch, not the shard. Band records are written sorted by the
     hash range of their key, one checked slice per key partition: the map
-    side of the shuffle.
+    side of the shuffle. The shard's documents are also written sorted by id
+    (tasks/dedup/id_ranks.py); what comes back is paths, digests, counts and a
+    sample of about `sample_probability` of the ids, never a per-document array.
     """
     parquet = pq.ParquetFile(shard_path, pre_buffer=False)
     cache = TokenHashCache()
@@ -141,66 +140,49 @@ def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill
     records = np.empty(keys_BN.size, RECORD)
     records["key"] = keys_BN.ravel()
     records["band_row"] = (np.repeat(np.arange(config.bands, dtype=np.uint64), len(rows)) << np.uint64(32)) | np.tile(rows, config.bands)
+    offsets = np.concatenate(offset_parts)
     spill = Path(spill_dir)
-    bands_file, shingles_file, prints_file = spill / f"{shard}.bands.npy", spill / f"{shard}.shingles.npy", spill / f"{shard}.prints.npy"
+    bands_file, shingles_file = spill / f"{shard}.bands.npy", spill / f"{shard}.shingles.npy"
+    run = write_sorted_run(SortedRun(spill_dir, shard), parquet.read(columns=["id"]).column("id").combine_chunks(), offsets, rows,
+                           np.concatenate(print_parts), sample_probability)
     return {
         "shard": shard,
-        "ids": parquet.read(columns=["id"]).column("id").combine_chunks(),  # Arrow, not a list of str: ~15 bytes an id
-        "offsets": np.concatenate(offset_parts),
+        "documents": rows_before,
+        "shingles": int(offsets[-1]),
+        "without_shingles": rows_before - len(rows),
         "bands_file": str(bands_file),
         "band_slices": write_partitioned(bands_file, records, key_partition(records["key"], partitions), partitions),
         "shingles_file": str(shingles_file),
         "shingles_sha256": write_checked_array(shingles_file, np.concatenate(hash_parts)),
-        "prints_file": str(prints_file),
-        "prints_sha256": write_checked_array(prints_file, np.concatenate(print_parts)),
+        **run,
     }
 
 
-class Ranks:
-    """Id order of the whole corpus: rank r is the r-th smallest id; positions count documents shard after shard."""
-
-    def __init__(self, ids_by_shard: list[pa.Array]):
-        self.ids = pa.concat_arrays(ids_by_shard) if ids_by_shard else pa.array([], pa.string())
-        self.bounds = [0, *np.cumsum([len(ids) for ids in ids_by_shard]).tolist()]
-        # Arrow's sort is stable and orders UTF-8 by bytes, which is code-point order, the order of Python's min().
-        self.position_of_rank = np.asarray(pc.sort_indices(self.ids)).astype(np.int64)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def of_position(self) -> np.ndarray:
-        rank_of_position = np.empty(len(self), dtype=np.int64)
-        rank_of_position[self.position_of_rank] = np.arange(len(self), dtype=np.int64)
-        return rank_of_position
-
-
-def write_corpus_files(shards: list[dict[str, Any]], ranks: Ranks, num_hashes: int, spill_dir: Path) -> CorpusFiles:
-    """The rank-indexed files every later task opens: ranks, shingle spans, fingerprints, ids (tasks/dedup/near_dup_files.py)."""
-    rank_of_position = ranks.of_position()
-    spans = np.zeros((len(ranks), 3), dtype=np.int64)
-    prints_NK = np.zeros((len(ranks), num_hashes), dtype=np.uint8)  # rows of documents without shingles stay zero, unused
-    spill = SpillFiles()
-    try:
-        for index, (shard, start, stop) in enumerate(zip(shards, ranks.bounds, ranks.bounds[1:])):
-            shard_ranks = rank_of_position[start:stop]
-            offsets = shard["offsets"]
-            spans[shard_ranks] = np.stack([np.full(len(shard_ranks), index), offsets[:-1], offsets[1:]], axis=1)
-            with_shingles = shard_ranks[np.diff(offsets) > 0]
-            spill.verify(shard["prints_file"], shard["prints_sha256"])
-            prints_NK[with_shingles] = spill.read(shard["prints_file"], 0, len(with_shingles) * num_hashes).reshape(-1, num_hashes)
-    finally:
-        spill.close()
-    digests = [("ranks.npy", write_checked_array(spill_dir / "ranks.npy", rank_of_position)),
-               ("spans.npy", write_checked_array(spill_dir / "spans.npy", spans)),
-               ("prints.npy", write_checked_array(spill_dir / "prints.npy", prints_NK))]
-    atomic_write_parquet(spill_dir / "ids.parquet", pa.table({"id": ranks.ids.take(pa.array(ranks.position_of_rank))}))
-    digests.append(("ids.parquet", sha256_file(spill_dir / "ids.parquet")))
-    return CorpusFiles(str(spill_dir), len(ranks), num_hashes, tuple((s["shingles_file"], s["shingles_sha256"]) for s in shards),
-                       tuple(digests), tuple(s["shard"] for s in shards))
+def rank_corpus(shards: list[dict[str, Any]], ranges: int, spill_dir: Path, num_hashes: int, workers: int) -> tuple[CorpusFiles, list[list[Slice]]]:
+    """The id order as runner tasks (tasks/dedup/id_ranks.py): cut every run at the splitters, rank each id range, re-key the
+    band records by rank. Returns the corpus files and each shard's ranked band slices by key partition."""
+    splitters = choose_splitters([sample for s in shards for sample in s.pop("samples")], ranges)
+    cut = sorted(map_shards(bound_id_ranges, [(s["run"], s["run_sha256"], splitters) for s in shards], workers, "id ranges",
+                            [s["documents"] for s in shards]), key=lambda c: c["shard"])
+    lows, highs = np.stack([c["bounds"][:-1] for c in cut], axis=1), np.stack([c["bounds"][1:] for c in cut], axis=1)  # range × shard
+    digests = np.stack([c["digests"] for c in cut], axis=1)
+    sizes = (highs - lows).sum(axis=1)
+    firsts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    runs = [s["run"] for s in shards]
+    jobs = [(str(spill_dir), r, int(firsts[r]), runs, lows[r], highs[r], digests[r], num_hashes) for r in range(len(sizes))]
+    ranked = sorted(map_shards(rank_id_range, jobs, workers, "ranks", sizes.tolist()), key=lambda r: r["range"].first)
+    bounds, ranked_digests = np.stack([r["ranked_bounds"] for r in ranked], axis=1), np.stack([r["ranked_digests"] for r in ranked], axis=1)
+    rekey = [(str(spill_dir), index, s["shard"], s["documents"], s["band_slices"], bounds[index], ranked_digests[index])
+             for index, s in enumerate(shards)]
+    rekeyed = sorted(map_shards(rank_band_records, rekey, workers, "rank bands", [s["documents"] for s in shards]), key=lambda r: r["shard"])
+    files = CorpusFiles(str(spill_dir), int(sizes.sum()), num_hashes, tuple(s["shingles_sha256"] for s in shards),
+                        tuple(r["range"] for r in ranked), tuple(s["shard"] for s in shards))
+    return files, [r["band_slices"] for r in rekeyed]
 
 
 def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
-    """Global pass: signatures per shard, buckets per key range, verification per rank range, union-find; all runner tasks."""
+    """Global pass: signatures per shard, the id order by range, buckets per key range, verification per rank range,
+    union-find; all runner tasks, the host holding paths, digests, splitters and counts."""
     check_config(config)
     started = time.perf_counter()
     spill_dir = Path(work_dir) / SPILL_DIR
@@ -208,16 +190,15 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
     documents = sum(f.rows or 0 for f in upstream.files("data"))
     partitions = partition_count(workers, documents * config.bands * RECORD.itemsize)
     try:
-        shards = map_upstream_shards(signature_shard, upstream, (config, str(spill_dir), partitions), workers, "minhash")
+        shards = map_upstream_shards(signature_shard, upstream, (config, str(spill_dir), partitions, sample_probability(documents, partitions)),
+                                     workers, "minhash")
         signed = time.perf_counter()
-        ranks = Ranks([shard.pop("ids") for shard in shards])  # popped: the ids are held once, concatenated
-        files = write_corpus_files(shards, ranks, config.num_hashes, spill_dir)
-        shingles = int(sum(int(s["offsets"][-1]) for s in shards))
-        without_shingles = int(sum(int(np.count_nonzero(np.diff(s["offsets"]) == 0)) for s in shards))
-        key_jobs = [(files, config, p, partitions, [RecordSlice(s["band_slices"][p], start) for s, start in zip(shards, ranks.bounds)],
-                     str(spill_dir)) for p in range(partitions)]
-        del shards, ranks
-        sizes = [sum(part.slice.stop - part.slice.start for part in job[4]) for job in key_jobs]
+        files, band_slices = rank_corpus(shards, partitions, spill_dir, config.num_hashes, workers)
+        shingles = sum(s["shingles"] for s in shards)
+        without_shingles = sum(s["without_shingles"] for s in shards)
+        key_jobs = [(files, config, p, partitions, [slices[p] for slices in band_slices], str(spill_dir)) for p in range(partitions)]
+        del shards, band_slices
+        sizes = [sum(part.stop - part.start for part in job[4]) for job in key_jobs]
         bucketed = sorted(map_shards(link_key_partition, key_jobs, workers, "lsh buckets", sizes), key=lambda r: r["partition"])
         rank_jobs = [(files, config, r, [b["candidates"][r] for b in bucketed], [b["edges"][r] for b in bucketed],
                       str(spill_dir / f"linked-{r:05d}.npy")) for r in range(partitions)]

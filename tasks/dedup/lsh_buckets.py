@@ -22,13 +22,13 @@ one checked slice per rank partition.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from tasks.dedup.near_dup_files import EDGE, PAIR, RECORD, CorpusFiles, ShingleSets, Slice, edges_array, rank_partition, read_slices, reduce_edges, write_partitioned
+from tasks.dedup.near_dup_files import (EDGE, PAIR, RANK_BITS, RANKED_RECORD, CorpusFiles, RankedArrays, ShingleSets, Slice, edges_array,
+                                        rank_partition, read_slices, reduce_edges, write_partitioned)
 from tasks.dedup.pair_jaccard import pair_blocks
 from tasks.dedup.signature_filter import agreeing_pairs, minimum_agreement
 from tasks.dedup.spill_reader import SpillFiles
@@ -36,14 +36,6 @@ from tasks.dedup.spill_reader import SpillFiles
 FOLD_IDENTICAL_FROM = 64  # buckets from this size fold identical shingle sets, then count all pairs' Jaccards in bulk
 EDGE_BUFFER = 1 << 20  # edges held before they are reduced (a near-identical mass yields ~m²/2 of them)
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RecordSlice:
-    """A shard's band records of one key partition, and the position of the shard's first document."""
-
-    slice: Slice
-    first_position: int
 
 
 def fallback_pairs(members: list[int]) -> Iterator[tuple[int, int]]:
@@ -60,9 +52,10 @@ def fallback_pairs(members: list[int]) -> Iterator[tuple[int, int]]:
             yield previous, member
 
 
-def buckets(records: np.ndarray, ranks: np.ndarray) -> Iterator[np.ndarray]:
-    """Members (ranks ascending) of every bucket of two or more, in (band, key) order."""
-    bands = records["band_row"] >> np.uint64(32)
+def buckets(records: np.ndarray) -> Iterator[np.ndarray]:
+    """Members (ranks ascending) of every bucket of two or more, in (band, key) order; `records`: RANKED_RECORD."""
+    bands = records["band_rank"] >> np.uint64(RANK_BITS)
+    ranks = (records["band_rank"] & np.uint64((1 << RANK_BITS) - 1)).astype(np.int64)
     order = np.lexsort((ranks, records["key"], bands))
     keys, bands, ranks = records["key"][order], bands[order], ranks[order]
     if len(keys) < 2:
@@ -78,7 +71,7 @@ class BucketLinker:
 
     def __init__(self, config: Any, files: CorpusFiles, spill: SpillFiles):
         self.config, self.documents = config, files.documents
-        self.prints_NK = files.array("prints.npy", spill)
+        self.prints_NK = RankedArrays(files, "prints.npy", spill)  # fingerprints of any ranks, read from their range's file
         self.shingle_sets = ShingleSets(files, spill)
         self.minimum = minimum_agreement(config.num_hashes, config.jaccard_threshold, config.miss_probability)
         self.identical_to: dict[int, int] = {}  # member -> first of its identical group, once checked in this task
@@ -180,21 +173,13 @@ class BucketLinker:
         return reduce_edges(np.concatenate(self.edges)) if self.edges else np.empty(0, EDGE)
 
 
-def link_key_partition(files: CorpusFiles, config: Any, partition: int, partitions: int, records: list[RecordSlice],
+def link_key_partition(files: CorpusFiles, config: Any, partition: int, partitions: int, records: list[Slice],
                        out_dir: str) -> dict[str, Any]:
     """Task: the buckets of one key partition -> candidate pairs and verified edges, sliced by rank partition."""
     spill = SpillFiles()
     try:
-        positions, parts = [], []
-        for part in records:
-            values = read_slices(spill, [part.slice], RECORD)
-            parts.append(values)
-            positions.append(part.first_position + (values["band_row"] & np.uint64(0xFFFFFFFF)).astype(np.int64))
-        values = np.concatenate(parts) if parts else np.empty(0, RECORD)
-        rank_of_position = files.array("ranks.npy", spill)
-        ranks = rank_of_position[np.concatenate(positions)] if positions else np.zeros(0, np.int64)
         linker = BucketLinker(config, files, spill)
-        for members in buckets(values, np.asarray(ranks, dtype=np.int64)):
+        for members in buckets(read_slices(spill, records, RANKED_RECORD)):
             linker.link_bucket(members)
         candidates, edges = linker.candidate_pairs(), linker.verified_edges()
         out = Path(out_dir)

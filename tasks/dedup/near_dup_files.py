@@ -1,4 +1,4 @@
-"""What the near-duplicate pass's tasks share, as files: rank-indexed arrays, partitioned spills, shingle sets by rank.
+"""What the near-duplicate pass's tasks share, as files: rank-indexed ranges, partitioned spills, shingle sets by rank.
 
 The pass runs as tasks on whatever workers the runner has (tasks/dedup/lsh_buckets.py,
 tasks/dedup/near_dup_links.py), so everything a task needs is a file in the stage's
@@ -6,19 +6,22 @@ work directory, written once and opened by the tasks, not an object pickled
 into each task. On a multi-machine cluster that directory must be on storage
 every worker mounts at the same path.
 
-Under <work>/_spill/, besides the per-shard spills of the signature tasks:
-* ranks.npy   — the rank of every document by position (shard after shard),
-* spans.npy   — per rank: shard index, first and last+1 offset of its shingle hashes,
-* prints.npy  — per rank: the 8-bit signature fingerprints,
-* ids.parquet — ids in rank order.
-A partitioned file (band records, candidate pairs, verified edges) is sorted by
-partition and carries one sha256 per partition slice, so each reader checks
-exactly the bytes it reads, whatever the number of readers.
+Under <work>/_spill/, besides the per-shard spills of the signature tasks, one
+set of files per id range, written by that range's task (tasks/dedup/id_ranks.py)
+and indexed by rank - the range's first rank:
+* rNNNNN.ids.parquet — the range's ids in rank order,
+* rNNNNN.spans.npy   — per rank: shard index, first and last+1 offset of its shingle hashes,
+* rNNNNN.prints.npy  — per rank: the 8-bit signature fingerprints,
+each with its sha256 in `CorpusFiles.ranges`, so a reader checks the range it
+reads. A partitioned file (band records, candidate pairs, verified edges) is
+sorted by partition and carries one sha256 per partition slice, so each reader
+checks exactly the bytes it reads, whatever the number of readers.
 """
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,8 @@ from tasks.dedup.shingles import jaccard_of_sets, sorted_set
 from tasks.dedup.spill_reader import SpillFiles
 
 RECORD = np.dtype([("key", "<u8"), ("band_row", "<u8")])  # a band key and (band << 32 | row in its shard)
+RANKED_RECORD = np.dtype([("key", "<u8"), ("band_rank", "<u8")])  # a band key and (band << RANK_BITS | rank of its document)
+RANK_BITS = 40  # up to 2^40 documents and 2^24 bands
 PAIR = np.dtype([("a", "<i8"), ("b", "<i8")])  # a candidate pair of ranks, a < b
 EDGE = np.dtype([("a", "<i8"), ("b", "<i8"), ("jaccard", "<f8")])  # a verified pair at or above the threshold
 SHINGLE_SET_CACHE_BYTES = 16 << 20  # sorted shingle sets of recently verified documents kept in memory
@@ -44,27 +49,75 @@ class Slice:
     sha256: str
 
 
+def range_file(directory: str, index: int, part: str) -> str:
+    """A file of id range `index` (part: ids.parquet, spans.npy, prints.npy, ranked.npy)."""
+    return str(Path(directory) / f"r{index:05d}.{part}")
+
+
+@dataclass(frozen=True)
+class RankRange:
+    """Ranks [first, stop) of one id range and the sha256 of its rank-indexed files."""
+
+    first: int
+    stop: int
+    ids_sha256: str
+    spans_sha256: str
+    prints_sha256: str
+
+    def digest(self, part: str) -> str:
+        return {"ids.parquet": self.ids_sha256, "spans.npy": self.spans_sha256, "prints.npy": self.prints_sha256}[part]
+
+
 @dataclass(frozen=True)
 class CorpusFiles:
-    """The rank-indexed files of one run of the pass (paths and digests: small enough to hand to every task)."""
+    """The rank-indexed files of one run of the pass (paths follow from names; digests: small enough to hand to every task)."""
 
     directory: str
     documents: int
     num_hashes: int
-    shingle_files: tuple[tuple[str, str], ...]  # (path, sha256) per input shard
-    digests: tuple[tuple[str, str], ...]  # (file name, sha256) of ranks.npy, spans.npy, prints.npy, ids.parquet
-    shard_names: tuple[str, ...] = ()  # input shard names, by the shard index in spans.npy (a removal is published by shard)
+    shingle_sha256: tuple[str, ...]  # per input shard, by the shard index in the spans
+    ranges: tuple[RankRange, ...]  # ascending, covering ranks [0, documents)
+    shard_names: tuple[str, ...] = ()  # input shard names, by the shard index in the spans (a removal is published by shard)
 
-    def path(self, name: str) -> str:
-        return str(Path(self.directory) / name)
+    def shingle_file(self, shard_index: int) -> tuple[str, str]:
+        return str(Path(self.directory) / f"{self.shard_names[shard_index]}.shingles.npy"), self.shingle_sha256[shard_index]
 
-    def digest(self, name: str) -> str:
-        return dict(self.digests)[name]
+    def range_of(self, rank: int) -> int:
+        return bisect_right(self.firsts(), rank) - 1
 
-    def array(self, name: str, spill: SpillFiles) -> np.ndarray:
-        """A rank-indexed array, checked once per process, memory-mapped (read where indexed, never whole)."""
-        spill.verify(self.path(name), self.digest(name))
-        return np.load(self.path(name), mmap_mode="r", allow_pickle=False)
+    def firsts(self) -> list[int]:
+        return [r.first for r in self.ranges]
+
+    def range_path(self, index: int, part: str) -> str:
+        return range_file(self.directory, index, part)
+
+
+class RankedArrays:
+    """Rows of a rank-indexed array (spans.npy, prints.npy) for any ranks, each range's file checked once, memory-mapped."""
+
+    def __init__(self, files: CorpusFiles, part: str, spill: SpillFiles):
+        self.files, self.part, self.spill = files, part, spill
+        self.firsts = np.asarray(files.firsts() + [files.documents], np.int64)
+        self.maps: dict[int, np.ndarray] = {}
+
+    def of_range(self, index: int) -> np.ndarray:
+        if index not in self.maps:
+            path = self.files.range_path(index, self.part)
+            self.spill.verify(path, self.files.ranges[index].digest(self.part))
+            self.maps[index] = np.load(path, mmap_mode="r", allow_pickle=False)
+        return self.maps[index]
+
+    def __getitem__(self, ranks: np.ndarray) -> np.ndarray:
+        ranks = np.asarray(ranks, np.int64)
+        which = np.searchsorted(self.firsts, ranks, side="right") - 1
+        out = None
+        for index in np.unique(which).tolist():
+            chosen = which == index
+            rows = self.of_range(index)[ranks[chosen] - self.firsts[index]]
+            if out is None:
+                out = np.empty((len(ranks), *rows.shape[1:]), rows.dtype)
+            out[chosen] = rows
+        return out if out is not None else np.empty(0)
 
 
 def key_partition(keys: np.ndarray, partitions: int) -> np.ndarray:
@@ -138,17 +191,22 @@ class ShingleSets:
 
     def __init__(self, files: CorpusFiles, spill: SpillFiles):
         self.files, self.spill = files, spill
-        # spans.npy (24 bytes a document) is read one row per lookup, with pread: a copy of it in every bucket and
-        # verification task would be 2.4 GB each at 100M documents.
-        self.spans_path = files.path("spans.npy")
-        spill.verify(self.spans_path, files.digest("spans.npy"))
+        # a range's spans.npy (24 bytes a document) is read one row per lookup, with pread: a copy of the spans in every
+        # bucket and verification task would be 2.4 GB each at 100M documents.
+        self.firsts = files.firsts()
+        self.spans_paths = [files.range_path(index, "spans.npy") for index in range(len(files.ranges))]  # built once: a lookup is hot
+        self.shingle_files = [files.shingle_file(shard) for shard in range(len(files.shard_names))]
         self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self.cached_bytes = 0
 
     def raw(self, rank: int) -> np.ndarray:
         """The document's shingle hashes in text order (repeats included)."""
-        shard, start, stop = self.spill.read(self.spans_path, 3 * rank, 3 * rank + 3).tolist()
-        path, sha256 = self.files.shingle_files[shard]
+        index = bisect_right(self.firsts, rank) - 1
+        spans_path = self.spans_paths[index]
+        self.spill.verify(spans_path, self.files.ranges[index].spans_sha256)
+        local = rank - self.firsts[index]
+        shard, start, stop = self.spill.read(spans_path, 3 * local, 3 * local + 3).tolist()
+        path, sha256 = self.shingle_files[shard]
         self.spill.verify(path, sha256)
         return self.spill.read(path, start, stop)
 

@@ -24,7 +24,7 @@ from manifests.atomic import atomic_write_parquet
 from manifests.schema import dumps_json
 from manifests.digest import sha256_file
 from tasks.dedup.minhash import ChecksumMismatch, UnionFind, read_checked_array, write_checked_array
-from tasks.dedup.near_dup_files import EDGE, PAIR, CorpusFiles, ShingleSets, Slice, best_per_node, edges_array, read_slices, reduce_edges
+from tasks.dedup.near_dup_files import EDGE, PAIR, CorpusFiles, RankedArrays, ShingleSets, Slice, best_per_node, edges_array, read_slices, reduce_edges
 from tasks.dedup.removal_map import RemovalContext, removal_table, write_removal_table
 from tasks.dedup.spill_reader import SpillFiles
 
@@ -79,16 +79,13 @@ def link_clusters(files: CorpusFiles, config: Any, linked: list[tuple[str, str]]
     best_partner = np.zeros(files.documents, dtype=np.int64)
     nodes, partners, similarities, _ = best_per_node(edges)
     best_similarity[nodes], best_partner[nodes] = similarities, partners
-    ids_path = files.path("ids.parquet")
-    if sha256_file(Path(ids_path)) != files.digest("ids.parquet"):
-        raise ChecksumMismatch(f"{ids_path}: sha256 differs from what its writer recorded; the intermediate file is corrupt, nothing was published")
-    ids = pq.read_table(files.path("ids.parquet")).column("id").combine_chunks()
+    ids = corpus_ids(files)
     spill = SpillFiles()
     try:
-        spans = files.array("spans.npy", spill)  # memory-mapped: only the removed documents' rows are read
+        spans = RankedArrays(files, "spans.npy", spill)  # memory-mapped: only the removed documents' rows are read
 
         def shards_of(ranks: np.ndarray) -> pa.Array:
-            return pa.array(files.shard_names, pa.string()).take(pa.array(np.asarray(spans[ranks, 0], np.int64)))
+            return pa.array(files.shard_names, pa.string()).take(pa.array(np.asarray(spans[ranks][:, 0] if len(ranks) else [], np.int64)))
 
         clusters_table, removals, cluster_count = cluster_outputs(clusters, best_similarity, best_partner, ids, config.jaccard_threshold,
                                                                   shards_of)
@@ -97,6 +94,17 @@ def link_clusters(files: CorpusFiles, config: Any, linked: list[tuple[str, str]]
     atomic_write_parquet(Path(work_dir) / CLUSTERS_FILE, clusters_table)
     stats = {"clusters": cluster_count, "clustered_documents": clusters_table.num_rows, "removed": removals.num_rows}
     return write_removal_table(Path(work_dir), removals, stats, [(CLUSTERS_FILE, clusters_table.num_rows)])
+
+
+def corpus_ids(files: CorpusFiles) -> pa.Array:
+    """Every id in rank order: each range's file checked against its digest, then concatenated."""
+    parts = []
+    for index, part in enumerate(files.ranges):
+        path = files.range_path(index, "ids.parquet")
+        if sha256_file(Path(path)) != part.ids_sha256:
+            raise ChecksumMismatch(f"{path}: sha256 differs from what its writer recorded; the intermediate file is corrupt, nothing was published")
+        parts.append(pq.read_table(path).column("id").combine_chunks())
+    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
 
 
 def cluster_outputs(clusters: UnionFind, best_similarity: np.ndarray, best_partner: np.ndarray, ids: pa.Array,

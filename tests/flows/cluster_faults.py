@@ -12,12 +12,12 @@ import tasks.dedup.fuzzy as fuzzy
 signature_shard = getattr(fuzzy.signature_shard, "unpatched", fuzzy.signature_shard)
 
 
-def signature_shard_killing_its_worker_once(shard_path: str, shard: str, config, spill_dir: str, partitions: int):
+def signature_shard_killing_its_worker_once(shard_path: str, shard: str, config, spill_dir: str, partitions: int, *rest):
     marker = Path(spill_dir).parent / "killed-a-worker-in-signatures"
     if shard == "part-00001" and not marker.exists():
         marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
-    return signature_shard(shard_path, shard, config, spill_dir, partitions)
+    return signature_shard(shard_path, shard, config, spill_dir, partitions, *rest)
 
 
 signature_shard_killing_its_worker_once.unpatched = signature_shard

@@ -124,8 +124,8 @@ def test_hundred_thousand_identical_documents_form_one_cluster(tmp_path, upstrea
 def test_corrupt_band_file_fails_clearly_and_publishes_nothing(tmp_path, upstream, corpus, monkeypatch):
     original = dedup_fuzzy.signature_shard
 
-    def corrupting(shard_path, shard, config, spill_dir, partitions):
-        result = original(shard_path, shard, config, spill_dir, partitions)
+    def corrupting(shard_path, shard, config, spill_dir, partitions, *rest):
+        result = original(shard_path, shard, config, spill_dir, partitions, *rest)
         with open(result["bands_file"], "r+b") as handle:
             handle.seek(-8, 2)
             handle.write(b"\x00" * 8)

@@ -9,10 +9,10 @@ from tasks.dedup.fuzzy import signature_shard
 from tasks.dedup.lsh_buckets import link_key_partition
 
 
-def signature_shard_killing_its_worker_once(shard_path: str, shard: str, config, spill_dir: str, partitions: int):
+def signature_shard_killing_its_worker_once(shard_path: str, shard: str, config, spill_dir: str, partitions: int, *rest):
     """The first attempt on shard part-00001 kills its own worker process (SIGKILL, as the OOM killer would)."""
     kill_once(Path(spill_dir).parent / "killed-a-worker-in-signatures", shard == "part-00001")
-    return signature_shard(shard_path, shard, config, spill_dir, partitions)
+    return signature_shard(shard_path, shard, config, spill_dir, partitions, *rest)
 
 
 def link_key_partition_killing_its_worker_once(files, config, partition: int, partitions: int, records, out_dir: str):

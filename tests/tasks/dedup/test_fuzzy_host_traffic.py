@@ -1,0 +1,48 @@
+"""The near-duplicate pass's planning process holds no per-document data: counted as the bytes it exchanges with its tasks.
+
+Every job the flow host sends and every result it gets back is pickled and
+counted (tasks/runner/host_traffic.py). At one shard size the bytes per shard
+must stay flat as the corpus grows 8× in shards, and they must not follow the
+documents a shard holds either (a host that receives every shard's ids holds
+O(N) bytes, however it frees them).
+"""
+from __future__ import annotations
+
+import random
+import string
+
+from tasks.dedup.fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
+from tasks.runner.host_traffic import count_host_traffic
+
+WORDS = ["".join(random.Random(i).choice(string.ascii_lowercase) for _ in range(6)) for i in range(500)]
+
+
+def corpus(documents: int, seed: int) -> dict[str, str]:
+    """Short documents in a shuffled id order, a quarter of them with a light near-copy."""
+    rng = random.Random(seed)
+    texts: dict[str, str] = {}
+    for i in range(documents):
+        doc_id = f"{rng.getrandbits(40):010x}-{i}"
+        if i % 4 == 3:
+            source = texts[next(reversed(texts))].split()
+            source[rng.randrange(len(source))] = "river"
+            texts[doc_id] = " ".join(source)
+        else:
+            texts[doc_id] = " ".join(rng.choice(WORDS) for _ in range(80))
+    return texts
+
+
+def bytes_per_shard(tmp_path, upstream, name: str, documents: int, shards: int) -> float:
+    with count_host_traffic() as traffic:
+        manifest = run_dedup_fuzzy(DedupFuzzyConfig(), upstream(corpus(documents, documents), shards, name), tmp_path / f"{name}-out",
+                                   workers=1)
+    assert manifest.counts["removed"].get("near_duplicate", 0) >= documents // 8  # near-copies found at every size
+    return traffic.total() / shards
+
+
+def test_host_traffic_per_shard_does_not_grow_with_the_corpus(tmp_path, upstream):
+    small = bytes_per_shard(tmp_path, upstream, "small", documents=48, shards=4)
+    more_shards = bytes_per_shard(tmp_path, upstream, "more-shards", documents=384, shards=32)  # 8N at the same shard size
+    larger_shards = bytes_per_shard(tmp_path, upstream, "larger-shards", documents=384, shards=4)  # 8N in shards 8× larger
+    assert more_shards <= 1.2 * small, (small, more_shards)
+    assert larger_shards <= 1.2 * small, (small, larger_shards)  # nothing sent or received per document
