@@ -33,19 +33,37 @@ tasks on a cluster; everything they exchange is a file in the stage's work
 directory, which must be on shared storage for a multi-machine run):
 1. one task per input shard: shingle hashes, signatures, band keys; the band
    records (key, band, row) are spilled sorted by hash range of the key (the
-   shuffle), with fingerprints and shingle hashes, each file checksummed;
-2. the planning process ranks all ids (rank order = id order, so "smallest
-   rank" is "smallest id" whatever the shard layout) and writes rank-indexed
-   files (tasks/dedup/near_dup_files.py): a few dozen bytes a document;
+   shuffle), with shingle hashes and the shard's documents sorted by id (a
+   sorted run with their spans and fingerprints), each file checksummed;
+2. the id order as an external sort (tasks/dedup/id_ranks.py): splitters from
+   a by-hash sample of the ids, one task per shard cutting its run at them,
+   one task per id range merging its cuts and writing its rank-indexed files
+   (tasks/dedup/near_dup_files.py), one task per shard re-keying its band
+   records by rank (rank order = id order, so "smallest rank" is "smallest
+   id" whatever the shard layout);
 3. one task per key range (tasks/dedup/lsh_buckets.py): groups its buckets, yields
    candidate pairs (signature-filtered) and edges verified in bulk;
 4. one task per rank range (tasks/dedup/near_dup_links.py): each candidate pair
    verified once, whichever bands proposed it;
 5. one task: union-find over the edges, removal map and clusters as Parquet;
 6. each shard drops the removed ids.
-Key and rank ranges number PARTITIONS_PER_WORKER × the workers (on Dask: the
-scheduler's worker count), or one per PARTITION_BYTES of band records when
+Key, id and rank ranges number PARTITIONS_PER_WORKER × the workers (on Dask:
+the scheduler's worker count), or one per PARTITION_BYTES of band records when
 that is more (tasks/stage_runner.partition_count).
+
+Memory bounds, for S shards of n documents and P ranges (N = S × n):
+* the flow host holds no per-document data: paths, digests, counts and the
+  cut positions of every (shard, range), O(S × P) values of ≤ 200 bytes, and
+  SAMPLES_PER_RANGE × P sampled ids (tests/tasks/dedup/test_fuzzy_host_traffic.py
+  counts what it exchanges);
+* a signature, cut or re-key task holds one shard: O(n) (about 14 × 16 bytes
+  of band records and num_hashes + 40 bytes of sorted run a document, plus its
+  shingle hashes);
+* an id-range task holds its range, about 1.6 N / P documents at most, a few
+  hundred bytes each; a key or rank task its range's records and pairs
+  (about PARTITION_BYTES), reading fingerprints and spans by rank from files;
+* the cluster task is the exception: union-find, best edges and all ids in
+  rank order, about 60 bytes a document (60 GB at 1B documents).
 
 Rule `near_duplicate`, value = exact Jaccard with the matched document,
 detail {"cluster_id", "kept_id", "matched_id", "jaccard"}; the cluster is
