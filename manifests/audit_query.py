@@ -11,6 +11,8 @@ import pyarrow.parquet as pq
 
 from manifests.run_dir import completed_stages, find_stage
 
+TEXT_BATCH_ROWS = 1024  # upstream rows decoded at a time while snippets are looked up
+
 
 def funnel(run: Path) -> list[dict[str, Any]]:
     """Per stage: in, kept, removed per rule, modified per rule (from the manifests' counts)."""
@@ -124,8 +126,8 @@ def _texts_before(run: Path, position: tuple[int, str], shard_of: dict[str, str]
     """The text the documents had when they entered the stage at `position` (StageDir.position).
 
     `shard_of`: id -> the shard its audit row came from; that upstream shard is
-    read first (its ids, then its texts only if one is there), the others only
-    for the ids still missing.
+    read first (its ids, then its texts in batches only if one is there), the
+    others only for the ids still missing.
     """
     previous = [(s, m) for s, m in completed_stages(run) if s.position < position]
     if not previous:
@@ -140,9 +142,10 @@ def _texts_before(run: Path, position: tuple[int, str], shard_of: dict[str, str]
         if not missing:
             break
         path = manifest.path_of(data_file)
-        ids = pq.read_table(path, columns=["id"]).column("id")
-        rows = pc.indices_nonzero(pc.is_in(ids, value_set=pa.array(missing)))
-        if len(rows):
-            table = pq.read_table(path, columns=["id", "text"]).take(rows)
-            found.update(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+        wanted = pa.array(missing)
+        if not pc.any(pc.is_in(pq.read_table(path, columns=["id"]).column("id"), value_set=wanted)).as_py():
+            continue
+        for batch in pq.ParquetFile(path).iter_batches(TEXT_BATCH_ROWS, columns=["id", "text"]):  # a shard's text is never held whole
+            picked = batch.filter(pc.is_in(batch.column("id"), value_set=wanted))
+            found.update(zip(picked.column("id").to_pylist(), picked.column("text").to_pylist()))
     return found

@@ -56,8 +56,14 @@ def test_a_sample_reads_the_files_it_needs_not_the_whole_log(tmp_path, monkeypat
         opened.append(Path(path).parent.name + "/" + Path(path).stem)
         return real_read(path, *args, **kwargs)
 
+    real_file = pq.ParquetFile
+
+    def counting_file(path, *args, **kwargs):
+        opened.append(Path(path).parent.name + "/" + Path(path).stem + " (batches)")
+        return real_file(path, *args, **kwargs)
+
     monkeypatch.setattr(audit_query.pq, "read_table", counting_read)
+    monkeypatch.setattr(audit_query.pq, "ParquetFile", counting_file)
     sample_by_rule(run, "quality", ["long", "short"], 3)
-    # one audit file (its rule column, then its rows) and the one upstream shard of the same name (ids, then texts)
-    assert sorted(set(opened)) == ["audit/part-00000", "data/part-00000"], opened
-    assert len(opened) == 4
+    # one audit file (its rule column, then its rows) and the one upstream shard of the same name (ids, then texts in batches)
+    assert opened == ["audit/part-00000", "audit/part-00000", "data/part-00000", "data/part-00000 (batches)"], opened
