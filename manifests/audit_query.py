@@ -145,7 +145,8 @@ def _texts_before(run: Path, position: tuple[int, str], shard_of: dict[str, str]
         wanted = pa.array(missing)
         if not pc.any(pc.is_in(pq.read_table(path, columns=["id"]).column("id"), value_set=wanted)).as_py():
             continue
-        for batch in pq.ParquetFile(path).iter_batches(TEXT_BATCH_ROWS, columns=["id", "text"]):  # a shard's text is never held whole
+        parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)  # streamed: a shard's text is never held whole
+        for batch in parquet.iter_batches(TEXT_BATCH_ROWS, columns=["id", "text"], use_threads=False):
             picked = batch.filter(pc.is_in(batch.column("id"), value_set=wanted))
             found.update(zip(picked.column("id").to_pylist(), picked.column("text").to_pylist()))
     return found
