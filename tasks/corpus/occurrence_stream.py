@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from manifests.atomic import atomic_write_bytes, atomic_write_parquet
 from manifests.digest import sha256_file
 from tasks.corpus.split import seeded_rank
-from tasks.dedup.near_dup_files import Slice
+from tasks.dedup.near_dup_files import Slice, key_partition
 from tasks.dedup.spill_reader import SpillFiles
 from tasks.dedup.table_slices import read_table_slices, write_table_slices
 from tasks.runner.stage_runner import map_shards, partition_count
@@ -89,18 +89,13 @@ def occurrence_ranks(ids: list[str], repeats: np.ndarray, seed: int) -> tuple[np
     return doc, k, rank
 
 
-def rank_range(rank: np.ndarray, ranges: int) -> np.ndarray:
-    """The range of each rank: its top 32 bits scaled onto [0, ranges), so range order is rank order."""
-    return ((rank >> np.uint64(32)) * np.uint64(ranges) >> np.uint64(32)).astype(np.int64)
-
-
 def rank_part(plan_path: str, first: int, seed: int, ranges: int, spill_path: str) -> tuple[int, dict[int, Slice]]:
     """Task: the occurrences of one plan part (its rows numbered from `first`), spilled by key = epoch × ranges + rank
     range: (first, key -> slice)."""
     plan = pq.read_table(plan_path, columns=["id", "offset", "tokens", "repeats"])
     ids = plan.column("id").to_pylist()
     doc, k, rank = occurrence_ranks(ids, plan.column("repeats").to_numpy().astype(np.int64), seed)
-    key = k * ranges + rank_range(rank, ranges)
+    key = k * ranges + key_partition(rank, ranges)  # a 64-bit hash's top bits: range order is rank order
     order = np.lexsort((doc, key))
     doc, k, rank, key = doc[order], k[order], rank[order], key[order]
     records = pa.table({"id": pa.array(ids, pa.string()).take(pa.array(doc, pa.int64())),

@@ -89,27 +89,35 @@ def rank_counts(counts: pa.Table, shard: str, shard_index: int, seed: int, spill
     ranked = counts.append_column("rank", pa.array(document_ranks(counts.column("id").to_pylist(), seed), pa.uint64()))
     ranked = ranked.append_column("row", pa.array(np.arange(rows, dtype=np.int64)))
     ranked = ranked.sort_by([("source", "ascending"), ("lang", "ascending"), ("rank", "ascending"), ("row", "ascending")])
-    sources, langs = ranked.column("source").to_pylist(), ranked.column("lang").to_pylist()
+    sources, langs = ranked.column("source"), ranked.column("lang")
     ranks, tokens = ranked.column("rank").to_numpy(), ranked.column("tokens").to_numpy()
-    starts = [i for i in range(rows) if i == 0 or (sources[i], langs[i]) != (sources[i - 1], langs[i - 1])]
-    bounds = [*starts, rows]
-    histogram = np.zeros((len(starts), RANK_BINS), dtype=np.int64)
+    bounds = group_bounds(ranked)
+    histogram = np.zeros((len(bounds) - 1, RANK_BINS), dtype=np.int64)
     groups: dict[Group, tuple[int, int]] = {}
     for index, (start, stop) in enumerate(zip(bounds, bounds[1:])):
-        np.add.at(histogram[index], (ranks[start:stop] >> BIN_SHIFT).astype(np.int64), tokens[start:stop])
-        groups[(sources[start], langs[start])] = (stop - start, int(tokens[start:stop].sum()))
+        histogram[index] = np.bincount((ranks[start:stop] >> BIN_SHIFT).astype(np.int64), weights=tokens[start:stop], minlength=RANK_BINS)
+        groups[(sources[start].as_py(), langs[start].as_py())] = (stop - start, int(tokens[start:stop].sum()))
     spill = Path(spill_dir)
     hist_path = spill / f"{shard}.histogram.npy"
     hist_sha = write_checked_array(hist_path, histogram)
     tables = [ranked.slice(start, COUNT_BLOCK_ROWS) for start in range(0, rows, COUNT_BLOCK_ROWS)]
     slices = write_table_slices(spill / f"{shard}.counts.npy", tables)
-    blocks = tuple(CountBlock(part, shard_index, key_of(sources, langs, ranks, start), key_of(sources, langs, ranks, start + table.num_rows - 1))
-                   for part, table, start in zip(slices, tables, range(0, rows, COUNT_BLOCK_ROWS)))
+    blocks = tuple(CountBlock(part, shard_index, key_of(table, 0), key_of(table, table.num_rows - 1)) for part, table in zip(slices, tables))
     return RankedShard(shard, rows, int(tokens.sum()), groups, first_seen, (str(hist_path), hist_sha), blocks)
 
 
-def key_of(sources: list[str], langs: list[str], ranks: np.ndarray, row: int) -> tuple[str, str, int]:
-    return sources[row], langs[row], int(ranks[row])
+def group_bounds(ranked: pa.Table) -> list[int]:
+    """Row bounds of each (source, lang) run of a table sorted by group: [0, ..., rows]."""
+    rows = ranked.num_rows
+    if not rows:
+        return [0]
+    source, lang = (pc.dictionary_encode(ranked.column(name)).combine_chunks().indices.to_numpy() for name in ("source", "lang"))
+    changed = (source[1:] != source[:-1]) | (lang[1:] != lang[:-1])
+    return [0, *(np.flatnonzero(changed) + 1).tolist(), rows]
+
+
+def key_of(table: pa.Table, row: int) -> tuple[str, str, int]:
+    return table.column("source")[row].as_py(), table.column("lang")[row].as_py(), int(table.column("rank")[row].as_py())
 
 
 def prefix_budget(unique: int, target: float, max_epochs: float) -> tuple[float, int, float]:
@@ -169,25 +177,23 @@ def shard_plan(shard: RankedShard, shard_index: int, cuts: dict[Group, GroupCut]
         ranked = read_table_slices(spill, [block.slice for block in shard.blocks], RANKED_SCHEMA)
     finally:
         spill.close()
-    ranked = ranked.sort_by([("row", "ascending")])
-    sources, langs = ranked.column("source").to_pylist(), ranked.column("lang").to_pylist()
     ranks, rows, tokens = ranked.column("rank").to_numpy(), ranked.column("row").to_numpy(), ranked.column("tokens").to_numpy()
-    repeats = np.zeros(ranked.num_rows, dtype=np.int32)
+    repeats = np.zeros(ranked.num_rows, dtype=np.int32)  # in the blocks' (group, rank, row) order
     contributed: dict[Group, int] = {}
-    group_rows: dict[Group, list[int]] = {}
-    for i, group in enumerate(zip(sources, langs)):
-        group_rows.setdefault(group, []).append(i)
-    for group, members in group_rows.items():
-        members = np.asarray(members)
+    bounds = group_bounds(ranked)
+    for start, stop in zip(bounds, bounds[1:]):
+        group = (ranked.column("source")[start].as_py(), ranked.column("lang")[start].as_py())
         cut = cuts[group]
-        bins = (ranks[members] >> BIN_SHIFT).astype(np.int64)
-        extra = bins < cut.bin
-        at_cut = np.flatnonzero(bins == cut.bin)
-        if len(at_cut):
-            keys = list(zip(ranks[members[at_cut]].tolist(), [shard_index] * len(at_cut), rows[members[at_cut]].tolist()))
-            extra[at_cut] = [key <= cut.last for key in keys]
-        repeats[members] = cut.full + extra.astype(np.int32)
-        contributed[group] = int(repeats[members].astype(np.int64) @ tokens[members])
+        extra = np.zeros(stop - start, dtype=bool)
+        if cut.bin >= 0:  # (rank, shard, row) <= the prefix's last, this shard's index fixed
+            last_rank, last_shard, last_row = cut.last
+            rank, row = ranks[start:stop], rows[start:stop]
+            ties = (row <= last_row) if shard_index == last_shard else np.full(stop - start, shard_index < last_shard)
+            extra = (rank < np.uint64(last_rank)) | ((rank == np.uint64(last_rank)) & ties)
+        repeats[start:stop] = cut.full + extra.astype(np.int32)
+        contributed[group] = int(repeats[start:stop].astype(np.int64) @ tokens[start:stop])
+    order = np.argsort(rows, kind="stable")
+    ranked, repeats, tokens = ranked.take(pa.array(order)), repeats[order], tokens[order]
     plan = ranked.select(COUNT_SCHEMA.names).append_column("repeats", pa.array(repeats, pa.int32()))
     plan = plan.append_column("offset", pa.array(offset + np.cumsum(tokens) - tokens, pa.int64()))
     atomic_write_parquet(Path(path), plan)
