@@ -52,9 +52,13 @@ the scheduler's worker count), or one per PARTITION_BYTES of band records when
 that is more (tasks/stage_runner.partition_count).
 
 Memory bounds, for S shards of n documents and P ranges (N = S × n):
-* the flow host holds no per-document data: paths, digests, counts and the
-  cut positions of every (shard, range), O(S × P) values of ≤ 200 bytes, and
-  SAMPLES_PER_RANGE × P sampled ids (tests/tasks/dedup/test_fuzzy_host_traffic.py
+* the flow host holds no per-document data and no (shard, range) table:
+  a few paths, digests and counts per shard (O(S), ~500 bytes each), one
+  count per range and SAMPLES_PER_RANGE × P sampled ids. Every slice of a
+  partitioned spill file stays in its writer's slice index
+  (tasks/dedup/slice_index.py), and a task is sent the corpus description's
+  path and digest (near_dup_files.CorpusRef), so no job or result grows with
+  the number of partitions (tests/tasks/dedup/test_fuzzy_host_traffic.py
   counts what it exchanges);
 * a signature, cut or re-key task holds one shard: O(n) (about 14 × 16 bytes
   of band records and num_hashes + 40 bytes of sorted run a document, plus its
@@ -82,14 +86,16 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from manifests.stage_manifest import StageManifest
-from tasks.dedup.id_ranks import SortedRun, bound_id_ranges, choose_splitters, rank_band_records, rank_id_range, sample_probability, write_sorted_run
+from tasks.dedup.id_ranks import (SortedRun, bound_id_ranges, choose_splitters, rank_band_records, rank_id_range, sample_probability,
+                                  save_splitters, write_sorted_run)
 from tasks.dedup.lsh_buckets import fallback_pairs, link_key_partition  # noqa: F401 (fallback_pairs re-exported)
 from tasks.dedup.minhash import HashFamily, band_keys, signatures, write_checked_array
-from tasks.dedup.near_dup_files import RECORD, CorpusFiles, Slice, key_partition, write_partitioned
+from tasks.dedup.near_dup_files import RECORD, CorpusFiles, key_partition, shard_file, write_partitioned
 from tasks.dedup.near_dup_links import link_clusters, verify_rank_partition
 from tasks.dedup.removal_map import RemovalContext, apply_removals, map_upstream_shards
 from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
 from tasks.dedup.signature_filter import fingerprints, minimum_agreement
+from tasks.dedup.slice_index import write_slice_index
 from tasks.runner.stage_runner import StageDef, map_shards, partition_count, run_stage
 
 STAGE = "dedup_fuzzy"
@@ -159,8 +165,7 @@ def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill
     records["key"] = keys_BN.ravel()
     records["band_row"] = (np.repeat(np.arange(config.bands, dtype=np.uint64), len(rows)) << np.uint64(32)) | np.tile(rows, config.bands)
     offsets = np.concatenate(offset_parts)
-    spill = Path(spill_dir)
-    bands_file, shingles_file = spill / f"{shard}.bands.npy", spill / f"{shard}.shingles.npy"
+    bands_file, shingles_file = shard_file(spill_dir, shard, "bands"), shard_file(spill_dir, shard, "shingles")
     run = write_sorted_run(SortedRun(spill_dir, shard), parquet.read(columns=["id"]).column("id").combine_chunks(), offsets, rows,
                            np.concatenate(print_parts), sample_probability)
     return {
@@ -168,34 +173,32 @@ def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill
         "documents": rows_before,
         "shingles": int(offsets[-1]),
         "without_shingles": rows_before - len(rows),
-        "bands_file": str(bands_file),
-        "band_slices": write_partitioned(bands_file, records, key_partition(records["key"], partitions), partitions),
-        "shingles_file": str(shingles_file),
-        "shingles_sha256": write_checked_array(shingles_file, np.concatenate(hash_parts)),
+        "bands_file": bands_file,
+        "band_partitions": write_slice_index(bands_file, write_partitioned(Path(bands_file), records, key_partition(records["key"], partitions),
+                                                                           partitions)),
+        "shingles_sha256": write_checked_array(Path(shingles_file), np.concatenate(hash_parts)),
         **run,
     }
 
 
-def rank_corpus(shards: list[dict[str, Any]], ranges: int, spill_dir: Path, num_hashes: int, workers: int) -> tuple[CorpusFiles, list[list[Slice]]]:
+def rank_corpus(shards: list[dict[str, Any]], ranges: int, spill_dir: Path, num_hashes: int, workers: int) -> CorpusFiles:
     """The id order as runner tasks (tasks/dedup/id_ranks.py): cut every run at the splitters, rank each id range, re-key the
-    band records by rank. Returns the corpus files and each shard's ranked band slices by key partition."""
+    band records by rank. Every (shard, range) slice stays in its writer's index file; the host adds up one count per range."""
     splitters = choose_splitters([sample for s in shards for sample in s.pop("samples")], ranges)
-    cut = sorted(map_shards(bound_id_ranges, [(s["run"], s["run_sha256"], splitters) for s in shards], workers, "id ranges",
-                            [s["documents"] for s in shards]), key=lambda c: c["shard"])
-    lows, highs = np.stack([c["bounds"][:-1] for c in cut], axis=1), np.stack([c["bounds"][1:] for c in cut], axis=1)  # range × shard
-    digests = np.stack([c["digests"] for c in cut], axis=1)
-    sizes = (highs - lows).sum(axis=1)
+    sizes = np.zeros(len(splitters) + 1, np.int64)
+    splitters_file = save_splitters(str(spill_dir), splitters)
+    for cut in map_shards(bound_id_ranges, [(s["run"], s["run_sha256"], splitters_file) for s in shards], workers, "id ranges",
+                          [s["documents"] for s in shards]):
+        sizes += cut["counts"]
     firsts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
     runs = [s["run"] for s in shards]
-    jobs = [(str(spill_dir), r, int(firsts[r]), runs, lows[r], highs[r], digests[r], num_hashes) for r in range(len(sizes))]
+    jobs = [(str(spill_dir), r, int(firsts[r]), runs, num_hashes) for r in range(len(sizes))]
     ranked = sorted(map_shards(rank_id_range, jobs, workers, "ranks", sizes.tolist()), key=lambda r: r["range"].first)
-    bounds, ranked_digests = np.stack([r["ranked_bounds"] for r in ranked], axis=1), np.stack([r["ranked_digests"] for r in ranked], axis=1)
-    rekey = [(str(spill_dir), index, s["shard"], s["documents"], s["band_slices"], bounds[index], ranked_digests[index])
-             for index, s in enumerate(shards)]
-    rekeyed = sorted(map_shards(rank_band_records, rekey, workers, "rank bands", [s["documents"] for s in shards]), key=lambda r: r["shard"])
-    files = CorpusFiles(str(spill_dir), int(sizes.sum()), num_hashes, tuple(s["shingles_sha256"] for s in shards),
-                        tuple(r["range"] for r in ranked), tuple(s["shard"] for s in shards))
-    return files, [r["band_slices"] for r in rekeyed]
+    rekey = [(str(spill_dir), index, s["shard"], s["documents"], len(ranked)) for index, s in enumerate(shards)]
+    for _ in map_shards(rank_band_records, rekey, workers, "rank bands", [s["documents"] for s in shards]):
+        pass
+    return CorpusFiles(str(spill_dir), int(sizes.sum()), num_hashes, tuple(s["shingles_sha256"] for s in shards),
+                       tuple(r["range"] for r in ranked), tuple(s["shard"] for s in shards))
 
 
 def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
@@ -211,19 +214,20 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
         shards = map_upstream_shards(signature_shard, upstream, (config, str(spill_dir), partitions, sample_probability(documents, partitions)),
                                      workers, "minhash")
         signed = time.perf_counter()
-        files, band_slices = rank_corpus(shards, partitions, spill_dir, config.num_hashes, workers)
+        files = rank_corpus(shards, partitions, spill_dir, config.num_hashes, workers)
+        corpus = files.saved()  # what each bucket and verification task is sent: a path and a digest
         shingles = sum(s["shingles"] for s in shards)
         without_shingles = sum(s["without_shingles"] for s in shards)
-        key_jobs = [(files, config, p, partitions, [slices[p] for slices in band_slices], str(spill_dir)) for p in range(partitions)]
-        del shards, band_slices
-        sizes = [sum(part.stop - part.start for part in job[4]) for job in key_jobs]
+        band_partitions = sum(s["band_partitions"] for s in shards)
+        del shards
+        key_jobs = [(corpus, config, p, partitions, str(spill_dir)) for p in range(partitions)]
+        sizes = [max(band_partitions // partitions, 1)] * partitions  # progress weights: partitions are equal hash ranges
         bucketed = sorted(map_shards(link_key_partition, key_jobs, workers, "lsh buckets", sizes), key=lambda r: r["partition"])
-        rank_jobs = [(files, config, r, [b["candidates"][r] for b in bucketed], [b["edges"][r] for b in bucketed],
-                      str(spill_dir / f"linked-{r:05d}.npy")) for r in range(partitions)]
-        pair_sizes = [sum(s.stop - s.start for s in job[3]) for job in rank_jobs]
+        rank_jobs = [(corpus, config, r, partitions, str(spill_dir), str(spill_dir / f"linked-{r:05d}.npy")) for r in range(partitions)]
+        pair_sizes = [max(sum(b["written_pairs"] for b in bucketed) // partitions, 1)] * partitions
         verified = sorted(map_shards(verify_rank_partition, rank_jobs, workers, "verify pairs", pair_sizes), key=lambda r: r["partition"])
         linked = [(v["path"], v["sha256"]) for v in verified]
-        [context] = list(map_shards(link_clusters, [(files, config, linked, str(work_dir))], 1, "clusters", [files.documents]))
+        [context] = list(map_shards(link_clusters, [(corpus, config, linked, str(work_dir))], 1, "clusters", [files.documents]))
         finished = time.perf_counter()
         counts = summed_counts([b["counts"] for b in bucketed] + [v["counts"] for v in verified])
         context.stats = {"documents": files.documents, "shingles": shingles, "documents_without_shingles": without_shingles,

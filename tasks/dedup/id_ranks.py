@@ -9,19 +9,23 @@ shard layout. No process sees every id:
    probability, about SAMPLES_PER_RANGE per id range over the whole corpus;
 2. the host picks range splitters from those samples (`choose_splitters`);
 3. one task per shard (`bound_id_ranges`) finds where each splitter cuts its
-   run and the sha256 of each cut, so every later reader checks exactly the
+   run and the sha256 of each cut, kept beside the run as a slice index
+   (tasks/dedup/slice_index.py), so every later reader checks exactly the
    bytes it reads; the host adds the counts up into each range's first rank;
-4. one task per id range (`rank_id_range`) merges its cuts of every run and
-   writes the rank-indexed files of its range (ids, spans, fingerprints: see
-   tasks/dedup/near_dup_files.py) and each shard's (row, rank) pairs;
+4. one task per id range (`rank_id_range`) merges its cut of every run (one
+   index entry per run) and writes the rank-indexed files of its range (ids,
+   spans, fingerprints: see tasks/dedup/near_dup_files.py) and each shard's
+   (row, rank) pairs, indexed by shard;
 5. one task per shard (`rank_band_records`) rewrites its band records with
    ranks in place of rows, so bucket tasks need no rank lookup at all.
-Every task holds one shard's or one id range's documents; the host holds
-O(shards × ranges) integers and digests, and SAMPLES_PER_RANGE × ranges ids.
+Every task holds one shard's or one id range's documents; the host holds one
+count per range, the runs' names, and SAMPLES_PER_RANGE × ranges ids: no
+(shard, range) table, which at 10k shards and 1k ranges would be 10M entries.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,19 +34,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from manifests.atomic import atomic_write_parquet
+from manifests.atomic import atomic_write_parquet, atomic_write_text
 from manifests.digest import sha256_file
 from tasks.dedup.minhash import ChecksumMismatch, write_checked_array
-from tasks.dedup.near_dup_files import RANK_BITS, RANKED_RECORD, RECORD, RankRange, Slice, range_file, read_slices, write_partitioned
+from tasks.dedup.near_dup_files import RANK_BITS, RANKED_RECORD, RECORD, RankRange, Slice, range_file, read_slices, shard_file, write_partitioned
+from tasks.dedup.slice_index import indexed_slice, write_slice_index, writer_slices
 from tasks.dedup.spill_reader import SpillFiles
 
 SAMPLES_PER_RANGE = 32  # expected splitter candidates per id range: the largest range is then ~1.6× the mean
+SPLITTERS_FILE = "splitters.json"
 RANKED_ROW = np.dtype([("shard", "<i8"), ("row", "<i8"), ("rank", "<i8")])  # a range's ranks, sorted by (shard, row)
-
-
-def packed(digests: list[bytes]) -> np.ndarray:
-    """Raw sha256 digests as rows of 32 bytes: per-shard × per-range digests stay 32 bytes each on the host."""
-    return np.frombuffer(b"".join(digests), np.uint8).reshape(len(digests), 32)
 
 
 def run_dtype(num_hashes: int) -> np.dtype:
@@ -111,8 +112,23 @@ def cut_digest(id_offsets: np.ndarray, id_bytes: np.ndarray, records: np.ndarray
     return digest.digest()
 
 
-def bound_id_ranges(run: SortedRun, sha256: dict[str, str], splitters: list[str]) -> dict[str, Any]:
-    """Task: where each splitter cuts this shard's sorted run, and the sha256 of every cut."""
+def save_splitters(directory: str, splitters: list[str]) -> tuple[str, str]:
+    """The splitters as a checked file, (path, sha256): each cutting task is sent these two strings, not ranges - 1 ids."""
+    path = Path(directory) / SPLITTERS_FILE
+    atomic_write_text(path, json.dumps(splitters))
+    return str(path), sha256_file(path)
+
+
+def load_splitters(path: str, sha256: str) -> list[str]:
+    if sha256_file(Path(path)) != sha256:
+        raise ChecksumMismatch(f"{path}: sha256 differs from what its writer recorded; the intermediate file is corrupt, nothing was published")
+    return json.loads(Path(path).read_text())
+
+
+def bound_id_ranges(run: SortedRun, sha256: dict[str, str], splitters_file: tuple[str, str]) -> dict[str, Any]:
+    """Task: where each splitter cuts this shard's sorted run and the sha256 of every cut, stored as the run's slice index;
+    returns the number of documents in each cut."""
+    splitters = load_splitters(*splitters_file)
     spill = SpillFiles()
     try:
         parts = {}
@@ -123,25 +139,28 @@ def bound_id_ranges(run: SortedRun, sha256: dict[str, str], splitters: list[str]
         ids = pa.LargeStringArray.from_buffers(len(records), pa.py_buffer(id_offsets), pa.py_buffer(id_bytes))
         cuts = np.searchsorted(np.asarray(ids.to_pylist(), dtype=object), np.asarray(splitters, dtype=object), side="left")
         bounds = np.concatenate(([0], np.asarray(cuts, np.int64), [len(records)])).astype(np.int64)
-        digests = packed([cut_digest(id_offsets[lo: hi + 1], id_bytes[id_offsets[lo]: id_offsets[hi]], records[lo:hi])
-                          for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())])
-        return {"shard": run.shard, "bounds": bounds, "digests": digests}
+        write_slice_index(run.path("run"), [Slice(run.path("run"), lo, hi, cut_digest(id_offsets[lo: hi + 1],
+                                                                                      id_bytes[id_offsets[lo]: id_offsets[hi]],
+                                                                                      records[lo:hi]).hex())
+                                            for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())])
+        return {"shard": run.shard, "counts": np.diff(bounds)}
     finally:
         spill.close()
 
 
-def rank_id_range(directory: str, index: int, first_rank: int, runs: list[SortedRun], lows: np.ndarray, highs: np.ndarray,
-                  digests: np.ndarray, num_hashes: int) -> dict[str, Any]:
+def rank_id_range(directory: str, index: int, first_rank: int, runs: list[SortedRun], num_hashes: int) -> dict[str, Any]:
     """Task: merge this id range's cut of every shard's run; write its rank-indexed files and each shard's (row, rank) pairs."""
     spill = SpillFiles()
     try:
         id_parts, record_parts, shard_parts = [], [], []
-        for shard_index, (run, lo, hi, digest) in enumerate(zip(runs, lows.tolist(), highs.tolist(), digests)):
+        for shard_index, run in enumerate(runs):
+            cut = indexed_slice(spill, run.path("run"), index)
+            lo, hi, digest = cut.start, cut.stop, bytes.fromhex(cut.sha256)
             # unverified as whole files: the cut is checked below, against the digest its cutter recorded
             id_offsets = spill.read_unverified(run.path("idoffsets"), lo, hi + 1)
             id_bytes = spill.read_unverified(run.path("idbytes"), int(id_offsets[0]), int(id_offsets[-1]))
             records = spill.read_unverified(run.path("run"), lo, hi)
-            if cut_digest(id_offsets, id_bytes, records) != digest.tobytes():
+            if cut_digest(id_offsets, id_bytes, records) != digest:
                 raise ChecksumMismatch(f"{run.path('run')}: sha256 of documents [{lo}, {hi}) differs from what was recorded when the "
                                        "run was cut; the intermediate file is corrupt, nothing was published")
             id_parts.append(pa.LargeStringArray.from_buffers(hi - lo, pa.py_buffer(id_offsets - id_offsets[0]), pa.py_buffer(id_bytes)))
@@ -158,37 +177,39 @@ def rank_id_range(directory: str, index: int, first_rank: int, runs: list[Sorted
         ranked = np.empty(len(records), RANKED_ROW)
         ranked["shard"], ranked["row"], ranked["rank"] = shards, records["row"], first_rank + np.arange(len(records), dtype=np.int64)
         ranked = ranked[np.lexsort((ranked["row"], ranked["shard"]))]
-        slices = write_partitioned(Path(range_file(directory, index, "ranked.npy")), ranked, ranked["shard"], len(runs))
+        ranked_path = range_file(directory, index, "ranked.npy")
+        write_slice_index(ranked_path, write_partitioned(Path(ranked_path), ranked, ranked["shard"], len(runs)))
         return {"range": RankRange(first_rank, first_rank + len(records), sha256_file(Path(ids_path)),
                                    write_checked_array(Path(range_file(directory, index, "spans.npy")), spans),
-                                   write_checked_array(Path(range_file(directory, index, "prints.npy")), records["print"])),
-                "ranked_bounds": np.array([[s.start, s.stop] for s in slices], np.int64).reshape(-1, 2),
-                "ranked_digests": packed([bytes.fromhex(s.sha256) for s in slices])}
+                                   write_checked_array(Path(range_file(directory, index, "prints.npy")), records["print"]))}
     finally:
         spill.close()
 
 
-def rank_band_records(directory: str, shard_index: int, shard: str, rows: int, band_slices: list[Slice], ranked_bounds: np.ndarray,
-                      ranked_digests: np.ndarray) -> dict[str, Any]:
+def rank_band_records(directory: str, shard_index: int, shard: str, rows: int, ranges: int) -> dict[str, Any]:
     """Task: this shard's band records with each row replaced by its document's rank, in the same key partitions.
 
-    `ranked_bounds[r]`/`ranked_digests[r]`: this shard's cut of id range r's (row, rank) pairs.
+    Its cut of each id range's (row, rank) pairs is entry `shard_index` of that range's index; its band records are its
+    signature task's file, one slice per key partition. Both are written here the same way: file plus slice index.
     """
     spill = SpillFiles()
     try:
         rank_of_row = np.full(rows, -1, np.int64)
-        for index, ((start, stop), digest) in enumerate(zip(ranked_bounds.tolist(), ranked_digests)):
-            pairs = spill.read_checked_slice(range_file(directory, index, "ranked.npy"), start, stop, digest.tobytes().hex())
+        for index in range(ranges):
+            cut = indexed_slice(spill, range_file(directory, index, "ranked.npy"), shard_index)
+            pairs = spill.read_checked_slice(cut.path, cut.start, cut.stop, cut.sha256)
             rank_of_row[pairs["row"]] = pairs["rank"]
         if rows and rank_of_row.min() < 0:
             raise ChecksumMismatch(f"{shard}: {int((rank_of_row < 0).sum())} documents got no rank; the id ranges do not cover the shard")
+        band_slices = writer_slices(spill, shard_file(directory, shard, "bands"))
         records = read_slices(spill, band_slices, RECORD)
         ranked = np.empty(len(records), RANKED_RECORD)
         ranked["key"] = records["key"]
         band, row = records["band_row"] >> np.uint64(32), records["band_row"] & np.uint64(0xFFFFFFFF)
         ranked["band_rank"] = (band << np.uint64(RANK_BITS)) | rank_of_row[row.astype(np.int64)].astype(np.uint64)
         partition_of = np.repeat(np.arange(len(band_slices)), [s.stop - s.start for s in band_slices])
-        return {"shard": shard, "band_slices": write_partitioned(Path(directory) / f"{shard}.ranked_bands.npy", ranked, partition_of,
-                                                                 len(band_slices))}
+        ranked_path = shard_file(directory, shard, "ranked_bands")
+        write_slice_index(ranked_path, write_partitioned(Path(ranked_path), ranked, partition_of, len(band_slices)))
+        return {"shard": shard}
     finally:
         spill.close()

@@ -17,7 +17,8 @@ seen whole by one task, and what a bucket yields depends only on its members:
   the skipped pairs are counted).
 Outputs are two files sorted by the rank partition of the pair's smaller rank
 (candidates; edges reduced to what decides the outcome, tasks/dedup/near_dup_files.py),
-one checked slice per rank partition.
+one checked slice per rank partition, found through the file's slice index
+(tasks/dedup/slice_index.py): the host passes no slice at all.
 """
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tasks.dedup.near_dup_files import (EDGE, PAIR, RANK_BITS, RANKED_RECORD, CorpusFiles, RankedArrays, ShingleSets, Slice, edges_array,
-                                        rank_partition, read_slices, reduce_edges, write_partitioned)
+from tasks.dedup.near_dup_files import (EDGE, PAIR, RANK_BITS, RANKED_RECORD, CorpusFiles, CorpusRef, RankedArrays, ShingleSets, edges_array,
+                                        partition_file, rank_partition, read_slices, reduce_edges, shard_file, write_partitioned)
 from tasks.dedup.pair_jaccard import pair_blocks
 from tasks.dedup.signature_filter import agreeing_pairs, minimum_agreement
+from tasks.dedup.slice_index import indexed_slice, write_slice_index
 from tasks.dedup.spill_reader import SpillFiles
 
 FOLD_IDENTICAL_FROM = 64  # buckets from this size fold identical shingle sets, then count all pairs' Jaccards in bulk
@@ -173,23 +175,24 @@ class BucketLinker:
         return reduce_edges(np.concatenate(self.edges)) if self.edges else np.empty(0, EDGE)
 
 
-def link_key_partition(files: CorpusFiles, config: Any, partition: int, partitions: int, records: list[Slice],
-                       out_dir: str) -> dict[str, Any]:
-    """Task: the buckets of one key partition -> candidate pairs and verified edges, sliced by rank partition."""
+def link_key_partition(corpus: CorpusRef, config: Any, partition: int, partitions: int, out_dir: str) -> dict[str, Any]:
+    """Task: the buckets of one key partition -> candidate pairs and verified edges, sliced by rank partition.
+
+    Its band records are entry `partition` of every shard's ranked-band index; what it writes is indexed the same
+    way, one entry per rank partition, so it returns only counts whatever the number of shards and partitions.
+    """
+    files = corpus.load()
     spill = SpillFiles()
     try:
+        records = [indexed_slice(spill, shard_file(files.directory, shard, "ranked_bands"), partition) for shard in files.shard_names]
         linker = BucketLinker(config, files, spill)
         for members in buckets(read_slices(spill, records, RANKED_RECORD)):
             linker.link_bucket(members)
         candidates, edges = linker.candidate_pairs(), linker.verified_edges()
-        out = Path(out_dir)
-        return {
-            "partition": partition,
-            "candidates": write_partitioned(out / f"candidates-{partition:05d}.npy", candidates,
-                                            rank_partition(candidates["a"], files.documents, partitions), partitions),
-            "edges": write_partitioned(out / f"edges-{partition:05d}.npy", edges,
-                                       rank_partition(edges["a"], files.documents, partitions), partitions),
-            "counts": linker.counts,
-        }
+        for kind, written in (("candidates", candidates), ("edges", edges)):
+            path = partition_file(out_dir, kind, partition)
+            write_slice_index(path, write_partitioned(Path(path), written, rank_partition(written["a"], files.documents, partitions),
+                                                      partitions))
+        return {"partition": partition, "written_pairs": len(candidates), "counts": linker.counts}
     finally:
         spill.close()

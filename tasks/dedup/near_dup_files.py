@@ -20,14 +20,18 @@ checks exactly the bytes it reads, whatever the number of readers.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from tasks.dedup.minhash import UnionFind, write_checked_array
+from manifests.atomic import atomic_write_text
+from manifests.digest import sha256_file
+from tasks.dedup.minhash import ChecksumMismatch, UnionFind, write_checked_array
 from tasks.dedup.shingles import jaccard_of_sets, sorted_set
 from tasks.dedup.spill_reader import SpillFiles
 
@@ -52,6 +56,16 @@ class Slice:
 def range_file(directory: str, index: int, part: str) -> str:
     """A file of id range `index` (part: ids.parquet, spans.npy, prints.npy, ranked.npy)."""
     return str(Path(directory) / f"r{index:05d}.{part}")
+
+
+def shard_file(directory: str, shard: str, part: str) -> str:
+    """A spill file of input shard `shard` (part: bands, ranked_bands, shingles)."""
+    return str(Path(directory) / f"{shard}.{part}.npy")
+
+
+def partition_file(directory: str, kind: str, partition: int) -> str:
+    """What key partition `partition` wrote for the rank partitions (kind: candidates, edges)."""
+    return str(Path(directory) / f"{kind}-{partition:05d}.npy")
 
 
 @dataclass(frozen=True)
@@ -80,7 +94,7 @@ class CorpusFiles:
     shard_names: tuple[str, ...] = ()  # input shard names, by the shard index in the spans (a removal is published by shard)
 
     def shingle_file(self, shard_index: int) -> tuple[str, str]:
-        return str(Path(self.directory) / f"{self.shard_names[shard_index]}.shingles.npy"), self.shingle_sha256[shard_index]
+        return shard_file(self.directory, self.shard_names[shard_index], "shingles"), self.shingle_sha256[shard_index]
 
     def range_of(self, rank: int) -> int:
         return bisect_right(self.firsts(), rank) - 1
@@ -90,6 +104,38 @@ class CorpusFiles:
 
     def range_path(self, index: int, part: str) -> str:
         return range_file(self.directory, index, part)
+
+    def saved(self) -> "CorpusRef":
+        """This description as a checked file beside the spill files: what a task is sent instead of O(shards + ranges) values."""
+        path = Path(self.directory) / CORPUS_FILE
+        atomic_write_text(path, json.dumps(asdict(self), sort_keys=True))
+        return CorpusRef(str(path), sha256_file(path))
+
+
+CORPUS_FILE = "corpus.json"
+
+
+@dataclass(frozen=True)
+class CorpusRef:
+    """Where a run's CorpusFiles is stored, and its sha256: a job of the same few hundred bytes whatever the corpus."""
+
+    path: str
+    sha256: str
+
+    def load(self) -> CorpusFiles:
+        return load_corpus_files(self.path, self.sha256)
+
+
+@lru_cache(maxsize=4)
+def load_corpus_files(path: str, sha256: str) -> CorpusFiles:
+    """The stored description, checked against its digest; cached, as every task of a worker reads the same one."""
+    actual = sha256_file(Path(path))
+    if actual != sha256:
+        raise ChecksumMismatch(f"{path}: sha256 {actual[:12]}… but its writer recorded {sha256[:12]}…; the intermediate file is "
+                               "corrupt, nothing was published")
+    fields = json.loads(Path(path).read_text())
+    return CorpusFiles(fields["directory"], fields["documents"], fields["num_hashes"], tuple(fields["shingle_sha256"]),
+                       tuple(RankRange(**r) for r in fields["ranges"]), tuple(fields["shard_names"]))
 
 
 class RankedArrays:

@@ -24,7 +24,9 @@ from manifests.atomic import atomic_write_parquet
 from manifests.schema import dumps_json
 from manifests.digest import sha256_file
 from tasks.dedup.minhash import ChecksumMismatch, UnionFind, read_checked_array, write_checked_array
-from tasks.dedup.near_dup_files import EDGE, PAIR, CorpusFiles, RankedArrays, ShingleSets, Slice, best_per_node, edges_array, read_slices, reduce_edges
+from tasks.dedup.near_dup_files import (EDGE, PAIR, CorpusFiles, CorpusRef, RankedArrays, ShingleSets, best_per_node, edges_array,
+                                        partition_file, read_slices, reduce_edges)
+from tasks.dedup.slice_index import indexed_slice
 from tasks.dedup.removal_map import RemovalContext, removal_table, write_removal_table
 from tasks.dedup.spill_reader import SpillFiles
 
@@ -38,11 +40,16 @@ def unique_pairs(a: np.ndarray, b: np.ndarray, documents: int) -> tuple[np.ndarr
     return np.unique(a.astype(np.int64) * documents + b, return_index=True)
 
 
-def verify_rank_partition(files: CorpusFiles, config: Any, partition: int, candidates: list[Slice], edges: list[Slice],
+def verify_rank_partition(corpus: CorpusRef, config: Any, partition: int, partitions: int, spill_dir: str,
                           out_path: str) -> dict[str, Any]:
-    """Task: the distinct candidate pairs of one rank range verified exactly; with the edges found in bulk, reduced."""
+    """Task: the distinct candidate pairs of one rank range verified exactly; with the edges found in bulk, reduced.
+
+    Its pairs and edges are entry `partition` of every key partition's candidate and edge index."""
+    files = corpus.load()
     spill = SpillFiles()
     try:
+        candidates = [indexed_slice(spill, partition_file(spill_dir, "candidates", key), partition) for key in range(partitions)]
+        edges = [indexed_slice(spill, partition_file(spill_dir, "edges", key), partition) for key in range(partitions)]
         found = read_slices(spill, edges, EDGE)
         edge_codes, first = unique_pairs(found["a"], found["b"], files.documents)
         found = found[first]
@@ -68,8 +75,9 @@ def verify_rank_partition(files: CorpusFiles, config: Any, partition: int, candi
         spill.close()
 
 
-def link_clusters(files: CorpusFiles, config: Any, linked: list[tuple[str, str]], work_dir: str) -> RemovalContext:
+def link_clusters(corpus: CorpusRef, config: Any, linked: list[tuple[str, str]], work_dir: str) -> RemovalContext:
     """Task: union-find over every partition's edges; removal map and clusters.parquet written into the stage directory."""
+    files = corpus.load()
     parts = [np.asarray(read_checked_array(Path(path), sha256, mmap=False)) for path, sha256 in linked]
     edges = np.concatenate(parts) if parts else np.empty(0, EDGE)
     clusters = UnionFind(files.documents)

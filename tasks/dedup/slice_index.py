@@ -48,6 +48,14 @@ def indexed_slice(spill: SpillFiles, path: str, part: int) -> Slice:
     return Slice(path, int(entry["start"]), int(entry["stop"]), entry["sha256"].tobytes().hex())
 
 
+def writer_slices(spill: SpillFiles, path: str) -> list[Slice]:
+    """Every partition's slice of file `path`, read from its index (the writer's own view, e.g. to re-key its records)."""
+    index = index_path(path)
+    spill.read_unverified(index, 0, 0)  # raises ChecksumMismatch when it is missing; learns its length
+    entries = spill.read(index, 0, spill.shape(index)[0])
+    return [Slice(path, int(e["start"]), int(e["stop"]), e["sha256"].tobytes().hex()) for e in entries]
+
+
 def partition_slices(spill: SpillFiles, directory: str | Path, writers: int, part: int) -> list[Slice]:
     """Partition `part`'s slice of every writer's file in `directory`, in writer order (empty ones included)."""
     return [indexed_slice(spill, numbered_file(directory, writer), part) for writer in range(writers)]

@@ -26,10 +26,13 @@ class HostTraffic:
     result_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     jobs: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     largest_result: int = 0
+    largest_job: int = 0
 
     def add_job(self, label: str, job: tuple) -> None:
+        size = len(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
         self.jobs[label] += 1
-        self.job_bytes[label] += len(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+        self.job_bytes[label] += size
+        self.largest_job = max(self.largest_job, size)
 
     def add_result(self, label: str, result: Any) -> None:
         size = len(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))

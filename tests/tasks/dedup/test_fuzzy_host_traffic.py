@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import string
 
+import tasks.dedup.fuzzy as dedup_fuzzy
 from tasks.dedup.fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
 from tasks.runner.host_traffic import count_host_traffic
 
@@ -46,3 +47,26 @@ def test_host_traffic_per_shard_does_not_grow_with_the_corpus(tmp_path, upstream
     larger_shards = bytes_per_shard(tmp_path, upstream, "larger-shards", documents=384, shards=4)  # 8N in shards 8× larger
     assert more_shards <= 1.2 * small, (small, more_shards)
     assert larger_shards <= 1.2 * small, (small, larger_shards)  # nothing sent or received per document
+
+
+def traffic_at(tmp_path, upstream, monkeypatch, partitions: int):
+    monkeypatch.setattr(dedup_fuzzy, "partition_count", lambda workers, data_bytes: partitions)
+    with count_host_traffic() as traffic:
+        manifest = run_dedup_fuzzy(DedupFuzzyConfig(), upstream(corpus(192, 7), 4, f"p{partitions}"), tmp_path / f"p{partitions}-out",
+                                   workers=1)
+    assert manifest.extra["context"]["partitions"] == partitions
+    return traffic
+
+
+def test_no_message_grows_with_the_number_of_partitions(tmp_path, upstream, monkeypatch):
+    """Slices of (shard, partition) and (key, rank partition) stay in their writers' index files: a task is sent a path
+    and a digest, not one slice per shard or partition, and returns counts (the old design sent S × P and P² slices)."""
+    few, many = traffic_at(tmp_path, upstream, monkeypatch, 2), traffic_at(tmp_path, upstream, monkeypatch, 16)
+    for label in few.jobs:
+        per_job = few.job_bytes[label] / few.jobs[label], many.job_bytes[label] / many.jobs[label]
+        if label != "clusters":  # one job, sent one digest per rank partition
+            assert per_job[1] <= 1.1 * per_job[0], (label, per_job)
+        per_result = few.result_bytes[label] / few.jobs[label], many.result_bytes[label] / many.jobs[label]
+        if label not in ("minhash", "id ranges"):  # their results carry the id sample and one count per range, by design
+            assert per_result[1] <= 1.1 * per_result[0], (label, per_result)
+    assert many.total() <= 1.2 * (16 / 2) * few.total()  # linear in the partitions at most (it was S × P + P²)

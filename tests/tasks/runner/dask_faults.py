@@ -15,13 +15,13 @@ def signature_shard_killing_its_worker_once(shard_path: str, shard: str, config,
     return signature_shard(shard_path, shard, config, spill_dir, partitions, *rest)
 
 
-def link_key_partition_killing_its_worker_once(files, config, partition: int, partitions: int, records, out_dir: str):
+def link_key_partition_killing_its_worker_once(corpus, config, partition: int, partitions: int, out_dir: str):
     """The first attempt on key partition 1 kills its worker after writing part of its output (as the OOM killer would)."""
     marker = Path(out_dir).parent / "killed-a-worker-in-buckets"
     if partition == 1 and not marker.exists():
         (Path(out_dir) / "candidates-00001.npy").write_bytes(b"half a file")  # what a dying writer may leave
     kill_once(marker, partition == 1)
-    return link_key_partition(files, config, partition, partitions, records, out_dir)
+    return link_key_partition(corpus, config, partition, partitions, out_dir)
 
 
 def kill_once(marker: Path, here: bool) -> None:
