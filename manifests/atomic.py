@@ -9,6 +9,7 @@ import io
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -58,3 +59,38 @@ def parquet_bytes(table: pa.Table) -> bytes:
 
 def atomic_write_parquet(path: Path, table: pa.Table) -> None:
     atomic_write_bytes(path, parquet_bytes(table))
+
+
+def atomic_write_parquet_stream(path: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> int:
+    """A Parquet file of `tables` in order, holding one row group at a time; returns the rows written.
+
+    Rows are regrouped into row groups of PARQUET_OPTIONS' size, as pq.write_table
+    cuts one table, so the bytes are those of `atomic_write_parquet` on their
+    concatenation: a file assembled from per-shard pieces does not depend on
+    how the pieces were cut.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    group = PARQUET_OPTIONS["row_group_size"]
+    options = {k: v for k, v in PARQUET_OPTIONS.items() if k != "row_group_size"}
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    rows, pending = 0, schema.empty_table()
+    try:
+        with pq.ParquetWriter(tmp_name, schema, **options) as writer:
+            for table in tables:
+                pending = pa.concat_tables([pending, table.select(schema.names).cast(schema)])
+                while pending.num_rows >= group:
+                    writer.write_table(pending.slice(0, group), row_group_size=group)
+                    pending, rows = pending.slice(group), rows + group
+            if pending.num_rows or not rows:
+                writer.write_table(pending, row_group_size=group)
+                rows += pending.num_rows
+        with open(tmp_name, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return rows

@@ -141,26 +141,6 @@ def join_token_files(shards: list[dict[str, Any]], tokens_path: Path) -> None:
                 raise ChecksumMismatch(f"{shard['path']}: sha256 differs from what its task recorded; nothing was published")
 
 
-def encode_split_side(split_dir: Path, side: str, tokenizer_path: Path, tokens_path: Path, workers: int) -> pa.Table:
-    """Tokenise every document of one side once, shard by shard as runner tasks; the token files joined in shard
-    order into `tokens_path`; the counts (the held-out side's: the training side goes through `plan_training_side`).
-
-    The flow host only concatenates files and keeps the counts: about 50 bytes a document, no text and no token.
-    """
-    spill_dir = tokens_path.parent / SPILL_DIR
-    spill_dir.mkdir(parents=True, exist_ok=True)
-    upstream = read_manifest(split_dir, verify=False)
-    try:
-        jobs = [(str(upstream.path_of(f)), Path(f.path).stem, side, str(tokenizer_path), sha256_file(tokenizer_path),
-                 str(spill_dir / f"{Path(f.path).stem}.tokens")) for f in upstream.files("data")]
-        shards = sorted(map_shards(encode_shard_side, jobs, workers, f"tokenising: {side}", [f.rows or 0 for f in upstream.files("data")]),
-                        key=lambda result: result["shard"])
-        join_token_files(shards, tokens_path)
-        return pa.concat_tables([COUNT_SCHEMA.empty_table(), *(shard["counts"] for shard in shards)]).combine_chunks()
-    finally:
-        shutil.rmtree(spill_dir, ignore_errors=True)
-
-
 def encode_and_rank_shard(shard_path: str, shard: str, shard_index: int, tokenizer_path: str, tokenizer_sha256: str, out_path: str,
                           seed: int, rank_dir: str) -> dict[str, Any]:
     """Task: one split shard's training documents tokenised (`encode_shard_side`) and ranked (repeat_plan step 1);

@@ -6,7 +6,7 @@ token ids, uint16 when every id fits in 65,536, else uint32 (little-endian
 here, whatever the machine). Each unique document is tokenised once: the
 training side by the mixture stage, which had to count its tokens anyway
 (its train_tokens.bin, read here piece by piece), the validation side here,
-by the same per-shard runner tasks (tasks.corpus.mixture.encode_split_side). Mixture repeats are copies, placed in
+by the same per-shard runner tasks (tasks/corpus/heldout_side.py). Mixture repeats are copies, placed in
 epoch-major seeded order so a repeat never sits beside its original. A shard
 holds at most `tokens_per_shard` tokens; a document crossing a boundary gets
 one index row in each shard. Index rows (doc_id, offset, length, doc_start,
@@ -26,20 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests.atomic import atomic_write_parquet
-from manifests.corpus import (CORPUS_FILE, filters_by_source, ingested_by_source, locate_corpus_manifest, read_corpus_manifest, source_of_id,
+from manifests.corpus import (CORPUS_FILE, filters_by_source, ingested_by_source, locate_corpus_manifest, read_corpus_manifest,
                               source_provenance, write_corpus_manifest)
 from manifests.digest import sha256_file
 from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.corpus.encoding import token_dtype
-from tasks.corpus.mixture import TABLE_FILE, TOKENS_FILE, encode_split_side, plan_parts
+from tasks.corpus.heldout_side import HeldOutSide
+from tasks.corpus.mixture import TABLE_FILE, TOKENS_FILE, plan_parts
 from tasks.corpus.occurrence_stream import INDEX_SCHEMA, lay_out_stream
-from tasks.corpus.split import HELD_OUT_RULE, VALIDATION, iter_split_docs
+from tasks.corpus.split import HELD_OUT_RULE, VALIDATION
 from tasks.runner.stage_runner import default_workers, run_artifact_stage
 from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
 
@@ -52,22 +51,6 @@ class ShardsConfig:
 
 
 VALIDATION_DOCUMENTS = "validation_documents.parquet"
-VALIDATION_DOCUMENTS_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("lang", pa.string()), ("tokens", pa.int64())])
-
-
-def write_validation_documents(split_dir: Path, ids: list[str], lengths: np.ndarray, path: Path) -> dict[str, Any]:
-    """Each held-out document's source, language and tokens: what per-group held-out loss reads (hymo_core.eval.heldout).
-
-    The language labels are read from the split stage's held-out side (two columns; the held-out side is small)."""
-    langs = {row_id: lang for table in iter_split_docs(split_dir, VALIDATION, ["id", "lang"])
-             for row_id, lang in zip(table.column("id").to_pylist(), table.column("lang").to_pylist())}
-    table = pa.table({"doc_id": ids, "source": [source_of_id(d) for d in ids],
-                      "lang": [langs.get(d) or "" for d in ids], "tokens": lengths.astype(np.int64)},
-                     schema=VALIDATION_DOCUMENTS_SCHEMA)
-    atomic_write_parquet(path, table)
-    return {"path": path.name, "sha256": sha256_file(path), "rows": table.num_rows}
-
-
 def pack_side(plan_parts: list[Path], tokens_path: Path, dtype: np.dtype, config: ShardsConfig, work_dir: Path, prefix: str,
               workers: int = 1) -> list[dict[str, Any]]:
     """Lay out one side's occurrences and write its shards; the shard listing for the corpus manifest."""
@@ -99,19 +82,13 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
     (work_dir / "tokens").mkdir()
 
     train = pack_side(plan, mixture_manifest.directory / TOKENS_FILE, dtype, config, work_dir, "train", workers)
-    cache = work_dir / f".{VALIDATION}.cache"
-    validation_counts = encode_split_side(Path(split_dir), VALIDATION, work_dir / TOKENIZER_FILE, cache, workers)  # runner tasks, per shard
-    lengths = validation_counts.column("tokens").to_numpy()
-    validation_ids = validation_counts.column("id").to_pylist()
-    validation_plan = work_dir / f".{VALIDATION}.plan.parquet"
-    atomic_write_parquet(validation_plan, pa.table({"id": validation_ids, "offset": np.cumsum(lengths) - lengths, "tokens": lengths,
-                                                    "repeats": np.ones(len(lengths), np.int64)}))
-    validation = pack_side([validation_plan], cache, dtype, config, work_dir, VALIDATION, workers)
-    validation_tokens = dict(zip(validation_ids, lengths.tolist()))
-    documents_table = write_validation_documents(Path(split_dir), validation_ids, lengths, work_dir / VALIDATION_DOCUMENTS)
-    validation_plan.unlink()
-    cache.unlink()
-    validation_by_source = _by_source(validation_tokens)
+    heldout = HeldOutSide(Path(split_dir), work_dir / TOKENIZER_FILE, work_dir, workers)  # runner tasks, per split shard
+    try:
+        validation = pack_side(heldout.plan_parts, heldout.tokens_path, dtype, config, work_dir, VALIDATION, workers)
+        documents_table = heldout.write_documents(work_dir / VALIDATION_DOCUMENTS)
+    finally:
+        heldout.close()
+    validation_by_source = heldout.by_source
 
     mixture_table = json.loads((mixture_manifest.directory / TABLE_FILE).read_text(encoding="utf-8"))
     tokenizer_stats = tokenizer_manifest.extra
@@ -124,8 +101,8 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
         "mixture": mixture_table,
         "shards": {"train": train, VALIDATION: validation},
         "train_tokens": sum(s["tokens"] for s in train),
-        "validation": {"rule": HELD_OUT_RULE, "stage": Path(split_dir).name, "documents": len(validation_tokens),
-                       "tokens": sum(validation_tokens.values()), "by_source": validation_by_source,
+        "validation": {"rule": HELD_OUT_RULE, "stage": Path(split_dir).name, "documents": heldout.documents,
+                       "tokens": heldout.tokens, "by_source": validation_by_source,
                        "documents_table": documents_table},
         "seed": config.seed,
     }
@@ -135,15 +112,6 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
         artifacts += [(shard["path"], shard["tokens"]), (shard["index_path"], shard["documents"])]
     return artifacts, {"corpus_digest": corpus["digest"], "dtype": dtype.name, "train_tokens": payload["train_tokens"],
                        "validation_tokens": payload["validation"]["tokens"]}
-
-
-def _by_source(tokens_by_id: dict[str, int]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for doc_id, n in tokens_by_id.items():
-        row = out.setdefault(source_of_id(doc_id), {"documents": 0, "tokens": 0})
-        row["documents"] += 1
-        row["tokens"] += n
-    return dict(sorted(out.items()))
 
 
 def corpus_sources(split_dir: Path, kept_docs: dict[str, int], mixture_table: dict[str, Any], tokenizer_stats: dict[str, Any], validation: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
