@@ -26,7 +26,8 @@ from manifests.atomic import atomic_write_parquet, atomic_write_parquet_stream
 from manifests.corpus import source_column
 from manifests.digest import sha256_file
 from manifests.stage_manifest import read_manifest
-from tasks.corpus.mixture import encode_shard_side, join_token_files
+from tasks.corpus.mixture import encode_shard_side
+from tasks.corpus.token_join import join_token_files
 from tasks.corpus.split import VALIDATION, split_side_of_shard
 from tasks.dedup.minhash import ChecksumMismatch
 from tasks.runner.stage_runner import map_shards
@@ -92,7 +93,7 @@ class HeldOutSide:
                 for f in data]
         self.shards = sorted(map_shards(encode_heldout_shard, jobs, workers, f"tokenising: {VALIDATION}", [f.rows or 0 for f in data]),
                              key=lambda result: result["shard"])
-        join_token_files(self.shards, self.tokens_path)
+        join_token_files(self.shards, self.tokens_path, workers)
         firsts = np.cumsum([0, *(shard["tokens"] for shard in self.shards)]).tolist()
         plan_jobs = [(shard["piece"], shard["piece_sha256"], int(first), str(self.spill_dir / f"{shard['shard']}.plan.parquet"))
                      for shard, first in zip(self.shards, firsts)]

@@ -15,15 +15,15 @@ deterministic given the seed and independent of shard layout.
 
 How it runs: one runner task per split shard (process pool, or Dask tasks on
 a cluster) tokenises that shard's training documents into its own token file,
-the tokenizer shipped as a path and its sha256, and ranks its documents; the
-flow host joins the files in shard order (the same bytes as one sequential
-pass), and the seeded prefixes are found by group and written as one plan part
+the tokenizer shipped as a path and its sha256, and ranks its documents; one
+task per shard copies its file into its region of the joined stream, in shard
+order (tasks/corpus/token_join.py: the same bytes as one sequential pass, no
+token through the host), and the seeded prefixes are found by group and written as one plan part
 per split shard by further tasks (tasks/corpus/repeat_plan.py): the host holds
 per-group aggregates and block records, never a document.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -40,10 +40,10 @@ from manifests.atomic import atomic_write_text
 from manifests.digest import sha256_file
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.corpus.encoding import encode_to_file, token_dtype
-from tasks.dedup.minhash import ChecksumMismatch
 from tasks.corpus.repeat_plan import (COUNT_SCHEMA, CountBlock, Group, GroupCut, RankedShard, blocks_in_bin, cut_bin, cut_in_bin, prefix_budget,
                                       rank_counts, shard_plan)
 from tasks.corpus.split import split_side_of_shard
+from tasks.corpus.token_join import join_token_files
 from tasks.runner.stage_runner import default_workers, map_shards, run_artifact_stage
 from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, checked_tokenizer, vocab_size_of
 
@@ -55,7 +55,6 @@ TABLE_FILE = "mixture.json"
 UNKNOWN_LANG = "und"
 SPILL_DIR = "_tokens"  # under the work directory: each split shard's token file, joined into TOKENS_FILE
 RANK_DIR = "_ranked"  # under the work directory: each shard's ranked counts and histogram, while the plan is decided
-COPY_BYTES = 8 << 20  # joining the token files: memory per copy, whatever the corpus
 
 
 @dataclass(frozen=True)
@@ -128,19 +127,6 @@ def encode_shard_side(shard_path: str, shard: str, side: str, tokenizer_path: st
     return {"shard": shard, "path": out_path, "sha256": sha256_file(Path(out_path)), "counts": pa.concat_tables(tables).combine_chunks()}
 
 
-def join_token_files(shards: list[dict[str, Any]], tokens_path: Path) -> None:
-    """The shards' token files, in shard order, into one (each checked against its task's sha256 as it is copied)."""
-    with open(tokens_path, "wb") as joined:
-        for shard in shards:
-            digest = hashlib.sha256()
-            with open(shard["path"], "rb") as part:
-                while chunk := part.read(COPY_BYTES):
-                    digest.update(chunk)
-                    joined.write(chunk)
-            if digest.hexdigest() != shard["sha256"]:
-                raise ChecksumMismatch(f"{shard['path']}: sha256 differs from what its task recorded; nothing was published")
-
-
 def encode_and_rank_shard(shard_path: str, shard: str, shard_index: int, tokenizer_path: str, tokenizer_sha256: str, out_path: str,
                           seed: int, rank_dir: str) -> dict[str, Any]:
     """Task: one split shard's training documents tokenised (`encode_shard_side`) and ranked (repeat_plan step 1);
@@ -185,7 +171,7 @@ def plan_training_side(split_dir: Path, tokenizer_path: Path, config: MixtureCon
                  str(spill_dir / f"{Path(f.path).stem}.tokens"), config.seed, str(rank_dir)) for index, f in enumerate(files)]
         shards = sorted(map_shards(encode_and_rank_shard, jobs, workers, "tokenising: train", [f.rows or 0 for f in files]),
                         key=lambda result: result["shard"])
-        join_token_files(shards, work_dir / TOKENS_FILE)
+        join_token_files(shards, work_dir / TOKENS_FILE, workers)
         return plan_ranked([shard["ranked"] for shard in shards], config, work_dir, workers)
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
