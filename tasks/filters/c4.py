@@ -31,15 +31,19 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
         line = raw.strip()
         if not line:
             continue  # blank lines are layout, not content; TFDS drops them as 'no end mark'
-        if any(len(word) > config.c4_max_word_length for word in line.split()):
+        words = line.split()
+        if max(map(len, words)) > config.c4_max_word_length:
             removed["too_long_word"] += 1
             continue
-        line, n_citations = CITATION.subn("", line)
-        citations += n_citations
+        if "[" in line:  # every citation mark starts with one: the regex runs only where it can match
+            line, n_citations = CITATION.subn("", line)
+            if n_citations:
+                citations += n_citations
+                words = line.split()
         if config.c4_drop_unpunctuated_lines and (not line.endswith(config.c4_end_marks) or line.endswith("...")):
             removed["no_terminal_punct"] += 1
             continue
-        if len(line.split()) < config.c4_min_words_per_line:
+        if len(words) < config.c4_min_words_per_line:
             removed["too_few_words"] += 1
             continue
         lower = line.lower()

@@ -561,3 +561,17 @@ def test_documentation_profile_on_labelled_bench_pages():
     # name; 13 (7.4 %) before identifier words, report-only C4 sentences and duplicated n-grams; 32 (18.2 %) with the
     # profile before issue 16 part 3 (bench/clean_prose.py)
     assert removed["good"] == 0
+
+
+@pytest.mark.parametrize("text", [
+    "The cat and the hat", "thethe andand", "x1the2y and_the", "²the½ café-to Ⅻof", "THE end, WITH you; have-to",
+    "nothing here", "", "the", "tothe of", "other bethe withal", "é the é", "the\u00adend and", "ofto to",
+])
+def test_stop_words_found_by_lookup_are_the_regexs(text):
+    """The str.find lookup counts exactly what the letter-bounded regex finds, at any letter or digit neighbour."""
+    from tasks.filters.gopher_quality import distinct_stop_words, stop_word_pattern
+
+    stops = QualityConfig().stop_words
+    assert distinct_stop_words(text.lower(), stops) == len(set(stop_word_pattern(stops).findall(text.lower())))
+    odd = ("don't", "the", "the")  # not all letters, and repeated: the regex decides
+    assert distinct_stop_words(text.lower(), odd) == len(set(stop_word_pattern(odd).findall(text.lower())))
