@@ -223,7 +223,7 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
         pair_sizes = [sum(s.stop - s.start for s in job[3]) for job in rank_jobs]
         verified = sorted(map_shards(verify_rank_partition, rank_jobs, workers, "verify pairs", pair_sizes), key=lambda r: r["partition"])
         linked = [(v["path"], v["sha256"]) for v in verified]
-        [context] = list(map_shards(link_clusters, [(files, config, linked, str(work_dir))], 1, "clusters", [files.documents]))
+        context = link_clusters(files, config, linked, str(work_dir), str(spill_dir), workers)
         finished = time.perf_counter()
         counts = summed_counts([b["counts"] for b in bucketed] + [v["counts"] for v in verified])
         context.stats = {"documents": files.documents, "shingles": shingles, "documents_without_shingles": without_shingles,
