@@ -70,9 +70,9 @@ Memory bounds, for S shards of n documents and P ranges (N = S × n):
   (about PARTITION_BYTES), reading fingerprints and spans by rank from files;
 * the cluster step's tasks: a best-edge task holds one linked-edge file (a
   rank range's reduced edges); the component task CHUNK edges or documents
-  at a time (tens of MB), its labels on disk (two int64 files of N entries
-  while it runs, 16 GB at 1B documents, then one (root, row) file per id
-  range); an id-range task its range's ids, best edges and the ids it asks
+  at a time (tens of MB), its labels on disk, memory-mapped (two int64
+  files of N entries while it runs, and its output of (root, row) per
+  rank: 32 GB at 1B documents at the peak, 16 GB left); an id-range task its range's ids, best edges and the ids it asks
   of others (at most two a clustered document) and, answering, one asking
   range's ranks at a time; the clusters.parquet writer one block of
   CLUSTER_BLOCK_ROWS rows (about 1M, whole row groups); a shard's removal
