@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import sys
 import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ def oracle_link_clusters(files: CorpusFiles, threshold: float, linked: list[tupl
     best_partner = np.zeros(files.documents, dtype=np.int64)
     nodes, partners, similarities, _ = best_per_node(edges)
     best_similarity[nodes], best_partner[nodes] = similarities, partners
-    ids = pa.concat_arrays([pq.read_table(files.range_path(i, "ids.parquet")).column("id").combine_chunks() for i in range(len(files.ranges))])
+    ids = oracle_corpus_ids(files)
     spill = SpillFiles()
     try:
         spans = RankedArrays(files, "spans.npy", spill)
@@ -70,6 +71,10 @@ def oracle_link_clusters(files: CorpusFiles, threshold: float, linked: list[tupl
     atomic_write_parquet(Path(work_dir) / "clusters.parquet", clusters_table)
     stats = {"clusters": len(np.unique(roots)), "clustered_documents": clusters_table.num_rows, "removed": removals.num_rows}
     return write_removal_table(Path(work_dir), removals, stats, [("clusters.parquet", clusters_table.num_rows)])
+
+
+def oracle_corpus_ids(files: CorpusFiles) -> pa.Array:
+    return pa.concat_arrays([cluster_tables.range_ids(files, index) for index in range(len(files.ranges))])
 
 
 # ---------------------------------------------------------------- a corpus's rank-indexed files, written directly
@@ -307,7 +312,8 @@ def counting_map_shards(peaks: dict[str, int], arrow_reads: list[int]) -> Callab
 
 
 def counted_reads(monkeypatch, arrow_reads: list[int]) -> None:
-    """Every Arrow table the cluster tasks read (an id range's ids, table slices) adds its bytes to `arrow_reads`."""
+    """Every Arrow table the cluster tasks read (an id range's ids, table slices; the old task's every id) adds its
+    bytes to `arrow_reads`."""
     import tasks.dedup.removal_map as removal_map
 
     def counting(read: Callable) -> Callable:
@@ -320,6 +326,7 @@ def counted_reads(monkeypatch, arrow_reads: list[int]) -> None:
     monkeypatch.setattr(cluster_tables, "range_ids", counting(cluster_tables.range_ids))
     monkeypatch.setattr(cluster_tables, "read_table_slices", counting(cluster_tables.read_table_slices))
     monkeypatch.setattr(removal_map, "read_table_slices", counting(removal_map.read_table_slices))
+    monkeypatch.setattr(sys.modules[__name__], "oracle_corpus_ids", counting(oracle_corpus_ids))  # every id, as the old task held
 
 
 def cluster_inputs(directory: Path, ranges: int) -> tuple[CorpusFiles, list[tuple[str, str]]]:
@@ -332,33 +339,32 @@ def cluster_inputs(directory: Path, ranges: int) -> tuple[CorpusFiles, list[tupl
     return files, linked_files(directory, np.concatenate((local, edges[:: 50])), documents, ranges)
 
 
-def largest_task_bytes(tmp_path: Path, monkeypatch, name: str, ranges: int, link: Callable) -> dict[str, int]:
+def largest_task_bytes(monkeypatch, directory: Path, inputs: tuple[CorpusFiles, list[tuple[str, str]]], old: bool = False) -> dict[str, int]:
+    """Per task label, the most bytes one task held running the cluster step (or the one task it replaced) on `inputs`."""
     arrow_reads: list[int] = []
     counted_reads(monkeypatch, arrow_reads)
-    files, linked = cluster_inputs(tmp_path / name / "_spill", ranges)
+    files, linked = inputs
     peaks: dict[str, int] = {}
-    monkeypatch.setattr(near_dup_links, "map_shards", counting_map_shards(peaks, arrow_reads))
-    link(files, linked, str(tmp_path / name / "out"), str(tmp_path / name / "_spill"), counting_map_shards(peaks, arrow_reads))
+    counted_map = counting_map_shards(peaks, arrow_reads)
+    if old:
+        list(counted_map(oracle_link_clusters, [(files, 0.8, linked, str(directory / "old"))], 1, "union-find", [1]))
+    else:
+        monkeypatch.setattr(near_dup_links, "map_shards", counted_map)
+        near_dup_links.link_clusters(files, Config(), linked, str(directory / "new"), files.directory, 1)
     return peaks
-
-
-def new_design(files, linked, out, spill, _):
-    near_dup_links.link_clusters(files, Config(), linked, out, spill, 1)
-
-
-def old_design(files, linked, out, spill, counted_map):
-    list(counted_map(oracle_link_clusters, [(files, 0.8, linked, out)], 1, "union-find", [1]))
 
 
 def test_no_cluster_task_holds_more_when_the_corpus_grows_8x(tmp_path, monkeypatch):
     monkeypatch.setattr(components, "CHUNK", 1024)  # the component task's heap follows its chunk, not N
-    monkeypatch.setattr(cluster_tables, "CLUSTER_BLOCK_ROWS", 4096)  # the clusters.parquet writer holds one block
-    small = largest_task_bytes(tmp_path, monkeypatch, "small", 4, new_design)
-    large = largest_task_bytes(tmp_path, monkeypatch, "large", 32, new_design)  # 8× the documents, same range and shard size
+    monkeypatch.setattr(cluster_tables, "CLUSTER_BLOCK_ROWS", 2048)  # the clusters.parquet writer holds one block
+    small_inputs = cluster_inputs(tmp_path / "small" / "_spill", 2)
+    large_inputs = cluster_inputs(tmp_path / "large" / "_spill", 16)  # 8× the documents, same range and shard size
+    small = largest_task_bytes(monkeypatch, tmp_path / "small", small_inputs)
+    large = largest_task_bytes(monkeypatch, tmp_path / "large", large_inputs)
     assert set(small) == set(large) and len(small) == 7
     for label in small:
         assert large[label] <= 1.3 * small[label], (label, small[label], large[label])
-    # the same count on the one task it replaced grows with the corpus
-    old_small = largest_task_bytes(tmp_path, monkeypatch, "old-small", 4, old_design)["union-find"]
-    old_large = largest_task_bytes(tmp_path, monkeypatch, "old-large", 32, old_design)["union-find"]
+    # the same count on the one task it replaced grows with the corpus (8× less a constant ~1 MB: hashing buffers)
+    old_small = largest_task_bytes(monkeypatch, tmp_path / "small", small_inputs, old=True)["union-find"]
+    old_large = largest_task_bytes(monkeypatch, tmp_path / "large", large_inputs, old=True)["union-find"]
     assert old_large > 2.5 * old_small and old_large > 4 * max(large.values()), (old_small, old_large, large)
