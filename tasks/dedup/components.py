@@ -2,7 +2,10 @@
 
 One task, but its heap follows CHUNK (edges or documents handled at once),
 not N: the root of every rank lives in a memory-mapped int64 file in the
-work directory (8 bytes a document on disk), and edges are streamed.
+work directory (8 bytes a document on disk), and edges are streamed. Hooking
+reads labels at random, so it runs at memory speed while the file fits in
+the page cache (8 GB at 1B documents; its pages are clean or written back,
+never the process's own), at disk speed beyond.
 
 Roots by min-label hooking and pointer jumping, both vectorised. Invariant:
 label[x] ≤ x and label[x] is in x's component. A round reads every edge
