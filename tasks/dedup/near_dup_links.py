@@ -82,7 +82,7 @@ def link_clusters(files: CorpusFiles, config: Any, linked: list[tuple[str, str]]
     list(map_shards(answer_names, [(files, index, directory) for index in range(ranges)], workers, "cluster names answered", sizes))
     removed = sum(map_shards(range_rows, [(files, config.jaccard_threshold, index, len(linked), digests[index], clustered, directory)
                                           for index in range(ranges)], workers, "cluster rows", sizes))
-    list(map_shards(write_clusters, [(directory, ranges, clustered, str(Path(work_dir) / CLUSTERS_FILE))], 1, "clusters file", [clustered]))
+    list(map_shards(write_clusters, [(directory, ranges, clustered, str(Path(work_dir) / CLUSTERS_FILE))], 1, "clusters.parquet", [clustered]))
     shard_jobs = [(work_dir, name, number, ranges, directory) for number, name in enumerate(files.shard_names)]
     written = sorted(filter(None, map_shards(shard_removals, shard_jobs, workers, "removals by shard", [1] * len(shard_jobs))))
     removals = ShardFiles(REMOVALS_DIR, {shard: (path, sha256, rows) for shard, path, sha256, rows in written})
