@@ -45,7 +45,13 @@ directory, which must be on shared storage for a multi-machine run):
    candidate pairs (signature-filtered) and edges verified in bulk;
 4. one task per rank range (tasks/dedup/near_dup_links.py): each candidate pair
    verified once, whichever bands proposed it;
-5. one task: union-find over the edges, removal map and clusters as Parquet;
+5. the clusters (tasks/dedup/components.py, tasks/dedup/cluster_tables.py):
+   one task per rank partition re-spilling each node's best edge by id range;
+   one task for the components (vectorised hooking over streamed edges, the
+   labels a memory-mapped file) that also places every clustered document's
+   row of clusters.parquet; per id range, tasks asking and answering the ids
+   of roots and partners and writing the removal and cluster rows; one task
+   writing clusters.parquet block by block, one per shard its removal file;
 6. each shard drops the removed ids.
 Key, id and rank ranges number PARTITIONS_PER_WORKER × the workers (on Dask:
 the scheduler's worker count), or one per PARTITION_BYTES of band records when
@@ -66,8 +72,18 @@ Memory bounds, for S shards of n documents and P ranges (N = S × n):
 * an id-range task holds its range, about 1.6 N / P documents at most, a few
   hundred bytes each; a key or rank task its range's records and pairs
   (about PARTITION_BYTES), reading fingerprints and spans by rank from files;
-* the cluster task is the exception: union-find, best edges and all ids in
-  rank order, about 60 bytes a document (60 GB at 1B documents).
+* the cluster step's tasks: a best-edge task holds one linked-edge file (a
+  rank range's reduced edges); the component task CHUNK edges or documents
+  at a time (tens of MB), its labels on disk, memory-mapped (two int64
+  files of N entries while it runs, and its output of (root, row) per
+  rank: 32 GB at 1B documents at the peak, 16 GB left); an id-range task its range's ids, best edges and the ids it asks
+  of others (at most two a clustered document) and, answering, one asking
+  range's ranks at a time; the clusters.parquet writer one block of
+  CLUSTER_BLOCK_ROWS rows (about 1M, whole row groups); a shard's removal
+  task that shard's removals. Every reader of a partitioned file also reads
+  one 48-byte index entry per writer (counted in
+  tests/tasks/dedup/test_near_dup_clusters.py: no task holds more with 8×
+  the documents at one range and shard size).
 
 Rule `near_duplicate`, value = exact Jaccard with the matched document,
 detail {"cluster_id", "kept_id", "matched_id", "jaccard"}; the cluster is
@@ -203,7 +219,7 @@ def rank_corpus(shards: list[dict[str, Any]], ranges: int, spill_dir: Path, num_
 
 def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work_dir: Path, workers: int = 1) -> RemovalContext:
     """Global pass: signatures per shard, the id order by range, buckets per key range, verification per rank range,
-    union-find; all runner tasks, the host holding paths, digests, splitters and counts."""
+    components and outputs by range; all runner tasks, the host holding paths, digests, splitters and counts."""
     check_config(config)
     started = time.perf_counter()
     spill_dir = Path(work_dir) / SPILL_DIR
@@ -227,7 +243,7 @@ def find_near_duplicates(upstream: StageManifest, config: DedupFuzzyConfig, work
         pair_sizes = [max(sum(b["written_pairs"] for b in bucketed) // partitions, 1)] * partitions
         verified = sorted(map_shards(verify_rank_partition, rank_jobs, workers, "verify pairs", pair_sizes), key=lambda r: r["partition"])
         linked = [(v["path"], v["sha256"]) for v in verified]
-        [context] = list(map_shards(link_clusters, [(corpus, config, linked, str(work_dir))], 1, "clusters", [files.documents]))
+        context = link_clusters(files, config, linked, str(work_dir), str(spill_dir), workers)
         finished = time.perf_counter()
         counts = summed_counts([b["counts"] for b in bucketed] + [v["counts"] for v in verified])
         context.stats = {"documents": files.documents, "shingles": shingles, "documents_without_shingles": without_shingles,

@@ -7,32 +7,29 @@ Two kinds of runner task:
   once; a pair a bucket already counted exactly is not verified again),
   computes the exact Jaccard of the rest and writes what decides the outcome
   (tasks/near_dup_files.reduce_edges);
-* `link_clusters`, one task: union-find over those edges (small: a forest and
-  one best edge per clustered document), then the removal map and the cluster
-  table as Parquet in the stage directory, which the shard tasks read.
+* `link_clusters`: the clusters from those edges (tasks/dedup/components.py)
+  and the removal map and cluster table as Parquet in the stage directory,
+  which the shard tasks read, as tasks bounded by an id range
+  (tasks/dedup/cluster_tables.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from manifests.atomic import atomic_write_parquet
-from manifests.schema import dumps_json
-from manifests.digest import sha256_file
-from tasks.dedup.minhash import ChecksumMismatch, UnionFind, read_checked_array, write_checked_array
-from tasks.dedup.near_dup_files import (EDGE, PAIR, CorpusFiles, CorpusRef, RankedArrays, ShingleSets, best_per_node, edges_array,
-                                        partition_file, read_slices, reduce_edges)
+from tasks.dedup.cluster_tables import answer_names, ask_names, best_edges_by_range, range_rows, write_clusters
+from tasks.dedup.components import label_components
+from tasks.dedup.exact import shard_removals
+from tasks.dedup.minhash import write_checked_array
+from tasks.dedup.near_dup_files import EDGE, PAIR, CorpusFiles, CorpusRef, ShingleSets, edges_array, partition_file, read_slices, reduce_edges
+from tasks.dedup.removal_map import REMOVALS_DIR, RemovalContext, ShardFiles
 from tasks.dedup.slice_index import indexed_slice
-from tasks.dedup.removal_map import RemovalContext, removal_table, write_removal_table
 from tasks.dedup.spill_reader import SpillFiles
+from tasks.runner.stage_runner import map_shards
 
-RULE = "near_duplicate"
 CLUSTERS_FILE = "clusters.parquet"
-NO_MATCH = -1.0  # best similarity of a document without a verified edge (accepted Jaccards are > 0)
 
 
 def unique_pairs(a: np.ndarray, b: np.ndarray, documents: int) -> tuple[np.ndarray, np.ndarray]:
@@ -75,63 +72,26 @@ def verify_rank_partition(corpus: CorpusRef, config: Any, partition: int, partit
         spill.close()
 
 
-def link_clusters(corpus: CorpusRef, config: Any, linked: list[tuple[str, str]], work_dir: str) -> RemovalContext:
-    """Task: union-find over every partition's edges; removal map and clusters.parquet written into the stage directory."""
-    files = corpus.load()
-    parts = [np.asarray(read_checked_array(Path(path), sha256, mmap=False)) for path, sha256 in linked]
-    edges = np.concatenate(parts) if parts else np.empty(0, EDGE)
-    clusters = UnionFind(files.documents)
-    for a, b in zip(edges["a"].tolist(), edges["b"].tolist()):
-        clusters.union(a, b)
-    best_similarity = np.full(files.documents, NO_MATCH, dtype=np.float64)
-    best_partner = np.zeros(files.documents, dtype=np.int64)
-    nodes, partners, similarities, _ = best_per_node(edges)
-    best_similarity[nodes], best_partner[nodes] = similarities, partners
-    ids = corpus_ids(files)
-    spill = SpillFiles()
-    try:
-        spans = RankedArrays(files, "spans.npy", spill)  # memory-mapped: only the removed documents' rows are read
-
-        def shards_of(ranks: np.ndarray) -> pa.Array:
-            return pa.array(files.shard_names, pa.string()).take(pa.array(np.asarray(spans[ranks][:, 0] if len(ranks) else [], np.int64)))
-
-        clusters_table, removals, cluster_count = cluster_outputs(clusters, best_similarity, best_partner, ids, config.jaccard_threshold,
-                                                                  shards_of)
-    finally:
-        spill.close()
-    atomic_write_parquet(Path(work_dir) / CLUSTERS_FILE, clusters_table)
-    stats = {"clusters": cluster_count, "clustered_documents": clusters_table.num_rows, "removed": removals.num_rows}
-    return write_removal_table(Path(work_dir), removals, stats, [(CLUSTERS_FILE, clusters_table.num_rows)])
-
-
-def corpus_ids(files: CorpusFiles) -> pa.Array:
-    """Every id in rank order: each range's file checked against its digest, then concatenated."""
-    parts = []
-    for index, part in enumerate(files.ranges):
-        path = files.range_path(index, "ids.parquet")
-        if sha256_file(Path(path)) != part.ids_sha256:
-            raise ChecksumMismatch(f"{path}: sha256 differs from what its writer recorded; the intermediate file is corrupt, nothing was published")
-        parts.append(pq.read_table(path).column("id").combine_chunks())
-    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
-
-
-def cluster_outputs(clusters: UnionFind, best_similarity: np.ndarray, best_partner: np.ndarray, ids: pa.Array,
-                    threshold: float, shards_of: Callable[[np.ndarray], pa.Array]) -> tuple[pa.Table, pa.Table, int]:
-    """(clusters table, removal table, number of clusters) from the verified links, as Arrow columns; `ids` in rank order,
-    `shards_of(ranks)` the input shard of each rank."""
-    clustered = np.flatnonzero(best_similarity != NO_MATCH)  # ascending ranks: id order
-    roots = np.fromiter((clusters.find(rank) for rank in clustered.tolist()), dtype=np.int64, count=len(clustered))
-    member_ids, kept_ids = ids.take(pa.array(clustered)), ids.take(pa.array(roots))
-    # Roots were found for every member above, so ids of a cluster are adjacent after sorting by (cluster, id).
-    clusters_table = pa.table({"id": member_ids, "cluster_id": kept_ids, "kept_id": kept_ids}).sort_by(
-        [("cluster_id", "ascending"), ("id", "ascending")])
-    is_removed = roots != clustered
-    removed = clustered[is_removed]
-    similarity = best_similarity[removed]
-    kept = kept_ids.filter(pa.array(is_removed)).to_pylist()
-    matched = ids.take(pa.array(best_partner[removed])).to_pylist()
-    details = [dumps_json({"cluster_id": kept_id, "kept_id": kept_id, "matched_id": matched_id, "jaccard": jaccard})
-               for kept_id, matched_id, jaccard in zip(kept, matched, similarity.tolist())]
-    removals = removal_table(member_ids.filter(pa.array(is_removed)), shards_of(removed), [RULE] * len(removed), similarity,
-                             [threshold] * len(removed), details)
-    return clusters_table, removals, len(np.unique(roots))
+def link_clusters(files: CorpusFiles, config: Any, linked: list[tuple[str, str]], work_dir: str, spill_dir: str,
+                  workers: int) -> RemovalContext:
+    """Clusters from every partition's edges as runner tasks (tasks/dedup/cluster_tables.py): best edges by id range,
+    components, names asked and answered by range, rows by range; clusters.parquet and the removal files in the stage
+    directory. The host passes file numbers, digests and counts."""
+    directory = str(Path(spill_dir) / "clusters")
+    corpus = files.saved()  # the tasks are sent its path and digest, not O(shards + ranges) values each
+    ranges, sizes = len(files.ranges), [part.stop - part.first for part in files.ranges]
+    jobs = [(corpus, path, sha256, number, directory) for number, (path, sha256) in enumerate(linked)]
+    list(map_shards(best_edges_by_range, jobs, workers, "best edges", [1] * len(jobs)))
+    [components] = list(map_shards(label_components, [(corpus, linked, directory)], 1, "clusters", [files.documents]))
+    digests, clustered = components["node_sha256"], components["clustered"]
+    list(map_shards(ask_names, [(corpus, index, len(linked), digests[index], directory) for index in range(ranges)], workers,
+                    "cluster names asked", sizes))
+    list(map_shards(answer_names, [(corpus, index, directory) for index in range(ranges)], workers, "cluster names answered", sizes))
+    removed = sum(map_shards(range_rows, [(corpus, config.jaccard_threshold, index, len(linked), digests[index], clustered, directory)
+                                          for index in range(ranges)], workers, "cluster rows", sizes))
+    list(map_shards(write_clusters, [(directory, ranges, clustered, str(Path(work_dir) / CLUSTERS_FILE))], 1, "clusters.parquet", [clustered]))
+    shard_jobs = [(work_dir, name, number, ranges, directory) for number, name in enumerate(files.shard_names)]
+    written = sorted(filter(None, map_shards(shard_removals, shard_jobs, workers, "removals by shard", [1] * len(shard_jobs))))
+    removals = ShardFiles(REMOVALS_DIR, {shard: (path, sha256, rows) for shard, path, sha256, rows in written})
+    stats = {"clusters": components["clusters"], "clustered_documents": clustered, "removed": removed}
+    return RemovalContext(removals, stats, [(CLUSTERS_FILE, clustered)])

@@ -42,6 +42,7 @@ def test_fuzzy_dedup_names_the_phases_of_its_global_pass(upstream) -> None:
     previous = upstream(texts, shards=3)
     manifest, reports = listened(run_dedup_fuzzy, DedupFuzzyConfig(), previous, previous.parent / "08_dedup_fuzzy", workers=1)
     phases = [label for i, (label, _, _) in enumerate(reports) if i == 0 or reports[i - 1][0] != label]
-    assert phases == ["minhash", "id ranges", "ranks", "rank bands", "lsh buckets", "verify pairs", "clusters", "dedup_fuzzy"]
+    assert phases == ["minhash", "id ranges", "ranks", "rank bands", "lsh buckets", "verify pairs", "best edges", "clusters",
+                      "cluster names asked", "cluster names answered", "cluster rows", "clusters.parquet", "removals by shard", "dedup_fuzzy"]
     assert [(done, total) for label, done, total in reports if label == "minhash"][-1] == (24, 24)
     assert read_manifest(manifest.directory).counts["removed"]  # the copies were found: the pass did its work
