@@ -20,7 +20,7 @@ input shard, best edge), its root's (kept id) and its best partner's
 6. `write_clusters`, one task: clusters.parquet block by block, row groups
    of the size manifests.atomic writes, so its bytes are those of one
    write of the whole sorted table; and one task per input shard assembling
-   its removal file (tasks/dedup/exact.shard_removals).
+   its removal file (tasks/dedup/removal_map.shard_removals).
 No task holds more than one range's documents, a linked-edge file or one
 block of clusters.parquet.
 """
@@ -29,17 +29,15 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests.atomic import PARQUET_OPTIONS, atomic_write_parquet, fsync_dir
+from manifests.atomic import PARQUET_OPTIONS, atomic_write_parquet_stream
 from manifests.digest import sha256_file
 from tasks.dedup.components import node_file
 from tasks.dedup.minhash import ChecksumMismatch
@@ -251,33 +249,19 @@ def range_rows(corpus: CorpusRef, threshold: float, index: int, linked_files: in
 def write_clusters(directory: str, ranges: int, clustered: int, path: str) -> int:
     """Task: clusters.parquet (id, cluster_id, kept_id by cluster id, then id) from every range's rows, one block at a time;
     the bytes of manifests.atomic.atomic_write_parquet of the whole table. Returns its rows."""
-    if not clustered:
-        atomic_write_parquet(Path(path), CLUSTERS_SCHEMA.empty_table())
-        return 0
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
     spill = SpillFiles()
-    options = {name: value for name, value in PARQUET_OPTIONS.items() if name != "row_group_size"}
+
+    def blocks() -> Iterator[pa.Table]:
+        for block, start in enumerate(range(0, clustered, CLUSTER_BLOCK_ROWS)):
+            rows = read_table_slices(spill, partition_slices(spill, Path(directory) / "rows", ranges, block), CLUSTER_ROWS)
+            rows = rows.sort_by([("row", "ascending")]).combine_chunks()
+            expected = np.arange(start, min(clustered, start + CLUSTER_BLOCK_ROWS))
+            if not np.array_equal(np.asarray(rows.column("row")), expected):
+                raise ChecksumMismatch(f"{directory}/rows: block {block} does not hold rows {start}..{expected[-1]} once each")
+            cluster_ids = rows.column("cluster_id")
+            yield pa.table([rows.column("id"), cluster_ids, cluster_ids], schema=CLUSTERS_SCHEMA)
+
     try:
-        with pq.ParquetWriter(tmp, CLUSTERS_SCHEMA, **options) as writer:
-            for block, start in enumerate(range(0, clustered, CLUSTER_BLOCK_ROWS)):
-                rows = read_table_slices(spill, partition_slices(spill, Path(directory) / "rows", ranges, block), CLUSTER_ROWS)
-                rows = rows.sort_by([("row", "ascending")]).combine_chunks()
-                expected = np.arange(start, min(clustered, start + CLUSTER_BLOCK_ROWS))
-                if not np.array_equal(np.asarray(rows.column("row")), expected):
-                    raise ChecksumMismatch(f"{directory}/rows: block {block} does not hold rows {start}..{expected[-1]} once each")
-                cluster_ids = rows.column("cluster_id")
-                writer.write_table(pa.table([rows.column("id"), cluster_ids, cluster_ids], schema=CLUSTERS_SCHEMA),
-                                   row_group_size=PARQUET_OPTIONS["row_group_size"])
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        return atomic_write_parquet_stream(Path(path), CLUSTERS_SCHEMA, blocks())
     finally:
         spill.close()
-    fsync_dir(target.parent)
-    return clustered

@@ -56,7 +56,7 @@ import pyarrow.parquet as pq
 from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
 from tasks.dedup.near_dup_files import Slice, key_partition, write_partitioned
-from tasks.dedup.removal_map import (REMOVALS_DIR, REMOVALS_SCHEMA, RemovalContext, ShardFiles, apply_removals, assemble_shard_file,
+from tasks.dedup.removal_map import (REMOVALS_DIR, REMOVALS_SCHEMA, RemovalContext, ShardFiles, apply_removals, shard_removals,
                                      removal_table, tables_by_shard)
 from tasks.dedup.slice_index import indexed_slice, numbered_file, partition_slices, write_slice_index
 from tasks.dedup.shingles import normalise
@@ -223,20 +223,6 @@ def keepers_of_text_range(part: int, shards: int, spill_dir: str) -> dict[str, i
     path = numbered_file(Path(spill_dir) / "removed", part)
     write_slice_index(path, write_table_slices(Path(path), by_number))
     return {"removed": count, "different": sum(len(by_text) > 1 for by_text in by_group.values())}
-
-
-def shard_removals(work_dir: str, shard_name: str, shard: int, text_ranges: int, spill_dir: str) -> tuple[str, str, str, int] | None:
-    """Task: `removals/<shard>.parquet` from the shard's pieces of every text range; None when it loses nothing."""
-    spill = SpillFiles()
-    try:
-        pieces = [indexed_slice(spill, numbered_file(Path(spill_dir) / "removed", part), shard) for part in range(text_ranges)]
-        if not any(piece.stop > piece.start for piece in pieces):
-            for piece in pieces:  # every entry is checked: one cut short to nothing would drop removals silently
-                spill.read_checked_slice(piece.path, piece.start, piece.stop, piece.sha256)
-            return None
-    finally:
-        spill.close()
-    return assemble_shard_file(work_dir, REMOVALS_DIR, shard_name, pieces, REMOVALS_SCHEMA)
 
 
 def find_exact_duplicates(upstream: StageManifest, config: DedupExactConfig, work_dir: Path, workers: int = 1) -> RemovalContext:

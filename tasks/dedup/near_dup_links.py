@@ -21,10 +21,9 @@ import numpy as np
 
 from tasks.dedup.cluster_tables import answer_names, ask_names, best_edges_by_range, range_rows, write_clusters
 from tasks.dedup.components import label_components
-from tasks.dedup.exact import shard_removals
 from tasks.dedup.minhash import write_checked_array
 from tasks.dedup.near_dup_files import EDGE, PAIR, CorpusFiles, CorpusRef, ShingleSets, edges_array, partition_file, read_slices, reduce_edges
-from tasks.dedup.removal_map import REMOVALS_DIR, RemovalContext, ShardFiles
+from tasks.dedup.removal_map import REMOVALS_DIR, RemovalContext, ShardFiles, shard_removals
 from tasks.dedup.slice_index import indexed_slice
 from tasks.dedup.spill_reader import SpillFiles
 from tasks.runner.stage_runner import map_shards

@@ -29,6 +29,7 @@ from manifests.stage_manifest import StageManifest
 from tasks.dedup.minhash import ChecksumMismatch
 from tasks.dedup.near_dup_files import Slice
 from tasks.dedup.spill_reader import SpillFiles
+from tasks.dedup.slice_index import indexed_slice, numbered_file
 from tasks.dedup.table_slices import read_table_slices
 from tasks.runner.stage_runner import ShardOutcome, map_shards
 
@@ -116,6 +117,21 @@ def assemble_shard_file(work_dir: str, relative_dir: str, shard: str, pieces: li
     finally:
         spill.close()
     return write_shard_file(Path(work_dir), relative_dir, shard, rows.sort_by([("id", "ascending")]).combine_chunks())
+
+
+def shard_removals(work_dir: str, shard_name: str, shard: int, text_ranges: int, spill_dir: str) -> tuple[str, str, str, int] | None:
+    """Task: `removals/<shard>.parquet` from the shard's pieces (entry `shard` of each `removed/` writer's slice index, in
+    `spill_dir`), the bytes `write_by_shard` gives; None when the shard loses nothing."""
+    spill = SpillFiles()
+    try:
+        pieces = [indexed_slice(spill, numbered_file(Path(spill_dir) / "removed", part), shard) for part in range(text_ranges)]
+        if not any(piece.stop > piece.start for piece in pieces):
+            for piece in pieces:  # every entry is checked: one cut short to nothing would drop removals silently
+                spill.read_checked_slice(piece.path, piece.start, piece.stop, piece.sha256)
+            return None
+    finally:
+        spill.close()
+    return assemble_shard_file(work_dir, REMOVALS_DIR, shard_name, pieces, REMOVALS_SCHEMA)
 
 
 @dataclass
