@@ -64,8 +64,9 @@ Memory bounds, for S shards of n documents and P ranges (N = S × n):
   partitioned spill file stays in its writer's slice index
   (tasks/dedup/slice_index.py), and a task is sent the corpus description's
   path and digest (near_dup_files.CorpusRef), so no job or result grows with
-  the number of partitions (tests/tasks/dedup/test_fuzzy_host_traffic.py
-  counts what it exchanges);
+  the number of partitions but the id sample, one count per range from each
+  cutting task and one digest per range from the component task
+  (tests/tasks/dedup/test_fuzzy_host_traffic.py counts what it exchanges);
 * a signature, cut or re-key task holds one shard: O(n) (about 14 × 16 bytes
   of band records and num_hashes + 40 bytes of sorted run a document, plus its
   shingle hashes);
