@@ -62,8 +62,9 @@ def window_hashes(token_ids: np.ndarray, previous: np.ndarray | None, n: int) ->
     return previous[:windows] * HASH_MULTIPLIER + token_ids[n - 1:]
 
 
-def ngram_repetition(hashes: np.ndarray, token_lengths: np.ndarray, n: int, total_chars: int, separator_chars: int) -> NgramRepetition:
-    """Vectorised: sort the window hashes once, mark tokens covered by a repeat of an earlier window.
+def ngram_repetition(hashes: np.ndarray, token_lengths: np.ndarray, n: int, total_chars: int,
+                     separator_chars: int) -> "NgramRepetition | RepeatedWindows":
+    """Vectorised: sort the window hashes once; what the rules ask of the repeats is computed when asked.
 
     top: count x characters of the most frequent window as written (tokens plus n-1 separators), only
     when it occurs twice or more. duplicate: characters of tokens inside any window occurrence after
@@ -84,17 +85,35 @@ def ngram_repetition(hashes: np.ndarray, token_lengths: np.ndarray, n: int, tota
     if not same_as_previous.any():
         return NgramRepetition(0.0, 0.0)
     positions = (keys & np.uint64((1 << position_bits) - 1)).astype(np.int64)
-    repeat_starts = positions[1:][same_as_previous]
-    group_starts = np.flatnonzero(np.concatenate(([True], ~same_as_previous)))
-    group_sizes = np.concatenate((group_starts[1:], [windows])) - group_starts
-    best = int(group_sizes.max())
-    first_position = int(positions[group_starts[group_sizes == best]].min())  # ties: earliest window, like Counter.most_common
-    top_chars = (int(token_lengths[first_position: first_position + n].sum()) + separator_chars * (n - 1)) * best
-    coverage_delta = np.zeros(len(token_lengths) + 1, dtype=np.int32)
-    coverage_delta[repeat_starts] += 1
-    coverage_delta[repeat_starts + n] -= 1
-    covered = np.cumsum(coverage_delta[:-1]) > 0
-    return NgramRepetition(top_chars / total_chars, float(token_lengths[covered].sum()) / total_chars)
+    return RepeatedWindows(positions, same_as_previous, token_lengths, n, total_chars, separator_chars)
+
+
+class RepeatedWindows:
+    """The sorted windows of an n whose windows repeat: the top n-gram rules read `top_fraction`, the duplicate rules
+    `duplicate_fraction`, and neither pays for the other (each n is asked for one of them)."""
+
+    def __init__(self, positions: np.ndarray, same_as_previous: np.ndarray, token_lengths: np.ndarray, n: int, total_chars: int,
+                 separator_chars: int):
+        self.positions, self.same_as_previous, self.token_lengths = positions, same_as_previous, token_lengths
+        self.n, self.total_chars, self.separator_chars = n, total_chars, separator_chars
+
+    @cached_property
+    def top_fraction(self) -> float:
+        group_starts = np.flatnonzero(np.concatenate(([True], ~self.same_as_previous)))
+        group_sizes = np.concatenate((group_starts[1:], [len(self.positions)])) - group_starts
+        best = int(group_sizes.max())
+        first_position = int(self.positions[group_starts[group_sizes == best]].min())  # ties: earliest window, like Counter.most_common
+        top_chars = (int(self.token_lengths[first_position: first_position + self.n].sum()) + self.separator_chars * (self.n - 1)) * best
+        return top_chars / self.total_chars
+
+    @cached_property
+    def duplicate_fraction(self) -> float:
+        repeat_starts = self.positions[1:][self.same_as_previous]
+        coverage_delta = np.zeros(len(self.token_lengths) + 1, dtype=np.int32)
+        coverage_delta[repeat_starts] += 1
+        coverage_delta[repeat_starts + self.n] -= 1
+        covered = np.cumsum(coverage_delta[:-1]) > 0
+        return float(self.token_lengths[covered].sum()) / self.total_chars
 
 
 class TextView:
@@ -164,7 +183,7 @@ class TextView:
             hashes = window_hashes(token_ids, last_hashes if last_n == n - 1 else None, n)
             cache["hashes"] = (n, hashes)
             cache[n] = ngram_repetition(hashes, token_lengths, n, total_chars, separator_chars)
-            if cache[n].duplicate_fraction == 0.0:
+            if isinstance(cache[n], NgramRepetition):  # no window repeats (a RepeatedWindows always has some)
                 cache["no_repeats_from"] = min(n, cache.get("no_repeats_from", n))
         return cache[n]
 
