@@ -29,7 +29,7 @@ from manifests.stage_manifest import read_manifest
 from tasks.corpus.mixture import encode_shard_side
 from tasks.corpus.token_join import join_token_files
 from tasks.corpus.split import VALIDATION, split_side_of_shard
-from tasks.dedup.minhash import ChecksumMismatch
+from tasks.dedup.minhash import check_intermediate
 from tasks.runner.stage_runner import map_shards
 
 VALIDATION_DOCUMENTS_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("lang", pa.string()), ("tokens", pa.int64())])
@@ -54,9 +54,7 @@ def encode_heldout_shard(shard_path: str, shard: str, tokenizer_path: str, token
 
 
 def read_piece(path: str, sha256: str, columns: list[str] | None = None) -> pa.Table:
-    if sha256_file(Path(path)) != sha256:
-        raise ChecksumMismatch(f"{path}: sha256 differs from what its task recorded; the intermediate file is corrupt, nothing was published")
-    return pq.read_table(path, columns=columns)
+    return pq.read_table(check_intermediate(path, sha256), columns=columns)
 
 
 def write_heldout_plan_part(piece_path: str, piece_sha256: str, first_offset: int, out_path: str) -> str:

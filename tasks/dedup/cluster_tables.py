@@ -38,9 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests.atomic import PARQUET_OPTIONS, atomic_write_parquet_stream
-from manifests.digest import sha256_file
 from tasks.dedup.components import node_file
-from tasks.dedup.minhash import ChecksumMismatch
+from tasks.dedup.minhash import ChecksumMismatch, check_intermediate
 from tasks.dedup.near_dup_files import CorpusFiles, CorpusRef, RankedArrays, Slice, best_per_node, write_partitioned
 from tasks.dedup.removal_map import REMOVALS_SCHEMA
 from tasks.dedup.slice_index import indexed_slice, numbered_file, partition_slices, write_slice_index
@@ -115,9 +114,7 @@ def ask_names(corpus: CorpusRef, index: int, linked_files: int, node_sha256: str
 
 def range_ids(files: CorpusFiles, index: int) -> pa.Array:
     """The range's ids in rank order, its file checked against its digest."""
-    path = files.range_path(index, "ids.parquet")
-    if sha256_file(Path(path)) != files.ranges[index].ids_sha256:
-        raise ChecksumMismatch(f"{path}: sha256 differs from what its writer recorded; the intermediate file is corrupt, nothing was published")
+    path = check_intermediate(files.range_path(index, "ids.parquet"), files.ranges[index].ids_sha256)
     return pq.read_table(path).column("id").combine_chunks()
 
 

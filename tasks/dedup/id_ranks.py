@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from manifests.atomic import atomic_write_parquet, atomic_write_text
 from manifests.digest import sha256_file
-from tasks.dedup.minhash import ChecksumMismatch, write_checked_array
+from tasks.dedup.minhash import ChecksumMismatch, check_intermediate, write_checked_array
 from tasks.dedup.near_dup_files import RANK_BITS, RANKED_RECORD, RECORD, RankRange, Slice, range_file, read_slices, shard_file, write_partitioned
 from tasks.dedup.slice_index import indexed_slice, write_slice_index, writer_slices
 from tasks.dedup.spill_reader import SpillFiles
@@ -120,9 +120,7 @@ def save_splitters(directory: str, splitters: list[str]) -> tuple[str, str]:
 
 
 def load_splitters(path: str, sha256: str) -> list[str]:
-    if sha256_file(Path(path)) != sha256:
-        raise ChecksumMismatch(f"{path}: sha256 differs from what its writer recorded; the intermediate file is corrupt, nothing was published")
-    return json.loads(Path(path).read_text())
+    return json.loads(check_intermediate(path, sha256).read_text())
 
 
 def bound_id_ranges(run: SortedRun, sha256: dict[str, str], splitters_file: tuple[str, str]) -> dict[str, Any]:

@@ -182,8 +182,8 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_checked_array(path: Path, expected_sha256: str, mmap: bool = True) -> np.ndarray:
-    """Read a spill file only after its bytes match the digest its writer recorded."""
+def check_intermediate(path: Path | str, expected_sha256: str) -> Path:
+    """Raise ChecksumMismatch unless the file a task wrote for another still has the sha256 its writer recorded."""
     path = Path(path)
     if not path.is_file():
         raise ChecksumMismatch(f"{path}: intermediate file is missing")
@@ -191,4 +191,9 @@ def read_checked_array(path: Path, expected_sha256: str, mmap: bool = True) -> n
     if actual != expected_sha256:
         raise ChecksumMismatch(f"{path}: sha256 {actual[:12]}… but its writer recorded {expected_sha256[:12]}…; "
                                "the intermediate file is corrupt, nothing was published")
-    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    return path
+
+
+def read_checked_array(path: Path, expected_sha256: str, mmap: bool = True) -> np.ndarray:
+    """Read a spill file only after its bytes match the digest its writer recorded."""
+    return np.load(check_intermediate(path, expected_sha256), mmap_mode="r" if mmap else None, allow_pickle=False)

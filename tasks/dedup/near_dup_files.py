@@ -31,7 +31,7 @@ import numpy as np
 
 from manifests.atomic import atomic_write_text
 from manifests.digest import sha256_file
-from tasks.dedup.minhash import ChecksumMismatch, UnionFind, write_checked_array
+from tasks.dedup.minhash import UnionFind, check_intermediate, write_checked_array
 from tasks.dedup.shingles import jaccard_of_sets, sorted_set
 from tasks.dedup.spill_reader import SpillFiles
 
@@ -129,11 +129,7 @@ class CorpusRef:
 @lru_cache(maxsize=4)
 def load_corpus_files(path: str, sha256: str) -> CorpusFiles:
     """The stored description, checked against its digest; cached, as every task of a worker reads the same one."""
-    actual = sha256_file(Path(path))
-    if actual != sha256:
-        raise ChecksumMismatch(f"{path}: sha256 {actual[:12]}… but its writer recorded {sha256[:12]}…; the intermediate file is "
-                               "corrupt, nothing was published")
-    fields = json.loads(Path(path).read_text())
+    fields = json.loads(check_intermediate(path, sha256).read_text())
     return CorpusFiles(fields["directory"], fields["documents"], fields["num_hashes"], tuple(fields["shingle_sha256"]),
                        tuple(RankRange(**r) for r in fields["ranges"]), tuple(fields["shard_names"]))
 
