@@ -104,7 +104,7 @@ import pyarrow.parquet as pq
 
 from manifests.stage_manifest import StageManifest
 from tasks.dedup.id_ranks import (SortedRun, bound_id_ranges, choose_splitters, rank_band_records, rank_id_range, sample_probability,
-                                  save_splitters, write_sorted_run)
+                                  SHARDS_FILE, SPLITTERS_FILE, save_list, write_sorted_run)
 from tasks.dedup.lsh_buckets import fallback_pairs, link_key_partition  # noqa: F401 (fallback_pairs re-exported)
 from tasks.dedup.minhash import HashFamily, band_keys, signatures, write_checked_array
 from tasks.dedup.near_dup_files import RECORD, CorpusFiles, key_partition, shard_file, write_partitioned
@@ -203,13 +203,13 @@ def rank_corpus(shards: list[dict[str, Any]], ranges: int, spill_dir: Path, num_
     band records by rank. Every (shard, range) slice stays in its writer's index file; the host adds up one count per range."""
     splitters = choose_splitters([sample for s in shards for sample in s.pop("samples")], ranges)
     sizes = np.zeros(len(splitters) + 1, np.int64)
-    splitters_file = save_splitters(str(spill_dir), splitters)
+    splitters_file = save_list(str(spill_dir), SPLITTERS_FILE, splitters)
     for cut in map_shards(bound_id_ranges, [(s["run"], s["run_sha256"], splitters_file) for s in shards], workers, "id ranges",
                           [s["documents"] for s in shards]):
         sizes += cut["counts"]
     firsts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-    runs = [s["run"] for s in shards]
-    jobs = [(str(spill_dir), r, int(firsts[r]), runs, num_hashes) for r in range(len(sizes))]
+    shards_file = save_list(str(spill_dir), SHARDS_FILE, [s["shard"] for s in shards])  # the runs are named by their shard
+    jobs = [(str(spill_dir), r, int(firsts[r]), shards_file, num_hashes) for r in range(len(sizes))]
     ranked = sorted(map_shards(rank_id_range, jobs, workers, "ranks", sizes.tolist()), key=lambda r: r["range"].first)
     rekey = [(str(spill_dir), index, s["shard"], s["documents"], len(ranked)) for index, s in enumerate(shards)]
     for _ in map_shards(rank_band_records, rekey, workers, "rank bands", [s["documents"] for s in shards]):

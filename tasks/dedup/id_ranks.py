@@ -19,7 +19,8 @@ shard layout. No process sees every id:
 5. one task per shard (`rank_band_records`) rewrites its band records with
    ranks in place of rows, so bucket tasks need no rank lookup at all.
 Every task holds one shard's or one id range's documents; the host holds one
-count per range, the runs' names, and SAMPLES_PER_RANGE × ranges ids: no
+count per range, the runs' names (sent to tasks as a checked file, like the
+splitters), and SAMPLES_PER_RANGE × ranges ids: no
 (shard, range) table, which at 10k shards and 1k ranges would be 10M entries.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ from tasks.dedup.spill_reader import SpillFiles
 
 SAMPLES_PER_RANGE = 32  # expected splitter candidates per id range: the largest range is then ~1.6× the mean
 SPLITTERS_FILE = "splitters.json"
+SHARDS_FILE = "shards.json"  # the input shards' names, in shard-index order
 RANKED_ROW = np.dtype([("shard", "<i8"), ("row", "<i8"), ("rank", "<i8")])  # a range's ranks, sorted by (shard, row)
 
 
@@ -112,21 +114,22 @@ def cut_digest(id_offsets: np.ndarray, id_bytes: np.ndarray, records: np.ndarray
     return digest.digest()
 
 
-def save_splitters(directory: str, splitters: list[str]) -> tuple[str, str]:
-    """The splitters as a checked file, (path, sha256): each cutting task is sent these two strings, not ranges - 1 ids."""
-    path = Path(directory) / SPLITTERS_FILE
-    atomic_write_text(path, json.dumps(splitters))
+def save_list(directory: str, name: str, values: list[str]) -> tuple[str, str]:
+    """A list every task of a step needs (the splitters, the shard names) as a checked file, (path, sha256): each task is
+    sent these two strings, not ranges - 1 ids or one name per shard (Dask holds every submitted job at once)."""
+    path = Path(directory) / name
+    atomic_write_text(path, json.dumps(values))
     return str(path), sha256_file(path)
 
 
-def load_splitters(path: str, sha256: str) -> list[str]:
+def load_list(path: str, sha256: str) -> list[str]:
     return json.loads(check_intermediate(path, sha256).read_text())
 
 
 def bound_id_ranges(run: SortedRun, sha256: dict[str, str], splitters_file: tuple[str, str]) -> dict[str, Any]:
     """Task: where each splitter cuts this shard's sorted run and the sha256 of every cut, stored as the run's slice index;
     returns the number of documents in each cut."""
-    splitters = load_splitters(*splitters_file)
+    splitters = load_list(*splitters_file)
     spill = SpillFiles()
     try:
         parts = {}
@@ -146,8 +149,9 @@ def bound_id_ranges(run: SortedRun, sha256: dict[str, str], splitters_file: tupl
         spill.close()
 
 
-def rank_id_range(directory: str, index: int, first_rank: int, runs: list[SortedRun], num_hashes: int) -> dict[str, Any]:
+def rank_id_range(directory: str, index: int, first_rank: int, shards_file: tuple[str, str], num_hashes: int) -> dict[str, Any]:
     """Task: merge this id range's cut of every shard's run; write its rank-indexed files and each shard's (row, rank) pairs."""
+    runs = [SortedRun(directory, shard) for shard in load_list(*shards_file)]
     spill = SpillFiles()
     try:
         id_parts, record_parts, shard_parts = [], [], []
