@@ -65,6 +65,27 @@ def test_a_page_over_its_time_limit_is_killed_and_logged() -> None:
     assert outcome.kept.column("id").to_pylist() == ["quick"]
 
 
+def test_mojibake_repair_skipping_ascii_lines_equals_ftfy_on_the_whole_text() -> None:
+    """ASCII lines skip ftfy; every other line still gets ftfy's fix, so the result is ftfy's on the whole text."""
+    import random
+
+    import ftfy
+
+    from tasks.ingest.extract_page import mojibake_config
+
+    pieces = ["sÃ³ ", "voilÃ le ", "â€œquotedâ€\x9d ", "\ufffd", "\x85", "caf\xe9 ", "Ã©tÃ© ", "\x1a", "naïve ", "日本語",
+              "ï¿½", "\n", "\r\n", "\r", "plain ascii words ", "&amp; ", "\x1b[31m"]
+    rng = random.Random(7)
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(3000)]
+    texts += ["only ascii\nlines here\n", "", "\n\n", "mixed\nsÃ³\nascii again"]
+    changed = 0
+    for text in texts:
+        expected = ftfy.fix_text(text, config=mojibake_config())
+        assert repair_mojibake(text) == expected, repr(text)
+        changed += expected != text
+    assert changed > 1000  # the texts do exercise the repairs
+
+
 def test_mojibake_is_repaired_and_logged_without_touching_quotes() -> None:
     broken = "The meeting â€” as planned â€” started at noon. He said “fine” and left."
     assert repair_mojibake(broken) == "The meeting — as planned — started at noon. He said “fine” and left."
