@@ -8,6 +8,7 @@ from typing import Callable
 
 from tasks.filters.quality_config import compiled_pattern
 from tasks.filters.quality_config import QualityConfig, Verdict, verdict_above, verdict_below
+from tasks.filters.gopher_repetition import duplicate_coverage_verdict
 from tasks.filters.text_view import HAN, LETTER, TextView
 
 
@@ -27,7 +28,7 @@ def zh_too_few_han_chars(view: TextView, config: QualityConfig) -> Verdict:
 
 def cjk_duplicate_char_ngram_rule(n: int, threshold: float) -> Callable[[TextView, QualityConfig], Verdict]:
     def rule(view: TextView, config: QualityConfig) -> Verdict:
-        return verdict_above(f"cjk_duplicate_{n}char_coverage", view.char_ngrams(n).duplicate_fraction, threshold)
+        return duplicate_coverage_verdict(f"cjk_duplicate_{n}char_coverage", view, "_char_ngrams", n, threshold)
 
     rule.__name__ = f"cjk_duplicate_{n}char_coverage"
     return rule

@@ -30,6 +30,16 @@ def gopher_duplicate_paragraph_chars(view: TextView, config: QualityConfig) -> V
     return verdict_above("gopher_duplicate_paragraph_chars", chars / max(1, len(view.text)), config.max_duplicate_paragraph_char_fraction)
 
 
+def duplicate_coverage_verdict(rule: str, view: TextView, kind: str, n: int, threshold: float) -> Verdict:
+    """The duplicate n-gram (or n-char) rule. A document whose coverage at a shorter n is already under this
+    threshold is kept without measuring n (coverage never grows with n); its verdict's value is then that bound."""
+    bound = view.duplicate_bound(kind, n)
+    if bound is not None and bound <= threshold:
+        return verdict_above(rule, bound, threshold)
+    measured = view.word_ngrams(n) if kind == "_word_ngrams" else view.char_ngrams(n)
+    return verdict_above(rule, measured.duplicate_fraction, threshold)
+
+
 def gopher_top_ngram_rule(n: int, threshold: float) -> Callable[[TextView, QualityConfig], Verdict]:
     def rule(view: TextView, config: QualityConfig) -> Verdict:
         return verdict_above(f"gopher_top_{n}gram_coverage", view.word_ngrams(n).top_fraction, threshold)
@@ -40,7 +50,7 @@ def gopher_top_ngram_rule(n: int, threshold: float) -> Callable[[TextView, Quali
 
 def gopher_duplicate_ngram_rule(n: int, threshold: float) -> Callable[[TextView, QualityConfig], Verdict]:
     def rule(view: TextView, config: QualityConfig) -> Verdict:
-        return verdict_above(f"gopher_duplicate_{n}gram_coverage", view.word_ngrams(n).duplicate_fraction, threshold)
+        return duplicate_coverage_verdict(f"gopher_duplicate_{n}gram_coverage", view, "_word_ngrams", n, threshold)
 
     rule.__name__ = f"gopher_duplicate_{n}gram_coverage"
     return rule

@@ -187,6 +187,17 @@ class TextView:
                 cache["no_repeats_from"] = min(n, cache.get("no_repeats_from", n))
         return cache[n]
 
+    def duplicate_bound(self, kind: str, n: int) -> float | None:
+        """An upper bound on the duplicate n-gram coverage, from a shorter n already measured (None if none was).
+
+        Coverage never grows with n: a later occurrence of a repeated n-gram starts a later occurrence of its
+        (n-1)-gram prefix and of its (n-1)-gram suffix, which together cover the same tokens. So a document already
+        under a threshold at n-1 is under it at n, and that rule need not be measured (Gopher's limits fall with n).
+        """
+        known = [result.duplicate_fraction for m, result in self.__dict__.get(kind, {}).items()
+                 if isinstance(m, int) and m < n and (isinstance(result, NgramRepetition) or "duplicate_fraction" in result.__dict__)]
+        return min(known, default=None)
+
     def word_ngrams(self, n: int) -> NgramRepetition:
         return self._ngrams("_word_ngrams", self.word_ids, self.word_lengths, n, len(self.text), 1)
 

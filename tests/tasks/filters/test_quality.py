@@ -488,6 +488,33 @@ def test_vectorised_ngram_measures_match_the_plain_definition(seed):
         assert measured.top_fraction == pytest.approx(top) and measured.duplicate_fraction == pytest.approx(duplicate), n
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_duplicate_rules_skip_an_n_only_when_a_shorter_n_proves_the_keep(seed):
+    """Run in order, the duplicate 5..10-gram rules may keep a document on a shorter n's coverage: the decisions
+    are the plain definition's, a fired rule reports its exact value, a kept one at most the bound."""
+    import random
+
+    rng = random.Random(seed)
+    vocab = ["a", "bb", "ccc", "dddd", "the", "river", "x1", "yy"][: rng.randint(3, 8)]
+    tokens = [rng.choice(vocab) for _ in range(rng.randint(20, 300))]
+    if seed % 2:  # a repeated run, so some n fire
+        tokens += tokens[: rng.randint(5, 40)] * rng.randint(1, 3)
+    view = TextView(" ".join(tokens))
+    exact = {n: reference_repetition(tokens, n)[1] for n in range(2, 12)}
+    assert all(exact[n + 1] <= exact[n] + 1e-12 for n in range(2, 11))  # coverage never grows with n
+    thresholds = [(5, 0.3), (6, 0.28), (7, 0.26), (8, 0.24), (9, 0.22), (10, 0.2)] if seed % 4 == 1 else CONFIG.max_duplicate_ngram_char_fraction
+    measured = 0
+    for n, threshold in thresholds:
+        verdict = gopher_repetition.gopher_duplicate_ngram_rule(n, threshold)(view, CONFIG)
+        assert verdict.keep == (not exact[n] > threshold), n
+        if verdict.keep:
+            assert verdict.value >= exact[n] - 1e-12
+        else:
+            assert verdict.value == pytest.approx(exact[n])
+        measured += n in view.__dict__.get("_word_ngrams", {})
+    assert measured >= 1
+
+
 def test_clean_labelled_prose_is_kept_and_junk_still_caught():
     """The figure in docs/quality.md: the sample's labelled generated source under the default prose profile."""
     from manifests.sources import load_source
