@@ -115,13 +115,14 @@ def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, ch
     tmp.replace(path)
 
 
-def write_config(root: Path, corpus: Path, workers: int) -> Path:
+def write_config(root: Path, corpus: Path, workers: int, bytes_per_shard: int | None = None) -> Path:
     spec = root / "synthetic.toml"
     spec.write_text("\n".join([
         'name = "synthetic"', 'kind = "jsonl"', f'path = "{corpus}"', 'origin = "bench/scale.py"',
         'snapshot = "generated"', 'license = "CC0-1.0"', 'profile = "documentation"']) + "\n", encoding="utf-8")
     config = root / "pipeline.toml"
-    config.write_text(f'[run]\nsources = ["{spec}"]\nworkers = {workers}\n\n[quality_model]\nenabled = false\n', encoding="utf-8")
+    ingest = f"\n[ingest]\nbytes_per_shard = {bytes_per_shard}\n" if bytes_per_shard else ""
+    config.write_text(f'[run]\nsources = ["{spec}"]\nworkers = {workers}\n{ingest}\n[quality_model]\nenabled = false\n', encoding="utf-8")
     return config
 
 
@@ -214,7 +215,8 @@ def dir_files(path: Path) -> tuple[int, int]:
 
 def stage_row(name: str, seconds: float, sampler: TreeSampler, out: Path) -> dict:
     files, size = dir_files(out)
-    return {"stage": name, "seconds": seconds, **sampler.row(), "files": files, "bytes": size, "load": os.getloadavg()[0]}
+    shards = len(list((out / "data").glob("*.parquet"))) if (out / "data").is_dir() else 0
+    return {"stage": name, "seconds": seconds, **sampler.row(), "files": files, "shards": shards, "bytes": size, "load": os.getloadavg()[0]}
 
 
 def child_loop(config_path: Path, run: Path, result: Path) -> None:
@@ -260,12 +262,13 @@ def child_flow(config_path: Path, run: Path, result: Path, workers: int, profile
     rows = []
     try:
         with prefect_api(server.api_url):  # the environment now names the API: the cluster and the stage processes inherit it
-            with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-                    Client(cluster) as client:
-                for n, entry in enumerate(pipeline_stages(config)):
-                    if entry.name == "pretrain":
-                        break
-                    client.restart()
+            for n, entry in enumerate(pipeline_stages(config)):
+                if entry.name == "pretrain":
+                    break
+                # A fresh cluster per stage rather than client.restart(): a nanny's restart now and then waited out its
+                # 120 s timeout for a worker that never came back (seen twice in a row after extract).
+                with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+                        Client(cluster):
                     command = [sys.executable, __file__, "--stage-flow", entry.name, "--run", str(run), "--address", cluster.scheduler_address]
                     if n == 0:
                         command += ["--child", str(config_path)]
@@ -327,6 +330,102 @@ def plot(results: dict[int, list[dict]], path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
+def run_size(args, count: int, commit: str, bytes_per_shard: int | None = None) -> tuple[dict, list[dict]]:
+    """One size in a fresh child process, or its stored result under --reuse: (run facts, per-stage rows)."""
+    root = WORK / args.path / (f"{count}" if bytes_per_shard is None else f"{count}-shard-{bytes_per_shard}")
+    meta = {"docs": count, "length_scale": args.length_scale, "workers": args.workers, "word_source": str(args.word_source),
+            "commit": commit, "path": args.path, **({"bytes_per_shard": bytes_per_shard} if bytes_per_shard else {})}
+    if args.reuse and (root / "run.json").exists() and json.loads((root / "run.json").read_text())["meta"] == meta:
+        run = json.loads((root / "run.json").read_text())
+        print(f"{count} documents: reused the run of {run['date']} on {commit}", flush=True)
+        return run, json.loads((root / "result.json").read_text())
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    corpus = root / "synthetic.jsonl"
+    write_corpus(corpus, count, args.word_source, length_scale=args.length_scale)
+    config = write_config(root, corpus, args.workers, bytes_per_shard)
+    result = root / "result.json"
+    load_start, started = os.getloadavg()[0], time.perf_counter()
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    subprocess.run([sys.executable, __file__, "--child", str(config), "--run", str(root / "run"), "--result", str(result),
+                    "--path", args.path, "--workers", str(args.workers), *(["--profile", str(args.profile / str(count))] if args.profile else [])],
+                   check=True)
+    rows = json.loads(result.read_text())
+    run = {"meta": meta, "date": date, "load_start": load_start, "load_end": os.getloadavg()[0],
+           "seconds": time.perf_counter() - started, "corpus_bytes": corpus.stat().st_size}
+    (root / "run.json").write_text(json.dumps(run))
+    print(f"{count} documents: {run['seconds']:.0f} s, load {load_start:.1f} -> {run['load_end']:.1f}", flush=True)
+    shutil.rmtree(root / "run", ignore_errors=True)
+    corpus.unlink()
+    return run, rows
+
+SWEEP_TITLE = "Flow host memory against the number of shards (`python bench/scale.py --shard-sweep`)"
+
+
+def ingest_shards_at(n: int, text_bytes_per_doc: float) -> int:
+    """Shards ingest cuts from `n` documents under the default config: a shard closes at its byte or document cap."""
+    import math
+
+    from tasks.ingest.ingest import IngestConfig
+
+    default = IngestConfig()
+    return max(math.ceil(n / default.docs_per_shard), math.ceil(n * text_bytes_per_doc / default.bytes_per_shard))
+
+
+def shard_sweep(args, commit: str) -> int:
+    """One size at several shard sizes: each stage's flow-host peak RSS fitted as fixed + MB per ingest shard.
+
+    The flow host plans and records shards; documents stay on the workers. Its
+    memory should therefore grow with the number of shards, not with N. Cutting
+    one corpus into 1, tens and hundreds of shards measures that per-shard term
+    directly, which the size runs can't (they add 5 shards between 100k and 1M).
+    The prediction for 100M and 1B documents then needs only the number of
+    shards the default config would cut there.
+    """
+    from bench.report import markdown_table, write_section
+
+    from tasks.ingest.ingest import IngestConfig
+
+    default_bytes = IngestConfig().bytes_per_shard
+    count = args.docs[0]
+    measured = []
+    for size in sorted(args.shard_sweep, key=lambda b: -(b or default_bytes)):
+        run, rows = run_size(args, count, commit, size or None)
+        measured.append((size, run, rows))
+    ingest = [next(r for r in rows if r["stage"] == "ingest")["shards"] for _, _, rows in measured]
+    smallest_size, _, _ = measured[-1]
+    # Shards at the smallest size are full, so they give the text per document the default config will cut by.
+    text_bytes_per_doc = (smallest_size or default_bytes) * ingest[-1] / count
+    targets = [(n, ingest_shards_at(n, text_bytes_per_doc)) for n in (100_000_000, 1_000_000_000)]
+    table, predicted = [], {n: [] for n, _ in targets}
+    for stage in [row["stage"] for row in measured[0][2]]:
+        host = [next(r for r in rows if r["stage"] == stage)["host_mb"] for _, _, rows in measured]
+        fixed, per_shard = tail_fit(ingest, host)
+        for n, shards in targets:
+            predicted[n].append((fixed + per_shard * shards, stage))
+        table.append((stage, *(f"{mb:.0f}" for mb in host), f"{fixed:.0f} MB + {per_shard * 1024:.1f} KB x shards",
+                      *(f"{fixed + per_shard * shards:,.0f} MB" for _, shards in targets)))
+    worst = {n: max(values) for n, values in predicted.items()}
+    table.append(("largest", *(f"{max(r['host_mb'] for r in rows):.0f}" for _, _, rows in measured), "",
+                  *(f"**{worst[n][0] / 1024:.2f} GB** ({worst[n][1]})" for n, _ in targets)))
+    header = ["stage", *(f"flow host MB, {shards:,} shards ({(size or default_bytes) / 1e6:g} MB each)" for (size, _, _), shards in zip(measured, ingest)),
+              "fit (two largest shard counts)", *(f"predicted at {n:,} docs ({shards:,} shards)" for n, shards in targets)]
+    body = markdown_table(header, table)
+    loads = "; ".join(f"{(size or default_bytes) / 1e6:g} MB shards: {run['date']}, {run['seconds']:.0f} s, load {run['load_start']:.1f} -> {run['load_end']:.1f}"
+                      for size, run, _ in measured)
+    goal = worst[1_000_000_000][0] <= 2048
+    note = (f"On {commit}, x86_64 with {os.cpu_count()} CPUs; {count:,} synthetic documents (as in the section above) through the same "
+            f"distributed path, once per ingest `bytes_per_shard` ({loads}). Every later stage keeps ingest's shards. Cells: peak RSS "
+            f"of the stage's flow-host process. The fit is fixed + per-shard through the two largest shard counts (slope clamped at 0); "
+            f"the predictions take the shards the default config cuts ({text_bytes_per_doc:.0f} bytes of text per document, measured at "
+            f"the smallest shard size; a shard closes at 128 MB or 100,000 documents). Goal: the flow host predicted <= 2 GB at 1B "
+            f"documents: **{'met' if goal else 'not met'}**.")
+    print(f"\n{note}\n\n{body}")
+    if not args.no_write:
+        write_section(SWEEP_TITLE, body, note)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--docs", type=int, nargs="*", default=[100_000, 300_000, 1_000_000],
@@ -344,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", type=Path)
     parser.add_argument("--result", type=Path)
     parser.add_argument("--profile", type=Path, help="with --path flow: record each stage's flow host with py-spy (folded stacks) here")
+    parser.add_argument("--shard-sweep", type=int, nargs="*", metavar="BYTES",
+                        help="run the first --docs size once per ingest bytes_per_shard given, and fit each stage's flow-host "
+                             "peak to the number of shards (the flow host holds shard lists, not documents)")
     parser.add_argument("--stage-flow", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -361,36 +463,13 @@ def main(argv: list[str] | None = None) -> int:
     commit = code_commit()
     results: dict[int, list[dict]] = {}
     runs: dict[int, dict] = {}
+    if args.shard_sweep:
+        return shard_sweep(args, commit)
     for count in args.docs:
-        root = WORK / args.path / f"{count}"
-        meta = {"docs": count, "length_scale": args.length_scale, "workers": args.workers, "word_source": str(args.word_source),
-                "commit": commit, "path": args.path}
-        if args.reuse and (root / "run.json").exists() and json.loads((root / "run.json").read_text())["meta"] == meta:
-            runs[count] = json.loads((root / "run.json").read_text())
-            results[count] = json.loads((root / "result.json").read_text())
-            print(f"{count} documents: reused the run of {runs[count]['date']} on {commit}", flush=True)
-            continue
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        corpus = root / "synthetic.jsonl"
-        write_corpus(corpus, count, args.word_source, length_scale=args.length_scale)
-        config = write_config(root, corpus, args.workers)
-        result = root / "result.json"
-        load_start, started = os.getloadavg()[0], time.perf_counter()
-        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        subprocess.run([sys.executable, __file__, "--child", str(config), "--run", str(root / "run"), "--result", str(result),
-                        "--path", args.path, "--workers", str(args.workers), *(["--profile", str(args.profile / str(count))] if args.profile else [])],
-                       check=True)
-        results[count] = json.loads(result.read_text())
-        runs[count] = {"meta": meta, "date": date, "load_start": load_start, "load_end": os.getloadavg()[0],
-                       "seconds": time.perf_counter() - started, "corpus_bytes": corpus.stat().st_size}
-        (root / "run.json").write_text(json.dumps(runs[count]))
-        print(f"{count} documents: {runs[count]['seconds']:.0f} s, load {load_start:.1f} -> {runs[count]['load_end']:.1f}", flush=True)
-        shutil.rmtree(root / "run", ignore_errors=True)
-        corpus.unlink()
+        runs[count], results[count] = run_size(args, count, commit)
     columns = [(runs[n]["meta"]["commit"], n, results[n], runs[n]) for n in sorted(results)]
     for directory in args.include:
-        for root in sorted(Path(directory).iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+        for root in sorted((p for p in Path(directory).iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
             if (root / "run.json").exists() and (root / "result.json").exists():
                 stored = json.loads((root / "run.json").read_text())
                 columns.append((stored["meta"]["commit"], stored["meta"]["docs"], json.loads((root / "result.json").read_text()), stored))
