@@ -1,6 +1,7 @@
 """The data half (ingest → shards) at growing document counts, through the distributed path: wall, CPU, memory per process, files and bytes per stage, and a cost model.
 
     python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--path flow|loop] [--reuse] [--include OTHER_WORK_DIR] [--no-write]
+    python bench/scale.py --docs 50000 --shard-sweep 0 800000 80000   # flow-host memory against the number of shards
 
 The corpus is synthetic but keeps real word statistics: unigram frequencies
 and document lengths are read from --word-source (the anchor harness's
@@ -414,7 +415,7 @@ def shard_sweep(args, commit: str) -> int:
     loads = "; ".join(f"{(size or default_bytes) / 1e6:g} MB shards: {run['date']}, {run['seconds']:.0f} s, load {run['load_start']:.1f} -> {run['load_end']:.1f}"
                       for size, run, _ in measured)
     goal = worst[1_000_000_000][0] <= 2048
-    note = (f"On {commit}, x86_64 with {os.cpu_count()} CPUs; {count:,} synthetic documents (as in the section above) through the same "
+    note = (f"{count:,} synthetic documents (as in the section above) through the same "
             f"distributed path, once per ingest `bytes_per_shard` ({loads}). Every later stage keeps ingest's shards. Cells: peak RSS "
             f"of the stage's flow-host process. The fit is fixed + per-shard through the two largest shard counts (slope clamped at 0); "
             f"the predictions take the shards the default config cuts ({text_bytes_per_doc:.0f} bytes of text per document, measured at "
