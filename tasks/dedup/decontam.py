@@ -44,7 +44,7 @@ from manifests.benchmark_sets import BUNDLED_DIR, BenchmarkNotFound, benchmark_p
 from manifests.digest import sha256_file
 from manifests.stage_manifest import StageManifest
 from tasks.dedup.minhash import read_checked_array, write_checked_array
-from tasks.dedup.removal_map import Removal, RemovalContext, apply_removals, map_upstream_shards, write_removals
+from tasks.dedup.removal_map import Removal, RemovalContext, apply_removals, iter_upstream_shards, write_removals
 from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
 from tasks.runner.stage_runner import StageDef, counted, map_shards, report_progress, run_stage
 
@@ -183,14 +183,22 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
     try:
         index_file = spill_dir / "benchmark_ngrams.npy"
         index_sha256 = write_checked_array(index_file, index.hashes)
-        shards = map_upstream_shards(match_shard, upstream, (config, str(index_file), index_sha256, str(spill_dir)), workers, "matching n-grams")
-        matched = np.concatenate([s["hashes"] for s in shards]) if shards else np.zeros(0, np.uint64)
-        unique, inverse = np.unique(matched, return_inverse=True)
-        docs_per_ngram = np.bincount(inverse, weights=np.concatenate([s["docs"] for s in shards]) if shards else None, minlength=len(unique))
-        common = unique[docs_per_ngram > config.max_training_docs_per_ngram]  # sorted
+        # One count per benchmark n-gram, summed as the shards' results stream in: the host holds the index's
+        # size, not a list of every shard's matches (which grows with the number of shards).
+        docs_per_ngram = np.zeros(len(index.hashes), np.int64)
+        spills: list[tuple[str, str]] = []
+        documents_with_any_match = 0
+        for result in iter_upstream_shards(match_shard, upstream, (config, str(index_file), index_sha256, str(spill_dir)),
+                                           workers, "matching n-grams"):
+            docs_per_ngram[np.searchsorted(index.hashes, result["hashes"])] += result["docs"]  # a shard's hashes are unique
+            documents_with_any_match += result["documents"]
+            if result["spill"]:
+                spills.append((result["shard"], result["spill"]))
+        common = index.hashes[docs_per_ngram > config.max_training_docs_per_ngram]  # sorted
+        del docs_per_ngram
         common_file = spill_dir / "common_ngrams.npy"
         common_sha256 = write_checked_array(common_file, common)
-        jobs = [(s["shard"], s["spill"], str(common_file), common_sha256, config.min_matching_ngrams) for s in shards if s["spill"]]
+        jobs = [(shard, spill, str(common_file), common_sha256, config.min_matching_ngrams) for shard, spill in sorted(spills)]
         evidence = sorted(map_shards(shard_evidence, jobs, workers, "weighing evidence", [1] * len(jobs)), key=lambda r: r["shard"])
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
@@ -216,7 +224,7 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
               for name, entry in index.per_benchmark.items()}
     atomic_write_text(Path(work_dir) / COUNT_TABLE, json.dumps(counts, indent=2, sort_keys=True) + "\n")
     stats = {"benchmarks": counts, "indexed_ngrams": int(len(index.hashes)), "ngrams_over_training_cap": len(common),
-             "documents_with_any_match": sum(s["documents"] for s in shards), "removed": len(removals)}
+             "documents_with_any_match": documents_with_any_match, "removed": len(removals)}
     return write_removals(work_dir, removals, shard_of, stats, [(REMOVAL_LIST, removal_table.num_rows), (COUNT_TABLE, None)])
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -208,8 +208,11 @@ def apply_removals(docs: pa.Table, config: Any, part: ShardSlice) -> ShardOutcom
 
 def map_upstream_shards(fn: Callable[..., Any], upstream: StageManifest, extra_args: tuple, workers: int, label: str) -> list[Any]:
     """Run `fn(shard_path, shard_name, *extra_args)` over every input shard (in worker processes); results in shard order."""
+    return sorted(iter_upstream_shards(fn, upstream, extra_args, workers, label), key=lambda result: result["shard"])
+
+
+def iter_upstream_shards(fn: Callable[..., Any], upstream: StageManifest, extra_args: tuple, workers: int, label: str) -> Iterable[Any]:
+    """As map_upstream_shards, but each result as it finishes: a caller that folds them holds one at a time."""
     data_files = upstream.files("data")
     jobs = [(str(upstream.path_of(f)), Path(f.path).stem, *extra_args) for f in data_files]
-    sizes = [f.rows or 0 for f in data_files]
-    results = list(map_shards(fn, jobs, workers, label, sizes))
-    return sorted(results, key=lambda result: result["shard"])
+    return map_shards(fn, jobs, workers, label, [f.rows or 0 for f in data_files])

@@ -101,7 +101,7 @@ def test_the_flow_process_gets_per_ngram_counts_and_removed_documents_not_every_
     import tasks.dedup.decontam as decontam
 
     returned: list[list[dict]] = []
-    for name in ("map_upstream_shards", "map_shards"):
+    for name in ("iter_upstream_shards", "map_shards"):
         real = getattr(decontam, name)
         monkeypatch.setattr(decontam, name, lambda *args, _real=real: returned.append(list(_real(*args))) or returned[-1])
     bench = write_benchmark(tmp_path / "bench.jsonl.gz", [("q1", QUESTION), ("lic", LICENCE)])
@@ -116,6 +116,39 @@ def test_the_flow_process_gets_per_ngram_counts_and_removed_documents_not_every_
         assert sum(len(r["removed"]) for r in evidence) == 1 and all(set(r) == {"shard", "removed"} for r in evidence)
         sizes.append(sum(len(r["hashes"]) for r in matched))
     assert sizes[0] == sizes[1] > 0  # one count per (shard, matched n-gram), however many documents hold it
+
+
+def test_the_flow_process_folds_each_shards_matches_as_it_arrives(tmp_path, upstream, monkeypatch):
+    """Counting what the host holds: when the evidence pass starts, at most one shard's match arrays are alive,
+    however many shards there are (a list of every shard's results grows with the number of shards)."""
+    import gc
+    import weakref
+
+    import tasks.dedup.decontam as decontam
+
+    arrays: list[weakref.ref] = []
+    alive_at_evidence: list[int] = []
+    real_match, real_evidence = decontam.match_shard, decontam.shard_evidence
+
+    def match(*args):
+        result = real_match(*args)
+        arrays.extend(weakref.ref(result[key]) for key in ("hashes", "docs"))
+        return result
+
+    def evidence(*args):
+        if not alive_at_evidence:
+            gc.collect()
+            alive_at_evidence.append(sum(ref() is not None for ref in arrays))
+        return real_evidence(*args)
+
+    monkeypatch.setattr(decontam, "match_shard", match)
+    monkeypatch.setattr(decontam, "shard_evidence", evidence)
+    bench = write_benchmark(tmp_path / "bench.jsonl.gz", [("q1", QUESTION), ("lic", LICENCE)])
+    texts = {f"repo-{i:02d}": f"project {i} readme. {LICENCE}" for i in range(16)} | {"leak": f"puzzle of the day: {QUESTION}"}
+    manifest = run_decontam(DecontamConfig(benchmarks=(bench,), max_training_docs_per_ngram=5), upstream(texts, shards=8),
+                            tmp_path / "decontam", workers=1)
+    assert set(removed(tmp_path / "decontam")) == {"leak"} and manifest.extra["context"]["ngrams_over_training_cap"] > 0
+    assert len(arrays) == 16 and alive_at_evidence == [2]  # the last shard's two arrays, not all eight shards' sixteen
 
 
 def test_a_match_task_tokenises_a_batch_of_rows_at_a_time_with_the_same_result(tmp_path, upstream, monkeypatch):
