@@ -234,6 +234,40 @@ def ratio(theirs: dict | None, ours: dict | None, key: str) -> float | None:
     return theirs[key] / ours[key] if theirs and ours and ours[key] > 0 else None
 
 
+def dedup_misses(common, root: Path) -> str:
+    """For a finished run under `root`: HyMo's missed dedup truth groups (with the truth restricted to the documents
+    that reached dedup, an unreached source dropped from its group), and how many of them are under the harness's
+    5-gram Jaccard of 0.8 on the text dedup saw (the pii stage's output, after the quality stage's line removals)
+    rather than on the corpus text the truth was computed on."""
+    import pyarrow.parquet as pq
+
+    from flows.config import load_config
+    from flows.stages import stage_path
+    from manifests.stage_manifest import read_manifest
+
+    config, run = load_config(root / "pipeline.toml"), root / "hymo-run"
+    hymo = {"stage_path": lambda name: stage_path(run, name, config)}
+    reached, removed = hymo_decisions(hymo)
+    corpus = {record["id"]: record for record in common.iter_jsonl(common.corpus_path(root.name))}
+    url_of, seen = {}, {}
+    for stage, into in (("ingest", None), ("pii", seen)):
+        manifest = read_manifest(hymo["stage_path"](stage), verify=False)
+        for f in manifest.files("data"):
+            table = pq.read_table(manifest.path_of(f), columns=["id", "url"] if into is None else ["id", "text"])
+            if into is None:
+                url_of.update(zip(table.column("id").to_pylist(), table.column("url").to_pylist()))
+            else:
+                into.update((url_of[i], text) for i, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+    groups = {source: members & reached for source, members in common.truth_groups({i: corpus[i] for i in reached}).items()}
+    missed = [sorted(g) for g in groups.values() if len(g) > 1 and len(g & removed) < len(g) - 1]
+    below = sum(common.jaccard(common.shingles(seen[g[0]]), common.shingles(seen[g[1]])) < common.JACCARD_THRESHOLD for g in missed)
+    changed = sum(any(seen[d] != corpus[d]["text"] for d in g) for g in missed)
+    needed = sum(len(g) - 1 for g in groups.values() if len(g) > 1)
+    return (f"{root}: {needed} removals needed by the truth restricted to what reached dedup; {len(missed)} groups missed, "
+            f"{changed} of them with a member the filters changed, {below} of them under Jaccard "
+            f"{common.JACCARD_THRESHOLD} on the text dedup saw")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", choices=["small", "large"], default="large")
@@ -243,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="documentation", help="the HyMo source's quality profile (default: documentation)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--hymo-only", action="store_true", help="only HyMo's side and its stage table (to profile it; writes nothing)")
+    parser.add_argument("--misses", action="store_true", help="after a run: HyMo's missed dedup groups, judged on the text dedup saw")
     args = parser.parse_args(argv)
     args.datatrove_python = args.datatrove_python or args.bench_dir / "venv" / "bin" / "python"
     sys.path.insert(0, str(args.bench_dir))
@@ -250,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.report import markdown_table, write_section
 
+    if args.misses:
+        print(dedup_misses(common, WORK / args.scale))
+        return 0
     labels = common.load_labels(args.scale)
     shards = common.shard_dir(args.scale)
     args.documents = len(labels)
