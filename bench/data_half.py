@@ -2,6 +2,7 @@
 
     python bench/data_half.py --scale large            # the 50k labelled corpus (the goals are stated for it)
     python bench/data_half.py --scale small --no-write # the 5k one, to check the script
+    python bench/data_half.py --scale large --misses   # after a run: its dedup misses, judged on the text dedup saw
 
 Input: the anchor harness's labelled corpus (--bench-dir, ../shared/bench copied to a scratch directory with its
 corpus and datatrove venv), its 8 JSONL shards, read by both sides. HyMo reads them as one `jsonl` source declared
