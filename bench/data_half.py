@@ -183,23 +183,27 @@ def run_hymo(args, root: Path, shards: Path) -> dict:
     return {"side": side, "stages": stages, "run": run, "config": config, "stage_path": lambda name: stage_path(run, name, config)}
 
 
-def hymo_decisions(hymo: dict) -> tuple[set[str], set[str]]:
-    """(corpus ids that reached dedup, removed by dedup), HyMo ids mapped back through ingest's url."""
+def stage_column(hymo: dict, stage: str, column: str) -> list:
+    """One column of a HyMo stage's data shards, in manifest order."""
     import pyarrow.parquet as pq
 
     from manifests.stage_manifest import read_manifest
+
+    manifest = read_manifest(hymo["stage_path"](stage), verify=False)
+    return [v for f in manifest.files("data") for v in pq.read_table(manifest.path_of(f), columns=[column]).column(column).to_pylist()]
+
+
+def hymo_urls(hymo: dict) -> dict[str, str]:
+    """HyMo document id -> the corpus id (the source's id field is ingested as the URL)."""
+    return dict(zip(stage_column(hymo, "ingest", "id"), stage_column(hymo, "ingest", "url")))
+
+
+def hymo_decisions(hymo: dict) -> tuple[set[str], set[str]]:
+    """(corpus ids that reached dedup, removed by dedup), HyMo ids mapped back through ingest's url."""
     from tasks.runner.stage_runner import read_stage_audit
 
-    def ids_of(stage: str, column: str = "id") -> list:
-        manifest = read_manifest(hymo["stage_path"](stage), verify=False)
-        return [v for f in manifest.files("data") for v in pq.read_table(manifest.path_of(f), columns=[column]).column(column).to_pylist()]
-
-    ingest = read_manifest(hymo["stage_path"]("ingest"), verify=False)
-    url_of = {}
-    for f in ingest.files("data"):
-        table = pq.read_table(ingest.path_of(f), columns=["id", "url"])
-        url_of.update(zip(table.column("id").to_pylist(), table.column("url").to_pylist()))
-    reached = {url_of[i] for i in ids_of("pii")}
+    url_of = hymo_urls(hymo)
+    reached = {url_of[i] for i in stage_column(hymo, "pii", "id")}
     removed_dedup = set()
     for stage in ("dedup_exact", "dedup_fuzzy"):
         audit = read_stage_audit(hymo["stage_path"](stage)).to_pylist()
@@ -240,25 +244,15 @@ def dedup_misses(common, root: Path) -> str:
     that reached dedup, an unreached source dropped from its group), and how many of them are under the harness's
     5-gram Jaccard of 0.8 on the text dedup saw (the pii stage's output, after the quality stage's line removals)
     rather than on the corpus text the truth was computed on."""
-    import pyarrow.parquet as pq
-
     from flows.config import load_config
     from flows.stages import stage_path
-    from manifests.stage_manifest import read_manifest
 
     config, run = load_config(root / "pipeline.toml"), root / "hymo-run"
     hymo = {"stage_path": lambda name: stage_path(run, name, config)}
     reached, removed = hymo_decisions(hymo)
     corpus = {record["id"]: record for record in common.iter_jsonl(common.corpus_path(root.name))}
-    url_of, seen = {}, {}
-    for stage, into in (("ingest", None), ("pii", seen)):
-        manifest = read_manifest(hymo["stage_path"](stage), verify=False)
-        for f in manifest.files("data"):
-            table = pq.read_table(manifest.path_of(f), columns=["id", "url"] if into is None else ["id", "text"])
-            if into is None:
-                url_of.update(zip(table.column("id").to_pylist(), table.column("url").to_pylist()))
-            else:
-                into.update((url_of[i], text) for i, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+    url_of = hymo_urls(hymo)
+    seen = {url_of[i]: text for i, text in zip(stage_column(hymo, "pii", "id"), stage_column(hymo, "pii", "text"))}
     groups = {source: members & reached for source, members in common.truth_groups({i: corpus[i] for i in reached}).items()}
     missed = [sorted(g) for g in groups.values() if len(g) > 1 and len(g & removed) < len(g) - 1]
     below = sum(common.jaccard(common.shingles(seen[g[0]]), common.shingles(seen[g[1]])) < common.JACCARD_THRESHOLD for g in missed)

@@ -360,6 +360,7 @@ def run_size(args, count: int, commit: str, bytes_per_shard: int | None = None) 
     corpus.unlink()
     return run, rows
 
+
 SWEEP_TITLE = "Flow host memory against the number of shards (`python bench/scale.py --shard-sweep`)"
 
 

@@ -195,7 +195,6 @@ def find_contaminated(upstream: StageManifest, config: DecontamConfig, work_dir:
             if result["spill"]:
                 spills.append((result["shard"], result["spill"]))
         common = index.hashes[docs_per_ngram > config.max_training_docs_per_ngram]  # sorted
-        del docs_per_ngram
         common_file = spill_dir / "common_ngrams.npy"
         common_sha256 = write_checked_array(common_file, common)
         jobs = [(shard, spill, str(common_file), common_sha256, config.min_matching_ngrams) for shard, spill in sorted(spills)]
