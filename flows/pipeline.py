@@ -38,6 +38,7 @@ from flows.run_report import StageProgress
 from flows.shard_batch import shard_batch
 from flows.stage_cache import STAGE_CONTRACT, record_dir
 from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_entry, stage_path, stages_between
+from flows.warm_workers import stage_modules, warm_process_pool
 
 DOCS_PER_BATCH = 20_000  # a task run costs ~0.1-0.2 s of API round trips; a batch should be worth far more
 MAX_BATCHES_PER_WORKER = 4
@@ -209,6 +210,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     environ_before = dict(os.environ)  # a Dask LocalCluster sets OMP_NUM_THREADS=1 & co. for its workers
     if task_runner is not None:
         task_runner.__enter__()
+        if runner == Runner.process:  # the workers start (and import) while the stages before the first batch run
+            warm_process_pool(task_runner, workers, stage_modules(entries, config))
     shard_runner = SHARD_RUNNER.set((task_runner, workers))
     try:
         # On Dask, the global passes' per-shard work runs on the cluster too, and batches follow its worker count.

@@ -1,0 +1,48 @@
+"""Start the process runner's workers while the flow host still works on the stages before the first shard batch.
+
+A spawned worker pays its interpreter start and the imports of Prefect's task engine and of the stage modules
+(pyarrow, numpy, fastText, ...) before it runs anything: seconds, paid by the first document stage (langid)
+in full while ingest and extraction leave a core free. Submitting one warm-up call per worker as soon as the
+task runner is entered spreads that cost over those stages instead. The call goes to the runner's own process
+pool, so the workers it starts are the ones that run the shard batches.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Iterable
+
+# What every shard batch needs before its own stage module: the task engine and the stage plumbing.
+ENGINE_MODULES = ("prefect.task_engine", "prefect.client.orchestration", "flows.shard_batch")
+
+
+def import_modules(modules: tuple[str, ...]) -> int:
+    """Runs in a fresh worker: import what its first shard batch would (the pid tells which worker ran it)."""
+    for name in modules:
+        importlib.import_module(name)
+    return os.getpid()
+
+
+def stage_modules(entries: Iterable[Any], config: Any) -> tuple[str, ...]:
+    """The modules of these entries' shard functions (a partial's function's module), in stage order."""
+    names: list[str] = []
+    for entry in entries:
+        if entry.doc_stage is None:
+            continue
+        stage, _ = entry.doc_stage(config)
+        fn = getattr(stage.process_shard, "func", stage.process_shard)
+        if fn.__module__ not in names:
+            names.append(fn.__module__)
+    return tuple(names)
+
+
+def warm_process_pool(task_runner: Any, workers: int, modules: tuple[str, ...]) -> list:
+    """One warm-up call per worker on the runner's process pool, not waited for; [] if the runner has none.
+
+    Python's ProcessPoolExecutor starts a new process for a call while no worker is idle, up to its maximum,
+    so `workers` calls submitted at once start `workers` processes."""
+    executor = getattr(task_runner, "_executor", None)
+    if not isinstance(executor, ProcessPoolExecutor):  # threads share the flow's imports; Dask starts its own workers
+        return []
+    return [executor.submit(import_modules, ENGINE_MODULES + modules) for _ in range(min(workers, executor._max_workers))]
