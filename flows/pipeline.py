@@ -43,6 +43,8 @@ from flows.warm_workers import stage_modules, warm_process_pool
 DOCS_PER_BATCH = 20_000  # a task run costs ~0.1-0.2 s of API round trips; a batch should be worth far more
 MAX_BATCHES_PER_WORKER = 4
 TRAINING_STAGE = "pretrain"  # no document decisions after it starts
+# Stages that publish artifacts, not documents: once only these are left, the funnel (documents per stage) is final.
+ARTIFACT_STAGES = frozenset({"tokenizer", "mixture", "shards", TRAINING_STAGE})
 
 
 class Runner(str, Enum):
@@ -224,9 +226,9 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 workers = cluster_workers(task_runner.client)
                 SHARD_RUNNER.set((task_runner, workers))  # the finally's reset still restores the value before run_stages
             previous_state = None
-            for entry in entries:
-                if entry.name == TRAINING_STAGE:  # the funnel is final: draw it while the model trains
-                    artifacts.submit(draw_funnel, run)
+            for position, entry in enumerate(entries):
+                if not funnel_drawn and all(e.name in ARTIFACT_STAGES for e in entries[position:]):
+                    artifacts.submit(draw_funnel, run)  # the funnel is final: draw it while the tokenizer trains, the model too
                     funnel_drawn = True
                 out = stage_path(run, entry.name, config)
                 options: dict[str, Any] = {"result_storage": record_dir(run, entry.name, config), "retries": config.task_retries,
