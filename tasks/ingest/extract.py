@@ -17,15 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from manifests.schema import docs_table
-from manifests.stage_manifest import StageManifest
+from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.ingest.extract_page import extract_page, repair_mojibake
 from tasks.runner.stage_runner import ShardOutcome, StageDef, dask_client, default_workers, job_progress, run_stage
 from tasks.ingest.watchdog import ERROR, OK, TIMEOUT, SupervisedPool
 
 STAGE = "extract"
 VERSION = "1"
+HTML_META = '"content_type":"html"'  # how an HTML page's meta reads: meta is canonical JSON (manifests.schema)
 HTML_SNIFF = re.compile(rb"<\s*(!doctype\s+html|html|head|body|div|p|article|main|section|table|span|a\s|title)\b", re.I)
 # Each fresh extraction child parses this once, untimed: trafilatura's first calls load lazily
 # (seconds on a busy machine), which must not be charged to a real page's time limit.
@@ -127,11 +130,27 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
     return ShardOutcome(docs_table(kept), audit)
 
 
+def any_html(input_dir: Path) -> bool:
+    """Whether some upstream document may be an HTML page, from the meta column alone, shard by shard until one is.
+
+    A false "yes" (a user meta value holding the same text) only keeps the shared page pool; an HTML page's
+    meta always holds it. The read is the meta column, a small part of what the stage reads anyway."""
+    manifest = read_manifest(Path(input_dir), verify=False)
+    for data in manifest.files("data"):
+        meta = pq.read_table(manifest.path_of(data), columns=["meta"]).column("meta")
+        if len(meta) and pc.any(pc.match_substring(meta, HTML_META)).as_py():
+            return True
+    return False
+
+
 def run_extract(config: ExtractConfig, input_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:
     if dask_client() is not None:
         # On a cluster each shard (a batch of ≤ docs_per_shard pages) is a Dask task with one supervised
         # child of its own: the per-page deadline and the kill of a hung page work on every machine.
         return run_stage(StageDef(STAGE, VERSION, partial(extract_shard, children=1)), config, input_dir, out_dir)
+    if not any_html(input_dir):
+        # Text records only: each shard's work is its encoding repair, so the shards themselves go to the workers.
+        return run_stage(StageDef(STAGE, VERSION, extract_shard), config, input_dir, out_dir, workers)
     # Pages, not shards, are spread over the cores (HTML is often concentrated in a few shards),
     # by one set of children that serves every shard of the stage.
     with extraction_pool(config, workers or default_workers()) as pool:

@@ -122,3 +122,39 @@ def test_pool_children_serve_every_map_and_a_hung_one_is_replaced() -> None:
         survivors = {c.process.pid for c in pool.children}
         assert len(survivors) == 2 and len(survivors & children) == 1  # the hung child was killed and replaced
     assert pool.children == []
+
+
+def text_records_ingested(tmp_path: Path, records: list[dict]) -> Path:
+    (tmp_path / "jsonl").mkdir()
+    (tmp_path / "jsonl" / "docs.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    spec = write_spec(tmp_path, "notes", "jsonl", "jsonl", glob="*.jsonl")
+    return run_ingest([load_spec_file(spec)], IngestConfig(docs_per_shard=2), tmp_path / "01_ingest").directory
+
+
+def test_text_records_only_are_repaired_shard_by_shard_on_the_workers_without_page_children(tmp_path: Path, monkeypatch) -> None:
+    """No page in the input: no extraction children start, and the shards go to the worker pool (their repair is the
+    work) with the same result as the shared-pool path."""
+    import tasks.ingest.extract as extract
+    from tasks.ingest.extract import any_html
+
+    broken = "The meeting \u00e2\u0080\u0094 as planned \u00e2\u0080\u0094 started at noon."
+    ingested = text_records_ingested(tmp_path, [{"text": broken, "id": "a"}, {"text": "plain words", "id": "b"},
+                                                {"text": "caf\u00c3\u00a9 au lait", "id": "c"}, {"text": "more", "id": "d"}])
+    assert not any_html(ingested)
+    started: list[int] = []
+    real_run_stage = extract.run_stage
+    monkeypatch.setattr(extract, "extraction_pool", lambda *a, **k: (_ for _ in ()).throw(AssertionError("page children started")))
+    monkeypatch.setattr(extract, "run_stage", lambda stage, config, i, o, workers=None: started.append(workers) or real_run_stage(stage, config, i, o, workers))
+    run_extract(ExtractConfig(), ingested, tmp_path / "02_extract", workers=2)
+    assert started == [2]
+    texts = dict(zip(read_stage_docs(tmp_path / "02_extract").column("id").to_pylist(), read_stage_docs(tmp_path / "02_extract").column("text").to_pylist()))
+    assert sorted(texts.values()) == sorted([repair_mojibake(broken), "plain words", "café au lait", "more"])
+    assert sorted(r["rule"] for r in read_stage_audit(tmp_path / "02_extract").to_pylist()) == ["mojibake_repaired"] * 2
+
+
+def test_one_page_among_text_records_keeps_the_shared_page_children(tmp_path: Path) -> None:
+    from tasks.ingest.extract import any_html
+
+    records = [{"text": "plain words", "id": "a"}, {"text": "more", "id": "b"},
+               {"text": page("Mill", "The river ran quietly past the old mill where the miller worked every day."), "id": "c", "content_type": "html"}]
+    assert any_html(text_records_ingested(tmp_path, records))
