@@ -47,8 +47,19 @@ def gopher_too_many_ellipsis_lines(view: TextView, config: QualityConfig) -> Ver
     return verdict_above("gopher_too_many_ellipsis_lines", endings / max(1, len(view.lines)), config.max_ellipsis_line_fraction)
 
 
+# ASCII text with every character but letters and whitespace deleted: its words are the words that had a letter.
+KEEP_ASCII_LETTERS_AND_SPACE = {code: None for code in range(128) if not (chr(code).isalpha() or chr(code).isspace())}
+
+
+def words_without_letter(view: TextView) -> int:
+    """Whitespace words with no letter (NON_ALPHABETIC_WORD's matches); for ASCII text by one translate and split."""
+    if view.text.isascii():
+        return len(view.words) - len(view.text.translate(KEEP_ASCII_LETTERS_AND_SPACE).split())
+    return len(NON_ALPHABETIC_WORD.findall(view.text))
+
+
 def gopher_too_few_alphabetic_words(view: TextView, config: QualityConfig) -> Verdict:
-    without_letter = len(NON_ALPHABETIC_WORD.findall(view.text))
+    without_letter = words_without_letter(view)
     fraction = 1.0 - without_letter / len(view.words) if view.words else 0.0
     return verdict_below("gopher_too_few_alphabetic_words", fraction, config.min_alphabetic_word_fraction)
 

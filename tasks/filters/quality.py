@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from manifests.schema import docs_table, dumps_json
+from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
 from tasks.filters.quality_config import rule_skipped, verdict_below
 from tasks.filters.c4 import C4Cleaning, _c4, c4_curly_bracket, c4_lorem_ipsum, c4_too_few_sentences
@@ -167,17 +167,22 @@ def profile_configs(config: QualityConfig) -> dict[str, QualityConfig]:
 
 
 def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) -> ShardOutcome:
+    """The columns it reads as lists, one decision per document; the kept rows leave as a filter of the shard with
+    their text (C4's line removal) and meta (report-only failures) replaced, like langid's, not rebuilt row by row."""
     by_profile = profile_configs(config)
-    kept: list[dict[str, Any]] = []
+    keep_mask: list[bool] = []
+    texts, metas = docs.column("text").to_pylist(), docs.column("meta").to_pylist()
     audit: list[dict[str, Any]] = []
-    for row in docs.to_pylist():
-        meta = json.loads(row["meta"])
+    columns = zip(docs.column("id").to_pylist(), docs.column("source").to_pylist(), docs.column("lang").to_pylist(), texts, metas)
+    for i, (doc_id, source, lang, text, meta_json) in enumerate(columns):
+        meta = json.loads(meta_json)
         profile = meta.get("profile") or config.default_profile
         if profile not in by_profile:
-            raise ValueError(f"quality: document {row['id']} ({row['source']}) has profile {profile!r}; configured profiles: {sorted(by_profile)}")
+            raise ValueError(f"quality: document {doc_id} ({source}) has profile {profile!r}; configured profiles: {sorted(by_profile)}")
         effective = by_profile[profile]
-        decision = evaluate(row["text"], row["lang"], effective)
-        detail: dict[str, Any] = {"profile": profile, "rule_set": decision.rule_set, "lang": row["lang"]}
+        decision = evaluate(text, lang, effective)
+        keep_mask.append(decision.keep)
+        detail: dict[str, Any] = {"profile": profile, "rule_set": decision.rule_set, "lang": lang}
         if decision.skipped:
             detail["skipped_rules"] = decision.skipped
         flags = [[v.rule, round(v.value, 6), v.threshold] for v in decision.flags]
@@ -187,21 +192,24 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
             first = decision.failures[0]
             if config.all_rules:
                 detail["all_failures"] = [[v.rule, round(v.value, 6), v.threshold] for v in decision.failures]
-            audit.append({"id": row["id"], "action": "removed", "rule": first.rule, "value": first.value, "threshold": first.threshold, "detail": detail})
+            audit.append({"id": doc_id, "action": "removed", "rule": first.rule, "value": first.value, "threshold": first.threshold, "detail": detail})
             continue
         cleaning = decision.c4
         if cleaning is not None and (cleaning.removed_lines or cleaning.citations_removed):
             new_text = "\n".join(cleaning.kept_lines)
-            if new_text != row["text"]:
-                lines_before = sum(1 for line in row["text"].splitlines() if line.strip())
-                audit.append({"id": row["id"], "action": "modified", "rule": "c4_lines_removed", "value": sum(cleaning.removed_lines.values()), "threshold": None,
+            if new_text != text:
+                lines_before = sum(1 for line in text.splitlines() if line.strip())
+                audit.append({"id": doc_id, "action": "modified", "rule": "c4_lines_removed", "value": sum(cleaning.removed_lines.values()), "threshold": None,
                               "detail": {**detail, "removed_by_reason": cleaning.removed_lines, "citations_removed": cleaning.citations_removed,
-                                         "lines_before": lines_before, "lines_after": len(cleaning.kept_lines), "chars_before": len(row["text"]), "chars_after": len(new_text)}})
-                row["text"] = new_text
+                                         "lines_before": lines_before, "lines_after": len(cleaning.kept_lines), "chars_before": len(text), "chars_after": len(new_text)}})
+                texts[i] = new_text
         if flags:
-            row["meta"] = dumps_json({**meta, "quality_flags": flags})
-        kept.append(row)
-    return ShardOutcome(docs_table(kept), audit)
+            metas[i] = dumps_json({**meta, "quality_flags": flags})
+    mask = pa.array(keep_mask, pa.bool_())
+    kept = docs.filter(mask)
+    kept = kept.set_column(kept.schema.get_field_index("text"), kept.schema.field("text"), pa.array(texts, pa.string()).filter(mask))
+    kept = kept.set_column(kept.schema.get_field_index("meta"), kept.schema.field("meta"), pa.array(metas, pa.string()).filter(mask))
+    return ShardOutcome(kept, audit)
 
 
 QUALITY = StageDef(STAGE, VERSION, quality_shard)

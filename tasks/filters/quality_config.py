@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 from tasks.filters.profiles import default_profiles
@@ -80,9 +80,11 @@ class QualityConfig:
             raise ValueError(f"quality.word_split = {self.word_split!r}; expected one of {list(WORD_SPLITS)}")
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """One rule's answer: `rule` names the failure it detects; `keep` is False when it fired."""
+class Verdict(NamedTuple):
+    """One rule's answer: `rule` names the failure it detects; `keep` is False when it fired.
+
+    A named tuple, not a frozen dataclass: every document gets one per rule it reaches, and a frozen
+    dataclass's field-by-field set-up cost as much as some of the rules."""
 
     keep: bool
     rule: str

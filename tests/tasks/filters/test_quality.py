@@ -602,3 +602,19 @@ def test_stop_words_found_by_lookup_are_the_regexs(text):
     assert distinct_stop_words(text.lower(), stops) == len(set(stop_word_pattern(stops).findall(text.lower())))
     odd = ("don't", "the", "the")  # not all letters, and repeated: the regex decides
     assert distinct_stop_words(text.lower(), odd) == len(set(stop_word_pattern(odd).findall(text.lower())))
+
+
+def test_words_without_a_letter_counted_by_translate_on_ascii_equal_the_regex_count():
+    """The alphabetic-words rule's ASCII shortcut (delete all but letters and whitespace, split) counts exactly the
+    words NON_ALPHABETIC_WORD matches, control characters and separators included."""
+    import random
+
+    from tasks.filters.gopher_quality import words_without_letter
+    from tasks.filters.text_view import NON_ALPHABETIC_WORD, TextView
+
+    rng = random.Random(7)
+    alphabet = "aZ 9_-.\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x00\x7f,#$%&'()*+/:;<=>?@[\\]^`{|}~"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(5000)]
+    texts += ["x1 2 ... __ a_b 3.14 -- é 漢 ²", "1 2 3", "", "   "]
+    for text in texts:
+        assert words_without_letter(TextView(text)) == len(NON_ALPHABETIC_WORD.findall(text)), repr(text)
