@@ -69,8 +69,9 @@ class PipelineConfig(BaseModel):
     @model_validator(mode="after")
     def absolute_paths(self) -> "PipelineConfig":
         """Paths are made absolute here, on the flow host: the config's directory (against the working directory),
-        and model files and filter plugin directories named by a relative path (against the config's directory,
-        else the working directory). A worker elsewhere, in another working directory, must open the same file."""
+        and model files, filter plugin directories and an adopted tokenizer named by a relative path (against the
+        config's directory, else the working directory). A worker elsewhere, in another working directory, must open
+        the same file."""
         if self.config_dir and not Path(self.config_dir).is_absolute():
             self.config_dir = str(Path(self.config_dir).resolve())
         base = Path(self.config_dir) if self.config_dir else Path.cwd()
@@ -80,6 +81,8 @@ class PipelineConfig(BaseModel):
                 setattr(self, name, replace(section, model_path=str((base / section.model_path).resolve())))
         self.filters = [replace(f, path=str((base / f.path).resolve())) if f.path and not Path(f.path).is_absolute() else f
                         for f in self.filters]
+        if self.tokenizer.from_file and not Path(self.tokenizer.from_file).is_absolute():
+            self.tokenizer = replace(self.tokenizer, from_file=str((base / self.tokenizer.from_file).resolve()))
         return self
 
     def source_specs(self) -> list[SourceSpec]:

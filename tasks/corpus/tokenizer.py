@@ -15,11 +15,19 @@ Sampling is two passes of runner tasks over the split shards (a by-hash
 sample: each document's seeded rank decides, wherever it sits), so the flow
 host holds the sample, not the corpus; BPE training itself runs on the host,
 over the sample only.
+
+With `from_file` the stage adopts a tokenizer trained elsewhere (a base
+model's, an earlier run's) instead of training one: the file is published as
+it is, its sha256 joins the cache key, and the round trip and compression are
+measured on a smaller by-hash sample (`check_chars`): whether a tokenizer
+round-trips is a property of its normalizer and pre-tokenizer, which a few
+million characters show; the merges need the large sample, and are not made.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import shutil
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -53,6 +61,10 @@ class TokenizerConfig:
     min_frequency: int = 2
     sample_chars: int = 20_000_000  # characters of training text the BPE trainer sees
     seed: int = 0
+    # A trained tokenizer.json to adopt instead of training one (a base model's, an earlier run's NN_tokenizer/):
+    # it must hold EOS_TOKEN; vocab_size, special_tokens, padding and byte_fallback_layout then describe nothing.
+    from_file: str = ""
+    check_chars: int = 2_000_000  # with from_file: characters of the by-hash sample checked for round trip and compression
 
 
 def build_tokenizer(texts: list[str], config: TokenizerConfig):
@@ -206,15 +218,39 @@ def sample_mixture(split_dir: Path, weights: dict[str, float], config: Tokenizer
     return sample
 
 
+def adopted_path(config: TokenizerConfig) -> Path:
+    path = Path(config.from_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: tokenizer.from_file not found")
+    return path
+
+
+def adopted_tokenizer(config: TokenizerConfig):
+    """The tokenizer in `config.from_file`, loaded as every stage loads one; it must hold the end-of-document token."""
+    path = adopted_path(config)
+    try:
+        tokenizer = load_tokenizer(path)
+    except Exception as exc:  # tokenizers raises its own exception type for a file that is not a tokenizer
+        raise ValueError(f"{path}: tokenizer.from_file is not a tokenizers JSON file ({exc})") from exc
+    if tokenizer.token_to_id(EOS_TOKEN) is None:
+        raise ValueError(f"{path}: tokenizer.from_file has no {EOS_TOKEN} token, which ends every document in the shards")
+    return tokenizer
+
+
 def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: TokenizerConfig, work_dir: Path,
                           workers: int | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    adopting = bool(config.from_file)
+    if adopting:
+        tokenizer = adopted_tokenizer(config)  # before sampling: a bad file fails the stage at once
+        config = replace(config, sample_chars=min(config.sample_chars, config.check_chars))
     report_progress("sampling documents")
     sample = sample_mixture(split_dir, weights, config, workers or default_workers())
     texts = [t for _, source_texts in sample.values() for t in source_texts]
     if not texts:
-        raise ValueError(f"{split_dir}: no training documents to train a tokenizer on")
-    report_progress("training BPE")
-    tokenizer = build_tokenizer(texts, config)
+        raise ValueError(f"{split_dir}: no training documents to {'check the tokenizer' if adopting else 'train a tokenizer'} on")
+    if not adopting:
+        report_progress("training BPE")
+        tokenizer = build_tokenizer(texts, config)
     report_progress("round-trip check")
     # One encode of the sample serves both the round trip and the compression figures: an encode of the
     # sample costs as much as training the BPE on it.
@@ -223,9 +259,12 @@ def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: To
     failed = round_trip_failures(tokenizer, [i for ids, _ in sample.values() for i in ids], texts, encoded)
     del encoded
     if failed:
-        raise ValueError(f"tokenizer round trip changed {len(failed)} sampled documents, e.g. {failed[:3]}")
+        raise ValueError(f"{config.from_file or 'tokenizer'}: round trip changed {len(failed)} sampled documents, e.g. {failed[:3]}")
     tokenizer_path = work_dir / TOKENIZER_FILE
-    tokenizer.save(str(tokenizer_path))
+    if adopting:
+        shutil.copyfile(config.from_file, tokenizer_path)  # the file itself, so its sha256 is the one it was published with
+    else:
+        tokenizer.save(str(tokenizer_path))
     report_progress("compression")
     per_source, start = {}, 0
     for source, (_, source_texts) in sample.items():  # `texts` is the sources' texts in this order
@@ -237,12 +276,14 @@ def train_tokenizer_files(split_dir: Path, weights: dict[str, float], config: To
         "vocab_size": vocab_size_of(tokenizer),
         "eos_token": EOS_TOKEN,
         "eos_id": tokenizer.token_to_id(EOS_TOKEN),
-        "special_tokens": list(config.special_tokens),
+        "special_tokens": [t for t in config.special_tokens if tokenizer.token_to_id(t) is not None] if adopting else list(config.special_tokens),
         "byte_fallback_layout": config.byte_fallback_layout,
         # not stored in tokenizer.json: load with tasks.corpus.tokenizer.load_tokenizer or set it yourself
         "documents_encoded_with": {"encode_special_tokens": True, "add_special_tokens": False},
         "round_trip_documents": len(texts),
     }
+    if adopting:
+        identity["adopted_from"] = {"path": config.from_file, "sha256": identity["sha256"]}
     stats = {"tokenizer": identity, "sample_by_source": per_source, "overall": compression(texts, tokens_per_text)}
     atomic_write_text(work_dir / STATS_FILE, json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
     return [(TOKENIZER_FILE, identity["vocab_size"]), (STATS_FILE, len(per_source))], stats
@@ -252,6 +293,11 @@ def run_tokenizer(config: TokenizerConfig, split_dir: Path, out_dir: Path, weigh
                   workers: int | None = None) -> StageManifest:
     """`weights` are the mixture's source weights: part of the cache key, since they shape the sample."""
     weights = dict(weights or {})
-    keyed = {"tokenizer": asdict(config), "mixture_weights": weights}
+    settings = asdict(config)
+    if config.from_file:  # the adopted file's content, not its path, decides the stage
+        settings["from_file_sha256"] = sha256_file(adopted_path(config))
+    else:  # a trained tokenizer's key is what it was before these options existed: published stages stay valid
+        del settings["from_file"], settings["check_chars"]
+    keyed = {"tokenizer": settings, "mixture_weights": weights}
     return run_artifact_stage(STAGE, VERSION, keyed, [Path(split_dir)], Path(out_dir),
                               lambda work_dir: train_tokenizer_files(Path(split_dir), weights, config, work_dir, workers))

@@ -133,3 +133,59 @@ def test_tokenizer_sample_passes_are_shard_tasks_returning_only_the_sample(tmp_p
     assert sum(returned) <= len(sample["web"][0]) + 2  # of 1,000 documents (a bucket holds ~1/65,536 of a source)
     everything = tok.sample_mixture(tmp_path / "split", {}, TokenizerConfig(sample_chars=10**9, seed=1), workers=1)
     assert sum(len(ids) for ids, _ in everything.values()) == 1000  # a budget above the corpus takes it all
+
+
+def test_an_adopted_tokenizer_is_published_as_it_is_without_training_and_keyed_by_its_content(tiny_run, tmp_path, monkeypatch):
+    """tokenizer.from_file: no BPE training; the file itself is published (same sha256), with its provenance, checked
+    for round trip on a small sample; a changed file (same path) recomputes the stage."""
+    import shutil
+
+    from manifests.digest import sha256_file
+    from manifests.stage_manifest import read_manifest
+    from tasks.corpus import tokenizer as tok
+
+    source = tmp_path / "base" / "tokenizer.json"
+    source.parent.mkdir()
+    shutil.copyfile(tiny_run / "05_tokenizer" / "tokenizer.json", source)
+    monkeypatch.setattr(tok, "build_tokenizer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained a BPE")))
+    config = TokenizerConfig(from_file=str(source), check_chars=5_000)
+    manifest = tok.run_tokenizer(config, tiny_run / "04_split", tmp_path / "adopted")
+    published = tmp_path / "adopted" / "tokenizer.json"
+    assert published.read_bytes() == source.read_bytes()
+    identity = manifest.extra["tokenizer"]
+    assert identity["adopted_from"] == {"path": str(source), "sha256": sha256_file(source)} and identity["eos_id"] == 0
+    trained_on = read_manifest(tiny_run / "05_tokenizer").extra["overall"]["chars"]
+    checked = manifest.extra["overall"]["chars"]
+    assert 0 < identity["round_trip_documents"] and checked < min(trained_on, 2 * 5_000)  # the check sample, not the training one
+
+    again = tok.run_tokenizer(config, tiny_run / "04_split", tmp_path / "adopted")
+    assert again.cache_key == manifest.cache_key  # published: a no-op
+    other = build_tokenizer(TEXTS, TokenizerConfig(vocab_size=320, min_frequency=1))
+    other.save(str(source))
+    changed = tok.run_tokenizer(config, tiny_run / "04_split", tmp_path / "adopted")
+    assert changed.cache_key != manifest.cache_key
+    assert read_manifest(tmp_path / "adopted").extra["tokenizer"]["sha256"] == sha256_file(source)
+
+
+def test_an_adopted_tokenizer_without_the_end_of_document_token_fails_naming_the_file(tiny_run, tmp_path):
+    import pytest
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    bare = Tokenizer(models.BPE())
+    bare.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    path = tmp_path / "bare.json"
+    bare.save(str(path))
+    from tasks.corpus.tokenizer import run_tokenizer
+
+    with pytest.raises(ValueError, match=rf"{path}: tokenizer.from_file has no <\|endoftext\|> token"):
+        run_tokenizer(TokenizerConfig(from_file=str(path)), tiny_run / "04_split", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_relative_adopted_tokenizer_resolves_against_the_config_directory(tmp_path):
+    from flows.config import load_config
+
+    config_file = tmp_path / "cfg" / "pipeline.toml"
+    config_file.parent.mkdir()
+    config_file.write_text('[run]\nsources = []\n\n[tokenizer]\nfrom_file = "base/tokenizer.json"\n', encoding="utf-8")
+    assert load_config(config_file).tokenizer.from_file == str((tmp_path / "cfg" / "base" / "tokenizer.json").resolve())
