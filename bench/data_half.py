@@ -134,15 +134,18 @@ def measured(command: list[str], log: Path, also: dict[str, int] | None = None, 
             "tree_mb": total["tree_mb"], "largest_mb": total["largest_mb"]}, clock
 
 
-def write_config(root: Path, shards: Path, workers: int, profile: str, docs_per_shard: int) -> Path:
+def write_config(root: Path, shards: Path, workers: int, profile: str, docs_per_shard: int, tokenizer: Path | None = None,
+                 name: str = "pipeline.toml") -> Path:
+    """The run's pipeline config; with `tokenizer`, the tokenizer stage adopts that file (`tokenizer.from_file`) instead of training."""
     spec = root / "labelled.toml"
     spec.write_text("\n".join([
         'name = "labelled"', 'kind = "jsonl"', f'path = "{shards}"', 'glob = "*.jsonl"', 'url_field = "id"',
         'origin = "the anchor harness make_corpus.py (Debian documentation packages, labelled junk and copies)"',
         'snapshot = "seed 1234"', 'license = "various (Debian doc packages)"', f'profile = "{profile}"']) + "\n", encoding="utf-8")
-    config = root / "pipeline.toml"
+    config = root / name
+    given = f'\n[tokenizer]\nfrom_file = "{tokenizer}"\n' if tokenizer else ""
     config.write_text(f'[run]\nsources = ["{spec}"]\nworkers = {workers}\n\n[ingest]\ndocs_per_shard = {docs_per_shard}\n\n'
-                      '[quality_model]\nenabled = false\n', encoding="utf-8")
+                      '[quality_model]\nenabled = false\n' + given, encoding="utf-8")
     return config
 
 
@@ -157,21 +160,24 @@ def stage_windows(api_url: str, names: list[str]) -> dict[str, tuple[float, floa
     return {run.name: (run.start_time.timestamp(), run.end_time.timestamp()) for run in runs if run.start_time and run.end_time}
 
 
-def run_hymo(args, root: Path, shards: Path) -> dict:
+def run_hymo(args, root: Path, shards: Path, tokenizer: Path | None = None) -> dict:
+    """`hymo run --until shards` into root/hymo-run; with `tokenizer`, into root/hymo-run-given, adopting that tokenizer."""
     from flows.config import load_config
     from flows.server import LocalServer, free_port
     from flows.stages import pipeline_stages, stage_path
 
-    config_path = write_config(root, shards, args.workers, args.profile, -(-args.documents // DATATROVE_FILES))
+    suffix = "-given" if tokenizer else ""
+    config_path = write_config(root, shards, args.workers, args.profile, -(-args.documents // DATATROVE_FILES), tokenizer,
+                               f"pipeline{suffix}.toml")
     config = load_config(str(config_path))
     names = [e.name for e in pipeline_stages(config)]
     names = names[: names.index("shards") + 1]
-    run = root / "hymo-run"
-    server = LocalServer(home=root / "prefect", port=free_port()).start()
+    run = root / f"hymo-run{suffix}"
+    server = LocalServer(home=root / f"prefect{suffix}", port=free_port()).start()
     try:
         env = {**os.environ, "PREFECT_API_URL": server.api_url}
         side, clock = measured([sys.executable, "-m", "flows", "run", "--config", str(config_path), "--out", str(run), "--until", "shards",
-                                "--api-url", server.api_url], root / "hymo.log", also={"server": server.process.pid}, env=env)
+                                "--api-url", server.api_url], root / f"hymo{suffix}.log", also={"server": server.process.pid}, env=env)
         windows = stage_windows(server.api_url, names)
     finally:
         server.stop()
@@ -300,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"process: {hymo['side']['wall_s']:.1f} s wall, {hymo['side']['cpu_s']:.1f} CPU s; after the last stage {hymo['side']['wall_s'] - last:.1f} s")
         return 0
     tokenizer = hymo["stage_path"]("tokenizer") / "tokenizer.json"
+    given = run_hymo(args, root, shards, tokenizer)  # like for like: datatrove is handed this tokenizer, so HyMo is too
+    print(f"HyMo, tokenizer given: {given['side']['wall_s']:.1f} s wall, {given['side']['cpu_s']:.1f} CPU s", flush=True)
     datatrove = run_datatrove(args, root, shards, tokenizer)
     print(f"datatrove: {datatrove['side']['wall_s']:.1f} s wall, {datatrove['side']['cpu_s']:.1f} CPU s", flush=True)
 
@@ -331,9 +339,18 @@ def main(argv: list[str] | None = None) -> int:
                  f"{datatrove['side']['wall_s'] - in_stages['datatrove']:.1f}", "", "", "", "", ""))
     whole_wall = datatrove["side"]["wall_s"] / hymo["side"]["wall_s"]
     whole_cpu = datatrove["side"]["cpu_s"] / (hymo["side"]["cpu_s"] + hymo["side"]["server_cpu_s"])
-    rows.append(("**whole half** (process wall; CPU: tree, HyMo's incl. the Prefect server's)", *cells(
+    rows.append(("**whole half**, HyMo training its tokenizer (process wall; CPU: tree, HyMo's incl. the Prefect server's)", *cells(
         {**hymo["side"], "cpu_s": hymo["side"]["cpu_s"] + hymo["side"]["server_cpu_s"]}), *cells(datatrove["side"]),
-        f"**{whole_wall:.1f}x**", f"{whole_cpu:.1f}x"))
+        f"{whole_wall:.1f}x", f"{whole_cpu:.1f}x"))
+    tail_label, tail_stages, _ = GROUPS[-1]
+    given_tail, their_tail = grouped(given["stages"], tail_stages), per_group[tail_label][1]
+    rows.append((f"{tail_label}, HyMo adopting the tokenizer (second HyMo run)", *cells(given_tail), *cells(their_tail),
+                 *(f"{r:.1f}x" if r else "–" for r in (ratio(their_tail, given_tail, "wall_s"), ratio(their_tail, given_tail, "cpu_s")))))
+    given_wall = datatrove["side"]["wall_s"] / given["side"]["wall_s"]
+    given_cpu = datatrove["side"]["cpu_s"] / (given["side"]["cpu_s"] + given["side"]["server_cpu_s"])
+    rows.append(("**whole half, the tokenizer given to both** (second HyMo run: `tokenizer.from_file`)", *cells(
+        {**given["side"], "cpu_s": given["side"]["cpu_s"] + given["side"]["server_cpu_s"]}), *cells(datatrove["side"]),
+        f"**{given_wall:.1f}x**", f"{given_cpu:.1f}x"))
     table = markdown_table(["stage", "HyMo wall s", "HyMo CPU s", "HyMo tree MB", "HyMo largest MB",
                             "datatrove wall s", "datatrove CPU s", "datatrove tree MB", "datatrove largest MB",
                             "wall: datatrove / HyMo", "CPU: datatrove / HyMo"], rows)
@@ -349,10 +366,12 @@ def main(argv: list[str] | None = None) -> int:
         return scores["HyMo"][i][key] >= scores["datatrove"][i][key]
 
     pr_ok = all(better_or_equal(i, key) for i in (0, 1) for key in ("precision", "recall"))
-    measured_ratio = {"whole half": whole_wall, "quality": ratio(*reversed(per_group["quality"]), "wall_s"),
+    measured_ratio = {"whole half": given_wall, "quality": ratio(*reversed(per_group["quality"]), "wall_s"),
                       "dedup": ratio(*reversed(per_group["dedup"]), "wall_s")}
-    goal_lines = [f"- {name}: datatrove / HyMo wall = {measured_ratio[name]:.1f}x, goal >= {goal:.0f}x: "
+    what = {"whole half": "whole half, the tokenizer given to both"}
+    goal_lines = [f"- {what.get(name, name)}: datatrove / HyMo wall = {measured_ratio[name]:.1f}x, goal >= {goal:.0f}x: "
                   f"**{'met' if measured_ratio[name] >= goal else 'not met'}**" for name, goal in GOALS.items()]
+    goal_lines.insert(1, f"- whole half, HyMo training its tokenizer (datatrove trains none): {whole_wall:.1f}x")
     goal_lines.append(f"- P/R equal or better than datatrove's on both filter and dedup truth: **{'met' if pr_ok else 'not met'}** ("
                       + "; ".join(f"{kind} {key} {'>=' if better_or_equal(i, key) else '<'}" for i, kind in ((0, "filter"), (1, "dedup"))
                                   for key in ("precision", "recall")) + ")")
@@ -369,12 +388,15 @@ def main(argv: list[str] | None = None) -> int:
     ])
     note = (f"`python bench/data_half.py --scale {args.scale}` on the anchor harness's {args.scale}.jsonl ({len(labels):,} labelled documents, "
             f"8 JSONL shards read by both; HyMo's ingest cuts 8 shards too, docs_per_shard = {-(-args.documents // DATATROVE_FILES)}), {args.workers} workers each, HyMo's source with the `{args.profile}` profile, one side after "
-            f"the other (HyMo first); 1-min load {load_start:.1f} at start. HyMo: `python -m flows run --until shards` (process runner). "
+            f"the other (HyMo, HyMo again with the tokenizer given, datatrove); 1-min load {load_start:.1f} at start. HyMo: "
+            "`python -m flows run --until shards` (process runner); its second run adopts the first run's tokenizer.json "
+            "(`tokenizer.from_file`) instead of training one, as datatrove is given it; the stage rows are the first run's. "
             "datatrove: langid (the same lid.176.ftz) -> Gopher repetition -> Gopher quality -> C4 (filter_no_terminal_punct=False) -> "
             "FineWeb -> MinHash 4 stages -> PII -> DocumentTokenizer with HyMo's tokenizer.json from this run. Stage windows: HyMo's "
             "Prefect task runs, datatrove's executor runs; CPU of the process tree in each window (100 ms samples).")
     print(note + "\n\n" + body)
-    (root / "result.json").write_text(json.dumps({"hymo": {k: hymo[k] for k in ("side", "stages")}, "datatrove": {k: datatrove[k] for k in ("side", "stages")},
+    (root / "result.json").write_text(json.dumps({"hymo": {k: hymo[k] for k in ("side", "stages")},
+                                                  "hymo_tokenizer_given": {k: given[k] for k in ("side", "stages")}, "datatrove": {k: datatrove[k] for k in ("side", "stages")},
                                                   "scores": scores}, indent=1, default=str))
     if not args.no_write:
         write_section(TITLE if args.profile == "documentation" else TITLE.replace("`)", f" --profile {args.profile}`)"), body, note)
