@@ -27,7 +27,7 @@ from prefect.futures import as_completed
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.runner.shared_paths import check_shared_paths
-from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan
+from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, exit_with_parent, on_dask_cluster, plan_stage, publish_plan
 
 from flows.artifacts import BackgroundPublisher, draw_funnel, publish_run_summary, publish_stage_artifacts
 from flows.cluster import require_api_for_workers, worker_paths
@@ -167,7 +167,8 @@ def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
         return ThreadPoolTaskRunner(max_workers=workers)
     from prefect.task_runners import ProcessPoolTaskRunner
 
-    return ProcessPoolTaskRunner(max_workers=workers)
+    # Its workers start early (warm_process_pool) and must not outlive a SIGKILLed flow process.
+    return ProcessPoolTaskRunner(max_workers=workers, initializer=exit_with_parent, initargs=(os.getpid(),))
 
 
 def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out: Path, task_runner, workers: int,
