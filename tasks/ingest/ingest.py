@@ -145,7 +145,7 @@ def open_maybe_gzip(path: Path | RemoteFile, source: str = ""):
 
 def read_jsonl(spec: SourceSpec, path: Path, byte_range: tuple[int, int, int] | None = None) -> Iterator[RawRecord]:
     """The records of a JSONL file, or of the lines starting in byte_range = (start, stop, newlines before start)."""
-    base_uri = relative_uri(spec, path)
+    base_uri, origin = relative_uri(spec, path), relative_file(spec, path)  # once per file, not per line
     try:
         with open_maybe_gzip(path, spec.name) if byte_range is None else open_plain(path, spec.name) as handle:
             for line_no, line in enumerate(handle, start=1) if byte_range is None else range_lines(handle, *byte_range):
@@ -159,12 +159,12 @@ def read_jsonl(spec: SourceSpec, path: Path, byte_range: tuple[int, int, int] | 
                     if not isinstance(text, str):
                         raise ValueError(f"field {spec.text_field!r} is missing or not a string")
                 except ValueError as exc:  # JSONDecodeError is a ValueError
-                    yield RawRecord(f"{base_uri}#L{line_no}", line_no, None, "text", {}, relative_file(spec, path), "malformed_record", f"line {line_no}: {exc}")
+                    yield RawRecord(f"{base_uri}#L{line_no}", line_no, None, "text", {}, origin, "malformed_record", f"line {line_no}: {exc}")
                     continue
                 uri = record.get(spec.url_field) or f"{base_uri}#L{line_no}"
                 meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
                 content_type = meta.pop("content_type", None) or record.get("content_type") or "text"
-                yield RawRecord(str(uri), line_no, text, content_type, meta, relative_file(spec, path))
+                yield RawRecord(str(uri), line_no, text, content_type, meta, origin)
     except (EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated ({exc})") from exc
 
@@ -234,6 +234,7 @@ def read_parquet(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawR
 
 
 def parquet_records(spec: SourceSpec, path: Path | RemoteFile, local: Any, base_uri: str, batch_rows: int) -> Iterator[RawRecord]:
+    origin = relative_file(spec, path)
     try:
         parquet = pq.ParquetFile(local)
         if spec.text_field not in parquet.schema_arrow.names:
@@ -246,9 +247,9 @@ def parquet_records(spec: SourceSpec, path: Path | RemoteFile, local: Any, base_
             for text, url in zip(texts, urls):
                 uri = url or f"{base_uri}#row{ordinal}"
                 if not isinstance(text, str):
-                    yield RawRecord(uri, ordinal, None, "text", {}, relative_file(spec, path), "malformed_record", f"row {ordinal}: {spec.text_field} is null")
+                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is null")
                 else:
-                    yield RawRecord(uri, ordinal, text, "text", {}, relative_file(spec, path))
+                    yield RawRecord(uri, ordinal, text, "text", {}, origin)
                 ordinal += 1
     except (pa.ArrowException, OSError) as exc:
         raise InputFileError(f"{path}: unreadable Parquet ({exc})") from exc
