@@ -259,6 +259,7 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
     from warcio.archiveiterator import ArchiveIterator
     from warcio.exceptions import ArchiveLoadFailed
 
+    base_uri, origin = relative_uri(spec, path), relative_file(spec, path)  # once per file, not per record
     try:
         if isinstance(path, RemoteFile):  # one stream: decompressed here, so a cut gzip fails in the read itself
             handle = open_stream(path, spec.name)
@@ -268,15 +269,15 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
             handle = open(path, "rb")
         with handle:
             for ordinal, record in enumerate(ArchiveIterator(handle)):
-                uri = record.rec_headers.get_header("WARC-Target-URI") or f"{relative_uri(spec, path)}#rec{ordinal}"
+                uri = record.rec_headers.get_header("WARC-Target-URI") or f"{base_uri}#rec{ordinal}"
                 if record.rec_type == "response":
                     mime = (record.http_headers.get_header("Content-Type") or "") if record.http_headers else ""
                     if mime and "html" not in mime.lower():  # images, PDFs, scripts: counted, not read
-                        yield RawRecord(uri, ordinal, None, "html", {}, relative_file(spec, path), "not_html", mime.split(";")[0].strip())
+                        yield RawRecord(uri, ordinal, None, "html", {}, origin, "not_html", mime.split(";")[0].strip())
                         continue
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path), charset=mime or None)
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, charset=mime or None)
                 elif record.rec_type == "conversion":  # WET plain text
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, relative_file(spec, path))
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin)
     except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated WARC ({exc})") from exc
 
@@ -291,6 +292,7 @@ def check_gzip_complete(path: Path) -> None:
 def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
     import datasets
 
+    origin = relative_file(spec, path)
     try:
         if isinstance(path, RemoteFile):
             dataset = datasets.load_from_disk(path.url)  # fsspec URL: datasets streams the Arrow files through it
@@ -311,9 +313,9 @@ def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawR
             for text, url in zip(texts, urls):
                 uri = url or f"hf://{spec.name}#row{ordinal}"
                 if isinstance(text, str):
-                    yield RawRecord(uri, ordinal, text, "text", {}, relative_file(spec, path))
+                    yield RawRecord(uri, ordinal, text, "text", {}, origin)
                 else:
-                    yield RawRecord(uri, ordinal, None, "text", {}, relative_file(spec, path), "malformed_record", f"row {ordinal}: {spec.text_field} is not a string")
+                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is not a string")
                 ordinal += 1
     except (KeyError, FileNotFoundError, ValueError) as exc:
         raise InputFileError(f"{path}: cannot read Hugging Face dataset ({exc})") from exc
