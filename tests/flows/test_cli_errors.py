@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from flows import cli
+from flows.cli.funnel import print_funnel
+from flows.console import console
 from flows.pipeline import RUN_CONFIG
 from manifests.run_dir import completed_stages
 
@@ -19,8 +21,8 @@ def last_line(text: str) -> str:
 
 
 def test_funnel_fits_80_columns_without_cutting_a_rule_name(tiny_run: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(cli.console, "width", 80)
-    cli.print_funnel(tiny_run)
+    monkeypatch.setattr(console, "width", 80)
+    print_funnel(tiny_run)
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80
     for _, manifest in completed_stages(tiny_run):

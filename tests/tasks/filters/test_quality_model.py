@@ -119,7 +119,7 @@ def test_the_bundled_sample_model_card_matches_its_file():
 
 def test_the_train_command_line_maps_onto_the_config():
     from flows.cli import build_parser
-    from flows.cli_classifier import SAMPLE_COMMAND, train_config_from_args
+    from flows.cli.classifier import SAMPLE_COMMAND, train_config_from_args
 
     args = build_parser().parse_args(["classifier", "train", "--positives", "a", "--negatives", "b?label=x,y", "--negatives", "c", "--out", "o",
                                       "--dim", "32", "--chunk-words", "64", "--quantize", "--lr", "0.2"])

@@ -108,7 +108,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise SystemExit("hymo eval: --suite and --harness take one checkpoint")
         args.checkpoint = checkpoints[0]
     if args.harness:
-        from flows.cli_interop import cmd_eval_harness
+        from flows.cli.interop import cmd_eval_harness
 
         return cmd_eval_harness(args)
     if args.suite:
@@ -202,7 +202,7 @@ def export_safetensors(checkpoint: str, target: str) -> dict[str, Any]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     if args.hf:
-        from flows.cli_interop import cmd_export_hf
+        from flows.cli.interop import cmd_export_hf
 
         return cmd_export_hf(args)
     result = export_safetensors(args.checkpoint, args.safetensors)

@@ -1,0 +1,51 @@
+"""The `hymo` command line: one module per command group, each with `add_commands(subparsers)`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from flows.prefect_env import apply_prefect_defaults
+
+
+def _command_groups() -> list[Callable[[Any], None]]:
+    from flows import serve
+    from flows.cli import ablate, audit, classifier, cpt, extend, interop, manifest, pipeline, plan, sweep, trace, train
+
+    return [pipeline.add_commands, audit.add_commands, manifest.add_commands, trace.add_commands, train.add_commands,
+            serve.add_commands, classifier.add_commands, cpt.add_commands, interop.add_commands, sweep.add_commands,
+            extend.add_commands, ablate.add_commands, plan.add_commands]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hymo", description="HyMo: raw web pages to a pretraining corpus and a trained checkpoint.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_commands in _command_groups():
+        add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    apply_prefect_defaults()
+    parser = build_parser()
+    parser.add_argument("--debug", action="store_true", help="show tracebacks (default: one line naming the stage, file and fix)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv  # accepted anywhere on the line, also after the sub-command
+    args = parser.parse_args([a for a in argv if a != "--debug"])
+    if debug:
+        return args.func(args)
+    from flows.errors import explain, quiet_console_tracebacks
+
+    quiet_console_tracebacks()
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("hymo: interrupted; published stages stay, a re-run continues from them", file=sys.stderr)
+        return 130
+    except Exception as exc:  # every failure a user can meet ends in one line; --debug shows the traceback
+        print(explain(exc), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

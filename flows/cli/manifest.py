@@ -1,0 +1,40 @@
+"""`hymo manifest show`: the stage manifests of a run, then its corpus table."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from manifests.run_dir import completed_stages
+
+from flows.cli import trace
+from flows.console import console
+
+
+def cmd_manifest_show(args: argparse.Namespace) -> int:
+    stages = completed_stages(Path(args.run), verify=args.verify, full=args.verify)
+    if args.json:
+        print(json.dumps([m.to_json() for _, m in stages], indent=2, ensure_ascii=False))
+        return 0
+    table = Table(title=f"stage manifests — {args.run}")
+    for column in ("dir", "stage", "version", "cache key", "files", "rows", "in", "kept", "seconds"):
+        table.add_column(column)
+    for stage_dir, manifest in stages:
+        rows = sum(o.rows or 0 for o in manifest.files("data"))
+        table.add_row(stage_dir.path.name, manifest.stage, manifest.stage_version, manifest.cache_key[:12], str(len(manifest.outputs)),
+                      str(rows), str(manifest.counts.get("in", "")), str(manifest.counts.get("kept", "")), f"{manifest.wall_time_s:.1f}")
+    console.print(table)
+    trace.print_corpus_table(Path(args.run))
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    manifest = sub.add_parser("manifest", help="stage manifests of a run").add_subparsers(dest="manifest_command", required=True)
+    show = manifest.add_parser("show", help="one line per published stage")
+    show.add_argument("run")
+    show.add_argument("--json", action="store_true")
+    show.add_argument("--verify", action="store_true", help="re-hash every output file")
+    show.set_defaults(func=cmd_manifest_show)
