@@ -1,33 +1,47 @@
-"""The one prepared GPU check (issue 23): kernels, GDN against fla, MFU under FSDP2. One command.
+"""The one prepared GPU check: kernels, GDN against fla, host syncs, MFU under FSDP2. One command.
 
-    python bench/gpu_check.py                  # on one H100/H200; about 6 minutes, at most --budget seconds
-    python bench/gpu_check.py --dry-run        # on CPU: everything up to the first CUDA call (CI runs it)
-    python bench/gpu_check.py --write          # also replace the "GPU check" section of docs/benchmarks.md
+    python bench/gpu_check.py --budget 420          # on one H100/H200: the rows that fit in 420 s (all: ~7 min)
+    python bench/gpu_check.py --only kernels,gdn    # some groups: kernels | gdn | sync | mfu
+    python bench/gpu_check.py --dry-run             # on CPU: every row's plan, no CUDA call (CI runs it)
+    python bench/gpu_check.py --preflight [--triton-env PY]   # every CPU-side check of the first GPU lease
+    python bench/gpu_check.py --write               # also replace the "GPU check" section of docs/benchmarks.md
 
-(a) every kernel's bf16 result and input gradients against its PyTorch reference evaluated in fp32
-    (RMSNorm, SwiGLU, RoPE, cross-entropy + z-loss via bench/gpu_kernels.py's cases; the GDN chunked
-    kernel; the attention-logit probe), each judged against the error of the eager bf16 reference;
-(b) GDN forward + backward at hymo-750m's shapes (4 x 4096 tokens, 7 heads, K 128, V 256) against
-    flash-linear-attention's `chunk_gated_delta_rule` when it is installed (goal: fla time / ours >= 0.8);
-(c) MFU = tokens/s x the planner's training FLOPs per token / the device's bf16 dense peak, for a dense
-    ~125 M decoder and hymo-750m, under FSDP2 (one rank, bf16 parameters, fp32 reductions), built on
-    the meta device and materialised on the GPU, compile off and on (goals: >= 40 % dense, >= 30 % hybrid);
-(d) one JSON file and one markdown table in --out.
+A first lease is one machine for 15 minutes, one command of at most 10, so the check is built to
+return something whatever happens on it:
 
-Every check has a plan (shapes, FLOPs, what it compares) made on the CPU, and a run on the GPU; the dry
-run makes and writes the plans, so a broken import, config or planner call fails in CI, not on the GPU.
+- every row is independent: its exception is caught and recorded (type, message, traceback tail) and
+  the next row runs; a row that would start with less budget left than its expected minutes is
+  recorded as "skipped: budget" instead;
+- each row is printed (flushed) as it finishes, and the JSON and markdown are rewritten atomically
+  after every row (and before it, marked "running", so a row killed by the time limit is named), into
+  $OUT when it is set, else --out.
+
+Rows (expected minutes on one H200 in ROWS' plans; docs/benchmarks.md "GPU check" lists them):
+kernels - each Triton kernel's bf16 output and input gradients against its PyTorch reference in fp32,
+          judged against the eager bf16 reference's own error (the logit probe: Triton against the
+          PyTorch probe, forward only);
+gdn     - our chunked GDN forward + backward at hymo-750m's shapes, then fla's chunk_gated_delta_rule
+          with its Hopper guard bypassed in-process (fla-core 0.6.0 refuses its gated backward on sm_90
+          under triton 3.4-3.7.0 because it computes wrong gradients there: that figure is timing only);
+sync    - one training step of the sample-sized hybrid under torch.cuda.set_sync_debug_mode("error");
+mfu     - tokens/s x training FLOPs per token (planner.training_flops_per_token, the convention named
+          in the output) / the bf16 dense peak, dense ~125 M and hymo-750m, FSDP2 on one rank, compile
+          off and on; with the optimizer's Newton-Schulz FLOPs per step and its dtype.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,8 +53,11 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.report import markdown_table, write_section  # noqa: E402
 from hymo_core.models.configs import ModelConfig  # noqa: E402
 from hymo_core.models.presets import PRESETS  # noqa: E402
-from hymo_core.planner.planner import count_parameters, model_shape, training_flops_per_token  # noqa: E402
+from hymo_core.planner.muon import muon_matrix_shapes, muon_update_cost  # noqa: E402
+from hymo_core.planner.planner import (FLOP_CONVENTION, count_parameters, mixer_sequence_flops,  # noqa: E402
+                                       model_shape, training_flops_per_token)
 from hymo_core.train.monitor import PEAK_FLOPS  # noqa: E402
+from hymo_core.train.optim_config import NorMuonConfig  # noqa: E402
 
 # A GPT-2-small-sized dense decoder (~124 M parameters with the tied 50,304-token table).
 DENSE_125M = ModelConfig(vocab_size=50_304, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048,
@@ -50,6 +67,91 @@ KERNEL_SLACK = 2.0  # a Triton kernel may be at most this much less accurate tha
 KERNEL_FLOOR = 1e-2  # ... or this max-relative error, whichever is larger
 MFU_GOALS = {"dense": 0.40, "hybrid": 0.30}
 GDN_GOAL = 0.8
+GROUPS = ("kernels", "gdn", "sync", "mfu")
+SYNC_MODEL = "hymo-tiny"  # the sample recipe's hybrid: GDN, MLA, MoE and MTP, all the code a step runs
+SYNC_BATCH = 8
+TEST_FILES = (  # the CPU-side checks of the first GPU lease (issue 42), run by --preflight
+    "tests/hymo_core/kernels/test_gdn_autotune.py",
+    "tests/hymo_core/kernels/test_gdn_ragged_decay.py",
+    "tests/hymo_core/kernels/test_kernels_bf16_emulation.py",
+    "tests/hymo_core/train/test_normuon_bf16.py",
+    "tests/hymo_core/models/test_moe_flops.py",
+    "tests/hymo_core/models/test_mla_flash_layout.py",
+    "tests/hymo_core/train/test_host_sync_dispatch.py",
+)
+_clock = time.monotonic  # the budget's clock (a test replaces it)
+
+
+@dataclass
+class Row:
+    """One independent measurement: `plan` runs on the CPU (the dry run stops there), `measure` on the GPU."""
+
+    name: str
+    group: str
+    minutes: float  # expected wall minutes on one H200, compiles and autotuning included
+    compares: str
+    plan: Callable[[], dict]
+    measure: Callable[[dict, "Context"], dict] | None = None
+
+
+@dataclass
+class Context:
+    """What rows share on the GPU: the results so far (the fla row reads ours), the peak, the step count."""
+
+    peak: float = float("nan")
+    steps: int = 3
+    results: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    device: str
+    dry_run: bool
+    started: str
+    budget_s: float
+    flop_convention: str = FLOP_CONVENTION
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "dry_run": self.dry_run, "started": self.started, "budget_s": self.budget_s,
+                "flop_convention": self.flop_convention, "rows": self.rows, "notes": self.notes}
+
+
+# ---------------------------------------------------------------- plans (CPU, cheap: CI runs them)
+
+
+KERNEL_CASES = ("rms_norm", "swiglu", "rope", "cross_entropy+z")  # bench/gpu_kernels.py's cases, in its order
+
+
+def kernel_plan(name: str) -> Callable[[], dict]:
+    def plan() -> dict:
+        return {"kernel": name, "bound": f"max({KERNEL_SLACK} x eager bf16 error, {KERNEL_FLOOR})"}
+    return plan
+
+
+def gdn_plan() -> dict:
+    """hymo-750m's GDN call: the planner's forward sequence FLOPs (already 2 per multiply-add) x 3 for fwd + bwd."""
+    s = GDN_SHAPE
+    shape = model_shape(PRESETS["hymo-750m"])
+    preset = (shape.gdn_heads, shape.gdn_key_head_dim, shape.gdn_value_head_dim)
+    if preset != (s["H"], s["K"], s["V"]):
+        raise ValueError(f"GDN_SHAPE {s} is not hymo-750m's GDN (heads, K, V) = {preset}")
+    tokens = s["B"] * s["T"]
+    return {"shape": dict(s), "tokens_per_call": tokens,
+            "flops": 3 * mixer_sequence_flops(shape, "G", s["T"]) * tokens}
+
+
+def fla_plan() -> dict:
+    missing = fla_available()
+    return {**gdn_plan(), "fla": "available" if missing is None else f"fla not installed ({missing})",
+            "fla_note": "timing only: fla's Hopper guard bypassed (its gated dqkwg is wrong on sm_90, triton < 3.7.1)"}
+
+
+def sync_plan() -> dict:
+    config = PRESETS[SYNC_MODEL]
+    return {"model": SYNC_MODEL, "batch": SYNC_BATCH, "seq_len": config.max_seq_len,
+            "parameters": count_parameters(model_shape(config)).total}
 
 
 @dataclass
@@ -60,47 +162,75 @@ class MFUCase:
     batch: int
     seq_len: int
     compile: bool
-    flops_per_token: float = 0.0
-    parameters: int = 0
 
 
-@dataclass
-class Report:
-    device: str
-    dry_run: bool
-    started: str
-    kernels: list[dict] = field(default_factory=list)
-    gdn: dict = field(default_factory=dict)
-    mfu: list[dict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+MFU_CASES = [MFUCase(name, kind, config, batch, seq, compiled)
+             for name, kind, config, batch, seq in (("dense-125m", "dense", DENSE_125M, 8, 2048),
+                                                    ("hymo-750m", "hybrid", PRESETS["hymo-750m"], 2, 4096))
+             for compiled in (False, True)]
 
 
-def mfu_cases(steps_seq: int | None) -> list[MFUCase]:
-    """The MFU runs; FLOPs per token from the planner (the trainer's MFU uses the same numbers)."""
-    cases = []
-    for name, kind, config, batch, seq in (("dense-125m", "dense", DENSE_125M, 8, 2048),
-                                           ("hymo-750m", "hybrid", PRESETS["hymo-750m"], 2, 4096)):
-        seq = steps_seq or seq
-        for compiled in (False, True):
-            shape = model_shape(config)
-            cases.append(MFUCase(name, kind, config, batch, seq, compiled,
-                                 float(training_flops_per_token(shape, seq)), count_parameters(shape).total))
-    return cases
+def optimizer_plan(config: ModelConfig, optimizer: NorMuonConfig) -> dict:
+    """NorMuon's Newton-Schulz FLOPs per step on one rank (planner.muon) and the dtype it runs in."""
+    cost = muon_update_cost(muon_matrix_shapes(model_shape(config)), 1, "owned", steps=optimizer.ns_steps)
+    return {"optimizer": "NorMuon + CautiousAdamW", "ns_flops_per_step": cost.ns_flops, "ns_matrices": cost.matrices,
+            "ns_dtype": optimizer.ns_dtype}
 
 
-def gdn_plan() -> dict:
-    s = GDN_SHAPE
-    # Chunked GDN per token and head, forward: ~2 C (3 K + 2 V) + 6 K V multiply-adds (planner's term); x3 for fwd+bwd.
-    chunk = 64
-    flops = 3 * 2 * s["B"] * s["T"] * s["H"] * (2 * chunk * (3 * s["K"] + 2 * s["V"]) + 6 * s["K"] * s["V"])
-    return {"shape": s, "tokens_per_call": s["B"] * s["T"], "approx_flops": flops}
+def mfu_plan(case: MFUCase) -> Callable[[], dict]:
+    def plan() -> dict:
+        shape = model_shape(case.config)
+        parameters = count_parameters(shape).total
+        built = _meta_parameters(case.name, case.config)
+        if built != parameters:
+            raise ValueError(f"{case.name}: the planner counts {parameters:,} parameters, the model has {built:,}")
+        flops = float(training_flops_per_token(shape, case.seq_len))
+        row = {"model": case.name, "kind": case.kind, "compile": case.compile, "batch": case.batch,
+               "seq_len": case.seq_len, "parameters": parameters, "flops_per_token": flops,
+               "model_flops_per_step": flops * case.batch * case.seq_len,
+               **optimizer_plan(case.config, NorMuonConfig(lr=1e-4, muon_lr=1e-4))}
+        row["ns_share_of_model_flops"] = row["ns_flops_per_step"] / row["model_flops_per_step"]
+        return row
+    return plan
+
+
+_META_PARAMETERS: dict[str, int] = {}
+
+
+def _meta_parameters(name: str, config: ModelConfig) -> int:
+    """Parameters of the model the row will build, built on meta (so a config error shows on the CPU); once per model."""
+    if name not in _META_PARAMETERS:
+        from hymo_core.models.init import build_on_meta
+
+        _META_PARAMETERS[name] = sum(p.numel() for p in build_on_meta(config, seed=0).parameters())
+    return _META_PARAMETERS[name]
+
+
+def rows() -> list[Row]:
+    """Every row in run order, with its expected minutes on one H200 (together about 7)."""
+    out = [Row(f"kernel {name}", "kernels", 0.15, "Triton bf16 vs fp32 reference, next to eager bf16's error",
+               kernel_plan(name), measure_kernel) for name in KERNEL_CASES]
+    out += [Row("kernel gdn_chunk", "kernels", 0.5, "Triton chunked GDN bf16 vs reference in fp32, next to eager bf16",
+                kernel_plan("gdn_chunk"), measure_gdn_kernel),
+            Row("kernel logit_probe", "kernels", 0.1, "Triton probe on bf16 vs PyTorch probe in fp32, next to PyTorch on bf16",
+                kernel_plan("logit_probe"), measure_probe),
+            Row("gdn ours", "gdn", 0.6, "our GDN fwd+bwd at hymo-750m's shapes: ms and TFLOP/s", gdn_plan, measure_gdn_ours),
+            Row("gdn fla", "gdn", 0.7, "fla chunk_gated_delta_rule fwd+bwd, same inputs (timing only); fla / ours",
+                fla_plan, measure_gdn_fla),
+            Row("sync step", "sync", 0.4, "one training step under set_sync_debug_mode('error'): pass, or the op that synced",
+                sync_plan, measure_sync)]
+    out += [Row(f"mfu {c.name} compile {'on' if c.compile else 'off'}", "mfu",
+                {("dense", False): 0.4, ("dense", True): 1.0, ("hybrid", False): 0.8, ("hybrid", True): 1.8}[(c.kind, c.compile)],
+                "tokens/s x FLOPs/token / bf16 peak, under FSDP2 (one rank)", mfu_plan(c),
+                lambda plan, ctx, c=c: measure_mfu(c, plan, ctx)) for c in MFU_CASES]
+    return out
 
 
 def fla_available() -> str | None:
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: F401
     except Exception as error:  # noqa: BLE001 - absent or broken, both mean "not compared"
-        return f"{type(error).__name__}: {error}"
+        return f"{type(error).__name__}: {error}"[:200]
     return None
 
 
@@ -123,23 +253,25 @@ def cuda_time(fn: Callable[[], Any], warmup: int = 2, repeats: int = 5) -> float
     return sorted(times)[len(times) // 2]
 
 
-def check_kernels() -> list[dict]:
+def _judge(errors: dict) -> dict:
+    bound = max(KERNEL_SLACK * errors["reference"], KERNEL_FLOOR)
+    ok = bool(errors["triton"] <= bound)
+    return {"triton_err": errors["triton"], "eager_bf16_err": errors["reference"], "bound": bound,
+            "status": "ok" if ok else "failed", **{k: v for k, v in errors.items() if k.endswith("_error")}}
+
+
+def measure_kernel(plan: dict, ctx: Context) -> dict:
     from bench.gpu_kernels import bf16_errors, cases
 
-    rows = []
-    for name, inputs, fn, reference in [*cases(small=True), *gdn_and_probe_cases()]:
-        errors, _, _ = bf16_errors(inputs, fn, reference, catch=True)
-        bound = max(KERNEL_SLACK * errors["reference"], KERNEL_FLOOR)
-        rows.append({"kernel": name, "triton_err": errors["triton"], "eager_bf16_err": errors["reference"],
-                     "bound": bound, "ok": bool(errors["triton"] <= bound),
-                     **{k: v for k, v in errors.items() if k.endswith("_error")}})
-    return rows
+    for name, inputs, fn, reference in cases(small=True):
+        if name == plan["kernel"]:
+            return _judge(bf16_errors(inputs, fn, reference, catch=True)[0])
+    raise KeyError(f"bench/gpu_kernels.py has no case {plan['kernel']!r}")
 
 
-def gdn_and_probe_cases():
-    """GDN (triton vs chunked reference) at a check-sized shape, and the logit probe (PyTorch on both sides)."""
+def measure_gdn_kernel(plan: dict, ctx: Context) -> dict:
+    from bench.gpu_kernels import bf16_errors
     from hymo_core.kernels.gdn import gated_delta_rule
-    from hymo_core.kernels.logit_probe import causal_max_logits
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     B, T, H, K, V = 1, 1024, 2, 128, 256
@@ -148,29 +280,33 @@ def gdn_and_probe_cases():
     v = torch.randn(B, T, H, V, device="cuda", generator=gen)
     g = -torch.rand(B, T, H, device="cuda", generator=gen) * 0.1
     beta = torch.rand(B, T, H, device="cuda", generator=gen)
-    yield ("gdn_chunk", [q, k, v, g, beta],
-           lambda q, k, v, g, b, backend: gated_delta_rule(q, k, v, g.float(), b.float(), backend=backend)[0],
-           lambda q, k, v, g, b: gated_delta_rule(q, k, v, g, b, backend="reference")[0])
-    qp = torch.randn(2, 4, 512, 64, device="cuda", generator=gen, requires_grad=False)
-    kp = torch.randn(2, 4, 512, 64, device="cuda", generator=gen)
-
-    class Probe(torch.autograd.Function):  # the probe has no gradient: zeros, so forward_backward applies
-        @staticmethod
-        def forward(ctx, q, k):
-            ctx.shapes = (q.shape, k.shape)
-            return causal_max_logits(q, k, 8.0)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad.new_zeros(ctx.shapes[0]), grad.new_zeros(ctx.shapes[1])
-
-    yield ("logit_probe", [qp, kp], lambda q, k, backend: Probe.apply(q, k), lambda q, k: Probe.apply(q, k))
+    errors, _, _ = bf16_errors(
+        [q, k, v, g, beta],
+        lambda q, k, v, g, b, backend: gated_delta_rule(q, k, v, g.float(), b.float(), backend=backend)[0],
+        lambda q, k, v, g, b: gated_delta_rule(q, k, v, g, b, backend="reference")[0], catch=True)
+    return _judge(errors)
 
 
-def gdn_against_fla(plan: dict) -> dict:
-    from hymo_core.kernels.gdn import gated_delta_rule
+def measure_probe(plan: dict, ctx: Context) -> dict:
+    """The probe has no gradient: its forward, Triton on bf16 against the PyTorch probe in fp32."""
+    from bench.gpu_kernels import max_relative_error
+    from hymo_core.kernels.logit_probe import causal_max_logits
 
-    s = plan["shape"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 4, 512, 64, device="cuda", generator=gen) * 2
+    k = torch.randn(2, 4, 512, 64, device="cuda", generator=gen) * 2
+    truth = causal_max_logits(q, k, 8.0, backend="reference")
+    errors: dict = {}
+    for backend in ("triton", "reference"):
+        try:
+            errors[backend] = max_relative_error(causal_max_logits(q.bfloat16(), k.bfloat16(), 8.0, backend=backend), truth)
+        except Exception as error:  # noqa: BLE001 - a kernel that cannot launch is this row's finding
+            errors[backend] = float("nan")
+            errors[f"{backend}_error"] = f"{type(error).__name__}: {error}"[:300]
+    return _judge(errors)
+
+
+def _gdn_inputs(s: dict):
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape_k, shape_v, shape_h = (s["B"], s["T"], s["H"], s["K"]), (s["B"], s["T"], s["H"], s["V"]), (s["B"], s["T"], s["H"])
     q = torch.nn.functional.normalize(torch.randn(shape_k, device="cuda", generator=gen), dim=-1).bfloat16()
@@ -179,117 +315,269 @@ def gdn_against_fla(plan: dict) -> dict:
     g = (-torch.rand(shape_h, device="cuda", generator=gen) * 0.1).float()
     beta = torch.rand(shape_h, device="cuda", generator=gen).float()
     do = torch.randn(shape_v, device="cuda", generator=gen).bfloat16()
+    return (q, k, v, g, beta), do
 
-    def step(op):
-        leaves = [t.detach().requires_grad_() for t in (q, k, v, g, beta)]
-        out = op(*leaves)
-        out.backward(do)
 
-    result = dict(plan)
+def _gdn_step_ms(op, inputs, do) -> float:
+    def step():
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        op(*leaves).backward(do)
+    return cuda_time(step)
+
+
+def measure_gdn_ours(plan: dict, ctx: Context) -> dict:
+    from hymo_core.kernels.gdn import gated_delta_rule
+
+    inputs, do = _gdn_inputs(plan["shape"])
+    ms = _gdn_step_ms(lambda *xs: gated_delta_rule(*xs, backend="triton")[0], inputs, do)
+    return {"ours_ms": ms, "ours_tflops": plan["flops"] / ms / 1e9}
+
+
+@contextlib.contextmanager
+def fla_hopper_guard_bypassed():
+    """fla-core 0.6.0 raises in chunk_bwd_dqkwg on Hopper with 3.4.0 <= triton < 3.7.1 (fla issue #640:
+    wrong gradients). For timing only, make its module believe triton >= 3.7.1, then put it back."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    if not hasattr(chunk_o, "TRITON_ABOVE_3_7_1"):
+        yield "no Hopper guard found in fla.ops.common.chunk_o: fla run as installed"
+        return
+    saved = chunk_o.TRITON_ABOVE_3_7_1
+    chunk_o.TRITON_ABOVE_3_7_1 = True
     try:
-        result["ours_ms"] = cuda_time(lambda: step(lambda *xs: gated_delta_rule(*xs, backend="triton")[0]))
-    except Exception as error:  # noqa: BLE001
-        result["ours_error"] = f"{type(error).__name__}: {error}"[:300]
+        yield "fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 forced True for this row"
+    finally:
+        chunk_o.TRITON_ABOVE_3_7_1 = saved
+
+
+def measure_gdn_fla(plan: dict, ctx: Context) -> dict:
     missing = fla_available()
     if missing:
-        result["fla"] = f"not installed ({missing})"
-    else:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        return {"status": "skipped: fla not installed", "fla": f"fla not installed ({missing})"}
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-        result["fla_ms"] = cuda_time(lambda: step(lambda q_, k_, v_, g_, b_: chunk_gated_delta_rule(
-            q_, k_, v_, g_, b_.to(v_.dtype), scale=s["K"] ** -0.5)[0]))
-        if "ours_ms" in result:
-            result["fla_over_ours"] = result["fla_ms"] / result["ours_ms"]
-            result["goal_met"] = result["fla_over_ours"] >= GDN_GOAL
-    if "ours_ms" in result:
-        result["ours_tflops"] = plan["approx_flops"] / result["ours_ms"] / 1e9
-    return result
+    s = plan["shape"]
+    inputs, do = _gdn_inputs(s)
+    with fla_hopper_guard_bypassed() as how:
+        ms = _gdn_step_ms(lambda q_, k_, v_, g_, b_: chunk_gated_delta_rule(q_, k_, v_, g_, b_.to(v_.dtype),
+                                                                           scale=s["K"] ** -0.5)[0], inputs, do)
+    row = {"fla_ms": ms, "fla_tflops": plan["flops"] / ms / 1e9, "timing_only": True, "guard": how}
+    ours = ctx.results.get("gdn ours", {}).get("ours_ms")
+    if ours:
+        row.update(ours_ms=ours, fla_over_ours=ms / ours, goal_met=ms / ours >= GDN_GOAL)
+    return row
 
 
-def measure_mfu(case: MFUCase, peak: float, steps: int) -> dict:
-    """Synthetic-token training steps (forward, backward, clip, NorMuon step, MoE bookkeeping) under FSDP2."""
+def _distributed() -> None:
     import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
+
+
+def _fsdp_model(config: ModelConfig, compile_blocks: bool):
+    """The trainer's layout on one rank: built on meta, FSDP2 per block (bf16 params, fp32 reductions), then materialised."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from hymo_core.models.init import build_on_meta, materialise_
-    from hymo_core.train.optim import build_optimizer
-    from hymo_core.train.optim_config import NorMuonConfig
+    from hymo_core.models.init import build_on_meta
+    from hymo_core.models.materialise import materialise_
 
-    row: dict[str, Any] = {"model": case.name, "kind": case.kind, "compile": case.compile, "batch": case.batch,
-                           "seq_len": case.seq_len, "flops_per_token": case.flops_per_token, "parameters": case.parameters}
-    if not dist.is_initialized():
-        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
+    _distributed()
+    model = build_on_meta(config, seed=0)
+    mesh = init_device_mesh("cuda", (1,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks():
+        if compile_blocks:
+            block.compile()
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    materialise_(model, "cuda")
+    model.train()
+    return model
+
+
+def ns_dtypes(optimizer) -> dict[str, str]:
+    """The Newton-Schulz dtype each orthogonalised parameter group runs in, as the built optimizer holds it."""
+    return {str(group.get("name", index)): str(group["ns_dtype"]).removeprefix("torch.")
+            for index, group in enumerate(getattr(optimizer, "param_groups", [])) if "ns_dtype" in group}
+
+
+def _train_step(model, optimizer, x, y):
+    def step():
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        model.after_optimizer_step(read=False)
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def measure_sync(plan: dict, ctx: Context) -> dict:
+    """A warm-up step (lazy optimizer state, autotune may read the device), then one under sync debug 'error'."""
+    from hymo_core.train.optim import build_optimizer
+
+    config = PRESETS[SYNC_MODEL]
+    model = _fsdp_model(config, compile_blocks=False)
+    optimizer = build_optimizer(model, NorMuonConfig(lr=1e-4, muon_lr=1e-4))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (plan["batch"], plan["seq_len"] + 1), device="cuda", generator=gen)
+    step = _train_step(model, optimizer, tokens[:, :-1], tokens[:, 1:])
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    except RuntimeError as error:
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if str(REPO_ROOT) in f.filename]
+        where = f"{Path(frames[-1].filename).relative_to(REPO_ROOT)}:{frames[-1].lineno} {frames[-1].line}" if frames else "?"
+        return {"status": "failed", "synced_at": where, "error": f"{type(error).__name__}: {error}"[:300],
+                "traceback": _tail(error)}
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return {"synced_at": None, "ns_dtype": ns_dtypes(optimizer)}
+
+
+def measure_mfu(case: MFUCase, plan: dict, ctx: Context) -> dict:
+    """Synthetic-token training steps (forward, backward, clip, NorMuon step, MoE bookkeeping) under FSDP2."""
+    from hymo_core.train.optim import build_optimizer
+
     torch.cuda.reset_peak_memory_stats()
-    model = None
+    model = optimizer = None
     try:
         torch.manual_seed(0)
-        model = build_on_meta(case.config)
-        mesh = init_device_mesh("cuda", (1,))
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.blocks():
-            if case.compile:
-                block.compile()
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
-        materialise_(model, "cuda")
-        model.train()
+        model = _fsdp_model(case.config, case.compile)
         optimizer = build_optimizer(model, NorMuonConfig(lr=1e-4, muon_lr=1e-4))
         gen = torch.Generator(device="cuda").manual_seed(0)
         tokens = torch.randint(0, case.config.vocab_size, (case.batch, case.seq_len + 1), device="cuda", generator=gen)
-        x, y = tokens[:, :-1], tokens[:, 1:]
-
-        def train_step():
-            _, loss = model(x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            model.after_optimizer_step(read=False)
-            optimizer.zero_grad(set_to_none=True)
-
+        step = _train_step(model, optimizer, tokens[:, :-1], tokens[:, 1:])
         started = time.perf_counter()
-        train_step()  # the first step compiles (with compile on) and allocates optimizer state
+        step()  # the first step compiles (with compile on) and allocates optimizer state
         torch.cuda.synchronize()
-        row["first_step_s"] = time.perf_counter() - started
-        ms = cuda_time(train_step, warmup=1, repeats=steps)
+        row: dict[str, Any] = {"first_step_s": time.perf_counter() - started, "ns_dtype": ns_dtypes(optimizer)}
+        ms = cuda_time(step, warmup=1, repeats=ctx.steps)
         tokens_per_s = case.batch * case.seq_len / (ms / 1e3)
-        row.update(step_ms=ms, tokens_per_s=tokens_per_s, mfu=tokens_per_s * case.flops_per_token / peak,
+        row.update(step_ms=ms, tokens_per_s=tokens_per_s, mfu=tokens_per_s * plan["flops_per_token"] / ctx.peak,
+                   ns_tflops_per_s=plan["ns_flops_per_step"] / (ms / 1e3) / 1e12,
                    peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30)
-        row["goal_met"] = row["mfu"] >= MFU_GOALS[case.kind]
-    except Exception as error:  # noqa: BLE001 - an OOM or a compile failure is the result of this row
-        row["error"] = f"{type(error).__name__}: {error}"[:400]
+        row["goal_met"] = bool(row["mfu"] >= MFU_GOALS[case.kind])
+        return row
     finally:
-        model = None  # the row's model and optimizer state go before the next row builds its own
+        model = optimizer = None  # the row's model and optimizer state go before the next row builds its own
         torch.cuda.empty_cache()
-    return row
+
+
+# ---------------------------------------------------------------- the resilient runner
+
+
+def _tail(error: BaseException, chars: int = 1500) -> str:
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__))[-chars:]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False, suffix=".tmp") as handle:
+        handle.write(text)
+    os.replace(handle.name, path)
+
+
+def save(report: Report, out: Path) -> None:
+    _write_atomic(out / "gpu_check.json", json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    _write_atomic(out / "gpu_check.md", markdown(report) + "\n")
+
+
+def run_rows(selected: list[Row], report: Report, out: Path, budget: float, ctx: Context | None) -> None:
+    """Each row in turn, whatever the others did. `ctx` None: the dry run (plans only)."""
+    started = _clock()
+    for row in selected:
+        entry: dict[str, Any] = {"row": row.name, "group": row.group, "expected_min": row.minutes,
+                                 "compares": row.compares}
+        left = budget - (_clock() - started)
+        if left < row.minutes * 60:
+            entry.update(status="skipped: budget", budget_left_s=round(left, 1))
+            report.rows.append(entry)
+        else:
+            entry["status"] = "running"
+            report.rows.append(entry)
+            save(report, out)  # a row the time limit kills is named on disk
+            row_started = _clock()
+            try:
+                entry.update(row.plan())
+                if ctx is None:
+                    entry["status"] = "planned"
+                else:
+                    result = row.measure(entry, ctx)
+                    entry["status"] = "ok"
+                    entry.update(result)
+                    ctx.results[row.name] = entry
+            except Exception as error:  # noqa: BLE001 - one row's failure is that row's result
+                entry.update(status="error", error=f"{type(error).__name__}: {error}"[:400], traceback=_tail(error))
+            entry["seconds"] = round(_clock() - row_started, 2)
+        save(report, out)
+        print(f"[{row.group}] {row.name}: {entry['status']} {summary(entry)}", flush=True)
 
 
 # ---------------------------------------------------------------- output
 
 
+def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
+    return "not measured" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
+
+
+def summary(entry: dict) -> str:
+    """One short cell: the row's figures, or its error."""
+    if entry.get("error") and entry["status"] != "failed":
+        return entry["error"][:120].replace("|", "/").replace("\n", " ")
+    if "triton_err" in entry:
+        return f"triton {entry['triton_err']:.2e}, eager bf16 {entry['eager_bf16_err']:.2e}, bound {entry['bound']:.2e}"
+    if "fla_ms" in entry:
+        ratio = f", fla / ours {entry['fla_over_ours']:.2f} (goal >= {GDN_GOAL})" if "fla_over_ours" in entry else ""
+        return f"fla {entry['fla_ms']:.2f} ms, {entry['fla_tflops']:.0f} TFLOP/s (timing only){ratio}"
+    if "ours_ms" in entry:
+        return f"ours {entry['ours_ms']:.2f} ms, {entry['ours_tflops']:.0f} TFLOP/s"
+    if "synced_at" in entry:
+        return "no host sync" if entry["synced_at"] is None else f"synced at {entry['synced_at']}"[:160]
+    if "mfu" in entry:
+        return (f"MFU {entry['mfu']:.1%} (goal {MFU_GOALS[entry['kind']]:.0%}), {entry['tokens_per_s']:,.0f} tokens/s, "
+                f"step {entry['step_ms']:.0f} ms")
+    if entry["status"].startswith("skipped") and "fla" in entry:
+        return entry["fla"][:120]
+    if "flops_per_token" in entry:
+        return (f"{entry['parameters'] / 1e6:,.0f} M params, {entry['flops_per_token'] / 1e9:.2f} GFLOP/token, "
+                f"NS {entry['ns_flops_per_step'] / 1e12:.2f} TFLOP/step ({entry['ns_dtype']})")
+    if "flops" in entry:
+        return f"{entry['flops'] / 1e12:.2f} TFLOP per fwd+bwd call" + (f"; fla {entry['fla']}"[:80] if "fla" in entry else "")
+    return ""
+
+
 def markdown(report: Report) -> str:
-    lines = [f"Device: {report.device}; started {report.started}" + (" (dry run: plans only, not measured on a GPU)"
-                                                                     if report.dry_run else "") + ".", ""]
-    if report.kernels:
-        lines += [markdown_table(["kernel", "triton max rel err", "eager bf16 err", "bound", "ok"],
-                                 [(r["kernel"], f"{r['triton_err']:.2e}", f"{r['eager_bf16_err']:.2e}", f"{r['bound']:.2e}",
-                                   "yes" if r["ok"] else "**no**") for r in report.kernels]), ""]
-    gdn = report.gdn
-    lines += [markdown_table(["GDN fwd+bwd (B, T, H, K, V)", "ours ms", "fla ms", "fla / ours (goal >= 0.8)"],
-                             [(", ".join(str(gdn["shape"][k]) for k in "BTHKV"), _fmt(gdn.get("ours_ms")),
-                               _fmt(gdn.get("fla_ms")) if "fla" not in gdn else gdn["fla"][:40],
-                               _fmt(gdn.get("fla_over_ours")))]), ""]
-    lines += [markdown_table(["model", "compile", "batch x T", "params", "FLOPs/token", "step ms", "tokens/s", "MFU", "goal",
-                              "peak GiB"],
-                             [(r["model"], "on" if r["compile"] else "off", f"{r['batch']} x {r['seq_len']}",
-                               f"{r['parameters'] / 1e6:,.0f} M", f"{r['flops_per_token'] / 1e9:.2f} G",
-                               _fmt(r.get("step_ms")), _fmt(r.get("tokens_per_s"), "{:,.0f}"),
-                               _fmt(r.get("mfu"), "{:.1%}") if "error" not in r else r["error"][:60],
-                               f"{MFU_GOALS[r['kind']]:.0%}", _fmt(r.get("peak_memory_gib"), "{:.1f}"))
-                              for r in report.mfu])]
+    lines = [f"Device: {report.device}; started {report.started}; budget {report.budget_s:.0f} s"
+             + (" (dry run: plans only, not measured on a GPU)" if report.dry_run else "") + ".",
+             f"FLOP convention: {report.flop_convention}.", ""]
+    lines += [markdown_table(["row", "expected min", "took s", "status", "result", "compares"],
+                             [(r["row"], f"{r['expected_min']:.2f}", _fmt(r.get("seconds"), "{:.0f}"), r["status"],
+                               summary(r) or "-", r["compares"]) for r in report.rows]), ""]
+    mfu = [r for r in report.rows if r["group"] == "mfu" and "flops_per_token" in r]
+    if mfu:
+        lines += [markdown_table(
+            ["model", "compile", "batch x T", "params", "model FLOPs/token", "NorMuon NS TFLOP/step", "NS / model FLOPs",
+             "NS dtype", "step ms", "tokens/s", "MFU", "goal", "peak GiB"],
+            [(r["model"], "on" if r["compile"] else "off", f"{r['batch']} x {r['seq_len']}", f"{r['parameters'] / 1e6:,.0f} M",
+              f"{r['flops_per_token'] / 1e9:.2f} G", f"{r['ns_flops_per_step'] / 1e12:.2f}",
+              f"{r['ns_share_of_model_flops']:.1%}", _dtype_cell(r.get("ns_dtype")), _fmt(r.get("step_ms")),
+              _fmt(r.get("tokens_per_s"), "{:,.0f}"), _fmt(r.get("mfu"), "{:.1%}"), f"{MFU_GOALS[r['kind']]:.0%}",
+              _fmt(r.get("peak_memory_gib"), "{:.1f}")) for r in mfu]), ""]
     if report.notes:
-        lines += ["", *[f"- {note}" for note in report.notes]]
-    return "\n".join(lines)
+        lines += [f"- {note}" for note in report.notes]
+    return "\n".join(lines).rstrip("\n")
+
+
+def _dtype_cell(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(sorted(set(value.values()))) or "-"
+    return str(value) if value else "-"
 
 
 def commit() -> str:
@@ -300,69 +588,158 @@ def commit() -> str:
         return "unknown"
 
 
-def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
-    return "not measured" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
+def select(groups: str | None) -> list[Row]:
+    wanted = GROUPS if not groups else tuple(g.strip() for g in groups.split(",") if g.strip())
+    unknown = sorted(set(wanted) - set(GROUPS))
+    if unknown:
+        raise SystemExit(f"bench/gpu_check.py: --only {','.join(unknown)}: not a group (groups: {', '.join(GROUPS)})")
+    return [row for row in rows() if row.group in wanted]
+
+
+# ---------------------------------------------------------------- preflight: every CPU-side check in one command
+
+
+def preflight(out: Path, triton_env: str | None, python: str = sys.executable) -> int:
+    """One line per check; non-zero when any fails. The dry run, each issue-42 test file, the sm_90 compile."""
+    results: list[tuple[str, bool, str]] = []
+    started = time.perf_counter()
+    try:
+        report = Report(device="none (dry run)", dry_run=True, started=_now(), budget_s=float("inf"))
+        with contextlib.redirect_stdout(open(os.devnull, "w")):
+            run_rows(rows(), report, out, float("inf"), None)
+        bad = [r["row"] for r in report.rows if r["status"] != "planned"]
+        results.append(("dry run", not bad, f"{len(report.rows)} rows planned" if not bad else f"not planned: {', '.join(bad)}"))
+    except Exception as error:  # noqa: BLE001
+        results.append(("dry run", False, f"{type(error).__name__}: {error}"[:200]))
+    _line(*results[-1], time.perf_counter() - started)
+    for test in TEST_FILES:
+        started = time.perf_counter()
+        if not (REPO_ROOT / test).is_file():
+            results.append((test, False, "missing: the file does not exist"))
+        else:
+            done = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], cwd=REPO_ROOT,
+                                  capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+            last = (done.stdout.strip().splitlines() or ["no output"])[-1]
+            results.append((test, done.returncode == 0, last))
+        _line(*results[-1], time.perf_counter() - started)
+    if triton_env:
+        started = time.perf_counter()
+        results.append(compile_check(triton_env, out))
+        _line(*results[-1], time.perf_counter() - started)
+    failed = [name for name, ok, _ in results if not ok]
+    print(f"preflight: {len(results) - len(failed)} of {len(results)} checks pass" + (f"; failed: {', '.join(failed)}" if failed else ""),
+          flush=True)
+    return 1 if failed else 0
+
+
+def compile_check(python: str, out: Path) -> tuple[str, bool, str]:
+    """Every kernel compiled for sm_90 under the triton of another interpreter (bench/kernel_resources.py --json)."""
+    target = out / "kernel_resources_sm90.json"
+    done = subprocess.run([python, str(REPO_ROOT / "bench" / "kernel_resources.py"), "--json", str(target), "--targets", "sm_90"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    name = f"sm_90 compile ({python})"
+    if done.returncode not in (0, 1) or not target.is_file():
+        return name, False, (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    data = json.loads(target.read_text())
+    misfits = [u for u in data["usages"] if u["problems"]]
+    return (f"sm_90 compile (triton {data['triton']})", not misfits,
+            f"{len(data['usages'])} launches compiled, {len(misfits)} do not fit")
+
+
+def _line(name: str, ok: bool, detail: str, seconds: float) -> None:
+    print(f"{'PASS' if ok else 'FAIL'}  {name}  ({seconds:.0f} s): {detail}", flush=True)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+
+
+# ---------------------------------------------------------------- docs
+
+
+def doc_section(report: Report, table: str) -> tuple[str, str]:
+    """The GPU check section of docs/benchmarks.md: how to prepare and run it, then the plan or the results."""
+    plan = "\n".join(f"- `{row.name}` ({row.minutes:g} min): {row.compares}" for row in rows())
+    total = sum(row.minutes for row in rows())
+    prose = f"""One command on one GPU, built so that the first 15-minute lease returns something whatever happens:
+each row is independent (an exception is recorded with its traceback tail and the next row runs), each is
+printed as it finishes, and `gpu_check.json` / `gpu_check.md` are rewritten after every row into `$OUT` (else
+`--out`). A row that would start with less `--budget` left than its expected minutes is recorded as
+"skipped: budget". `--only kernels,gdn,sync,mfu` picks groups. Expected minutes on one H200 are estimates,
+{total:.1f} in all (not measured). `python bench/gpu_check.py --preflight [--triton-env PY]` runs every CPU-side
+check of issue 42 first, one line per check.
+
+The rows, in run order (expected minutes; what each compares):
+
+{plan}
+
+FLOP convention of every MFU figure (the trainer's monitor calls the same function,
+`planner.training_flops_per_token`): {FLOP_CONVENTION}. The GDN row's FLOPs are the planner's forward
+sequence term (already 2 per multiply-add) x 3 for forward + backward. NorMuon's Newton-Schulz FLOPs per step
+(`planner.muon`) and its dtype are reported beside each MFU row; MFU itself counts model FLOPs only.
+
+fla-core 0.6.0 refuses its gated backward (`chunk_bwd_dqkwg`) on Hopper with triton 3.4-3.7.0, because it
+gives wrong gradients there (fla issue #640); the device has triton 3.6. The `gdn fla` row bypasses that guard
+inside its own process for that row only, so its figure is **timing only**. Without fla the row records "fla
+not installed" and the rest runs.
+
+Preparation, once, on a machine with the package index (fla-core 0.6.0 and einops are pure-Python wheels,
+about 1.2 MB together; `.whl/` is git-ignored, so name it in the device tool's `carry`):
+
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0 einops
+
+The device command (one line; no index there, so the wheels install from `.whl/` into /tmp/site):
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --budget 420
+
+This run: {"`--dry-run`: plans only, **not measured on a GPU**" if report.dry_run else report.device}; commit {commit()}."""
+    return prose, table
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="plans only, on CPU: stop before the first CUDA call")
-    parser.add_argument("--out", default=str(REPO_ROOT / "bench" / "out" / "gpu_check"), help="directory for the JSON and markdown")
-    parser.add_argument("--steps", type=int, default=5, help="timed training steps per MFU row")
-    parser.add_argument("--budget", type=float, default=480.0, help="seconds; rows that would start after it are skipped")
+    parser.add_argument("--preflight", action="store_true", help="every CPU-side check of the first GPU lease; exit 1 if any fails")
+    parser.add_argument("--triton-env", help="with --preflight: a python whose triton compiles every kernel for sm_90")
+    parser.add_argument("--out", default=str(REPO_ROOT / "bench" / "out" / "gpu_check"),
+                        help="directory for the JSON and markdown ($OUT wins when set)")
+    parser.add_argument("--only", help="comma list of groups: kernels, gdn, sync, mfu (default: all)")
+    parser.add_argument("--steps", type=int, default=3, help="timed training steps per MFU row")
+    parser.add_argument("--budget", type=float, default=420.0,
+                        help="seconds; a row is skipped when less than its expected minutes are left")
     parser.add_argument("--write", action="store_true", help="replace the GPU check section of docs/benchmarks.md")
     args = parser.parse_args(argv)
-    started = time.time()
-    out = Path(args.out)
+    out = Path(os.environ.get("OUT") or args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cases = mfu_cases(None)
-    plan = gdn_plan()
+    if args.preflight:
+        return preflight(out, args.triton_env)
+    selected = select(args.only)
     if args.dry_run:
-        report = Report(device="none (dry run)", dry_run=True, started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
-        report.gdn = {**plan, "fla": "available" if fla_available() is None else f"not installed ({fla_available()})"}
-        from hymo_core.models.init import build_on_meta
-
-        built: dict[str, int] = {}
-        for case in cases:  # the models the run will build: on meta here, so a config error shows now
-            if case.name not in built:
-                built[case.name] = sum(p.numel() for p in build_on_meta(case.config).parameters())
-            assert built[case.name] == case.parameters, case.name
-            report.mfu.append({"model": case.name, "kind": case.kind, "compile": case.compile, "batch": case.batch,
-                               "seq_len": case.seq_len, "flops_per_token": case.flops_per_token, "parameters": case.parameters})
+        report = Report(device="none (dry run)", dry_run=True, started=_now(), budget_s=args.budget)
         report.notes.append("not measured on a GPU: this is the dry run's plan of what the GPU run measures")
+        run_rows(selected, report, out, args.budget, None)
     else:
         if not torch.cuda.is_available():
-            print("bench/gpu_check.py needs a CUDA GPU (use --dry-run on CPU).")
+            print("bench/gpu_check.py needs a CUDA GPU (use --dry-run or --preflight on CPU).")
             return 2
         name = torch.cuda.get_device_name()
         peak_key = next((key for key in PEAK_FLOPS if key in name), None)
-        report = Report(device=f"{name}, torch {torch.__version__}", dry_run=False,
-                        started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
-        report.kernels = check_kernels()
-        report.gdn = gdn_against_fla(plan)
-        peak = PEAK_FLOPS[peak_key]["bf16"] if peak_key else float("nan")
+        import triton
+
+        report = Report(device=f"{name}, torch {torch.__version__}, triton {triton.__version__}", dry_run=False,
+                        started=_now(), budget_s=args.budget)
+        ctx = Context(peak=PEAK_FLOPS[peak_key]["bf16"] if peak_key else float("nan"), steps=args.steps)
         if peak_key is None:
             report.notes.append(f"no bf16 peak known for {name}: MFU not computed")
-        for case in cases:
-            if time.time() - started > args.budget:
-                report.mfu.append({**asdict(case), "config": case.name, "model": case.name, "error": "skipped: time budget"})
-                continue
-            report.mfu.append(measure_mfu(case, peak, args.steps))
-        report.notes.append(f"wall time {time.time() - started:.0f} s")
-    payload = asdict(report)
-    for row in payload["mfu"]:
-        row.pop("config", None)
-    (out / "gpu_check.json").write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+        print(f"gpu_check: {report.device}; {len(selected)} rows, budget {args.budget:.0f} s; writing {out}", flush=True)
+        run_rows(selected, report, out, args.budget, ctx)
+    save(report, out)
     table = markdown(report)
-    (out / "gpu_check.md").write_text(table + "\n", encoding="utf-8")
-    print(table)
+    print(table, flush=True)
     if args.write:
-        where = (f"`--dry-run` on {platform.node() or 'this machine'} (CPU, load {os.getloadavg()[0]:.1f}): plans only, "
-                 "**not measured on a GPU**" if args.dry_run else f"on {report.device}")
-        write_section("GPU check (bench/gpu_check.py)", table,
-                      f"One command on one GPU: kernels, GDN vs fla, MFU under FSDP2. This run: {where}; commit {commit()}.")
-    failed = [r["kernel"] for r in report.kernels if not r["ok"]]
-    return 1 if failed else 0
+        write_section("GPU check (bench/gpu_check.py)", *reversed(doc_section(report, table)))
+    bad = [r["row"] for r in report.rows if r["status"] in ("error", "failed")]
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -280,14 +280,23 @@ def gdn_elementwise(shape: ModelShape) -> int:
     return (2 * key + value) * shape.gdn_conv_size + 2 * H + shape.gdn_value_head_dim
 
 
-def training_flops_per_token(shape: ModelShape, seq_len: int) -> int:
-    """6 x matmul parameters + 6 L d T for causal-averaged attention (Lab 4, step 2).
+# The one FLOP convention every MFU figure uses (the planner, the trainer's monitor, bench/gpu_check.py):
+# seed module 8, Lab 4 step 2 (after PaLM): 2 FLOPs per weight per token forward, twice that backward,
+# the input embedding (a lookup) left out; causal attention averages T / 2 visible keys, so 2 L d T
+# forward and 6 L d T for training. GDN and MLA use their own sequence terms, MoE its active experts.
+FLOP_CONVENTION = ("6 x matmul parameters + 6 L d T causal-averaged attention (seed module 8, Lab 4 step 2); "
+                   "GDN / MLA: 3 x their forward sequence FLOPs; MoE: active experts only")
 
-    For an all-"A" stack that is the formula as printed; other kinds use their own
-    sequence terms and count weight matmuls only (training_flops_breakdown).
+
+def training_flops_per_token(shape: ModelShape, seq_len: int) -> int:
+    """Training FLOPs per token under FLOP_CONVENTION: the one function the planner, the trainer's MFU
+    and the GPU check all call.
+
+    For a plain all-"A" stack that is the formula as printed, 6 (N - lookup) + 6 L d T; with other
+    kinds, MoE or MTP, the sum of training_flops_breakdown (weight matmuls of the active path only).
     """
     counts = count_parameters(shape)
-    if set(shape.layer_pattern) == {"A"}:
+    if set(shape.layer_pattern) == {"A"} and not shape.moe_on and not shape.mtp_depth:
         return 6 * (counts.total - counts.lookup) + 6 * shape.n_layers * shape.d_model * seq_len
     return sum(training_flops_breakdown(shape, seq_len).values())
 

@@ -79,14 +79,9 @@ def reference_flops(device: torch.device, precision: str, size: int = 384, repea
 
 
 def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """6 N (forward + backward matmuls) plus attention's 12 L d T (scores and values, fwd + bwd)."""
-    cfg = model.config
-    if set(getattr(cfg, "layer_pattern", "A")) != {"A"}:  # GDN / MLA layers: the planner's per-kind terms
-        return float(planner.training_flops_per_token(planner.model_shape(cfg), seq_len))
-    if getattr(cfg, "moe_on", "") or getattr(cfg, "mtp_depth", 0):  # only the active experts; MTP's own terms
-        return float(sum(planner.training_flops_breakdown(planner.model_shape(cfg), seq_len).values()))
-    n = sum(p.numel() for name, p in model.named_parameters() if "tok_embeddings" not in name or cfg.tie_embeddings)
-    return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
+    """Training FLOPs per token under the planner's one convention (planner.FLOP_CONVENTION):
+    6 x matmul parameters + 6 L d T for causal attention; the GPU check's MFU uses the same call."""
+    return float(planner.training_flops_per_token(planner.model_shape(model.config), seq_len))
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
