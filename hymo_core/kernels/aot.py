@@ -123,7 +123,11 @@ def _compile_specialised(kernel: str, args: tuple, constexprs: tuple, num_warps:
     source = ASTSource(fn, signature, consts, attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
                               options=dict(num_warps=num_warps, num_stages=num_stages))
-    return compiled.metadata.shared, _cubin_resources(compiled.asm["cubin"])
+    # Triton 3.6 (the lent H200's) and 3.9 take the same ASTSource / GPUTarget arguments and both name the
+    # dynamic shared memory `shared` (bench/kernel_resources.py --triton-env compiles under both).
+    metadata = compiled.metadata
+    shared = metadata["shared"] if isinstance(metadata, dict) else metadata.shared
+    return shared, _cubin_resources(compiled.asm["cubin"])
 
 
 def _cubin_resources(cubin: bytes) -> dict[str, int]:
