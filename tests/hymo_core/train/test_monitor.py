@@ -58,3 +58,28 @@ def test_unlogged_clip_fraction_counts_every_update(tiny_run, one_torch_thread):
 def test_mfu_uses_the_stated_peak(monkeypatch):
     monkeypatch.setenv(PEAK_FLOPS_ENV, "1e12")
     assert stated_peak_flops(CPU, "fp32") == (1e12, f"${PEAK_FLOPS_ENV}")
+
+
+def test_mfu_flops_are_the_seeds_convention_shared_with_the_planner_and_the_gpu_check():
+    """One convention (planner.FLOP_CONVENTION): 6 per matmul weight + 6 L d T for causal attention, the
+    same call in the trainer's MFU and bench/gpu_check.py; MoE counts its active experts only."""
+    from dataclasses import replace
+
+    from hymo_core.models.init import build_on_meta
+    from hymo_core.models.presets import PRESETS
+    from hymo_core.planner import planner
+    from hymo_core.train.monitor import model_flops_per_token
+
+    dense = ModelConfig(vocab_size=512, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=160, max_seq_len=128,
+                        tie_embeddings=False)
+    model = build_on_meta(dense, seed=0)
+    matmul = sum(p.numel() for name, p in model.named_parameters() if "tok_embeddings" not in name)
+    assert model_flops_per_token(model, 128) == 6 * matmul + 6 * 3 * 64 * 128  # seed module 8, Lab 4: 6 L d T
+    assert "6 L d T" in planner.FLOP_CONVENTION
+    moe = replace(dense, moe_on="A", moe_n_routed_experts=8, moe_n_activated_experts=1, moe_n_shared_experts=0,
+                  moe_expert_dim=160)
+    for config in (dense, moe, PRESETS["hymo-tiny"]):
+        expected = planner.training_flops_per_token(planner.model_shape(config), 128)
+        assert model_flops_per_token(build_on_meta(config, seed=0), 128) == expected
+    all_experts = 6 * planner.count_parameters(planner.model_shape(moe)).total
+    assert planner.training_flops_per_token(planner.model_shape(moe), 128) < all_experts / 2  # 1 of 8 experts active
