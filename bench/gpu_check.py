@@ -561,7 +561,8 @@ def markdown(report: Report) -> str:
              + (" (dry run: plans only, not measured on a GPU)" if report.dry_run else "") + ".",
              f"FLOP convention: {report.flop_convention}.", ""]
     lines += [markdown_table(["row", "expected min", "took s", "status", "result", "compares"],
-                             [(r["row"], f"{r['expected_min']:.2f}", _fmt(r.get("seconds"), "{:.0f}"), r["status"],
+                             [(r["row"], f"{r['expected_min']:.2f}",
+                               "-" if report.dry_run else _fmt(r.get("seconds"), "{:.0f}"), r["status"],
                                summary(r) or "-", r["compares"]) for r in report.rows]), ""]
     mfu = [r for r in report.rows if r["group"] == "mfu" and "flops_per_token" in r]
     if mfu:
@@ -695,6 +696,10 @@ about 1.2 MB together; `.whl/` is git-ignored, so name it in the device tool's `
 The device command (one line; no index there, so the wheels install from `.whl/` into /tmp/site):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --budget 450
+
+Give that command the device tool's full 600 s: the 450 s budget leaves the rest for imports and for a row
+that overruns its estimate. Without `.whl/` the install fails, the check still runs, and `gdn fla` says so.
+If the command is killed anyway, `$OUT/gpu_check.json` holds every finished row and names the one running.
 
 This run: {"`--dry-run`: plans only, **not measured on a GPU**" if report.dry_run else report.device}; commit {commit()}."""
     return prose, table

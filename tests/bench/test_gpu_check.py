@@ -90,7 +90,7 @@ def test_a_failing_row_is_recorded_and_the_next_rows_still_run(tmp_path, monkeyp
     assert status["gdn fla"] == "skipped: budget"  # 1 min expected, 30 s left
     assert status["sync step"] == "planned"  # 0.4 min expected: still fits
     assert "gdn fla" not in seen_on_disk  # a skipped row never started
-    assert "| gdn fla | 1.00 | not measured | skipped: budget |" in (tmp_path / "gpu_check.md").read_text()
+    assert "| gdn fla | 1.00 | - | skipped: budget |" in (tmp_path / "gpu_check.md").read_text()
 
 
 def test_only_takes_a_comma_list_of_groups_and_refuses_others():
