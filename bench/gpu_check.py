@@ -647,8 +647,10 @@ def compile_check(python: str, out: Path) -> tuple[str, bool, str]:
         return name, False, (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
     data = json.loads(target.read_text())
     misfits = [u for u in data["usages"] if u["problems"]]
+    first = (f" (first: {misfits[0]['kernel']} {misfits[0]['preset']} {misfits[0]['shape']} {misfits[0]['config']}: "
+             f"{'; '.join(misfits[0]['problems'])})") if misfits else ""
     return (f"sm_90 compile (triton {data['triton']})", not misfits,
-            f"{len(data['usages'])} launches compiled, {len(misfits)} do not fit")
+            f"{len(data['usages'])} launches compiled, {len(misfits)} do not fit{first}")
 
 
 def _line(name: str, ok: bool, detail: str, seconds: float) -> None:
