@@ -288,22 +288,27 @@ def measure_gdn_kernel(plan: dict, ctx: Context) -> dict:
 
 
 def measure_probe(plan: dict, ctx: Context) -> dict:
-    """The probe has no gradient: its forward, Triton on bf16 against the PyTorch probe in fp32."""
+    return _judge(probe_errors("cuda", torch.bfloat16))
+
+
+def probe_errors(device: str, dtype: torch.dtype) -> dict:
+    """The probe has no gradient: its forward, the Triton kernel on `dtype` inputs against the PyTorch probe
+    in fp32 ("triton"), next to the PyTorch probe on the same `dtype` inputs ("reference")."""
     from bench.gpu_kernels import max_relative_error
     from hymo_core.kernels.logit_probe import causal_max_logits
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(2, 4, 512, 64, device="cuda", generator=gen) * 2
-    k = torch.randn(2, 4, 512, 64, device="cuda", generator=gen) * 2
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(2, 4, 512, 64, device=device, generator=gen) * 2
+    k = torch.randn(2, 4, 512, 64, device=device, generator=gen) * 2
     truth = causal_max_logits(q, k, 8.0, backend="reference")
     errors: dict = {}
     for backend in ("triton", "reference"):
         try:
-            errors[backend] = max_relative_error(causal_max_logits(q.bfloat16(), k.bfloat16(), 8.0, backend=backend), truth)
+            errors[backend] = max_relative_error(causal_max_logits(q.to(dtype), k.to(dtype), 8.0, backend=backend), truth)
         except Exception as error:  # noqa: BLE001 - a kernel that cannot launch is this row's finding
             errors[backend] = float("nan")
             errors[f"{backend}_error"] = f"{type(error).__name__}: {error}"[:300]
-    return _judge(errors)
+    return errors
 
 
 def _gdn_inputs(s: dict):
@@ -399,7 +404,7 @@ def _fsdp_model(config: ModelConfig, compile_blocks: bool):
 
 def ns_dtypes(optimizer) -> dict[str, str]:
     """The Newton-Schulz dtype each orthogonalised parameter group runs in, as the built optimizer holds it."""
-    return {str(group.get("name", index)): str(group["ns_dtype"]).removeprefix("torch.")
+    return {str(group.get("group", group.get("name", index))): str(group["ns_dtype"]).removeprefix("torch.")
             for index, group in enumerate(getattr(optimizer, "param_groups", [])) if "ns_dtype" in group}
 
 
@@ -488,8 +493,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def save(report: Report, out: Path) -> None:
+    """JSON first (the record), then the markdown; a formatting bug costs the table, never the record or the run."""
     _write_atomic(out / "gpu_check.json", json.dumps(report.to_json(), indent=2, default=str) + "\n")
-    _write_atomic(out / "gpu_check.md", markdown(report) + "\n")
+    try:
+        text = markdown(report)
+    except Exception as error:  # noqa: BLE001
+        text = f"markdown failed ({type(error).__name__}: {error}); gpu_check.json has every row"
+    _write_atomic(out / "gpu_check.md", text + "\n")
 
 
 def run_rows(selected: list[Row], report: Report, out: Path, budget: float, ctx: Context | None) -> None:
@@ -531,7 +541,14 @@ def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
 
 
 def summary(entry: dict) -> str:
-    """One short cell: the row's figures, or its error."""
+    """One short cell: the row's figures, or its error (never raises: the runner prints it after every row)."""
+    try:
+        return _summary(entry)
+    except Exception as error:  # noqa: BLE001
+        return f"(summary failed: {type(error).__name__}: {error}; see the JSON)"[:160]
+
+
+def _summary(entry: dict) -> str:
     if entry.get("error") and entry["status"] != "failed":
         return entry["error"][:120].replace("|", "/").replace("\n", " ")
     if "triton_err" in entry:
@@ -540,7 +557,7 @@ def summary(entry: dict) -> str:
         ratio = f", fla / ours {entry['fla_over_ours']:.2f} (goal >= {GDN_GOAL})" if "fla_over_ours" in entry else ""
         return f"fla {entry['fla_ms']:.2f} ms, {entry['fla_tflops']:.0f} TFLOP/s (timing only){ratio}"
     if "ours_ms" in entry:
-        return f"ours {entry['ours_ms']:.2f} ms, {entry['ours_tflops']:.0f} TFLOP/s"
+        return f"ours {entry['ours_ms']:.2f} ms" + (f", {entry['ours_tflops']:.0f} TFLOP/s" if "ours_tflops" in entry else "")
     if "synced_at" in entry:
         return "no host sync" if entry["synced_at"] is None else f"synced at {entry['synced_at']}"[:160]
     if "mfu" in entry:

@@ -141,3 +141,52 @@ def test_fla_hopper_guard_is_bypassed_only_inside_the_timing_row(monkeypatch):
         except Exception as error:  # noqa: BLE001
             assert "Hopper" not in str(error)
     assert chunk_o.TRITON_ABOVE_3_7_1 is False  # put back after the row
+
+
+PROBE = """
+import sys, json, torch
+sys.path.insert(0, {repo!r})
+from bench import gpu_check
+import hymo_core.kernels.logit_probe as probe
+if {broken}:
+    right = probe.causal_max_logits_triton
+    probe.causal_max_logits_triton = lambda q, k: right(q, k) * 1.05  # a probe kernel 5 % off
+print(json.dumps(gpu_check._judge(gpu_check.probe_errors("cpu", torch.float32))))
+"""
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_logit_probe_row_compares_the_triton_probe_with_the_reference(broken):
+    # The Triton interpreter runs the real probe kernel on the CPU (fp32: its bf16 dot is not trustworthy).
+    out = subprocess.run([sys.executable, "-c", PROBE.format(repo=str(REPO), broken=broken)], capture_output=True,
+                         text=True, timeout=600, cwd=REPO,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1",
+                              "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["eager_bf16_err"] == 0.0  # the reference against itself, in fp32
+    if broken:
+        assert row["status"] == "failed" and row["triton_err"] == pytest.approx(0.05, rel=1e-3)
+    else:
+        assert row["status"] == "ok" and row["triton_err"] < 1e-5
+
+
+def test_without_fla_its_row_says_so_and_with_ours_timed_the_ratio_is_computed(tmp_path, monkeypatch):
+    """The GPU path of the runner (a Context, measure functions), with the CUDA work replaced."""
+    monkeypatch.setattr(gpu_check, "fla_available", lambda: "ModuleNotFoundError: No module named 'fla'")
+    ours = gpu_check.Row("gdn ours", "gdn", 0.1, "x", gpu_check.gdn_plan, lambda plan, ctx: {"ours_ms": 2.0})
+    fla = next(row for row in gpu_check.rows() if row.name == "gdn fla")
+    report = gpu_check.Report(device="test", dry_run=False, started="now", budget_s=600)
+    gpu_check.run_rows([ours, fla], report, tmp_path, 600, gpu_check.Context())
+    on_disk = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    assert [r["status"] for r in on_disk] == ["ok", "skipped: fla not installed"]
+    assert on_disk[1]["fla"].startswith("fla not installed")
+    assert "fla not installed" in (tmp_path / "gpu_check.md").read_text()
+
+    monkeypatch.setattr(gpu_check, "fla_available", lambda: None)
+    monkeypatch.setattr(gpu_check, "measure_gdn_fla", lambda plan, ctx: {
+        "fla_ms": 3.0, "fla_tflops": 1.0, "fla_over_ours": 3.0 / ctx.results["gdn ours"]["ours_ms"]})
+    fla = next(row for row in gpu_check.rows() if row.name == "gdn fla")
+    report = gpu_check.Report(device="test", dry_run=False, started="now", budget_s=600)
+    gpu_check.run_rows([ours, fla], report, tmp_path, 600, gpu_check.Context())
+    assert report.rows[1]["fla_over_ours"] == 1.5 and "(timing only)" in gpu_check.summary(report.rows[1])
