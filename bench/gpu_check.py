@@ -170,6 +170,13 @@ MFU_CASES = [MFUCase(name, kind, config, batch, seq, compiled)  # compile off fi
                                                     ("hymo-750m", "hybrid", PRESETS["hymo-750m"], 2, 4096))]
 
 
+MATMUL = 8192
+
+
+def matmul_plan() -> dict:
+    return {"shape": [MATMUL, MATMUL, MATMUL], "flops": 2 * MATMUL**3}
+
+
 def optimizer_plan(config: ModelConfig, optimizer: NorMuonConfig) -> dict:
     """NorMuon's Newton-Schulz FLOPs per step on one rank (planner.muon) and the dtype it runs in."""
     cost = muon_update_cost(muon_matrix_shapes(model_shape(config)), 1, "owned", steps=optimizer.ns_steps)
@@ -219,6 +226,8 @@ def rows() -> list[Row]:
                 fla_plan, measure_gdn_fla),
             Row("sync step", "sync", 0.4, "one training step under set_sync_debug_mode('error'): pass, or the op that synced",
                 sync_plan, measure_sync)]
+    out.append(Row("mfu matmul peak", "mfu", 0.1, "one 8192^3 bf16 matmul's TFLOP/s beside the stated peak MFU divides by",
+                   matmul_plan, measure_matmul))
     out += [Row(f"mfu {c.name} compile {'on' if c.compile else 'off'}", "mfu",
                 {("dense", False): 0.4, ("dense", True): 1.0, ("hybrid", False): 0.8, ("hybrid", True): 1.8}[(c.kind, c.compile)],
                 "tokens/s x FLOPs/token / bf16 peak, under FSDP2 (one rank)", mfu_plan(c),
@@ -371,6 +380,14 @@ def measure_gdn_fla(plan: dict, ctx: Context) -> dict:
     if ours:
         row.update(ours_ms=ours, fla_over_ours=ms / ours, goal_met=ms / ours >= GDN_GOAL)
     return row
+
+
+def measure_matmul(plan: dict, ctx: Context) -> dict:
+    """What this device's bf16 matmul reaches (MFU still divides by the stated peak: PaLM's definition)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a, b = (torch.randn(MATMUL, MATMUL, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(2))
+    ms = cuda_time(lambda: a @ b, warmup=3, repeats=10)
+    return {"matmul_tflops": plan["flops"] / ms / 1e9, "stated_peak_tflops": ctx.peak / 1e12}
 
 
 def _distributed() -> None:
@@ -558,6 +575,8 @@ def _summary(entry: dict) -> str:
         return f"fla {entry['fla_ms']:.2f} ms, {entry['fla_tflops']:.0f} TFLOP/s (timing only){ratio}"
     if "ours_ms" in entry:
         return f"ours {entry['ours_ms']:.2f} ms" + (f", {entry['ours_tflops']:.0f} TFLOP/s" if "ours_tflops" in entry else "")
+    if "matmul_tflops" in entry:
+        return f"bf16 matmul {entry['matmul_tflops']:.0f} TFLOP/s; stated peak {entry['stated_peak_tflops']:.0f}"
     if "synced_at" in entry:
         return "no host sync" if entry["synced_at"] is None else f"synced at {entry['synced_at']}"[:160]
     if "mfu" in entry:
@@ -569,7 +588,7 @@ def _summary(entry: dict) -> str:
         return (f"{entry['parameters'] / 1e6:,.0f} M params, {entry['flops_per_token'] / 1e9:.2f} GFLOP/token, "
                 f"NS {entry['ns_flops_per_step'] / 1e12:.2f} TFLOP/step ({entry['ns_dtype']})")
     if "flops" in entry:
-        return f"{entry['flops'] / 1e12:.2f} TFLOP per fwd+bwd call" + (f"; fla {entry['fla']}"[:80] if "fla" in entry else "")
+        return f"{entry['flops'] / 1e12:.2f} TFLOP per timed call" + (f"; fla {entry['fla']}"[:80] if "fla" in entry else "")
     return ""
 
 
@@ -759,6 +778,9 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(peak=PEAK_FLOPS[peak_key]["bf16"] if peak_key else float("nan"), steps=args.steps)
         if peak_key is None:
             report.notes.append(f"no bf16 peak known for {name}: MFU not computed")
+        else:
+            report.notes.append(f"MFU divides by the stated bf16 dense peak of the {peak_key}, {ctx.peak / 1e12:.0f} TFLOP/s "
+                                "(hymo_core.train.monitor.PEAK_FLOPS); the matmul row shows what the device reaches")
         print(f"gpu_check: {report.device}; {len(selected)} rows, budget {args.budget:.0f} s; writing {out}", flush=True)
         run_rows(selected, report, out, args.budget, ctx)
     save(report, out)
