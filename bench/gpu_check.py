@@ -452,10 +452,11 @@ def measure_sync(plan: dict, ctx: Context) -> dict:
     try:
         step()
     except RuntimeError as error:
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if str(REPO_ROOT) in f.filename]
-        where = f"{Path(frames[-1].filename).relative_to(REPO_ROOT)}:{frames[-1].lineno} {frames[-1].line}" if frames else "?"
-        return {"status": "failed", "synced_at": where, "error": f"{type(error).__name__}: {error}"[:300],
-                "traceback": _tail(error)}
+        stack = traceback.extract_tb(error.__traceback__)
+        ours = [f for f in stack if str(REPO_ROOT) in f.filename]  # our line that called it, then torch's frame
+        where = f"{Path(ours[-1].filename).relative_to(REPO_ROOT)}:{ours[-1].lineno} {ours[-1].line}" if ours else "?"
+        return {"status": "failed", "synced_at": where, "innermost": f"{stack[-1].filename}:{stack[-1].lineno} {stack[-1].name}",
+                "error": f"{type(error).__name__}: {error}"[:300], "traceback": _tail(error)}
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
