@@ -35,7 +35,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
