@@ -11,6 +11,7 @@ T 4096 x the preset's heads (hymo-750m's batch x heads for its rows) over 132 SM
     python bench/kernel_resources.py --triton-env /work/venvs/triton36/bin/python
         # sm_90 under this triton and under that interpreter's (a subprocess, PYTHONPATH=repo), side by side:
         # the device's triton (3.6) against the one the tests use; updates its own docs/benchmarks.md section
+        # (that venv: python3 -m venv /work/venvs/triton36 && /work/venvs/triton36/bin/pip install torch==2.13.0 triton==3.6.0 numpy)
 
 Compile counts are not timings: the tables may be written at any machine load.
 """
@@ -110,7 +111,8 @@ def compare(python: str) -> int:
             f"{changed} differ in shared memory, registers or spill; {misfits} do not fit under {theirs['triton']} "
             f"(limits: 227 KB shared, 255 registers, the spill budgets of aot.GDN_SPILL_BUDGET / aot.ELEMENTWISE). "
             f"Made by `python bench/kernel_resources.py --triton-env /work/venvs/triton36/bin/python` "
-            f"(a venv with torch 2.13.0 CPU, triton 3.6.0, numpy).")
+            f"(the venv: `python3 -m venv /work/venvs/triton36 && /work/venvs/triton36/bin/pip install torch==2.13.0 "
+            f"triton==3.6.0 numpy`; the same check is `python bench/gpu_check.py --preflight --triton-env PY`).")
     print(note)
     print(table)
     write_section(VERSIONS_TITLE, table, note)
