@@ -726,10 +726,12 @@ gives wrong gradients there (fla issue #640); the device has triton 3.6. The `gd
 inside its own process for that row only, so its figure is **timing only**. Without fla the row records "fla
 not installed" and the rest runs.
 
-Preparation, once, on a machine with the package index (fla-core 0.6.0 and einops are pure-Python wheels,
-about 1.2 MB together; `.whl/` is git-ignored, so name it in the device tool's `carry`):
+Preparation, once, on a machine with the package index (fla-core 0.6.0 and what it imports beyond torch and
+triton, einops and packaging, are pure-Python wheels, about 1.2 MB together; `.whl/` is git-ignored, so name
+it in the device tool's `carry`). Checked here: installed that way beside triton 3.6, fla imports and its
+guard flags read TRITON_ABOVE_3_4_0 True, TRITON_ABOVE_3_7_1 False, the combination the row bypasses.
 
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0 einops
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0 einops packaging
 
 The device command (one line; no index there, so the wheels install from `.whl/` into /tmp/site):
 
