@@ -727,7 +727,7 @@ inside its own process for that row only, so its figure is **timing only**. With
 not installed" and the rest runs.
 
 Preparation, once, on a machine with the package index (fla-core 0.6.0 and what it imports beyond torch and
-triton, einops and packaging, are pure-Python wheels, about 1.2 MB together; `.whl/` is git-ignored, so name
+triton, einops and packaging, are pure-Python wheels, about 1.3 MB together; `.whl/` is git-ignored, so name
 it in the device tool's `carry`). Checked here: installed that way beside triton 3.6, fla imports and its
 guard flags read TRITON_ABOVE_3_4_0 True, TRITON_ABOVE_3_7_1 False, the combination the row bypasses.
 
