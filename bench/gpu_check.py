@@ -16,7 +16,7 @@ return something whatever happens on it:
   after every row (and before it, marked "running", so a row killed by the time limit is named), into
   $OUT when it is set, else --out.
 
-Rows (expected minutes on one H200 in ROWS' plans; docs/benchmarks.md "GPU check" lists them):
+Rows (each with its expected minutes on one H200, in rows(); docs/benchmarks.md "GPU check" lists them):
 kernels - each Triton kernel's bf16 output and input gradients against its PyTorch reference in fp32,
           judged against the eager bf16 reference's own error (the logit probe: Triton against the
           PyTorch probe, forward only);
@@ -24,7 +24,7 @@ gdn     - our chunked GDN forward + backward at hymo-750m's shapes, then fla's c
           with its Hopper guard bypassed in-process (fla-core 0.6.0 refuses its gated backward on sm_90
           under triton 3.4-3.7.0 because it computes wrong gradients there: that figure is timing only);
 sync    - one training step of the sample-sized hybrid under torch.cuda.set_sync_debug_mode("error");
-mfu     - tokens/s x training FLOPs per token (planner.training_flops_per_token, the convention named
+mfu     - one bf16 matmul's TFLOP/s beside the stated peak; then tokens/s x training FLOPs per token (planner.training_flops_per_token, the convention named
           in the output) / the bf16 dense peak, dense ~125 M and hymo-750m, FSDP2 on one rank, compile
           off and on; with the optimizer's Newton-Schulz FLOPs per step and its dtype.
 """
