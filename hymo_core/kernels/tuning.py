@@ -77,8 +77,9 @@ def autotuned(configs: list[triton.Config], key: list[str], keep: Callable[[trit
 
             kernel = triton.autotune(configs=configs, key=key, reset_to_zero=list(reset_to_zero) or None,
                                      prune_configs_by={"early_config_prune": prune})(fn)
-        kernel.configs, kernel.keep, kernel.jit_fn = configs, keep, fn
-        kernel.key, kernel.reset_to_zero = list(key), tuple(reset_to_zero)
+        kernel.configs, kernel.keep, kernel.jit_fn, kernel.key = configs, keep, fn, list(key)
+        if INTERPRET:  # triton's Autotuner holds the same list under the same name
+            kernel.reset_to_zero = list(reset_to_zero)
         return kernel
 
     return wrap
