@@ -83,7 +83,8 @@ def dqkwg_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, dhs_ptr, vnew_ptr, do_ptr, dvnew_p
     i_b, i_h, rows, mask, last_row, t0 = chunk_program(i_n, i_bh, T, H, C)
     k0 = i_k * BK
     SLICES: tl.constexpr = BK // 16
-    for j in range(1, tl.minimum(SLICES, tl.cdiv(K, 16) - i_k * SLICES)):  # first: no tile is live yet
+    # the zeros first, while no tile is live: written at the end they made dqkwg spill on sm_80
+    for j in range(1, tl.minimum(SLICES, tl.cdiv(K, 16) - i_k * SLICES)):
         tl.store(dG_part_ptr + (i_k * SLICES + j).to(tl.int64) * B * T * H + rows, tl.zeros([C], tl.float32),
                  mask=mask)
     do_h = tl.zeros([C, BK], dtype=tl.float32)  # do h^T
