@@ -265,6 +265,7 @@ def gdn_launches(preset: str, K: int, V: int, H: int, capability: int) -> list[L
     The constexpr flags take their heavier value (initial state on, final state stored, dht given).
     """
     from hymo_core.kernels.gdn_triton import CHUNK, block_sizes
+    from hymo_core.kernels.tuning import size_buckets
 
     sizes = block_sizes(WAVE_T, H, K, V)
     KP, BK, BV = sizes["KP"], sizes["BK"], sizes["BV"]
@@ -272,6 +273,7 @@ def gdn_launches(preset: str, K: int, V: int, H: int, capability: int) -> list[L
     bf16, fp32 = "*bf16", "*fp32"
     shape = f"K={K} V={V}"
     chunks = NT * B * H
+    BH_BUCKET, T_BUCKET = size_buckets(B * H, T)  # the autotune key's problem size; the bodies do not read it
     gdn = "hymo_core.kernels.gdn_triton_"
     out = []
 
@@ -285,20 +287,24 @@ def gdn_launches(preset: str, K: int, V: int, H: int, capability: int) -> list[L
     add("intra.wu_kernel", dict(k_ptr=bf16, v_ptr=bf16, beta_ptr=fp32, G_ptr=fp32, Tinv_ptr=fp32, w_ptr=bf16,
                                 u_ptr=bf16, T=T, H=H, K=K, V=V), dict(BK=BK, BV=BV), chunks)
     add("state.state_forward_kernel", dict(k_ptr=bf16, w_ptr=bf16, u_ptr=bf16, G_ptr=fp32, h0_ptr=fp32, hs_ptr=bf16,
-                                           vnew_ptr=bf16, ht_ptr=fp32, T=T, H=H, K=K, V=V, NT=NT),
+                                           vnew_ptr=bf16, ht_ptr=fp32, T=T, H=H, K=K, V=V, NT=NT,
+                                           BH_BUCKET=BH_BUCKET, T_BUCKET=T_BUCKET),
         dict(KP=KP, HAS_H0=True, STORE_FINAL=True), lambda meta: math.ceil(V / meta["BV"]) * B * H)
     add("output.output_kernel", dict(q_ptr=bf16, k_ptr=bf16, G_ptr=fp32, hs_ptr=bf16, vnew_ptr=bf16, o_ptr=bf16,
-                                     scale=K ** -0.5, T=T, H=H, K=K, V=V, NT=NT), dict(BK=BK),
+                                     scale=K ** -0.5, T=T, H=H, K=K, V=V, NT=NT, BH_BUCKET=BH_BUCKET,
+                                     T_BUCKET=T_BUCKET), dict(BK=BK),
         lambda meta: math.ceil(V / meta["BV"]) * chunks)
     add("output.dv_local_kernel", dict(q_ptr=bf16, k_ptr=bf16, G_ptr=fp32, do_ptr=bf16, dv_local_ptr=bf16,
                                        scale=K ** -0.5, T=T, H=H, K=K, V=V), dict(BK=BK, BV=BV), chunks)
     add("state.state_backward_kernel", dict(q_ptr=bf16, k_ptr=bf16, w_ptr=bf16, G_ptr=fp32, do_ptr=bf16,
                                             dv_local_ptr=bf16, dht_ptr=fp32, dhs_ptr=bf16, dvnew_ptr=bf16,
-                                            dh0_ptr=fp32, scale=K ** -0.5, T=T, H=H, K=K, V=V, NT=NT),
+                                            dh0_ptr=fp32, scale=K ** -0.5, T=T, H=H, K=K, V=V, NT=NT,
+                                            BH_BUCKET=BH_BUCKET, T_BUCKET=T_BUCKET),
         dict(KP=KP, HAS_DHT=True), lambda meta: math.ceil(V / meta["BV"]) * B * H)
     add("output.dqkwg_kernel", dict(q_ptr=bf16, k_ptr=bf16, G_ptr=fp32, hs_ptr=bf16, dhs_ptr=bf16, vnew_ptr=bf16,
                                     do_ptr=bf16, dvnew_ptr=bf16, dq_ptr=fp32, dk_part_ptr=fp32, dw_ptr=fp32,
-                                    dG_part_ptr=fp32, scale=K ** -0.5, B=B, T=T, H=H, K=K, V=V, NT=NT),
+                                    dG_part_ptr=fp32, scale=K ** -0.5, B=B, T=T, H=H, K=K, V=V, NT=NT,
+                                    BH_BUCKET=BH_BUCKET, T_BUCKET=T_BUCKET),
         dict(KP=KP, BV=BV), lambda meta: math.ceil(K / meta["BK"]) * chunks)
     add("intra.wy_backward_kernel", dict(k_ptr=bf16, v_ptr=bf16, beta_ptr=fp32, G_ptr=fp32, Tinv_ptr=fp32,
                                          dw_ptr=fp32, du_ptr=bf16, dk_part_ptr=fp32, dG_part_ptr=fp32, dk_ptr=fp32,

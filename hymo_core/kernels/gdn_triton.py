@@ -14,7 +14,8 @@ between forward and backward. Then
   7. dqkwg_kernel         (key block, chunk, batch x head)  dq, dk (part), dw, dg (part)
   8. wy_backward_kernel   (chunk, batch x head)       dk, dv, dbeta, dg (reverse in-chunk cumsum)
 Only 3 and 6 walk the chunks in order. No atomics: every gradient is written once (per key block
-for dg, summed in step 8), so results are deterministic.
+for dg, summed in step 8), so results are deterministic. The kernels whose best config depends on
+the problem size (3, 4, 6, 7) take it for their autotune key (tuning.SIZE_KEY).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from hymo_core.kernels.gdn_chunk import CHUNK  # 64: the inverse kernel is writt
 from hymo_core.kernels.gdn_triton_intra import gate_inverse_kernel, wu_kernel, wy_backward_kernel
 from hymo_core.kernels.gdn_triton_output import dqkwg_kernel, dv_local_kernel, output_kernel
 from hymo_core.kernels.gdn_triton_state import state_backward_kernel, state_forward_kernel
-from hymo_core.kernels.tuning import launch
+from hymo_core.kernels.tuning import launch, size_buckets
 
 assert CHUNK == 64, "gate_inverse_kernel inverts exactly four 16 x 16 diagonal blocks"
 MAX_KEY_DIM = 256
@@ -60,7 +61,7 @@ def _states(k, w, u, G, h0, sizes, final: bool):
     v_new = torch.empty_like(u)
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32) if final else hs
     launch(state_forward_kernel, lambda meta: (triton.cdiv(V, meta["BV"]), B * H),
-           k, w, u, G, h0 if h0 is not None else hs, hs, v_new, ht, T, H, K, V, NT,
+           k, w, u, G, h0 if h0 is not None else hs, hs, v_new, ht, T, H, K, V, NT, *size_buckets(B * H, T),
            C=CHUNK, KP=sizes["KP"], HAS_H0=h0 is not None, STORE_FINAL=final)
     return hs, v_new, ht
 
@@ -77,7 +78,7 @@ def gdn_forward(q, k, v, g, beta, scale: float, h0):
     hs, v_new, ht = _states(k, w, u, G, h0, sizes, final=True)
     o = torch.empty_like(v)
     launch(output_kernel, lambda meta: (triton.cdiv(V, meta["BV"]), NT, B * H), q, k, G, hs, v_new, o, scale,
-           T, H, K, V, NT, C=CHUNK, BK=sizes["BK"])
+           T, H, K, V, NT, *size_buckets(B * H, T), C=CHUNK, BK=sizes["BK"])
     return o, ht, G, Tinv
 
 
@@ -96,13 +97,15 @@ def gdn_backward(q, k, v, beta, G, Tinv, h0, do, dht, scale: float):
     dh0 = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     launch(state_backward_kernel, lambda meta: (triton.cdiv(V, meta["BV"]), B * H),
            q, k, w, G, do, dv_local, dht if dht is not None else dh0, dhs, dv_new, dh0, scale, T, H, K, V, NT,
+           *size_buckets(B * H, T),
            C=CHUNK, KP=sizes["KP"], HAS_DHT=dht is not None)
     dq = torch.empty(B, T, H, K, device=k.device, dtype=torch.float32)
     dk_part, dw = torch.empty_like(dq), torch.empty_like(dq)
-    max_nk = triton.cdiv(K, 16)  # the smallest BK autotune may pick
-    dG_part = torch.zeros(max_nk, B, T, H, device=k.device, dtype=torch.float32)
+    max_nk = triton.cdiv(K, 16)  # one slice per 16 keys (the smallest BK), each written by every config
+    dG_part = torch.empty(max_nk, B, T, H, device=k.device, dtype=torch.float32)
     launch(dqkwg_kernel, lambda meta: (triton.cdiv(K, meta["BK"]), NT, B * H),
            q, k, G, hs, dhs, v_new, do, dv_new, dq, dk_part, dw, dG_part, scale, B, T, H, K, V, NT,
+           *size_buckets(B * H, T),
            C=CHUNK, KP=sizes["KP"], BV=sizes["BV"])
     dk = torch.empty_like(dq)
     dv = torch.empty_like(v)

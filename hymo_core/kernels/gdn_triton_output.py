@@ -15,14 +15,14 @@ import triton
 import triton.language as tl
 
 from hymo_core.kernels.gdn_triton_tiles import causal_decay, chunk_program, load_seq, load_state, mm, store_seq
-from hymo_core.kernels.tuning import autotuned, only_on
+from hymo_core.kernels.tuning import SIZE_KEY, autotuned, only_on
 
 OUTPUT_CONFIGS = [triton.Config({"BV": bv}, num_warps=4, num_stages=2) for bv in (32, 64)]
 
 
-@autotuned(OUTPUT_CONFIGS, key=["K", "V"])
-@triton.jit
-def output_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, vnew_ptr, o_ptr, scale, T, H, K, V, NT,
+@autotuned(OUTPUT_CONFIGS, key=["K", "V", *SIZE_KEY])
+@triton.jit(do_not_specialize=SIZE_KEY)
+def output_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, vnew_ptr, o_ptr, scale, T, H, K, V, NT, BH_BUCKET, T_BUCKET,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT = q_ptr.dtype.element_ty
@@ -69,15 +69,24 @@ def key_block_fits(config: triton.Config, meta: dict) -> bool:
     return config.kwargs["BK"] <= meta["KP"] and narrow == (meta["KP"] == 16)
 
 
-@autotuned(DQKWG_CONFIGS, key=["K", "V"], keep=key_block_fits)
-@triton.jit
+@autotuned(DQKWG_CONFIGS, key=["K", "V", *SIZE_KEY], keep=key_block_fits)
+@triton.jit(do_not_specialize=SIZE_KEY)
 def dqkwg_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, dhs_ptr, vnew_ptr, do_ptr, dvnew_ptr,
-                 dq_ptr, dk_part_ptr, dw_ptr, dG_part_ptr, scale, B, T, H, K, V, NT,
+                 dq_ptr, dk_part_ptr, dw_ptr, dG_part_ptr, scale, B, T, H, K, V, NT, BH_BUCKET, T_BUCKET,
                  C: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """dG_part has one (B, T, H) slice per 16 keys (the narrowest key block), ceil(K / 16) in all. Key
+    block i_k covers slices i_k BK/16 .. (i_k + 1) BK/16 - 1: its gate gradient goes to the first, zeros
+    to the others. So every config writes every slice, and what the autotuner's timed runs of a
+    narrower block wrote cannot reach the WY pass (which sums them all)."""
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     DT = q_ptr.dtype.element_ty
     i_b, i_h, rows, mask, last_row, t0 = chunk_program(i_n, i_bh, T, H, C)
     k0 = i_k * BK
+    SLICES: tl.constexpr = BK // 16
+    # the zeros first, while no tile is live: written at the end they made dqkwg spill on sm_80
+    for j in range(1, tl.minimum(SLICES, tl.cdiv(K, 16) - i_k * SLICES)):
+        tl.store(dG_part_ptr + (i_k * SLICES + j).to(tl.int64) * B * T * H + rows, tl.zeros([C], tl.float32),
+                 mask=mask)
     do_h = tl.zeros([C, BK], dtype=tl.float32)  # do h^T
     dkd = tl.zeros([C, BK], dtype=tl.float32)  # v_new dh^T: the gradient of k exp(G_L - G)
     dw = tl.zeros([C, BK], dtype=tl.float32)
@@ -113,4 +122,4 @@ def dqkwg_kernel(q_ptr, k_ptr, G_ptr, hs_ptr, dhs_ptr, vnew_ptr, do_ptr, dvnew_p
     store_seq(dq_ptr, i_b, i_h, T, H, K, t0, k0, dq)
     store_seq(dk_part_ptr, i_b, i_h, T, H, K, t0, k0, dk)
     store_seq(dw_ptr, i_b, i_h, T, H, K, t0, k0, dw)
-    tl.store(dG_part_ptr + i_k * B * T * H + rows, dG, mask=mask)
+    tl.store(dG_part_ptr + (i_k * SLICES).to(tl.int64) * B * T * H + rows, dG, mask=mask)

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from hymo_core.kernels.gdn_triton_tiles import chunk_program, load_seq, load_state, mm, store_seq, store_state
-from hymo_core.kernels.tuning import autotuned, only_on
+from hymo_core.kernels.tuning import SIZE_KEY, autotuned, only_on
 
 STATE_CONFIGS = [only_on(arch, triton.Config({"BV": bv}, num_warps=w, num_stages=2))
                  for arch, bv, w in (("hopper", 16, 2), ("hopper", 32, 4), ("hopper", 64, 8),
@@ -33,9 +33,10 @@ def state_fits(config: triton.Config, meta: dict) -> bool:
     return per_thread <= 96
 
 
-@autotuned(STATE_CONFIGS, key=["K", "V"], keep=state_fits)
-@triton.jit
+@autotuned(STATE_CONFIGS, key=["K", "V", *SIZE_KEY], keep=state_fits)
+@triton.jit(do_not_specialize=SIZE_KEY)
 def state_forward_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h0_ptr, hs_ptr, vnew_ptr, ht_ptr, T, H, K, V, NT,
+                         BH_BUCKET, T_BUCKET,
                          C: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                          STORE_FINAL: tl.constexpr):
     i_bh, v0 = tl.program_id(1), tl.program_id(0) * BV
@@ -58,10 +59,10 @@ def state_forward_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h0_ptr, hs_ptr, vnew_ptr, h
         store_state(ht_ptr, i_bh, 0, 1, K, V, 0, v0, h)
 
 
-@autotuned(STATE_CONFIGS, key=["K", "V"], keep=state_fits)
-@triton.jit
+@autotuned(STATE_CONFIGS, key=["K", "V", *SIZE_KEY], keep=state_fits)
+@triton.jit(do_not_specialize=SIZE_KEY)
 def state_backward_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dv_local_ptr, dht_ptr, dhs_ptr, dvnew_ptr, dh0_ptr,
-                          scale, T, H, K, V, NT,
+                          scale, T, H, K, V, NT, BH_BUCKET, T_BUCKET,
                           C: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr):
     i_bh, v0 = tl.program_id(1), tl.program_id(0) * BV
     DT = k_ptr.dtype.element_ty

@@ -116,10 +116,18 @@ def store_state(ptr, i_bh, i_n, NT, K, V, k0, v0, tile):
 
 @triton.jit
 def causal_decay(G, INCLUSIVE: tl.constexpr):
-    """exp(G_t - G_s) for s <= t (s < t unless INCLUSIVE), 0 elsewhere; the exponent is masked first."""
+    """exp(G_t - G_s) for s <= t (s < t unless INCLUSIVE), 0 elsewhere; the exponent is masked, then clamped at 0.
+
+    With g <= 0 the exponent of a real pair is <= 0 already. The clamp is for the padded rows of a ragged
+    last chunk: their gate is read as 0, so against a real token whose in-chunk gate is below -88.7 the
+    exp would overflow to inf, and inf x 0 (the row's zero q, k, beta or dA) is NaN, which the next dot
+    spreads into the real rows. fla's `safe_exp` does the same job by sending a positive exponent to
+    -inf; a clamp costs the (C, C) tile no extra predicate registers (dqkwg and wy_backward sit at 255
+    on sm_80), and gives a padded row a finite factor that its zeros then cancel.
+    """
     i = tl.arange(0, G.shape[0])
     if INCLUSIVE:
         keep = i[:, None] >= i[None, :]
     else:
         keep = i[:, None] > i[None, :]
-    return tl.exp(tl.where(keep, G[:, None] - G[None, :], float("-inf")))
+    return tl.exp(tl.where(keep, tl.minimum(G[:, None] - G[None, :], 0.0), float("-inf")))
