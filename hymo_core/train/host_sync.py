@@ -32,14 +32,25 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 aten = torch.ops.aten
 
-SCALAR_READ_OPS = frozenset({aten._local_scalar_dense.default, aten.equal.default})
-DATA_DEPENDENT_OPS = frozenset(  # output sized by the values (bincount: by the largest one)
-    getattr(aten, name).default for name in ("nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
-                                             "unique_consecutive", "unique_dim_consecutive", "bincount")
-)
-BOOL_INDEX_OPS = frozenset({aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
-                            aten._index_put_impl_.default})
-COPY_OPS = frozenset({aten._to_copy.default, aten.copy_.default})
+
+def _overloads(*names: str) -> frozenset:
+    """The named aten overloads ("op" = its default, "op.overload") that this torch build has."""
+    found = []
+    for name in names:
+        op, _, overload = name.partition(".")
+        packet = getattr(aten, op, None)
+        if packet is not None and hasattr(packet, overload or "default"):
+            found.append(getattr(packet, overload or "default"))
+    return frozenset(found)
+
+
+DATA_DEPENDENT_OPS = _overloads(  # output sized by the values (bincount: by the largest one)
+    "nonzero", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive",
+    "bincount")
+REPEAT_INTERLEAVE_OPS = _overloads("repeat_interleave.Tensor", "repeat_interleave.self_Tensor")
+SCALAR_READ_OPS = _overloads("_local_scalar_dense", "equal")
+BOOL_INDEX_OPS = _overloads("index.Tensor", "index_put", "index_put_", "_index_put_impl_")
+COPY_OPS = _overloads("_to_copy", "copy_")
 PYTHON_READS = ("tolist", "numpy")
 
 
@@ -74,7 +85,7 @@ def sync_kind(func, args, kwargs) -> str | None:
         return str(func)
     if func in BOOL_INDEX_OPS and len(args) > 1 and _has_bool_index(args[1]):
         return f"{func} with a boolean index"
-    if func is aten.repeat_interleave.Tensor or func is aten.repeat_interleave.self_Tensor:
+    if func in REPEAT_INTERLEAVE_OPS:
         if kwargs.get("output_size") is None:
             return f"{func} without output_size"
     if func in COPY_OPS:

@@ -62,9 +62,6 @@ def native_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-grouped_mm_available = native_grouped_mm  # the name earlier callers use
-
-
 def grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     """`torch._grouped_mm`'s FLOPs, every row of the buffer counted (padding and slack included): 2 m k n.
 
