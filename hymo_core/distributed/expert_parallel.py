@@ -10,25 +10,23 @@ its E / P experts per block over the W / P groups and reduce-scatters their grad
 expert, embeddings) is FSDP / HSDP-sharded as before. DCP sees the global (E, out, in) tensor, so a
 checkpoint written under EP loads without it and the other way round.
 
-A MoE forward under EP (torchtitan's MoE design, with fixed-size buffers):
+A MoE forward under EP (torchtitan's design: dropless, variable splits):
 1. every rank routes its own tokens: router, gate bias, top-k, capacity drops and load counts are
-   the layer's own code (hymo_core/models/layers/moe.py), unchanged;
-2. its assignments sit in the padded (E, C, D) stack; C (rows per expert) depends on the shapes only,
-   so the block of experts owned by group rank p is a fixed slice: one all-to-all with equal split
-   sizes sends each block to its owner. No routing figure is read back to the host;
-3. each rank runs its E / P experts over the P * C rows it received (one batched SwiGLU);
+   the layer's own code (hymo_core/models/layers/moe.py), unchanged; its kept assignments are sorted
+   by expert, so the rows bound for group rank p (experts p * E / P ..) are one contiguous block;
+2. one all-to-all of the E per-expert counts tells each rank how many rows every source sends to
+   each of its experts; those counts and its own are read to the host together: one small D2H read
+   per MoE layer and forward (E + E integers), the price of sending no padding. It is the one host
+   sync of an EP training step (evaluation and activation-checkpoint recomputation pay it again);
+3. the rows travel by all-to-all with those split sizes; each rank runs its E / P experts over
+   what it received, grouped by expert (the layer's grouped / looped layout, ~N k rows of work);
 4. the same all-to-all in reverse brings the outputs home; the layer un-sorts and combines them.
 
-The price of fixed splits is padding: E * C * D values travel where N * k * D are real. With a
-capacity factor cf, C = cf * N * k / E and the padding is cf; without one, C = N and it is E / k
-(the planner reports the bytes). Gradients: all_to_all's backward returns each expert's gradient
-from every rank of the group, summed; it is scaled by 1 / P in the backward, and FSDP's mean over the
-W / P groups makes it FSDP's mean over all W ranks.
-
-Every rank of a group must run the same forwards with the same C: training micro-batches have one
-shape by construction; in evaluation (shapes may differ, e.g. cloze continuations) the group agrees
-on the largest C first, one small all-reduce and host read per MoE layer per forward, outside the
-training step.
+Nothing is padded on the wire: the N k kept rows travel (a capacity factor only drops). Gradients:
+all_to_all's backward returns each expert's gradient from every rank of the group, summed; it is
+scaled by 1 / P in the backward, and FSDP's mean over the W / P groups makes it FSDP's mean over all
+W ranks. Ranks may send different row counts, so evaluation batches of different shapes need no
+agreement step.
 """
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from hymo_core.distributed.process_group import Runtime
-from hymo_core.models.layers.moe import MoE, stacked_swiglu
+from hymo_core.models.layers.moe import MoE, SortedAssignments, expert_swiglu
 from hymo_core.train.config import TrainConfig
 
 EXPERT_MESH_DIMS = ("expert_data", "expert")
@@ -58,40 +56,52 @@ class _ScaleGradient(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def _all_to_all(blocks_PXD: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """Block p goes to group rank p; block s of the result came from group rank s. Equal splits, autograd."""
+def _all_to_all(rows_XD: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup) -> torch.Tensor:
+    """Rows send[p] (in order) go to group rank p; the result holds receive[s] rows from each rank s. Autograd."""
     from torch.distributed.nn.functional import all_to_all_single
 
-    return all_to_all_single(torch.empty_like(blocks_PXD), blocks_PXD.contiguous(), group=group)
+    out = rows_XD.new_empty(sum(receive), rows_XD.shape[1])
+    return all_to_all_single(out, rows_XD.contiguous(), output_split_sizes=receive, input_split_sizes=send, group=group)
 
 
 @dataclass
 class ExpertDispatch:
-    """`RoutedExperts.dispatch` under EP: (E, C, D) stack in, its experts' outputs back, same layout."""
+    """`RoutedExperts.dispatch` under EP: expert-sorted rows in, their experts' outputs back, same order."""
 
     group: dist.ProcessGroup  # the P ranks of this rank's expert group
     ranks: int  # P
 
-    def agreed_rows(self, rows: int, device: torch.device) -> int:
-        """The largest C in the group (evaluation only: a host read)."""
-        value = torch.tensor([rows], device=device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
-        return int(value.item())
+    def exchange_counts(self, kept_E: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor]:
+        """Rows this rank sends to each expert, and rows each source sends to each local expert (source-major),
+        on the host, the latter on the device too: one all-to-all of the counts and one host read of both."""
+        received_SL = torch.empty_like(kept_E)
+        dist.all_to_all_single(received_SL, kept_E.contiguous(), group=self.group)
+        figures = torch.cat((kept_E, received_SL)).tolist()  # the documented host read of an EP forward
+        return figures[:kept_E.numel()], figures[kept_E.numel():], received_SL
 
-    def __call__(self, stack_ECD: torch.Tensor, weights: tuple[torch.Tensor, ...], dtype: torch.dtype,
-                 training: bool) -> torch.Tensor:
-        E, C, D = stack_ECD.shape
-        P, local = self.ranks, E // self.ranks
-        rows = C if training else self.agreed_rows(C, stack_ECD.device)
-        if rows > C:
-            stack_ECD = torch.cat((stack_ECD, stack_ECD.new_zeros(E, rows - C, D)), dim=1)
-        received_PLRD = _all_to_all(stack_ECD.reshape(P, local * rows, D), self.group).view(P, local, rows, D)
-        mine_LXD = received_PLRD.permute(1, 0, 2, 3).reshape(local, P * rows, D)  # each local expert: every source's rows
+    def __call__(self, x_AD: torch.Tensor, assignments: SortedAssignments, weights: tuple[torch.Tensor, ...],
+                 dtype: torch.dtype, layout: str) -> torch.Tensor:
+        E, D = assignments.kept_E.numel(), x_AD.shape[1]
+        P, L = self.ranks, E // self.ranks
+        sent_E, received_SL, received_device_SL = self.exchange_counts(assignments.kept_E)
+        send = [sum(sent_E[p * L:(p + 1) * L]) for p in range(P)]
+        receive = [sum(received_SL[s * L:(s + 1) * L]) for s in range(P)]
+        kept = sum(sent_E)
+        # Kept rows back to back in expert order (dropped ones park in a spare last row, never sent).
+        starts_E = torch.cumsum(assignments.kept_E, 0) - assignments.kept_E
+        position_A = torch.where(assignments.kept_A, starts_E[assignments.experts_A] + assignments.rank_A, kept)
+        rows_KD = x_AD.new_zeros(kept + 1, D).index_put((position_A,), torch.where(assignments.kept_A.unsqueeze(1), x_AD, 0.0))
+        received_RD = _all_to_all(rows_KD[:kept], send, receive, self.group)
+        # Received rows come source-major (s, local expert l); each l's rows from every source form its group.
+        R = received_RD.shape[0]
+        segment_ends = torch.cumsum(received_device_SL, 0)
+        local_expert_R = torch.searchsorted(segment_ends, torch.arange(R, device=x_AD.device), right=True) % L
+        local, order_R = SortedAssignments.of(local_expert_R, L, max(R, 1))
         w1, w2, w3 = (_ScaleGradient.apply(w.to_local(), 1.0 / P).to(dtype) for w in weights)
-        out_LXD = stacked_swiglu(mine_LXD, w1, w2, w3)
-        back_PLRD = out_LXD.view(local, P, rows, D).permute(1, 0, 2, 3)
-        returned_ERD = _all_to_all(back_PLRD.reshape(P, local * rows, D), self.group).view(E, rows, D)
-        return returned_ERD[:, :C]
+        y_RD = expert_swiglu(layout, received_RD[order_R], local, w1, w2, w3)
+        y_RD = torch.empty_like(y_RD).index_copy(0, order_R, y_RD)  # back to the order the rows arrived in
+        returned_KD = _all_to_all(y_RD, receive, send, self.group)
+        return torch.cat((returned_KD, returned_KD.new_zeros(1, D)))[position_A]
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:

@@ -3,10 +3,10 @@
 The rules are those of hymo_core/distributed/expert_parallel.py: with W ranks and `expert = P`,
 every weight but the routed experts is FSDP-sharded over W; the routed experts are split over the P
 ranks of an expert group and FSDP-sharded over the W / P groups, so a rank keeps 1 / W of them at
-any P. Each MoE forward exchanges the fixed-size padded stack (E experts x C rows x d): a rank
-sends (P - 1) / P of it out and as much back (dispatch, combine), and the backward repeats both.
-C = ceil(cf * N * k / E) with a capacity factor cf, else N (N tokens per micro-batch), so without a
-capacity factor the stack is E / k times the real assignments. Against that, EP moves fewer expert
+any P. Each MoE forward sends every kept assignment's row (dropless: N k rows, N tokens per
+micro-batch; a capacity factor cf keeps at most E x C, C = ceil(cf * N * k / E)) to its expert's rank
+with variable split sizes, no padding: with balanced routing a rank sends (P - 1) / P of its rows out
+and as much back (dispatch, combine), and the backward repeats both. Against that, EP moves fewer expert
 weights: FSDP over W all-gathers every expert (forward and backward) and reduce-scatters its gradient
 on every micro-batch; under EP a rank does that only for its E / P experts, over the W / P groups
 (nothing at P = W).
@@ -35,7 +35,7 @@ def routed_expert_parameters(shape: ModelShape) -> int:
 
 
 def rows_per_expert(tokens: int, shape: ModelShape, capacity_factor: float) -> int:
-    """C of the padded stack (hymo_core/models/layers/moe.py `MoE.capacity`)."""
+    """C, the most assignments one expert keeps (hymo_core/models/layers/moe.py `MoE.capacity`)."""
     if capacity_factor <= 0:
         return tokens
     return min(tokens, math.ceil(capacity_factor * tokens * shape.moe_activated_experts / shape.moe_routed_experts))
@@ -48,7 +48,7 @@ class ExpertParallelCost:
     state_bytes: float  # per rank: FSDP-sharded non-experts + this rank's experts, weights + grads + optimizer
     expert_state_bytes: float  # the routed experts' part of it
     alltoall_bytes: float  # per rank per micro-batch, all MoE layers, forward + backward, sent (received alike)
-    padding: float  # stack rows / real assignments
+    padding: float  # rows sent / real assignments (1: variable splits send no padding; < 1 when a capacity drops)
     expert_weight_bytes: float  # per rank per micro-batch: moving expert weights / gradients instead of tokens
     gathered_bytes: float  # per rank, held while one MoE block runs: its experts all-gathered by FSDP (bf16)
 
@@ -61,10 +61,10 @@ def expert_parallel_cost(shape: ModelShape, ranks: int, expert: int, tokens: int
     routed = routed_expert_parameters(shape)
     rest = count_parameters(shape).total - routed
     experts = routed * STATE_BYTES / ranks  # E / P experts per rank, FSDP-sharded over the W / P groups
-    rows = rows_per_expert(tokens, shape, capacity_factor)
-    stack = shape.moe_routed_experts * rows * shape.d_model * activation_bytes
-    sent = 4 * stack * (expert - 1) / expert * moe_layer_count(shape)  # dispatch + combine, forward + backward
     assignments = tokens * max(shape.moe_activated_experts, 1)
+    kept = min(assignments, shape.moe_routed_experts * rows_per_expert(tokens, shape, capacity_factor))
+    rows_bytes = kept * shape.d_model * activation_bytes
+    sent = 4 * rows_bytes * (expert - 1) / expert * moe_layer_count(shape)  # dispatch + combine, forward + backward
     # FSDP over the W / P groups of this rank's E / P experts: bf16 all-gather in forward and again in
     # backward, fp32 reduce-scatter of the gradients (P = 1: every expert over all W ranks; P = W: nothing).
     groups = ranks // expert
@@ -72,7 +72,7 @@ def expert_parallel_cost(shape: ModelShape, ranks: int, expert: int, tokens: int
     layers = max(moe_layer_count(shape), 1)
     gathered = routed / layers / expert * WEIGHT_BYTES if groups > 1 else 0.0  # P = W: nothing to gather
     return ExpertParallelCost(ranks, expert, rest * STATE_BYTES / ranks + experts, experts, sent,
-                              shape.moe_routed_experts * rows / assignments if shape.moe_routed_experts else 0.0, weights,
+                              kept / assignments if shape.moe_routed_experts else 0.0, weights,
                               gathered)
 
 
@@ -87,7 +87,7 @@ def format_expert_parallel(label: str, shape: ModelShape, ranks: list[int], toke
              f"{moe_layer_count(shape)} MoE layers; {tokens:,} tokens per rank per micro-batch, bf16 activations",
              "",
              "| ranks | expert | state GB/rank | of it experts | gathered experts per block GB | capacity factor "
-             "| stack / assignments | token all-to-all MB | expert weights/grads MB |",
+             "| rows sent / assignments | token all-to-all MB | expert weights/grads MB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for world in ranks:
         for degree in expert_degrees(shape, world):

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from hymo_core.train.alerts import parse_alerts
-from hymo_core.train.optim_config import NS_DTYPE_NAMES, NorMuonConfig, OptimizerConfig
+from hymo_core.train.optim_config import NS_DTYPE_CHOICES, NorMuonConfig, OptimizerConfig, resolve_ns_dtype
 from hymo_core.train.schedule import SCHEDULE_KINDS, ScheduleConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -45,7 +45,7 @@ class TrainConfig:
     muon_momentum: float = 0.95
     muon_nesterov: bool = True
     muon_ns_steps: int = 5
-    muon_ns_dtype: str = ""  # "" = float32 on CPU (bf16 is emulated there), bfloat16 on CUDA
+    muon_ns_dtype: str = ""  # "" / "auto" = float32 on CPU (bf16 is emulated there), bfloat16 on CUDA
     qk_clip: bool = True
     qk_clip_threshold: float = 100.0  # tau: max attention logit a head may keep after an update
     max_grad_norm: float = 1.0  # 0 disables ordinary clipping
@@ -95,8 +95,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.schedule not in SCHEDULE_KINDS:
             raise ValueError(f"TrainConfig.schedule must be one of {SCHEDULE_KINDS}, got {self.schedule!r}")
-        if self.muon_ns_dtype and self.muon_ns_dtype not in NS_DTYPE_NAMES:
-            raise ValueError(f"TrainConfig.muon_ns_dtype must be '' or one of {NS_DTYPE_NAMES}, got {self.muon_ns_dtype!r}")
+        if self.muon_ns_dtype and self.muon_ns_dtype not in NS_DTYPE_CHOICES:
+            raise ValueError(f"TrainConfig.muon_ns_dtype must be '' or one of {NS_DTYPE_CHOICES}, got {self.muon_ns_dtype!r}")
         if not (math.isfinite(self.peak_lr) and self.peak_lr > 0):
             raise ValueError(f"TrainConfig.peak_lr must be positive, got {self.peak_lr}")
         if not (self.weight_decay >= 0 and self.max_grad_norm >= 0 and self.qk_clip_threshold > 0 and self.fp16_init_scale > 0):
@@ -138,7 +138,7 @@ class TrainConfig:
         return world_size // self.expert, self.expert
 
     def optimizer_config(self, device) -> OptimizerConfig | NorMuonConfig:
-        ns_dtype = self.muon_ns_dtype or ("bfloat16" if device.type == "cuda" else "float32")
+        ns_dtype = resolve_ns_dtype(self.muon_ns_dtype or "auto", device)
         if self.optimizer == "normuon":
             return NorMuonConfig(lr=self.peak_lr, muon_lr=self.muon_peak_lr or self.peak_lr, muon_momentum=self.muon_momentum,
                                  muon_weight_decay=self.weight_decay, row_normalisation=self.normuon_row_normalisation,

@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.optim.adamw import adamw
 
 from hymo_core.models.configs import ModelConfig
+from hymo_core.planner.muon import newton_schulz_flops
 from hymo_core.models.mup import adamw_lr_multiplier, muon_lr_multiplier, width_role
 from hymo_core.train.partition import partition_parameters, weight_decay_for
-from hymo_core.train.optim_config import NS_DTYPE_NAMES, NorMuonConfig, OptimizerConfig
+from hymo_core.train.optim_config import NS_DTYPE_NAMES, NorMuonConfig, OptimizerConfig, resolve_ns_dtype
 
 from hymo_core.train.owned_newton_schulz import local_part, orthogonalise_groups, rows_like, shard_group, sum_over_shards_
 
@@ -83,10 +85,14 @@ def muon_lr_scale(shape: tuple[int, ...], adjustment: str) -> float:
     return 1.0
 
 
-def _stack_function(group: dict, per_matrix: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+def ns_dtype_of(group: dict, device: torch.device) -> torch.dtype:
+    """The dtype a Muon / NorMuon group's Newton-Schulz runs in on `device` ("auto": bf16 on CUDA, fp32 elsewhere)."""
+    return NS_DTYPES[resolve_ns_dtype(group["ns_dtype"], device)]
+
+
+def _stack_function(group: dict, per_matrix: bool, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     """Newton-Schulz of a stack (N, A, B) with the group's settings: one bmm chain, or the per-matrix addmm loop."""
     steps, coefficients, eps = group["ns_steps"], tuple(group["ns_coefficients"]), group["ns_eps"]
-    dtype = NS_DTYPES[group["ns_dtype"]]
     if per_matrix:  # MuonAdamW: held bit for bit to torch.optim.Muon's addmm chain
         return lambda x_NAB: torch.stack([newton_schulz(m, steps, coefficients, eps, dtype) for m in x_NAB.unbind(0)])
     return lambda x_NAB: newton_schulz_batched(x_NAB, steps, coefficients, eps, dtype)
@@ -102,13 +108,43 @@ def orthogonalise(updates: list[torch.Tensor], group: dict, per_matrix: bool) ->
     for index, update in enumerate(updates):
         by_shape.setdefault(tuple(update.shape), []).append(index)
     order = list(by_shape.values())
-    results = orthogonalise_groups([[updates[i] for i in indices] for indices in order], _stack_function(group, per_matrix),
-                                   NS_DTYPES[group["ns_dtype"]])
+    dtype = ns_dtype_of(group, updates[0].device)
+    results = orthogonalise_groups([[updates[i] for i in indices] for indices in order], _stack_function(group, per_matrix, dtype),
+                                   dtype)
     directions: list[torch.Tensor | None] = [None] * len(updates)
     for indices, stack in zip(order, results):
         for index, direction in zip(indices, stack):
             directions[index] = direction
     return directions  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class NewtonSchulzCost:
+    """What an optimizer's Newton-Schulz costs per update: every Muon / NorMuon matrix orthogonalised once
+    (the whole model's figure; under FSDP's owned scheme each rank does its share, hymo_core/planner/muon.py)."""
+
+    flops: int
+    dtype: str  # as resolved on the parameters' device
+    matrices: int
+
+    def to_json(self) -> dict:
+        return {"ns_flops": self.flops, "ns_dtype": self.dtype, "ns_matrices": self.matrices}
+
+
+def newton_schulz_cost(optimizer: torch.optim.Optimizer) -> NewtonSchulzCost:
+    """FLOPs and dtype of one update's Newton-Schulz, from the optimizer's own Muon / NorMuon groups (what an
+    MFU row adds to the model's FLOPs). Counted with the planner's per-matrix rule on the wide orientation."""
+    flops, matrices, dtypes = 0, 0, set()
+    for group in optimizer.param_groups:
+        if group.get("algorithm") not in ("muon", "normuon"):
+            continue
+        for param in group["params"]:
+            flops += newton_schulz_flops(param.shape[0], param.shape[1], group["ns_steps"])
+            matrices += 1
+            dtypes.add(str(ns_dtype_of(group, param.device)).removeprefix("torch."))
+    if len(dtypes) > 1:
+        raise ValueError(f"the optimizer's Newton-Schulz groups resolve to different dtypes: {sorted(dtypes)}")
+    return NewtonSchulzCost(flops, dtypes.pop() if dtypes else "none", matrices)
 
 
 # ---------------------------------------------------------------- the optimizer

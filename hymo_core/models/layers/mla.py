@@ -6,6 +6,12 @@
     k            = [k_nope | RoPE(k_r)], the rotated part shared by every head
     y            = wo(SDPA(q, k, v, causal))
 
+SDPA's FlashAttention backend wants one head dim for q, k and v, a multiple of 8, at most 256; MLA's
+are nope + rope (192 at hymo-750m) for q and k and v_dim (128) for v, so v is zero-padded to the
+shared width (q and k too when that is not a multiple of 8) and the output sliced back: zero value
+columns give zero output columns and zero q/k columns add nothing to a score, so the result is the
+unpadded one; the softmax scale is passed as 1 / sqrt(nope + rope) explicitly.
+
 The cache stores only c_kv and the unrotated k_r per position (kv_lora_rank +
 qk_rope_head_dim numbers per token and layer, whatever the head count). Cached
 decoding never rebuilds keys and values from it: kv_b_proj is absorbed into the
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from hymo_core import kernels
 from hymo_core.models.configs import ModelConfig
@@ -29,6 +36,26 @@ from hymo_core.kernels.logit_probe import scale_rows_
 from hymo_core.models.layers.attention import attend, causal_max_logits
 from hymo_core.models.layers.context import MixerContext
 from hymo_core.models.layers.norm import RMSNorm
+
+
+FLASH_MAX_HEAD_DIM = 256  # SDPA's flash backend: one head dim for q, k, v, a multiple of 8, at most this
+
+
+def flash_head_dim(qk_dim: int, v_dim: int) -> int | None:
+    """The head dim q, k and v are padded to so the flash backend applies; None when no padding can make it."""
+    width = -(-max(qk_dim, v_dim) // 8) * 8
+    return width if width <= FLASH_MAX_HEAD_DIM else None
+
+
+def attend_padded(q_BHTX: torch.Tensor, k_BHSX: torch.Tensor, v_BHSV: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
+    """Causal SDPA with the head dims padded to `flash_head_dim`, scaled by the real qk dim, sliced back to v's."""
+    qk_dim, v_dim = q_BHTX.shape[-1], v_BHSV.shape[-1]
+    width = flash_head_dim(qk_dim, v_dim)
+    if width is None:
+        return attend(q_BHTX, k_BHSX, v_BHSV, ctx, scale=1.0 / math.sqrt(qk_dim))
+    q_BHTX, k_BHSX = (F.pad(t, (0, width - qk_dim)) if width > qk_dim else t for t in (q_BHTX, k_BHSX))
+    v_BHSV = F.pad(v_BHSV, (0, width - v_dim)) if width > v_dim else v_BHSV
+    return attend(q_BHTX, k_BHSX, v_BHSV, ctx, scale=1.0 / math.sqrt(qk_dim))[..., :v_dim]
 
 
 @dataclass
@@ -113,7 +140,7 @@ class MultiHeadLatentAttention(nn.Module):
         q_BHTX, k_BHSX, v_BHSV = (t.transpose(1, 2) for t in (q_BTHX, k_BSHX, v_BSHV))
         if ctx.cache is None and self.probe:
             self.max_logit_H = causal_max_logits(q_BHTX, k_BHSX, math.sqrt(self.qk_dim))
-        y_BHTV = attend(q_BHTX, k_BHSX, v_BHSV, ctx)
+        y_BHTV = attend_padded(q_BHTX, k_BHSX, v_BHSV, ctx)
         return self.wo(y_BHTV.transpose(1, 2).reshape(B, T, H * self.v_dim))
 
     def decode_absorbed(self, q_BTHX: torch.Tensor, latent_BSR: torch.Tensor, k_rope_BSD: torch.Tensor,

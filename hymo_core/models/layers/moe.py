@@ -13,20 +13,22 @@ DeepSeek-V3's recipe as seed 000 (§6.5, "EMA gate-bias") uses it:
   b_i += gamma * sign(mean_load - load_i): under-loaded experts become more attractive;
 * an optional sequence-wise auxiliary loss (DeepSeek-V3 eq. 17-20), weight 0 by default.
 
-Experts run grouped, with no host read (no `.tolist()`, no data-dependent shape): assignments are
-sorted by expert (a stable argsort, so token order is kept inside an expert), each one's rank inside
-its expert comes from the sorted boundaries (`searchsorted`), and every sorted row gets a place in
-a buffer whose size depends on the shapes only. Two layouts of that buffer (`experts.layout`):
+Experts run dropless and grouped: assignments are sorted by expert (a stable argsort, so token
+order is kept inside an expert), each one's rank inside its expert comes from the sorted boundaries
+(`searchsorted`), and the work is about N k rows, not E / k times that. Layouts (`experts.layout`):
 
-* "grouped": the experts' rows back to back, each group padded to 16 rows, multiplied by
-  `torch._grouped_mm` with device-side offsets (chosen on CUDA with bf16 on sm_90+);
-* "padded": an (E, C, D) stack, C = the most rows one expert can receive (N tokens, as a token
-  picks k distinct experts, or the capacity), multiplied by one batched matmul (everywhere else).
+* "grouped": the experts' rows back to back in a buffer whose size depends on the shapes only
+  (N k + E * 15 rows at most), each group padded to 16 rows, multiplied by `torch._grouped_mm` with
+  device-side offsets: no host read. Chosen on CUDA sm_90+ in bf16 and on the CPU;
+* "looped": the same rows, one matmul chain per expert over its exact segment; the E segment sizes
+  are read to the host once per layer and forward. Chosen on CUDA where `_grouped_mm` has no native
+  kernel (fp32, or before sm_90);
+* "padded": an (E, C, D) stack, C = the most rows one expert can receive (N, or the capacity): E / k
+  times the work. Never chosen; the reference the others are tested against.
 
-Under expert parallelism (hymo_core/distributed/expert_parallel.py sets `experts.dispatch`) the
-padded stack is the unit of exchange: its (E, C, D) shape depends on the shapes only, so the
-all-to-all that sends each expert's rows to the rank holding it, and the one that brings the outputs
-back, have fixed, equal split sizes: no host read of the routing.
+Under expert parallelism (hymo_core/distributed/expert_parallel.py sets `experts.dispatch`) each
+expert's kept rows travel to the rank holding it by an all-to-all with variable split sizes, and back;
+the splits are read to the host, one small read per MoE layer and forward (the documented exception).
 
 Outputs go back to their (token, slot) rows and the k slots are summed, with no atomic scatter-add.
 With `capacity_factor > 0` an expert keeps at most ceil(cf * tokens * k / E) assignments per
@@ -46,15 +48,41 @@ import torch.nn.functional as F
 
 from hymo_core.models.configs import MoEConfig
 
-GROUP_ALIGN = 16  # rows of each grouped_mm group are padded to a multiple of this
-EXPERT_LAYOUTS = ("auto", "grouped", "padded")
+GROUP_ALIGN = 16  # rows of each grouped_mm group are padded to a multiple of this (16-byte TMA alignment, bf16 and fp32)
+EXPERT_LAYOUTS = ("auto", "grouped", "looped", "padded")
 
 
-def grouped_mm_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the grouped layout is chosen: this build has `torch._grouped_mm`, a Hopper+ GPU, bf16."""
-    if not hasattr(torch, "_grouped_mm") or device.type != "cuda" or dtype != torch.bfloat16:
+def native_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `torch._grouped_mm` runs its own kernel here, with device-side offsets: CUDA sm_90+ in bf16, or the CPU
+    (torch's per-group loop, where reading the offsets is no device sync)."""
+    if not hasattr(torch, "_grouped_mm"):
         return False
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """`torch._grouped_mm`'s FLOPs, every row of the buffer counted (padding and slack included): 2 m k n.
+
+    (m, k) x (G, k, n) is the forward and the input gradient; (k, m) x (m, n) -> (G, k, n) the weight
+    gradient, the offsets splitting m; (G, m, k) x (G, k, n) the batched form. torch's FlopCounterMode
+    has no formula for the op (it counts 0), so one is registered here.
+    """
+    if len(a_shape) == 3 and len(b_shape) == 3:
+        return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
+    return 2 * a_shape[-2] * a_shape[-1] * b_shape[-1]
+
+
+def _register_grouped_mm_flops() -> None:
+    from torch.utils import flop_counter
+
+    op = getattr(torch.ops.aten, "_grouped_mm", None)
+    if op is not None and op.default not in flop_counter.flop_registry and op not in flop_counter.flop_registry:
+        flop_counter.register_flop_formula(op)(grouped_mm_flops)
+
+
+_register_grouped_mm_flops()
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -64,24 +92,98 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-@dataclass
-class ExpertPlacement:
-    """Where each expert-sorted assignment sits in the expert buffer; device tensors only.
+def resolve_layout(layout: str, x: torch.Tensor) -> str:
+    """"auto": grouped where `torch._grouped_mm` runs natively, else looped. "padded" is never chosen: it is the
+    E / k times larger reference the others are tested against."""
+    if layout not in EXPERT_LAYOUTS:
+        raise ValueError(f"expert layout must be one of {EXPERT_LAYOUTS}, got {layout!r}")
+    if layout != "auto":
+        return layout
+    return "grouped" if native_grouped_mm(x.device, compute_dtype(x)) else "looped"
 
-    `rows` is the buffer's static row count, `position_A` the row of sorted assignment i (dropped
-    assignments of the padded layout share the spare last row, which is never multiplied into a kept
-    output), `offsets_E` (grouped layout) the int32 end row of each expert's group.
+
+@dataclass
+class SortedAssignments:
+    """One forward's (token, slot) assignments sorted by expert, token order kept inside an expert; device tensors.
+
+    `rank_A` is an assignment's place among its expert's; it is kept when that is below `capacity` (the most one
+    expert keeps: a shape-only bound); `counts_E` counts each expert's assignments, `kept_E` its kept ones.
     """
 
-    rows: int
-    position_A: torch.Tensor
-    offsets_E: torch.Tensor | None
+    experts_A: torch.Tensor
+    rank_A: torch.Tensor
+    kept_A: torch.Tensor
+    counts_E: torch.Tensor
+    kept_E: torch.Tensor
+    capacity: int
+
+    @staticmethod
+    def of(experts_A: torch.Tensor, n_experts: int, capacity: int) -> tuple["SortedAssignments", torch.Tensor]:
+        """Sort flat expert ids (a stable argsort); returns the assignments and the sorting order."""
+        order_A = torch.argsort(experts_A, stable=True)
+        sorted_A = experts_A[order_A]
+        bounds_E1 = torch.searchsorted(sorted_A, torch.arange(n_experts + 1, device=experts_A.device))
+        rank_A = torch.arange(sorted_A.numel(), device=experts_A.device) - bounds_E1[:-1][sorted_A]
+        counts_E = bounds_E1.diff()
+        return SortedAssignments(sorted_A, rank_A, rank_A < capacity, counts_E, counts_E.clamp(max=capacity), capacity), order_A
+
+
+def grouped_rows(assignments: SortedAssignments, n_experts: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The grouped buffer: its static row count, each kept assignment's row, and the int32 group ends.
+
+    Each expert's kept rows sit back to back, the group padded to GROUP_ALIGN rows; the slack (at most
+    E * (GROUP_ALIGN - 1) rows beyond the kept ones, a shape-only bound) joins the last group, so the groups
+    cover the whole buffer and no output row is left unwritten. Dropped assignments share the last row.
+    """
+    kept_bound = min(assignments.experts_A.numel(), n_experts * assignments.capacity)
+    rows = -(-(kept_bound + n_experts * (GROUP_ALIGN - 1) + 1) // GROUP_ALIGN) * GROUP_ALIGN
+    padded_E = (assignments.kept_E + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
+    ends_E = torch.cumsum(padded_E, 0)
+    position_A = torch.where(assignments.kept_A, (ends_E - padded_E)[assignments.experts_A] + assignments.rank_A, rows - 1)
+    ends_E = torch.cat((ends_E[:-1], ends_E.new_full((1,), rows)))
+    return rows, position_A, ends_E.to(torch.int32)
+
+
+def grouped_swiglu(x_PD: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
+    """Each expert's SwiGLU on its group of rows: three `torch._grouped_mm` calls, no padding beyond the groups'."""
+    hidden_PF = F.silu(torch._grouped_mm(x_PD, w1.mT, offs=ends_E)) * torch._grouped_mm(x_PD, w3.mT, offs=ends_E)
+    return torch._grouped_mm(hidden_PF, w2.mT, offs=ends_E)
 
 
 def stacked_swiglu(stack_ECD: torch.Tensor, w1_EFD: torch.Tensor, w2_EDF: torch.Tensor, w3_EFD: torch.Tensor) -> torch.Tensor:
     """Each expert's SwiGLU on its rows of an (E, C, D) stack: three batched matmuls."""
     hidden_ECF = F.silu(torch.bmm(stack_ECD, w1_EFD.mT)) * torch.bmm(stack_ECD, w3_EFD.mT)
     return torch.bmm(hidden_ECF, w2_EDF.mT)
+
+
+def expert_swiglu(layout: str, x_AD: torch.Tensor, assignments: SortedAssignments, w1: torch.Tensor, w2: torch.Tensor,
+                  w3: torch.Tensor) -> torch.Tensor:
+    """Each kept assignment's expert output, one row per row of `x_AD` (expert-sorted); dropped rows give 0.
+
+    grouped: the kept rows grouped by expert (`grouped_rows`), `torch._grouped_mm`; ~N k rows of work.
+    looped: the same rows, one matmul chain per expert over its exact segment; the segment sizes are read
+        to the host (one read of E counts: where torch has no native grouped matmul on this device).
+    padded: an (E, C, D) stack, C = the capacity (N without one): E / k times the work; the reference.
+    """
+    E, D = w1.shape[0], x_AD.shape[1]
+    x_AD = torch.where(assignments.kept_A.unsqueeze(1), x_AD, 0.0)
+    if layout == "padded":
+        C = assignments.capacity
+        position_A = torch.where(assignments.kept_A, assignments.experts_A * C + assignments.rank_A, E * C)
+        buffer_PD = x_AD.new_zeros(E * C + 1, D).index_put((position_A,), x_AD)
+        out_PD = torch.cat((stacked_swiglu(buffer_PD[:-1].view(E, C, D), w1, w2, w3).reshape(-1, D), buffer_PD.new_zeros(1, D)))
+        return out_PD[position_A]
+    if layout == "looped":
+        kept_E = assignments.kept_E.tolist()  # the one host read of this layout
+        position_A = torch.where(assignments.kept_A, (torch.cumsum(assignments.kept_E, 0) - assignments.kept_E)[assignments.experts_A]
+                                 + assignments.rank_A, sum(kept_E))
+        rows_KD = x_AD.new_zeros(sum(kept_E) + 1, D).index_put((position_A,), x_AD)
+        outputs = [F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e])
+                   for e, rows in enumerate(rows_KD[:-1].split(kept_E))]
+        return torch.cat(outputs + [rows_KD.new_zeros(1, D)])[position_A]
+    rows, position_A, ends_E = grouped_rows(assignments, E)
+    buffer_PD = x_AD.new_zeros(rows, D).index_put((position_A,), x_AD)
+    return grouped_swiglu(buffer_PD, w1, w2, w3, ends_E)[position_A]
 
 
 class StackedWeight(nn.Module):
@@ -93,7 +195,7 @@ class StackedWeight(nn.Module):
 
 
 class RoutedExperts(nn.Module):
-    """E SwiGLU experts, w1 (gate) / w3 (up) / w2 (down), multiplied over an expert-major buffer."""
+    """E SwiGLU experts, w1 (gate) / w3 (up) / w2 (down), over expert-sorted assignment rows."""
 
     def __init__(self, n_experts: int, d_model: int, expert_dim: int):
         super().__init__()
@@ -101,52 +203,22 @@ class RoutedExperts(nn.Module):
         self.w1 = StackedWeight(n_experts, expert_dim, d_model)
         self.w2 = StackedWeight(n_experts, d_model, expert_dim)
         self.w3 = StackedWeight(n_experts, expert_dim, d_model)
-        self.layout = "auto"  # a runtime choice like the kernel backend: "auto" | "grouped" | "padded"
-        # Expert parallelism: (stack_ECD, (w1, w2, w3), dtype, training) -> out_ECD, run where the experts live;
-        # None = every expert is here. Set by hymo_core.distributed.expert_parallel, which knows the process groups.
+        self.layout = "auto"  # a runtime choice like the kernel backend: one of EXPERT_LAYOUTS
+        # Expert parallelism: (x_AD, assignments, (w1, w2, w3), dtype, layout) -> y_AD, the rows sent to the ranks
+        # holding their experts and back; None = every expert is here. Set by hymo_core.distributed.expert_parallel.
         self.dispatch: Callable[..., torch.Tensor] | None = None
 
     def resolved_layout(self, x: torch.Tensor) -> str:
-        if self.layout not in EXPERT_LAYOUTS:
-            raise ValueError(f"expert layout must be one of {EXPERT_LAYOUTS}, got {self.layout!r}")
-        if self.dispatch is not None:
-            return "padded"  # the fixed (E, C, D) stack is what the all-to-all exchanges
-        if self.layout != "auto":
-            return self.layout
-        return "grouped" if grouped_mm_available(x.device, compute_dtype(x)) else "padded"
+        return resolve_layout(self.layout, x)
 
-    def place(self, layout: str, sorted_experts_A: torch.Tensor, rank_A: torch.Tensor, counts_E: torch.Tensor,
-              per_expert_rows: int) -> ExpertPlacement:
-        """Buffer rows of the sorted assignments; `per_expert_rows` is the most one expert keeps."""
-        E, A = self.n_experts, sorted_experts_A.numel()
-        if layout == "grouped":
-            padded_E = (counts_E + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
-            ends_E = torch.cumsum(padded_E, 0)
-            position_A = (ends_E - padded_E)[sorted_experts_A] + rank_A
-            return ExpertPlacement(A + E * (GROUP_ALIGN - 1), position_A, ends_E.to(torch.int32))
-        spare = E * per_expert_rows
-        position_A = torch.where(rank_A < per_expert_rows, sorted_experts_A * per_expert_rows + rank_A, spare)
-        return ExpertPlacement(spare + 1, position_A, None)
-
-    def forward(self, x_AD: torch.Tensor, placement: ExpertPlacement) -> torch.Tensor:
-        """`x_AD` in expert-sorted order; returns one output row per row of `x_AD`, same order."""
+    def forward(self, x_AD: torch.Tensor, assignments: SortedAssignments) -> torch.Tensor:
+        """`x_AD` in expert-sorted order; returns one output row per row of `x_AD`, same order (dropped: 0)."""
         dtype = compute_dtype(x_AD)
-        D = x_AD.shape[1]
-        buffer_PD = x_AD.new_zeros(placement.rows, D, dtype=dtype).index_put((placement.position_A,), x_AD.to(dtype))
+        layout = self.resolved_layout(x_AD)
         if self.dispatch is not None:
-            stack_ECD = buffer_PD[:-1].view(self.n_experts, -1, D)
-            out_ECD = self.dispatch(stack_ECD, (self.w1.weight, self.w2.weight, self.w3.weight), dtype, self.training)
-            return torch.cat((out_ECD.reshape(-1, D), buffer_PD.new_zeros(1, D)))[placement.position_A]
+            return self.dispatch(x_AD.to(dtype), assignments, (self.w1.weight, self.w2.weight, self.w3.weight), dtype, layout)
         w1, w2, w3 = (w.weight.to(dtype) for w in (self.w1, self.w2, self.w3))
-        if placement.offsets_E is not None:
-            offsets = placement.offsets_E
-            hidden_PF = F.silu(torch._grouped_mm(buffer_PD, w1.mT, offs=offsets)) * \
-                torch._grouped_mm(buffer_PD, w3.mT, offs=offsets)
-            out_PD = torch._grouped_mm(hidden_PF, w2.mT, offs=offsets)
-        else:
-            stack_ECD = buffer_PD[:-1].view(self.n_experts, -1, D)
-            out_PD = torch.cat((stacked_swiglu(stack_ECD, w1, w2, w3).reshape(-1, D), buffer_PD.new_zeros(1, D)))
-        return out_PD[placement.position_A]
+        return expert_swiglu(layout, x_AD.to(dtype), assignments, w1, w2, w3)
 
 
 class SharedExpert(nn.Module):
@@ -245,18 +317,10 @@ class MoE(nn.Module):
         x_ND = x_BTD.reshape(N, D)
         routing = self.route(x_ND)
         E, K = self.config.n_routed_experts, self.config.n_activated_experts
-        flat_experts_A = routing.experts_NK.reshape(-1)
-        order_A = torch.argsort(flat_experts_A, stable=True)  # assignments grouped by expert, token order kept
-        sorted_experts_A = flat_experts_A[order_A]
-        bounds_E1 = torch.searchsorted(sorted_experts_A, torch.arange(E + 1, device=x_ND.device))
-        starts_E, counts_E = bounds_E1[:-1], bounds_E1.diff()
-        rank_A = torch.arange(N * K, device=x_ND.device) - starts_E[sorted_experts_A]
-        capacity = self.capacity(N)
-        kept_A = rank_A < capacity
-        placement = self.experts.place(self.experts.resolved_layout(x_ND), sorted_experts_A, rank_A, counts_E, capacity)
-        y_AD = self.experts(x_ND[order_A // K], placement)
+        assignments, order_A = SortedAssignments.of(routing.experts_NK.reshape(-1), E, self.capacity(N))
+        y_AD = self.experts(x_ND[order_A // K], assignments)
         y_AD = y_AD * routing.weights_NK.reshape(-1)[order_A].unsqueeze(1).to(y_AD.dtype)
-        y_AD = torch.where(kept_A.unsqueeze(1), y_AD, 0.0)  # a dropped assignment adds nothing, not even a NaN
+        y_AD = torch.where(assignments.kept_A.unsqueeze(1), y_AD, 0.0)  # a dropped assignment adds nothing, not even a NaN
         # Un-sort into one row per (token, slot) and sum the k slots: no atomic scatter-add, so the
         # sum's order (and a resumed run's bits) does not depend on the device's thread schedule.
         slots_AD = x_ND.new_zeros(N * K, D).index_copy(0, order_A, y_AD.to(x_ND.dtype))
@@ -265,8 +329,8 @@ class MoE(nn.Module):
             out_ND = out_ND + self.shared_expert(x_ND)
         if self.training:
             with torch.no_grad():
-                self.tokens_per_expert_E += counts_E.to(torch.float64)
-                self.dropped_assignments += (~kept_A).sum().to(torch.float64)
+                self.tokens_per_expert_E += assignments.counts_E.to(torch.float64)
+                self.dropped_assignments += (~assignments.kept_A).sum().to(torch.float64)
             self.aux_loss = self._sequence_aux_loss(routing, B, T) if self.config.aux_loss_weight > 0 else None
         return out_ND.reshape(B, T, D)
 

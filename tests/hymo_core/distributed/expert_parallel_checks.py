@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from hymo_core.distributed.parallelize import build_parallel_model
 from hymo_core.distributed.process_group import clip_grad_norm_, reduce_expert_load_
 from hymo_core.models.configs import ModelConfig
+from hymo_core.train.host_sync import HostSyncCounter
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.optim import build_optimizer
 
@@ -53,33 +54,16 @@ def step(model, optimizer, tokens: torch.Tensor) -> dict:
             "weights": {name: full(p) for name, p in model.named_parameters()}}
 
 
-READS = ("item", "tolist", "__float__", "__int__", "__bool__")  # as tests/hymo_core/train/test_host_sync.py counts
-
-
-def host_reads_of_an_unlogged_step(model, optimizer, tokens: torch.Tensor) -> int:
-    """Python-level device-to-host reads during one training step that logs nothing."""
-    count = [0]
-    originals = {name: getattr(torch.Tensor, name) for name in READS}
-
-    def counted(original):
-        def method(tensor, *args, **kwargs):
-            count[0] += 1
-            return original(tensor, *args, **kwargs)
-        return method
-
-    for name, original in originals.items():
-        setattr(torch.Tensor, name, counted(original))
-    try:
+def host_syncs_of_an_unlogged_step(model, optimizer, tokens: torch.Tensor) -> list[str]:
+    """Host syncs (hymo_core/train/host_sync.py: aten-level and tolist/numpy) during one training step that logs nothing."""
+    with HostSyncCounter() as syncs:
         _, loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         clip_grad_norm_(model.parameters(), 0.5)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         model.after_optimizer_step(reduce_expert_load_, read=False)
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
-    return count[0]
+    return [f"{event.op} at {Path(event.where).name}" for event in syncs.events]
 
 
 def difference(a: dict, b: dict) -> dict:
@@ -123,8 +107,8 @@ def figures(runtime, root: Path) -> dict:
     figures["eval_logits"] = float((outputs[0] - outputs[1]).abs().max())
     for model, _ in (fsdp, ep):
         model.train()
-    figures["host_reads"] = {"fsdp": host_reads_of_an_unlogged_step(*fsdp, batches[4]),
-                             "ep": host_reads_of_an_unlogged_step(*ep, batches[4])}
+    figures["host_syncs"] = {"fsdp": host_syncs_of_an_unlogged_step(*fsdp, batches[4]),
+                             "ep": host_syncs_of_an_unlogged_step(*ep, batches[4])}
     save(*ep, str(root / "under-ep"))
     save(*fsdp, str(root / "under-fsdp"))
     fsdp_from_ep, ep_from_fsdp = build(FSDP, runtime, seed=9), build(EP, runtime, seed=9)

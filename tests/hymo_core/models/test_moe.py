@@ -145,15 +145,16 @@ def test_sequence_aux_loss_is_off_by_default_and_differentiable_when_on():
 
 
 @pytest.mark.parametrize("capacity_factor", [0.0, 1.0])
-def test_grouped_and_padded_expert_layouts_agree_bit_for_bit(capacity_factor):
-    """torch._grouped_mm (the CUDA path; the CPU build has it too) and the padded batched matmul."""
+def test_grouped_looped_and_padded_expert_layouts_agree_bit_for_bit(capacity_factor):
+    """torch._grouped_mm (CUDA sm_90 bf16 and the CPU) bit for bit with the padded batched matmul (the old layout),
+    and the per-expert loop (CUDA without a native grouped matmul) to rounding."""
     moe = make_moe(capacity_factor=capacity_factor)
     moe.expert_bias_E[0] = 0.5  # skewed: with a capacity, expert 0 drops assignments
     moe.train()
     x = torch.randn(2, 9, D, requires_grad=True)
     upstream = torch.linspace(-1, 1, x.numel()).view_as(x)
     results = {}
-    for layout in ("padded", "grouped"):
+    for layout in ("padded", "grouped", "looped"):
         moe.experts.layout = layout
         moe.zero_grad(set_to_none=True)
         x.grad = None
@@ -162,11 +163,12 @@ def test_grouped_and_padded_expert_layouts_agree_bit_for_bit(capacity_factor):
         (y * upstream).sum().backward()
         results[layout] = [y.detach(), x.grad, moe.experts.w1.weight.grad, moe.experts.w2.weight.grad,
                            moe.gate.weight.grad, moe.dropped_assignments.clone()]
-    for padded, grouped in zip(results["padded"], results["grouped"]):
+    for padded, grouped, looped in zip(results["padded"], results["grouped"], results["looped"]):
         assert torch.equal(padded, grouped)
+        torch.testing.assert_close(looped, padded, rtol=1e-5, atol=1e-6)  # F.linear per expert: the same sums, other blocking
     assert (float(results["padded"][-1]) > 0) == (capacity_factor > 0)
     moe.experts.layout = "auto"
-    assert moe.experts.resolved_layout(x) == "padded"  # grouped only on CUDA, bf16, sm_90+
-    moe.experts.layout = "looped"
+    assert moe.experts.resolved_layout(x) == "grouped"  # CPU: torch's grouped loop; CUDA: sm_90+ bf16, else looped
+    moe.experts.layout = "scattered"
     with pytest.raises(ValueError, match="expert layout"):
         moe(x)

@@ -16,14 +16,15 @@ def test_costs_by_hand():
     rest = count_parameters(SHAPE).total - 1152
     no_drop = expert_parallel_cost(SHAPE, ranks=4, expert=2, tokens=10)
     assert no_drop.state_bytes == (rest + 1152) * STATE_BYTES / 4  # experts over P = 2, then FSDP over the 2 groups
-    # C = N = 10 rows per expert: a stack of 4 x 10 x 8 bf16 values, half of it leaves, 4 exchanges, 2 layers
-    assert no_drop.alltoall_bytes == 4 * (4 * 10 * 8 * 2) / 2 * 2
-    assert no_drop.padding == 4 * 10 / 20  # E / k
+    # dropless, variable splits: the 20 assignments' rows of 8 bf16 values, half of them leave, 4 exchanges, 2 layers
+    assert no_drop.alltoall_bytes == 4 * (20 * 8 * 2) / 2 * 2
+    assert no_drop.padding == 1.0  # no padding on the wire (the old fixed stack sent E / k = 2 times this)
     assert no_drop.gathered_bytes == 1152 / 2 / 2 * 2  # one layer's 2 experts, bf16, while its block runs
     assert no_drop.expert_weight_bytes == 1152 / 2 * (2 + 2 + 4) * (1 / 2)  # FSDP of its 2 experts over the 2 groups
     assert expert_parallel_cost(SHAPE, ranks=4, expert=4, tokens=10).expert_weight_bytes == 0  # P = W: experts stay put
-    capped = expert_parallel_cost(SHAPE, ranks=4, expert=2, tokens=10, capacity_factor=1.0)
-    assert capped.alltoall_bytes == no_drop.alltoall_bytes / 2  # C = ceil(1.0 x 10 x 2 / 4) = 5
+    capped = expert_parallel_cost(SHAPE, ranks=4, expert=2, tokens=10, capacity_factor=0.5)
+    assert capped.alltoall_bytes == no_drop.alltoall_bytes * 12 / 20  # C = ceil(0.5 x 10 x 2 / 4) = 3: at most 12 kept
+    assert capped.padding == 12 / 20
     fsdp = expert_parallel_cost(SHAPE, ranks=4, expert=1, tokens=10)
     assert fsdp.alltoall_bytes == 0 and fsdp.expert_state_bytes == 1152 * STATE_BYTES / 4
     assert fsdp.expert_weight_bytes == 1152 * (2 + 2 + 4) * 3 / 4

@@ -4,7 +4,7 @@ Counted, not timed: every Python-level way a tensor reaches the host (`item`, `t
 `__float__`, `__int__`, `__bool__`) is patched to count its calls while hymo-tiny (GDN + MLA, MoE
 on the MLA layer, MTP depth 2, QK-Clip on) trains steps that are not logged, evaluated or saved.
 Data-dependent shapes (`nonzero`, boolean masks, `repeat_interleave` with tensor repeats) are host
-syncs too; the MoE path has none, which the grouped/padded layout test covers by construction.
+syncs too, invisible here: test_host_sync_dispatch.py counts them at torch's dispatch level.
 """
 from __future__ import annotations
 
