@@ -22,7 +22,7 @@ from hymo_core.kernels.gdn_triton_tiles import chunk_program, load_seq, load_sta
 from hymo_core.kernels.tuning import SIZE_KEY, autotuned, only_on
 
 STATE_CONFIGS = [only_on(arch, triton.Config({"BV": bv}, num_warps=w, num_stages=2))
-                 for arch, bv, w in (("hopper", 16, 2), ("hopper", 32, 4), ("hopper", 64, 8),
+                 for arch, bv, w in (("hopper", 16, 4), ("hopper", 32, 4), ("hopper", 64, 8),
                                      ("ampere", 16, 4), ("ampere", 32, 8))]
 
 
