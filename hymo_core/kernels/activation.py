@@ -73,12 +73,12 @@ def swiglu_backward_triton(dh, gate, up) -> tuple[torch.Tensor, torch.Tensor]:
 def swiglu_op(gate: torch.Tensor, up: torch.Tensor, backend: str) -> torch.Tensor:
     if backend == "triton":
         return swiglu_forward_triton(gate, up)
-    return swiglu_reference(gate, up)
+    return swiglu_reference(gate, up).contiguous()  # the fake's layout, whatever the inputs' strides
 
 
 @swiglu_op.register_fake
 def _(gate, up, backend):
-    return torch.empty_like(gate)
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("hymo::swiglu_backward", mutates_args=())
@@ -87,12 +87,12 @@ def swiglu_backward_op(dh: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, b
     if backend == "triton":
         return swiglu_backward_triton(dh, gate, up)
     dgate, dup = reference_vjp(lambda g, u: (swiglu_reference(g, u),), [gate, up], [dh])
-    return dgate, dup
+    return dgate.contiguous(), dup.contiguous()
 
 
 @swiglu_backward_op.register_fake
 def _(dh, gate, up, backend):
-    return torch.empty_like(gate), torch.empty_like(up)
+    return torch.empty_like(gate, memory_format=torch.contiguous_format), torch.empty_like(up, memory_format=torch.contiguous_format)
 
 
 def _setup_swiglu(ctx, inputs, output):

@@ -111,7 +111,7 @@ def cross_entropy_rows_op(logits: torch.Tensor, targets: torch.Tensor, ignore_in
 @cross_entropy_rows_op.register_fake
 def _(logits, targets, ignore_index, block_v, backend):
     rows = logits.new_empty(logits.shape[0], dtype=torch.float32)
-    return rows, torch.empty_like(rows)
+    return rows, torch.empty_like(rows, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("hymo::cross_entropy_rows_backward", mutates_args=())
@@ -126,7 +126,7 @@ def cross_entropy_rows_backward_op(dce: torch.Tensor, dlse: torch.Tensor, logits
 
 @cross_entropy_rows_backward_op.register_fake
 def _(dce, dlse, logits, targets, lse, ignore_index, block_v, backend):
-    return torch.empty_like(logits)
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
 def _setup_cross_entropy(ctx, inputs, output):

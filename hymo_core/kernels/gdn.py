@@ -50,7 +50,7 @@ def _(q, k, v, g, beta, initial_state, scale, backend):
         G, Tinv = q.new_empty(B, T, H, **fp32), q.new_empty(B, T, H, CHUNK, **fp32)
     else:
         G, Tinv = q.new_empty(0, **fp32), q.new_empty(0, **fp32)
-    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], **fp32), G, Tinv
+    return torch.empty_like(v, memory_format=torch.contiguous_format), q.new_empty(B, H, K, v.shape[-1], **fp32), G, Tinv
 
 
 @torch.library.custom_op("hymo::gated_delta_rule_backward", mutates_args=())
@@ -79,9 +79,9 @@ def gated_delta_rule_backward_op(
 
 @gated_delta_rule_backward_op.register_fake
 def _(q, k, v, g, beta, initial_state, G, Tinv, do, dht, scale, backend):
-    dh0 = torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0, dtype=torch.float32)
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
-            torch.empty_like(beta), dh0)
+    dh0 = torch.empty_like(initial_state, memory_format=torch.contiguous_format) if initial_state is not None else q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format), torch.empty_like(g, memory_format=torch.contiguous_format),
+            torch.empty_like(beta, memory_format=torch.contiguous_format), dh0)
 
 
 def _setup_context(ctx, inputs, output):

@@ -109,7 +109,7 @@ def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str)
 
 @rms_norm_op.register_fake
 def _(x, weight, eps, backend):
-    return torch.empty_like(x), x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("hymo::rms_norm_backward", mutates_args=())
@@ -123,7 +123,7 @@ def rms_norm_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
 
 @rms_norm_backward_op.register_fake
 def _(dy, x, weight, rstd, eps, backend):
-    return torch.empty_like(x), torch.empty_like(weight)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight, memory_format=torch.contiguous_format)
 
 
 def _setup_rms_norm(ctx, inputs, output):

@@ -81,7 +81,7 @@ def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sin_sign: flo
 
 @rope_op.register_fake
 def _(x, cos, sin, sin_sign, backend):
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _setup_rope(ctx, inputs, output):
