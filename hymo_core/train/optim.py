@@ -325,6 +325,9 @@ def decay_(params: list[torch.Tensor], signal: list[torch.Tensor], factor: float
     or the gradient) shares the parameter's sign, so decay never fights the step."""
     if factor == 0.0:
         return
+    # Elementwise, so each rank's shard alone (FSDP2 shards a parameter and its signal alike); plain tensors
+    # also spare DTensor dispatch, which has no sharding rule for _foreach_sign_ in torch 2.11 (the H200's).
+    params, signal = [local_part(p) for p in params], [local_part(s) for s in signal]
     if cautious:
         torch._foreach_mul_(params, cautious_factors(signal, params, factor))
     else:
