@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from hymo_core.models.configs import SAMPLE_MODEL
+from hymo_core.threads import ThreadChoice, choose_threads, local_ranks, using_threads
 from hymo_core.train.config import (CHECKPOINT_DIR, EMA_CHECKPOINT, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_TRAIN,
                                     SUMMARY_FILE)
 from hymo_core.checkpoint.common import CheckpointError, list_checkpoints, weights_sha256
@@ -258,6 +259,7 @@ def run_training(
     report: Callable[[dict[str, Any]], None] | None = None,
     runtime: Runtime | None = None,
     strict_resume: bool = False,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Train (or continue) to `train_config.max_steps` and write checkpoints, metrics, loss.png and summary.json.
 
@@ -268,12 +270,25 @@ def run_training(
     evaluations, events) as it is written; how an orchestrator shows training live without this
     package knowing about it.
     `strict_resume`: refuse a checkpoint written under another torch version or device (default: warn).
+    `threads`: intra-op threads (`--threads`); default: hymo_core.threads' policy (HYMO_THREADS >
+    OMP_NUM_THREADS > usable CPUs // ranks on this machine), logged and recorded in summary.json
+    ("threads"); the process's own count is restored when the run returns.
     """
-    config = train_config or SAMPLE_TRAIN
     runtime = runtime or init_runtime(device)
-    device = runtime.device
     if not runtime.is_writer:
         log, progress = (lambda *args, **kwargs: None), False
+    choice = choose_threads(threads, ranks=local_ranks())
+    log(f"threads: {choice.describe()}")
+    with using_threads(choice):
+        return _run_training(corpus, out, train_config, model_config, resume=resume, checkpoint_dir=checkpoint_dir,
+                             cloze_path=cloze_path, progress=progress, log=log, report=report, runtime=runtime,
+                             strict_resume=strict_resume, threads=choice)
+
+
+def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint_dir, cloze_path, progress, log, report,
+                  runtime: Runtime, strict_resume: bool, threads: ThreadChoice) -> dict[str, Any]:
+    config = train_config or SAMPLE_TRAIN
+    device = runtime.device
     reader = open_corpus(corpus, runtime)
     model_config = replace(model_config or SAMPLE_MODEL, vocab_size=reader.vocab_size)
     if model_config.max_seq_len < config.seq_len:
@@ -408,7 +423,7 @@ def run_training(
         "train_config": config.to_dict(),
         "model_config": asdict(model_config),
         "device": device.type,
-        "threads": torch.get_num_threads(),
+        "threads": threads.to_json(),  # the choice and what made it (hymo_core/threads.py)
         "world_size": runtime.world_size,
     }
     if cloze is not None:
@@ -473,7 +488,7 @@ def session_config(train_config: TrainConfig, max_steps: int | None = None, hori
 
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE,
-                        strict_resume=args.strict_resume)
+                        strict_resume=args.strict_resume, threads=getattr(args, "threads", None))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     runtime = init_runtime()
     try:
         summary = run_training(args.corpus, args.out, *_configs(args), resume=args.resume or restarted_by_torchrun(),
-                               cloze_path=args.cloze or SAMPLE_CLOZE, runtime=runtime, strict_resume=args.strict_resume)
+                               cloze_path=args.cloze or SAMPLE_CLOZE, runtime=runtime, strict_resume=args.strict_resume,
+                               threads=args.threads)
     except (ValueError, FileExistsError) as exc:  # configuration, corpus and checkpoint errors: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
