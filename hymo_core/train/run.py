@@ -6,6 +6,7 @@ flow call; `python -m hymo_core.train` runs it without Prefect. It writes into
 
     checkpoints/step-NNNNNNNN.pt   the last K and the best by validation loss (+ checkpoints.json)
     metrics.jsonl                  one record per logged step, validation (per source / language), skip event, alert
+    events.out.tfevents.*          the same steps' scalars for TensorBoard (hymo_core/train/event_files.py)
     loss.png                       train and validation loss, and the LR (as Lab 2 plots them)
     heldout.png                    held-out loss per source and per language (hymo_core.eval.heldout)
     ema.pt                         with ema_decay > 0: the EMA weights as a checkpoint, for `hymo eval` (not for resuming)
@@ -40,6 +41,7 @@ from hymo_core.train.config import (CHECKPOINT_DIR, EMA_CHECKPOINT, EXPERT_LOAD_
 from hymo_core.checkpoint.common import CheckpointError, list_checkpoints, weights_sha256
 from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint, save_checkpoint
 from hymo_core.train.ema import WeightEMA
+from hymo_core.train.event_files import EventFiles
 from hymo_core.eval.heldout import HeldOutSet
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
 from hymo_core.train.monitor import status_line
@@ -323,6 +325,7 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
             log(f"resumed from {resumed_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
 
     metrics = MetricsLog(out / METRICS_FILE, state.step) if runtime.is_writer else None
+    events = EventFiles(out, state.step) if runtime.is_writer else None  # TensorBoard, from the same records
 
     bar = ProgressLine(config.max_steps, state.step, progress)
 
@@ -330,6 +333,7 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
         if metrics is None:
             return
         metrics.write(row)
+        events.write(row)
         if report is not None:
             report(row)
         elif row["kind"] in ("train", "alert"):
@@ -379,6 +383,8 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
             background.close()  # the final checkpoint is published before anything reports it
     finally:
         bar.close()
+        if events is not None:
+            events.close()
     seconds = time.perf_counter() - started
     weights_digest = full_weights_sha256(model)  # a collective under FSDP: every rank takes part
     tokenizer_entry = reader.manifest.get("tokenizer", {})

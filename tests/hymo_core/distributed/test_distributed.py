@@ -171,6 +171,7 @@ def test_rank_0_shows_progress_and_every_rank_keeps_its_log(two_ranks):
     logs = two_ranks["out"] / "logs"
     assert f"step {STEPS}/{STEPS}" in (logs / "rank-0.log").read_text() and (logs / "rank-1.log").is_file()
     assert sum(line.startswith("threads: ") for line in two_ranks["lines"]) == 1  # the choice, logged once (by rank 0)
+    assert len(list(two_ranks["out"].glob("events.out.tfevents.*"))) == 1  # TensorBoard: rank 0 writes, once
     # The supervisor saw every record rank 0 wrote, live (the Prefect training artifact reads these).
     reported = two_ranks["reported"]
     assert [r["step"] for r in reported if r["kind"] == "train"] == list(range(1, STEPS + 1))
