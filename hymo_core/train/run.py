@@ -130,7 +130,7 @@ def plot_loss(records: list[dict[str, Any]], path: Path, vocab_size: int) -> Non
     train_rows = [r for r in records if r.get("kind") == "train"]
     val_rows = [r for r in records if r.get("kind") == "eval"]
     figure, loss_axis = plt.subplots(figsize=(8, 4.5))
-    loss_axis.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train loss", color="tab:blue")
+    loss_axis.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train loss (mean over each logged window)", color="tab:blue")
     loss_axis.plot([r["step"] for r in val_rows], [r["val_loss"] for r in val_rows], "o-", label="validation loss", color="tab:orange")
     loss_axis.axhline(math.log(vocab_size), linestyle=":", color="grey", label=f"ln V = {math.log(vocab_size):.2f}")
     loss_axis.set_xlabel("successful update")
