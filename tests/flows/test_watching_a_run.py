@@ -93,7 +93,9 @@ def test_report_page_shows_per_source_curves_and_the_forecast(trained: Path, bro
     page = trained / "report.html"
     assert f"wrote {page}" in capsys.readouterr().out
     browser.get(page.resolve().as_uri())
-    for element_id in ("per-group-curves", "forecast", "signals"):
+    images = browser.find_elements(By.TAG_NAME, "img")
+    assert images[0].get_attribute("id") == "training-loss"  # the training-loss curve comes first
+    for element_id in ("training-loss", "per-group-curves", "forecast", "signals"):
         image = browser.find_element(By.ID, element_id)
         assert image.tag_name == "img"
         # Decoded and laid out by the browser: a broken or empty PNG has no natural width.
