@@ -247,6 +247,10 @@ def render_report(run: str | Path) -> str:
         facts.insert(5, ["final held-out loss, EMA weights (ema.pt)", summary["final_ema_val_loss"]])
     if summary.get("stopped_by"):
         facts.insert(1, ["stopped by", summary["stopped_by"]])
+    threads = summary.get("threads")
+    if isinstance(threads, dict):  # hymo_core/threads.py's choice, per process
+        facts.append(["threads per process", f"{threads['threads']} ({threads['source']}; {threads['cpus']} usable CPUs, "
+                                              f"{threads['ranks']} rank(s), world size {summary.get('world_size', 1)})"])
     parts.append(_table(["", "value"], facts))
     parts.append("<h2>Training loss</h2>")
     parts.append(_image(plot_training_loss(records, summary.get("ln_vocab")), "training loss", "training-loss"))

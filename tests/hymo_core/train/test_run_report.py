@@ -27,7 +27,8 @@ def write_run(directory: Path, rows: list[dict], planned_steps: int = 400) -> Pa
     directory.mkdir(parents=True)
     (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = {"final_step": 100, "final_train_loss": rows[9]["last_loss"], "ln_vocab": math.log(4096),
-               "train_config": {"max_steps": planned_steps, "batch_size": 8, "seq_len": 64, "gradient_accumulation_steps": 1}}
+               "train_config": {"max_steps": planned_steps, "batch_size": 8, "seq_len": 64, "gradient_accumulation_steps": 1},
+               "threads": {"threads": 1, "source": "cpus/ranks", "cpus": 2, "ranks": 2}, "world_size": 2}
     (directory / "summary.json").write_text(json.dumps(summary))
     return directory
 
@@ -45,6 +46,7 @@ def test_training_loss_comes_first_with_the_window_mean_and_the_last_update_labe
     assert page.index("<img id='training-loss'") == first_image  # the first picture on the page
     assert page.index("Training loss") < page.index("Held-out loss per source")
     assert "the last update&#x27;s batch alone" in page and "mean of the last logged window" in page
+    assert "1 (cpus/ranks; 2 usable CPUs, 2 rank(s), world size 2)" in page  # the thread choice the run recorded
 
 
 def test_no_forecast_and_no_band_with_too_few_evaluations_but_the_points_are_shown(tmp_path):
