@@ -27,13 +27,14 @@ from bench.report import write_section  # noqa: E402
 from flows.ablate_spec import SAMPLE_SPEC, load_spec  # noqa: E402
 
 
-def evidence_line(name: str, row: dict, z: float) -> str:
+def evidence_line(name: str, row: dict) -> str:
     """Whether the variant separates from the noise, in words, from the numbers the verdict used."""
     bpb = row["heldout_bpb"]
     ratio = abs(bpb["improvement"]) / bpb["se"] if bpb["se"] > 0 else float("inf")
+    k = bpb["multiplier"]
     return (f"- {name}: improvement {bpb['improvement']:+.4f} bpb = {ratio:.1f} se (se {bpb['se']:.4f}: items {bpb['se_items']:.4f}, "
-            f"seed sd {bpb['seed_sd']:.4f}); per seed {', '.join(f'{v:+.4f}' for v in bpb['per_seed'])}; "
-            f"{'separated from' if ratio > z else 'not separated from'} the noise at z = {z:g}; verdict **{row['verdict']}**.")
+            f"seed sd {bpb['seed_sd']:.4f}; {bpb['df']:.1f} degrees of freedom); per seed {', '.join(f'{v:+.4f}' for v in bpb['per_seed'])}; "
+            f"{'separated from' if ratio > k else 'not separated from'} the noise at ±{k:.2f} se; verdict **{row['statement']}**.")
 
 
 def main() -> int:
@@ -53,8 +54,7 @@ def main() -> int:
     seconds = time.time() - started
     comparison = json.loads((Path(args.out) / "comparison.json").read_text(encoding="utf-8"))
     table = (Path(args.out) / "comparison.md").read_text(encoding="utf-8").strip()
-    z = comparison["rule"]["z"]
-    evidence = "\n".join(evidence_line(name, row, z) for name, row in comparison["variants"].items())
+    evidence = "\n".join(evidence_line(name, row) for name, row in comparison["variants"].items())
     noise = ", ".join(f"{s}: {v:,.0f}" for s, v in comparison["base"]["b_simple_tokens"].items() if v)
     train = spec.base_config.pretrain.train
     note = (f"Load average {load_before[0]:.1f} when it started; {seconds / 60:.1f} min wall in all. Spec `{Path(args.spec).name}` (sha256 "

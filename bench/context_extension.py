@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     if base is None:
         summary_path = out / "sample-checkpoint" / SUMMARY_FILE
         summary = (json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file()
-                   else run_training(args.corpus, out / "sample-checkpoint", SAMPLE_TRAIN, SAMPLE_MODEL, cloze_path=None, progress=False))
+                   else run_training(args.corpus, out / "sample-checkpoint", SAMPLE_TRAIN, SAMPLE_MODEL, cloze_path=None, progress=False,
+                                 threads=1))
         base = summary["checkpoint"]
     results = {}
     for plan in args.plans.split(","):

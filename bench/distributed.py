@@ -1,20 +1,29 @@
-"""Training throughput on more than one process: tokens/s of 1 vs 2 CPU ranks, and GPU MFU when a GPU exists.
+"""Training throughput on more than one process, through the trainer itself: tokens/s and CPU-seconds per
+update of `hymo train` as one process on all cores (the baseline), one process on one thread, and
+`--nproc N` ranks; and GPU MFU when a GPU exists.
 
-CPU section: Lab 2's model shape (V4096, d256, L6, H8, ff688, tied; seed 001) at T256, one global batch
-of 8 sequences per update, at least 8 timed updates. Three launches of the same update (forward, backward,
-clip, MuonAdamW step with each matrix orthogonalised once by its owner rank, QK-Clip):
-  one plain process (all cores), torchrun with 1 rank (FSDP2 on a 1-rank mesh), torchrun with 2 ranks
-  (FSDP2, gloo; each rank one thread, half the batch).
+CPU section: every row is `hymo train --corpus C --config R --max-steps W+S --threads T [--nproc N]`,
+the command a user runs, so the rows include what the trainer does per update (data loading, the
+host reads of a logged step, QK-Clip, the alert checks; under --nproc, FSDP2's gloo collectives and
+the thread policy's per-rank count). The recipe is the sample's (or --config's) with a record every
+update and no evaluation or checkpoint before the last step. Per row:
+  tokens/s        over the S updates after W warm-up ones, from the run's own metrics.jsonl
+                  (each record's window: tokens / seconds), so start-up and the final evaluation are out;
+  CPU s / update  the CPU time (user + system, every rank and torchrun included: RUSAGE_CHILDREN) of the
+                  W+S run minus that of a W-update run, over S: what one update costs the machine (start-up
+                  varies by about a CPU-second between runs, so S of 30 keeps that under ~0.03 s per update).
+The load average (1 min) is read before and after each row; the figures mean something only when the
+machine is otherwise idle (load < 1.5 before the first row); `--write` refuses otherwise.
+
 GPU section (only with CUDA): a dense ~125M model (d768, L12, H12, ff2048, V32768, T2048) on one GPU
-under torchrun (FSDP2, bf16 parameters, fp32 reduce), compile off and on; MFU against the GPU's bf16
-dense peak. The issue's goals: >= 45 % on the dense ~125M model, >= 35 % on the hybrid.
+under torchrun (FSDP2, bf16 parameters, fp32 reduce), compile off and on, through this script's own
+update loop; MFU against the GPU's bf16 dense peak. Goals: >= 45 % dense, >= 35 % hybrid.
 
-    nice -n 10 python bench/distributed.py [--steps 8] [--no-write]
+    nice -n 10 python bench/distributed.py --corpus runs/sample [--steps 30] [--warmup 3] [--passive] [--write]
 
-The goal (issue 24): 2 ranks >= 1.6x one process on 2 free cores. The load average before and after the
-runs goes into the note: on a shared machine the second core is often not free.
-
-Writes the table into docs/benchmarks.md ("Distributed training (bench/distributed.py)").
+`--passive`: each multi-thread or multi-rank row again with OMP_WAIT_POLICY=PASSIVE (OpenMP threads
+sleep instead of spin-waiting at barriers), to measure whether that helps.
+Writes the tables into docs/benchmarks.md ("Distributed training (bench/distributed.py)") with --write.
 """
 from __future__ import annotations
 
@@ -25,13 +34,11 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-LAB2 = dict(vocab_size=4096, d_model=256, n_layers=6, n_heads=8, n_kv_heads=8, ffn_dim=688, max_seq_len=256)
 DENSE_125M = dict(vocab_size=32768, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048, max_seq_len=2048)
 
 
@@ -116,17 +123,92 @@ def launch(nproc: int | None, shape: dict, batch: int, accum: int, seq_len: int,
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def cpu_rows(steps: int) -> list[tuple]:
-    # One thread per process: every launch uses one core per rank, so the rows compare 1 core with 2 and
-    # no row suffers thread oversubscription on a machine that other jobs share.
-    cases = [("1 plain process", None, 8, 1, 1), ("torchrun, 1 rank (FSDP2)", 1, 8, 1, 1),
-             ("torchrun, 2 ranks (FSDP2, gloo)", 2, 8, 1, 1)]
+QUIET_LOAD = 1.5  # docs/ figures only from a machine this idle (1-minute load average before the first row)
+CLI = "import sys; from flows.cli import main; sys.exit(main())"  # `hymo`, from this checkout
+
+
+def bench_recipe(base: Path | None, steps: int, directory: Path) -> Path:
+    """The recipe with a metrics record every update and no evaluation or checkpoint before the last step (the LR
+    warm-up shortened to one update: the schedule changes no update's cost, and a shorter run must stay valid)."""
+    import tomllib
+
+    raw = tomllib.loads(base.read_text(encoding="utf-8")) if base else {}
+    train = {**raw.get("train", {}), "log_interval": 1, "eval_interval": steps, "checkpoint_interval": steps, "max_steps": steps,
+             "warmup_steps": 1}
+    lines = ["[train]"] + [f"{key} = {json.dumps(value)}" for key, value in train.items()]
+    for table in ("model", "parallel"):
+        if raw.get(table):
+            lines += [f"[{table}]"] + [f"{key} = {json.dumps(value)}" for key, value in raw[table].items()]
+    path = directory / "recipe.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def train_once(corpus: str, recipe: Path, out: Path, steps: int, threads: int, nproc: int | None, env: dict[str, str]) -> float:
+    """One `hymo train` of `steps` updates; the CPU seconds it (and every process it started) used."""
+    import resource
+
+    command = [sys.executable, "-c", CLI, "train", "--corpus", corpus, "--config", str(recipe), "--out", str(out),
+               "--max-steps", str(steps), "--threads", str(threads)] + (["--nproc", str(nproc)] if nproc else [])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[3:])}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def measure(corpus: str, recipe_base: Path | None, warmup: int, steps: int, threads: int, nproc: int | None,
+            scratch: Path, extra_env: dict[str, str] | None = None) -> dict:
+    """tokens/s over the timed updates and CPU-seconds per update (see the module docstring)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "HYMO_PROGRESS": "0", **(extra_env or {})}
+    for name in ("HYMO_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(name, None)  # --threads says it; the launcher hands it to the ranks
+    label = f"{nproc or 1}x{threads}" + ("-" + "-".join(f"{k}={v}" for k, v in sorted((extra_env or {}).items())) if extra_env else "")
+    load_before = os.getloadavg()[0]
+    long_out, short_out = scratch / f"{label}-long", scratch / f"{label}-short"
+    recipe = bench_recipe(recipe_base, warmup + steps, _fresh(scratch / f"{label}-recipe"))  # one schedule for both runs
+    cpu_long = train_once(corpus, recipe, long_out, warmup + steps, threads, nproc, env)
+    cpu_short = train_once(corpus, recipe, short_out, warmup, threads, nproc, env)
+    records = [json.loads(line) for line in (long_out / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    timed = [r for r in records if r.get("kind") == "train" and r["step"] > warmup]
+    if len(timed) != steps:
+        raise RuntimeError(f"{long_out}/metrics.jsonl: {len(timed)} train records after step {warmup}, expected {steps}")
+    summary = json.loads((long_out / "summary.json").read_text(encoding="utf-8"))
+    tokens_per_update = summary["train_config"]["batch_size"] * summary["train_config"]["seq_len"] * summary["train_config"]["gradient_accumulation_steps"]
+    seconds = sum(tokens_per_update / r["tokens_per_s"] for r in timed)
+    return {"tokens_per_s": steps * tokens_per_update / seconds, "seconds_per_update": seconds / steps,
+            "cpu_seconds_per_update": (cpu_long - cpu_short) / steps, "world_size": summary["world_size"],
+            "threads": summary["threads"], "load_before": load_before, "load_after": os.getloadavg()[0]}
+
+
+def _fresh(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def cpu_cases(cpus: int, passive: bool) -> list[tuple[str, int | None, int, dict[str, str]]]:
+    """(label, nproc, threads per process, extra environment); the first row is the baseline."""
+    cases = [(f"1 process x {cpus} threads (all cores)", None, cpus, {})]
+    if cpus > 1:
+        cases += [("1 process x 1 thread", None, 1, {}), (f"--nproc {cpus} (FSDP2, gloo) x 1 thread", cpus, 1, {})]
+    if passive:
+        cases += [(f"{label}, OMP_WAIT_POLICY=PASSIVE", nproc, threads, {"OMP_WAIT_POLICY": "PASSIVE"})
+                  for label, nproc, threads, _ in list(cases) if (nproc or 1) * threads > 1]
+    return cases
+
+
+def cpu_rows(corpus: str, recipe: Path | None, warmup: int, steps: int, passive: bool, scratch: Path) -> list[tuple]:
+    from hymo_core.threads import usable_cpus
+
     rows, baseline = [], None
-    for label, nproc, batch, accum, threads in cases:
-        result = launch(nproc, LAB2, batch, accum, 256, steps, threads=threads)
+    for label, nproc, threads, extra in cpu_cases(usable_cpus(), passive):
+        result = measure(corpus, recipe, warmup, steps, threads, nproc, scratch, extra)
         baseline = baseline or result["tokens_per_s"]
-        rows.append((label, result["world_size"], result["threads"], f"{result['tokens_per_s']:,.0f}",
-                     f"{result['seconds_per_update']:.2f}", f"{result['tokens_per_s'] / baseline:.2f}x"))
+        rows.append((label, result["world_size"], result["threads"]["threads"], f"{result['tokens_per_s']:,.0f}",
+                     f"{result['tokens_per_s'] / baseline:.2f}x", f"{result['seconds_per_update']:.3f}",
+                     f"{result['cpu_seconds_per_update']:.3f}", f"{result['load_before']:.2f} -> {result['load_after']:.2f}"))
         print(rows[-1], flush=True)
     return rows
 
@@ -141,47 +223,66 @@ def gpu_rows(steps: int) -> list[tuple]:
     return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--shape", default=json.dumps(LAB2), help=argparse.SUPPRESS)
+    parser.add_argument("--shape", default=json.dumps(DENSE_125M), help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=8, help=argparse.SUPPRESS)
     parser.add_argument("--accum", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--seq-len", type=int, default=256, help=argparse.SUPPRESS)
-    parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+    parser.add_argument("--seq-len", type=int, default=2048, help=argparse.SUPPRESS)
+    parser.add_argument("--precision", default="bf16", help=argparse.SUPPRESS)
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=8, help="timed updates per configuration (>= 8 for the record)")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    args = parser.parse_args()
+    parser.add_argument("--corpus", help="a training corpus (run directory, shards stage or corpus.json), e.g. runs/sample")
+    parser.add_argument("--config", type=Path, help="training TOML (default: the sample recipe)")
+    parser.add_argument("--steps", type=int, default=30, help="timed updates per row (after --warmup)")
+    parser.add_argument("--warmup", type=int, default=3, help="updates before the timed ones")
+    parser.add_argument("--passive", action="store_true", help="also each multi-thread / multi-rank row with OMP_WAIT_POLICY=PASSIVE")
+    parser.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md (refused at load >= 1.5)")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
+    if not args.corpus:
+        parser.error("--corpus is required (e.g. runs/sample, from `hymo run` of the sample pipeline)")
+
+    import tempfile
 
     import torch
 
     from bench.report import markdown_table, write_section
 
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    cpu = markdown_table(["launch", "ranks", "threads/rank", "tokens/s", "s/update", "vs plain"], cpu_rows(args.steps))
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="hymo-bench-distributed-") as scratch:
+        rows = cpu_rows(args.corpus, args.config, args.warmup, args.steps, args.passive, Path(scratch))
+    load_end = os.getloadavg()
+    header = ["launch", "ranks", "threads/rank", "tokens/s", "vs baseline", "s/update", "CPU s/update", "load (1 min) before -> after"]
+    cpu = markdown_table(header, rows)
+    if args.json:
+        args.json.write_text(json.dumps({"header": header, "rows": rows, "load_start": load_start, "load_end": load_end}, indent=2) + "\n")
     if torch.cuda.is_available():
         gpu_table = markdown_table(["model", "compile", "tokens/s", "MFU", "peak"], gpu_rows(args.steps))
         gpu = f"GPU ({torch.cuda.get_device_name(0)}):\n\n{gpu_table}"
     else:
         gpu = ("GPU: no GPU available in this session; the MFU section (dense ~125M, FSDP2, bf16, compile off/on; "
                "goals >= 45 % dense, >= 35 % hybrid) was not measured.")
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    note = (f"At {time.strftime('%H:%M UTC', time.gmtime())} on commit {commit}. Machine: {machine}. "
-            "Lab 2 shape (V4096, d256, L6, H8, ff688, tied), T256, global batch 8 sequences "
-            f"= 2,048 tokens per update, {args.steps} timed updates after 2 warm-up ones; the update is the trainer's "
-            "(forward, backward, clip, MuonAdamW with each matrix orthogonalised once by its owner rank, QK-Clip); "
-            f"one thread per process (1 core vs 2 cores). Load average (1, 5, 15 min) before: {load_before}; after: {load}. "
-            "A load above the core count means other jobs shared the cores and the 2-rank row did not get 2 free cores; "
-            "the goal (2 ranks >= 1.6x) is for 2 free cores.")
+    fmt = lambda load: ", ".join(f"{x:.2f}" for x in load)  # noqa: E731
+    note = (f"At {time.strftime('%H:%M UTC', time.gmtime())} on commit {commit}. Machine: {machine}. Every row is `hymo train` "
+            f"on {args.corpus} with {'the recipe ' + str(args.config) if args.config else 'the sample recipe'} (a record every update, "
+            f"evaluation and checkpoint only at the end); tokens/s over {args.steps} updates after {args.warmup} warm-up ones, "
+            "from the run's metrics.jsonl; CPU s/update from the CPU time of every process of the run (ranks and torchrun "
+            f"included), the {args.warmup + args.steps}-update run minus the {args.warmup}-update one. Baseline: one process "
+            f"on all cores. Load average (1, 5, 15 min) at start: {fmt(load_start)}; at end: {fmt(load_end)}.")
     text = f"{cpu}\n\n{gpu}"
     print(text)
-    if not args.no_write:
+    print(note)
+    if args.write:
+        if load_start[0] >= QUIET_LOAD:
+            print(f"not written: the 1-minute load was {load_start[0]:.2f} at start (>= {QUIET_LOAD}); rerun on a quiet machine",
+                  file=sys.stderr)
+            return 1
         write_section("Distributed training (bench/distributed.py)", text, note)
     return 0
 

@@ -43,7 +43,7 @@ def train_variants(corpus: str, variants: dict[str, tuple[ModelConfig, dict]], s
             config = replace(SAMPLE_TRAIN, max_steps=steps, eval_interval=max(steps // 4, 1), **switches)
             out = Path(scratch) / str(len(rows))
             summary = run_training(corpus, out, config, model, resume=False, progress=False, cloze_path=None,
-                                   log=lambda *_: None)
+                                   log=lambda *_: None, threads=torch.get_num_threads())
             evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             evals = [e for e in evals if e.get("kind") == "eval"]
             rows.append((label, ", ".join(f"{e['step']}: {e['val_loss']:.3f}" for e in evals),

@@ -248,6 +248,6 @@ def hymo_ablate(spec: str = str(SAMPLE_SPEC), out: str | None = None, base_run: 
                        for seed in loaded.seeds} for name in loaded.names}
     comparison = compare_runs(loaded, str(out_path), measured, states, {"base": held_out, "paired": len(documents)})
     for name, row in comparison["variants"].items():
-        logger.info("%s: %s", name, row["verdict"])
+        logger.info("%s: %s", name, row["statement"])
     return {"out": str(out_path), "comparison": str(out_path / f"{COMPARISON}.json"),
             "verdicts": {name: row["verdict"] for name, row in comparison["variants"].items()}}

@@ -14,7 +14,7 @@
     [decision]                      # fixed before training (hymo_core/ablate/rule.py)
     metric = "heldout_bpb"
     min_effect = 0.01
-    z = 1.96
+    confidence = 0.95               # Student's t interval at the errors' degrees of freedom (z = K: a fixed K se)
     every_seed = true
 
     [[variant]]

@@ -12,15 +12,18 @@ process may use (affinity and the cgroup's CPU quota) divided by the number of r
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 ENV_VAR = "HYMO_THREADS"
 # Variables a child process (a torchrun rank, a sandboxed program, a stage worker) inherits the choice by.
-CHILD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# HYMO_THREADS too: the child runs this policy again, and a HYMO_THREADS the parent's --threads overrode
+# must not win there.
+CHILD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", ENV_VAR)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,15 @@ def child_environment(choice: ThreadChoice) -> dict[str, str]:
     return {name: str(choice.threads) for name in CHILD_ENV_VARS}
 
 
+def local_ranks(environ: Mapping[str, str] | None = None) -> int:
+    """Processes of this job on this machine: torchrun's LOCAL_WORLD_SIZE in a rank, else 1."""
+    environ = os.environ if environ is None else environ
+    try:
+        return max(1, int(environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def apply_threads(choice: ThreadChoice) -> ThreadChoice:
     """Use the choice in this process (torch's intra-op pool) and pass it on to the processes it starts."""
     os.environ.update(child_environment(choice))
@@ -90,3 +102,23 @@ def apply_threads(choice: ThreadChoice) -> ThreadChoice:
     if torch.get_num_threads() != choice.threads:
         torch.set_num_threads(choice.threads)
     return choice
+
+
+@contextlib.contextmanager
+def using_threads(choice: ThreadChoice) -> Iterator[ThreadChoice]:
+    """`apply_threads` for the duration of a call (a training run inside a longer-lived process, a test),
+    then torch's pool and the child variables as they were."""
+    import torch
+
+    saved_env = {name: os.environ.get(name) for name in CHILD_ENV_VARS}
+    saved_threads = torch.get_num_threads()
+    try:
+        yield apply_threads(choice)
+    finally:
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if torch.get_num_threads() != saved_threads:
+            torch.set_num_threads(saved_threads)

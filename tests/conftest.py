@@ -332,12 +332,17 @@ def single_torch_thread():
     """Tiny layers run fastest on one thread: two threads' spin-waits cost seconds on a shared machine."""
     import torch
 
-    threads = torch.get_num_threads()
+    threads, chosen = torch.get_num_threads(), os.environ.get("HYMO_THREADS")
     torch.set_num_threads(1)
+    os.environ["HYMO_THREADS"] = "1"  # a run_training inside chooses by hymo_core/threads.py's policy
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+        if chosen is None:
+            os.environ.pop("HYMO_THREADS", None)
+        else:
+            os.environ["HYMO_THREADS"] = chosen
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     comparison = json.loads(open(result["comparison"], encoding="utf-8").read())
     for name, row in comparison["variants"].items():
         bpb = row["heldout_bpb"]
-        console.print(f"{name}: {row['verdict']} (bpb {bpb['base']:.4f} -> {bpb['variant']:.4f}, improvement "
+        console.print(f"{name}: {row['statement']} (bpb {bpb['base']:.4f} -> {bpb['variant']:.4f}, improvement "
                       f"{bpb['improvement']:+.4f} ± {bpb['se']:.4f}; recomputed {', '.join(row['recomputed']) or 'nothing'})", markup=False)
     console.print(f"wrote {result['out']}/comparison.json, comparison.md, comparison.png", markup=False)
     return 0

@@ -24,8 +24,12 @@ def cmd_sweep_lr(args: argparse.Namespace) -> int:
         print(f"  lr {lr:.3e}: validation loss {loss:.4f}" + (f" (seed sd {spread:.4f})" if spread is not None else ""))
     low, high = result["interval_lr"]
     if result["bracketed"]:
-        print(f"optimum lr {result['optimum_lr']:.3e} (95% bootstrap interval {low:.3e} .. {high:.3e}, "
-              f"over {len(seeds)} seeds x {result['windows']} windows)")
+        below, above = result["interval_open"]
+        print(f"optimum lr {result['optimum_lr']:.3e} (95% bootstrap interval {'<= ' if below else ''}{low:.3e} .. "
+              f"{high:.3e}{' or above' if above else ''}, over {len(seeds)} seeds x {result['windows']} windows)")
+        if below or above:
+            print("  the interval reaches the end of the swept range: the optimum may lie "
+                  + " or ".join(side for side, flag in (("below it", below), ("above it", above)) if flag) + "; widen --lr-min/--lr-max")
     else:
         print(f"optimum not bracketed by the grid: best grid point {result['optimum_lr']:.3e}; widen --lr-min/--lr-max")
     print(f"wrote {args.out}/{SWEEP_FILE} and {SWEEP_PICTURE}")

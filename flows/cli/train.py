@@ -46,7 +46,7 @@ def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
     check_batch_plan(_configs(args)[0], args.nproc)
     train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume, args.strict_resume)
     launch_training(args.nproc, train_args + (["--cloze", args.cloze] if args.cloze else []), on_line=lambda line: print(line, flush=True),
-                    max_restarts=args.max_restarts)
+                    max_restarts=args.max_restarts, threads=args.threads)
     return json.loads((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
 
 

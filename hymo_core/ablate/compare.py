@@ -11,7 +11,11 @@ byte; variant - base accuracy) is computed per seed and on the seed-mean of each
   (hymo_core.eval.paired.paired_difference, as `hymo eval`'s paired checkpoints);
 * the seed spread is the standard deviation of the per-seed improvements; its error of the mean
   (sd / sqrt(S)) is added in quadrature to the item error. The two overlap (each seed's pair also
-  carries item noise), so the sum is a conservative standard error.
+  carries item noise), so the sum is a conservative standard error. Its degrees of freedom
+  (`effective_df`, Welch-Satterthwaite) choose the rule's t quantile: with 2 seeds and the seed
+  spread dominant they are near 1.
+
+Each verdict is stated with the proxies' training tokens (`token_budget`): it is a claim at that budget.
 """
 from __future__ import annotations
 
@@ -35,6 +39,18 @@ def suite_item_scores(tasks: dict[str, Any]) -> dict[str, int]:
 def _seed_spread(per_seed: list[float]) -> tuple[float, float]:
     sd = statistics.stdev(per_seed) if len(per_seed) >= 2 else 0.0
     return sd, sd / math.sqrt(len(per_seed))
+
+
+def effective_df(se_items: float, n: int, se_seeds: float, seeds: int) -> float:
+    """Welch-Satterthwaite degrees of freedom of se² = se_items² (n - 1 df) + se_seeds² (seeds - 1 df).
+
+    It is seeds - 1 when the seed spread dominates and n - 1 when the item error does; infinite when
+    neither part has a spread (se = 0: the interval has no width whatever its quantile)."""
+    parts = [(se_items, n - 1), (se_seeds, seeds - 1)]
+    parts = [(se, df) for se, df in parts if math.isfinite(se) and se > 0 and df >= 1]
+    if not parts:
+        return math.inf
+    return sum(se**2 for se, _ in parts) ** 2 / sum(se**4 / df for se, df in parts)
 
 
 def paired_bpb(base: dict[int, list[dict]], variant: dict[int, list[dict]], source: str | None = None) -> dict[str, Any]:
@@ -62,7 +78,8 @@ def paired_bpb(base: dict[int, list[dict]], variant: dict[int, list[dict]], sour
     base_bpb = statistics.fmean(sum(rows[2 * k][i]["bits"] for i in ids) / total_bytes for k in range(len(seeds)))
     return {"metric": "heldout_bpb", "units": "documents", "n": n, "bytes": total_bytes, "seeds": seeds,
             "base": base_bpb, "variant": base_bpb - improvement, "improvement": improvement, "per_seed": per_seed,
-            "se_items": se_items, "seed_sd": seed_sd, "se": math.sqrt(se_items**2 + se_seeds**2)}
+            "se_items": se_items, "seed_sd": seed_sd, "se": math.sqrt(se_items**2 + se_seeds**2),
+            "df": effective_df(se_items, n, se_seeds, len(seeds))}
 
 
 def paired_accuracy(base: dict[int, dict[str, int]], variant: dict[int, dict[str, int]]) -> dict[str, Any] | None:
@@ -82,7 +99,18 @@ def paired_accuracy(base: dict[int, dict[str, int]], variant: dict[int, dict[str
     base_acc = statistics.fmean(statistics.fmean(base[s][i] for i in ids) for s in seeds)
     return {"metric": "suite_accuracy", "convention": SUITE_PICK, "units": "items", "n": len(ids), "seeds": seeds,
             "base": base_acc, "variant": base_acc + improvement, "improvement": improvement, "per_seed": per_seed,
-            "se_items": se_items, "seed_sd": seed_sd, "se": math.sqrt(se_items**2 + se_seeds**2)}
+            "se_items": se_items, "seed_sd": seed_sd, "se": math.sqrt(se_items**2 + se_seeds**2),
+            "df": effective_df(se_items, len(ids), se_seeds, len(seeds))}
+
+
+def token_budget(*sides: dict[int, dict]) -> str:
+    """The proxies' training tokens, as a verdict states them ("at 40,960 training tokens per proxy run")."""
+    tokens = sorted({r["train_tokens"] for side in sides for r in side.values() if r.get("train_tokens")})
+    if not tokens:
+        return "at an unrecorded training budget"
+    if len(tokens) == 1:
+        return f"at {tokens[0]:,} training tokens per proxy run"
+    return f"at {tokens[0]:,} to {tokens[-1]:,} training tokens per proxy run"
 
 
 def compare_variant(rule, base_runs: dict[int, dict], variant_runs: dict[int, dict]) -> dict[str, Any]:
@@ -100,5 +128,10 @@ def compare_variant(rule, base_runs: dict[int, dict], variant_runs: dict[int, di
     accuracy = paired_accuracy({s: suite_item_scores(r.get("suite", {})) for s, r in base_runs.items()},
                                {s: suite_item_scores(r.get("suite", {})) for s, r in variant_runs.items()})
     decided = {"heldout_bpb": bpb, "suite_accuracy": accuracy}[rule.metric]
-    verdict = "within noise" if decided is None else rule.verdict(decided["improvement"], decided["se"], decided["per_seed"])
-    return {"heldout_bpb": bpb, "per_source_bpb": per_source, "suite_accuracy": accuracy, "verdict": verdict}
+    for row in (bpb, accuracy, *per_source.values()):
+        if row is not None:  # the interval each row is judged (and drawn) with
+            row["multiplier"] = rule.multiplier(row["df"])
+    verdict = "within noise" if decided is None else rule.verdict(decided["improvement"], decided["se"], decided["per_seed"], decided["df"])
+    budget = token_budget(base_runs, variant_runs)
+    return {"heldout_bpb": bpb, "per_source_bpb": per_source, "suite_accuracy": accuracy, "verdict": verdict,
+            "train_tokens": budget, "statement": f"{verdict} {budget}"}

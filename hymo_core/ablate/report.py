@@ -20,8 +20,20 @@ def markdown_table(comparison: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {', '.join(row['recomputed']) or 'none'} | {bpb['base']:.4f} | {bpb['variant']:.4f} "
             f"| {_pm(bpb['improvement'], bpb['se'])} ({bpb['se_items']:.4f}, {bpb['seed_sd']:.4f}; n={bpb['n']} docs) "
-            f"| {', '.join(f'{v:+.4f}' for v in bpb['per_seed'])} | {acc_cell} | **{row['verdict']}** ({rule_metric}) |")
+            f"| {', '.join(f'{v:+.4f}' for v in bpb['per_seed'])} | {acc_cell} "
+            f"| **{row['verdict']}** ({rule_metric}, ±{_multiplier(row[rule_metric], comparison):.2f} se; {_budget(row)}) |")
     return "\n".join(lines)
+
+
+def _multiplier(row: dict[str, Any] | None, comparison: dict[str, Any]) -> float:
+    """The half-width in se the row was judged with (older comparisons: the rule's fixed z)."""
+    if row is not None and row.get("multiplier") is not None:
+        return row["multiplier"]
+    return comparison["rule"].get("z") or 1.96
+
+
+def _budget(row: dict[str, Any]) -> str:
+    return row.get("train_tokens") or "at an unrecorded training budget"
 
 
 def source_table(comparison: dict[str, Any]) -> str:
@@ -33,27 +45,27 @@ def source_table(comparison: dict[str, Any]) -> str:
 
 
 def draw(comparison: dict[str, Any], path: Path) -> Path:
-    """Improvement per variant with its z-se interval (bars) and each seed's own pair (dots)."""
+    """Improvement per variant with the interval the rule judged it by (bars) and each seed's own pair (dots)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     metric = comparison["rule"]["metric"]
-    z, min_effect = comparison["rule"]["z"], comparison["rule"]["min_effect"]
+    min_effect = comparison["rule"]["min_effect"]
     names = list(comparison["variants"])
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.6 * len(names)))
     for y, name in enumerate(names):
         row = comparison["variants"][name][metric]
         if row is None:
             continue
-        ax.errorbar(row["improvement"], y, xerr=z * row["se"], fmt="o", color="black", capsize=4)
+        ax.errorbar(row["improvement"], y, xerr=_multiplier(row, comparison) * row["se"], fmt="o", color="black", capsize=4)
         ax.scatter(row["per_seed"], [y] * len(row["per_seed"]), color="tab:blue", s=14, zorder=3)
     ax.axvline(0, color="grey", lw=1)
     for edge in (-min_effect, min_effect):
         ax.axvline(edge, color="grey", lw=0.8, ls="--")
     ax.set_yticks(range(len(names)), [f"{n}\n({comparison['variants'][n]['verdict']})" for n in names])
-    ax.set_xlabel(f"{metric} improvement over the base (±{z:g} se; dots: seeds; dashed: ±min_effect)")
+    ax.set_xlabel(f"{metric} improvement over the base (bars: the rule's interval; dots: seeds; dashed: ±min_effect)")
     fig.tight_layout()
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hymo_core.distributed.process_group import Runtime
+from hymo_core.threads import child_environment, choose_threads
 from hymo_core.train.config import METRICS_FILE, TrainConfig
 
 GRACE_SECONDS = 10.0
@@ -267,18 +268,26 @@ def check_batch_plan(config: TrainConfig, nproc: int) -> None:
     config.expert_mesh_shape(nproc)
 
 
+def rank_environment(nproc: int, threads: int | None, environment: dict[str, str]) -> dict[str, str]:
+    """`environment` plus each rank's thread count: the policy's choice for `nproc` ranks sharing this
+    machine's usable CPUs (usable // nproc), unless --threads, HYMO_THREADS or OMP_NUM_THREADS says otherwise."""
+    choice = choose_threads(threads, ranks=nproc, environ=environment)
+    return {**environment, **child_environment(choice)}
+
+
 def launch_training(nproc: int, train_args: Sequence[str], on_line: Callable[[str], None] = print,
                     env: dict[str, str] | None = None, max_restarts: int = 0, logs: str | Path | None = None,
-                    report: Callable[[dict], None] | None = None, module: str = "hymo_core.train") -> None:
+                    report: Callable[[dict], None] | None = None, module: str = "hymo_core.train",
+                    threads: int | None = None) -> None:
     """`python -m hymo_core.train` on `nproc` local ranks (gloo on CPU, nccl on CUDA: each rank picks).
 
     Each rank's output goes to `logs/rank-N.log` (default OUT/logs, OUT from `--out`), rank 0's
     lines to `on_line`, and every metrics record rank 0 writes to `report` as it appears. A
     failure raises LaunchError naming the rank that failed first and its first error line.
     `max_restarts`: torchrun restarts the whole group that often after a rank dies.
+    `threads`: per rank (`--threads`); default: the thread policy's (hymo_core/threads.py) for `nproc` ranks.
     """
-    environment = dict(os.environ if env is None else env)
-    environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    environment = rank_environment(nproc, threads, dict(os.environ if env is None else env))
     environment.setdefault("HYMO_PROGRESS", "0")  # a live bar through a pipe is noise
     environment.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the tee as they are printed
     args = list(train_args)

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from hymo_core.models.presets import PRESETS
-from hymo_core.planner.batch_advice import advise, format_advice, latest_noise_scale
+from hymo_core.planner.batch_advice import (SPREAD_STEPS, advise, format_advice, format_spread, latest_noise_scale,
+                                             noise_scale_spread)
 from hymo_core.planner.expert_parallel import format_expert_parallel
 from hymo_core.planner.muon import format_muon_costs, muon_matrix_shapes
 from hymo_core.planner.planner import ModelShape, RunPlan, format_hybrid, format_plan, model_shape
@@ -50,6 +51,8 @@ def add_batch_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("metrics", type=Path, help="a training run's metrics.jsonl, or the directory holding it")
     parser.add_argument("--batch-tokens", type=int, default=None, help="the batch to judge (default: the run's own)")
     parser.add_argument("--peak-lr", type=float, default=None, help="the run's peak LR, to print the moved value")
+    parser.add_argument("--last", type=int, default=SPREAD_STEPS,
+                        help=f"logged steps the spread (per-step estimates, bootstrap interval) is taken over (default {SPREAD_STEPS})")
     parser.set_defaults(func=_run_batch_cli)
     return parser
 
@@ -58,9 +61,12 @@ def _run_batch_cli(args: argparse.Namespace) -> int:
     try:
         noise = latest_noise_scale(args.metrics)
         advice = advise(noise["b_simple_tokens"], args.batch_tokens or noise["b_big_tokens"])
+        spread = noise_scale_spread(args.metrics, args.last)
     except ValueError as error:
         raise SystemExit(f"hymo plan batch: {error}") from None
     print(format_advice(advice, args.peak_lr, noise.get("step")))
+    print(format_spread(spread, advice.batch_tokens) if spread is not None
+          else "spread: fewer than 3 logged steps carry both gradient norms; the estimate above has no error bar")
     return 0
 
 

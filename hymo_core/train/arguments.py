@@ -15,3 +15,6 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict-resume", action="store_true",
                         help="refuse a resume across a torch version or device change (default: warn and continue)")
     parser.add_argument("--cloze", help="cloze JSONL scored into summary.json (default: the bundled sample set)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="intra-op threads per process (default: HYMO_THREADS, else OMP_NUM_THREADS, else the usable CPUs "
+                             "divided by the ranks on this machine); logged and recorded in summary.json")

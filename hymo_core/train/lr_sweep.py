@@ -6,11 +6,21 @@ final loss against log LR. Every run shares the recipe, token budget and data or
 validation windows, kept per window so the uncertainty can resample them.
 
 The optimum is the vertex of a quadratic in log LR fitted to the mean loss at the grid's best point
-and its neighbour on each side (the parabola through those three points, so far-off LRs do not bend it). Its uncertainty comes from a paired
-bootstrap: seeds and validation windows are resampled with replacement (the same draw at every
-LR), and the curve and vertex are refitted each time. Where the best grid point lies on the edge of
-the grid, or the local fit is not convex, the optimum is not bracketed: the sweep says so and
-reports the best grid point instead of extrapolating.
+and its neighbour on each side (the parabola through those three points, so far-off LRs do not bend it).
+Where the best grid point lies on the edge of the grid, or the local fit is not convex, the optimum
+is not bracketed: the sweep says so and reports the best grid point instead of extrapolating.
+
+Its interval must not claim more than the sweep shows. A three-point vertex always lies between the
+best point's neighbours, and on a real, asymmetric LR curve (a slow rise below the optimum, a steep
+one above) it is biased, so a bootstrap of the vertex alone is narrow and can miss the optimum
+entirely. What the grid does show, for a curve with one minimum, is that the optimum lies between the
+best grid point's two neighbours. So a paired bootstrap (seeds and validation windows resampled with
+replacement, the same draw at every LR) takes, per draw, that bracket around the draw's own best grid
+point, and the interval is the 2.5th percentile of the brackets' low ends to the 97.5th of their high
+ends, joined with the vertex's own bootstrap interval (`vertex_interval_log_lr`, which assumes the
+parabola). It reaches past the neighbours whenever resampling moves the best point, and an end is
+*open* when more than 2.5 % of draws put the best point on that end of the grid: the optimum may
+then lie outside the swept range, and the interval stops at the range with the flag set.
 A run whose loss goes non-finite counts as diverged: +inf, which never wins.
 """
 from __future__ import annotations
@@ -76,24 +86,46 @@ def fit_optimum(log_lrs: np.ndarray, losses: np.ndarray) -> dict[str, Any]:
             "fit_range": [float(x.min()), float(x.max())]}
 
 
-def bootstrap_optimum(log_lrs: np.ndarray, losses_LSW: np.ndarray, draws: int = 500, seed: int = 0) -> dict[str, Any]:
-    """The fit on the mean curve, and its spread when seeds and windows are resampled (paired across LRs).
+EDGE_FRACTION = 0.025  # draws with the best point on a grid end beyond which that side of the interval is open
 
-    `losses_LSW`: (LRs, seeds, windows); a diverged run is +inf in every window.
+
+def _best_index(losses: np.ndarray) -> int | None:
+    finite = np.isfinite(losses)
+    return int(np.nanargmin(np.where(finite, losses, np.nan))) if finite.any() else None
+
+
+def bootstrap_optimum(log_lrs: np.ndarray, losses_LSW: np.ndarray, draws: int = 500, seed: int = 0) -> dict[str, Any]:
+    """The fit on the mean curve, and the interval the sweep supports when seeds and windows are resampled (paired
+    across LRs; see the module docstring). `losses_LSW`: (LRs, seeds, windows); a diverged run is +inf in every window.
     """
     point = fit_optimum(log_lrs, losses_LSW.mean(axis=(1, 2)))
     rng = np.random.default_rng(seed)
-    _, S, W = losses_LSW.shape
-    vertices = []
+    L, S, W = losses_LSW.shape
+    vertices, lows, highs, at_low, at_high = [], [], [], 0, 0
     for _ in range(draws):
         seeds, windows = rng.integers(0, S, S), rng.integers(0, W, W)
         curve = losses_LSW[:, seeds][:, :, windows].mean(axis=(1, 2))
+        best = _best_index(curve)
+        if best is None:
+            continue
         fit = fit_optimum(log_lrs, curve)
-        if fit["log_lr"] is not None:
-            vertices.append(fit["log_lr"])
+        vertices.append(fit["log_lr"])
+        lows.append(log_lrs[max(best - 1, 0)])
+        highs.append(log_lrs[min(best + 1, L - 1)])
+        at_low, at_high = at_low + (best == 0), at_high + (best == L - 1)
+    if not vertices:
+        nan = [math.nan, math.nan]
+        return {**point, "draws": draws, "interval_log_lr": nan, "vertex_interval_log_lr": nan, "open_ends": [True, True],
+                "edge_fraction": [math.nan, math.nan], "bootstrap_se_log_lr": math.nan}
     vertices_ = np.asarray(vertices)
-    low, high = (np.percentile(vertices_, [2.5, 97.5]) if len(vertices_) else (math.nan, math.nan))
-    return {**point, "draws": draws, "interval_log_lr": [float(low), float(high)],
+    vertex_low, vertex_high = (float(v) for v in np.percentile(vertices_, [2.5, 97.5]))
+    low = min(float(np.quantile(lows, 0.025, method="inverted_cdf")), vertex_low)
+    high = max(float(np.quantile(highs, 0.975, method="inverted_cdf")), vertex_high)
+    edge_fraction = [at_low / len(vertices), at_high / len(vertices)]
+    best = point["best_index"]
+    open_ends = [edge_fraction[0] > EDGE_FRACTION or best == 0, edge_fraction[1] > EDGE_FRACTION or best == L - 1]
+    return {**point, "draws": draws, "interval_log_lr": [low, high], "vertex_interval_log_lr": [vertex_low, vertex_high],
+            "open_ends": open_ends, "edge_fraction": edge_fraction,
             "bootstrap_se_log_lr": float(vertices_.std(ddof=1)) if len(vertices_) > 1 else math.nan}
 
 
@@ -148,6 +180,7 @@ def run_sweep(corpus: str | Path, out: str | Path, train_config: TrainConfig, mo
         "seed_spread": [float(v) for v in losses_LSW.mean(axis=2).std(axis=1, ddof=1)] if len(seeds) > 1 else None,
         "optimum_lr": (math.exp(fit["log_lr"]) if fit["bracketed"] else lrs[fit["best_index"]]) if fit["log_lr"] is not None else None,
         "interval_lr": [math.exp(v) if math.isfinite(v) else None for v in fit["interval_log_lr"]],
+        "interval_open": fit["open_ends"],  # [below the grid, above it]: the optimum may lie outside the swept range
         "bracketed": fit["bracketed"], "grid_step_log": grid_step, "fit": fit,
         "train_config": train_config.to_dict(), "model": {"d_model": model_config.d_model,
                                                            "parametrisation": model_config.parametrisation},

@@ -6,6 +6,7 @@ flow call; `python -m hymo_core.train` runs it without Prefect. It writes into
 
     checkpoints/step-NNNNNNNN.pt   the last K and the best by validation loss (+ checkpoints.json)
     metrics.jsonl                  one record per logged step, validation (per source / language), skip event, alert
+    events.out.tfevents.*          the same steps' scalars for TensorBoard (hymo_core/train/event_files.py)
     loss.png                       train and validation loss, and the LR (as Lab 2 plots them)
     heldout.png                    held-out loss per source and per language (hymo_core.eval.heldout)
     ema.pt                         with ema_decay > 0: the EMA weights as a checkpoint, for `hymo eval` (not for resuming)
@@ -34,11 +35,13 @@ import numpy as np
 import torch
 
 from hymo_core.models.configs import SAMPLE_MODEL
+from hymo_core.threads import ThreadChoice, choose_threads, local_ranks, using_threads
 from hymo_core.train.config import (CHECKPOINT_DIR, EMA_CHECKPOINT, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_TRAIN,
                                     SUMMARY_FILE)
 from hymo_core.checkpoint.common import CheckpointError, list_checkpoints, weights_sha256
 from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint, save_checkpoint
 from hymo_core.train.ema import WeightEMA
+from hymo_core.train.event_files import EventFiles
 from hymo_core.eval.heldout import HeldOutSet
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
 from hymo_core.train.monitor import status_line
@@ -127,7 +130,7 @@ def plot_loss(records: list[dict[str, Any]], path: Path, vocab_size: int) -> Non
     train_rows = [r for r in records if r.get("kind") == "train"]
     val_rows = [r for r in records if r.get("kind") == "eval"]
     figure, loss_axis = plt.subplots(figsize=(8, 4.5))
-    loss_axis.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train loss", color="tab:blue")
+    loss_axis.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train loss (mean over each logged window)", color="tab:blue")
     loss_axis.plot([r["step"] for r in val_rows], [r["val_loss"] for r in val_rows], "o-", label="validation loss", color="tab:orange")
     loss_axis.axhline(math.log(vocab_size), linestyle=":", color="grey", label=f"ln V = {math.log(vocab_size):.2f}")
     loss_axis.set_xlabel("successful update")
@@ -258,6 +261,7 @@ def run_training(
     report: Callable[[dict[str, Any]], None] | None = None,
     runtime: Runtime | None = None,
     strict_resume: bool = False,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Train (or continue) to `train_config.max_steps` and write checkpoints, metrics, loss.png and summary.json.
 
@@ -268,12 +272,25 @@ def run_training(
     evaluations, events) as it is written; how an orchestrator shows training live without this
     package knowing about it.
     `strict_resume`: refuse a checkpoint written under another torch version or device (default: warn).
+    `threads`: intra-op threads (`--threads`); default: hymo_core.threads' policy (HYMO_THREADS >
+    OMP_NUM_THREADS > usable CPUs // ranks on this machine), logged and recorded in summary.json
+    ("threads"); the process's own count is restored when the run returns.
     """
-    config = train_config or SAMPLE_TRAIN
     runtime = runtime or init_runtime(device)
-    device = runtime.device
     if not runtime.is_writer:
         log, progress = (lambda *args, **kwargs: None), False
+    choice = choose_threads(threads, ranks=local_ranks())
+    log(f"threads: {choice.describe()}")
+    with using_threads(choice):
+        return _run_training(corpus, out, train_config, model_config, resume=resume, checkpoint_dir=checkpoint_dir,
+                             cloze_path=cloze_path, progress=progress, log=log, report=report, runtime=runtime,
+                             strict_resume=strict_resume, threads=choice)
+
+
+def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint_dir, cloze_path, progress, log, report,
+                  runtime: Runtime, strict_resume: bool, threads: ThreadChoice) -> dict[str, Any]:
+    config = train_config or SAMPLE_TRAIN
+    device = runtime.device
     reader = open_corpus(corpus, runtime)
     model_config = replace(model_config or SAMPLE_MODEL, vocab_size=reader.vocab_size)
     if model_config.max_seq_len < config.seq_len:
@@ -308,6 +325,7 @@ def run_training(
             log(f"resumed from {resumed_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
 
     metrics = MetricsLog(out / METRICS_FILE, state.step) if runtime.is_writer else None
+    events = EventFiles(out, state.step) if runtime.is_writer else None  # TensorBoard, from the same records
 
     bar = ProgressLine(config.max_steps, state.step, progress)
 
@@ -315,6 +333,7 @@ def run_training(
         if metrics is None:
             return
         metrics.write(row)
+        events.write(row)
         if report is not None:
             report(row)
         elif row["kind"] in ("train", "alert"):
@@ -364,6 +383,8 @@ def run_training(
             background.close()  # the final checkpoint is published before anything reports it
     finally:
         bar.close()
+        if events is not None:
+            events.close()
     seconds = time.perf_counter() - started
     weights_digest = full_weights_sha256(model)  # a collective under FSDP: every rank takes part
     tokenizer_entry = reader.manifest.get("tokenizer", {})
@@ -408,7 +429,7 @@ def run_training(
         "train_config": config.to_dict(),
         "model_config": asdict(model_config),
         "device": device.type,
-        "threads": torch.get_num_threads(),
+        "threads": threads.to_json(),  # the choice and what made it (hymo_core/threads.py)
         "world_size": runtime.world_size,
     }
     if cloze is not None:
@@ -473,7 +494,7 @@ def session_config(train_config: TrainConfig, max_steps: int | None = None, hori
 
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE,
-                        strict_resume=args.strict_resume)
+                        strict_resume=args.strict_resume, threads=getattr(args, "threads", None))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     runtime = init_runtime()
     try:
         summary = run_training(args.corpus, args.out, *_configs(args), resume=args.resume or restarted_by_torchrun(),
-                               cloze_path=args.cloze or SAMPLE_CLOZE, runtime=runtime, strict_resume=args.strict_resume)
+                               cloze_path=args.cloze or SAMPLE_CLOZE, runtime=runtime, strict_resume=args.strict_resume,
+                               threads=args.threads)
     except (ValueError, FileExistsError) as exc:  # configuration, corpus and checkpoint errors: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,8 +1,9 @@
 """`hymo report RUN`: one HTML page a person looks at instead of reading metrics.jsonl.
 
 Everything comes from the training directory (metrics.jsonl, summary.json):
-the loss curves, held-out loss per source and per language, the loss forecast
-with its band at the planned token budget, the run signals (gradient and
+the training-loss curve first (the logged window mean and the logging update's
+own loss, labelled apart), held-out loss per source and per language, the loss
+forecast at the planned token budget (its band only where the forecast has one), the run signals (gradient and
 update norms, clip fraction, activation RMS, log-Z, attention logits, memory,
 data wait), tokens per source, and every alert with the action it took. The
 plots are matplotlib PNGs embedded in the page, so the file travels alone.
@@ -78,13 +79,62 @@ def plot_groups(records: list[dict[str, Any]]) -> bytes | None:
     return _png(figure)
 
 
-def plot_forecast(records: list[dict[str, Any]], fitted: tuple[Any, Any] | None) -> bytes | None:
+WINDOW_MEAN_LABEL = "training loss: mean over each logged window"
+LAST_UPDATE_LABEL = "training loss: the logging update's batch alone"
+
+
+def training_loss_figure(records: list[dict[str, Any]], ln_vocab: float | None = None):
+    """The training-loss curve: the logged window mean as a line, the logging update's own loss (what
+    summary.json's final_train_loss is) as separate markers, the held-out loss, and ln V for reference."""
+    rows = [r for r in records if r.get("kind") == "train" and _finite(r.get("loss"))]
+    if not rows:
+        return None
+    figure = _figure(9, 4.5)
+    axis = figure.subplots()
+    window = max(1, rows[0]["step"]) if len(rows) < 2 else rows[1]["step"] - rows[0]["step"]
+    axis.plot([r["step"] for r in rows], [r["loss"] for r in rows], color="tab:blue", label=f"{WINDOW_MEAN_LABEL} ({window} updates)")
+    last = [(r["step"], r["last_loss"]) for r in rows if _finite(r.get("last_loss"))]
+    if last:
+        axis.plot(*zip(*last), ".", color="tab:cyan", markersize=4, label=LAST_UPDATE_LABEL)
+    evals = [(r["step"], r["val_loss"]) for r in records if r.get("kind") == "eval" and _finite(r.get("val_loss"))]
+    if evals:
+        axis.plot(*zip(*evals), "o-", color="tab:orange", markersize=3, label="held-out loss")
+    if ln_vocab:
+        axis.axhline(ln_vocab, linestyle=":", color="grey", label=f"ln V = {ln_vocab:.2f} (a uniform guess)")
+    axis.set_xlabel("successful update")
+    axis.set_ylabel("cross-entropy (nats / token)")
+    axis.legend(fontsize=7)
+    return figure
+
+
+def plot_training_loss(records: list[dict[str, Any]], ln_vocab: float | None = None) -> bytes | None:
+    figure = training_loss_figure(records, ln_vocab)
+    return None if figure is None else _png(figure)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def forecast_band(fitted: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
+    """(the forecast's interval at the target, the band along D) when the forecast has one, else None: a
+    forecast without a band, or with a degenerate one, is drawn as a curve alone."""
     if fitted is None:
         return None
+    result, fits = fitted
+    low, high = getattr(result, "low", None), getattr(result, "high", None)
+    if fits is None or not hasattr(fits, "band") or not (_finite(low) and _finite(high)) or not high > low:
+        return None
+    return (low, high), fits.band
+
+
+def forecast_figure(records: list[dict[str, Any]], fitted: tuple[Any, Any] | None):
+    """The held-out points against tokens seen; with a forecast, the fitted L(D) and (only when one exists) its band."""
     import numpy as np
 
-    result, fits = fitted
-    evals = [r for r in records if r.get("kind") == "eval" and r.get("tokens_seen")]
+    evals = [r for r in records if r.get("kind") == "eval" and r.get("tokens_seen") and _finite(r.get("val_loss"))]
+    if not evals:
+        return None
     figure = _figure()
     axis = figure.subplots()
     x = np.array([r["tokens_seen"] for r in evals], dtype=float)
@@ -92,17 +142,30 @@ def plot_forecast(records: list[dict[str, Any]], fitted: tuple[Any, Any] | None)
     ema = [(t, r["ema_val_loss"]) for t, r in zip(x, evals) if r.get("ema_val_loss") is not None]
     if ema:  # TrainConfig.ema_decay: the EMA weights on the same windows
         axis.plot(*zip(*ema), "x", color="tab:green", label="held-out loss, EMA weights")
-    grid = np.geomspace(x.min(), max(result.target_tokens, x.max()), 80)
-    bands = np.array([fits.band(t) for t in grid])
-    axis.plot(grid, result.fit(grid), color="tab:blue", label=f"L(D) = {result.fit.l_inf:.3f} + a D^-{result.fit.gamma:.3f}")
-    axis.fill_between(grid, bands[:, 0], bands[:, 1], color="tab:blue", alpha=0.2, label="90 % band")
-    axis.errorbar([result.target_tokens], [result.forecast], yerr=[[result.forecast - result.low], [result.high - result.forecast]],
-                  fmt="s", color="tab:red", capsize=4, label=f"forecast at planned {result.target_tokens:,.0f} tokens")
+    if fitted is not None:
+        result = fitted[0]
+        grid = np.geomspace(x.min(), max(result.target_tokens, x.max()), 80)
+        axis.plot(grid, result.fit(grid), color="tab:blue", label=f"L(D) = {result.fit.l_inf:.3f} + a D^-{result.fit.gamma:.3f}")
+        band = forecast_band(fitted)
+        label = f"forecast at planned {result.target_tokens:,.0f} tokens"
+        if band is not None:
+            (low, high), band_at = band
+            bands = np.array([band_at(t) for t in grid])
+            axis.fill_between(grid, bands[:, 0], bands[:, 1], color="tab:blue", alpha=0.2, label="90 % band")
+            axis.errorbar([result.target_tokens], [result.forecast], yerr=[[result.forecast - low], [high - result.forecast]],
+                          fmt="s", color="tab:red", capsize=4, label=label)
+        else:
+            axis.plot([result.target_tokens], [result.forecast], "s", color="tab:red", label=f"{label} (no band)")
     axis.set_xscale("log")
     axis.set_xlabel("tokens seen D")
     axis.set_ylabel("held-out loss")
     axis.legend(fontsize=7)
-    return _png(figure)
+    return figure
+
+
+def plot_forecast(records: list[dict[str, Any]], fitted: tuple[Any, Any] | None) -> bytes | None:
+    figure = forecast_figure(records, fitted)
+    return None if figure is None else _png(figure)
 
 
 def plot_signals(records: list[dict[str, Any]]) -> bytes | None:
@@ -175,12 +238,25 @@ def render_report(run: str | Path) -> str:
     alerts = [r for r in records if r.get("kind") == "alert"]
     parts = [f"<h1>HyMo training run <code>{html.escape(str(run.resolve()))}</code></h1>"]
     facts = [["final step", summary.get("final_step", trains[-1]["step"] if trains else None)],
-             ["tokens seen", summary.get("tokens_seen")], ["final train loss", summary.get("final_train_loss")],
+             ["tokens seen", summary.get("tokens_seen")],
+             ["final train loss, mean of the last logged window", trains[-1].get("loss") if trains else None],
+             ["final train loss, the last update's batch alone", summary.get("final_train_loss", trains[-1].get("last_loss") if trains else None)],
              ["final held-out loss", summary.get("final_val_loss")], ["skipped updates", summary.get("skipped_updates")],
              ["alerts fired", len(alerts)]]
     if summary.get("final_ema_val_loss") is not None:
-        facts.insert(4, ["final held-out loss, EMA weights (ema.pt)", summary["final_ema_val_loss"]])
+        facts.insert(5, ["final held-out loss, EMA weights (ema.pt)", summary["final_ema_val_loss"]])
+    if summary.get("stopped_by"):
+        facts.insert(1, ["stopped by", summary["stopped_by"]])
+    threads = summary.get("threads")
+    if isinstance(threads, dict):  # hymo_core/threads.py's choice, per process
+        facts.append(["threads per process", f"{threads['threads']} ({threads['source']}; {threads['cpus']} usable CPUs, "
+                                              f"{threads['ranks']} rank(s), world size {summary.get('world_size', 1)})"])
     parts.append(_table(["", "value"], facts))
+    parts.append("<h2>Training loss</h2>")
+    parts.append(_image(plot_training_loss(records, summary.get("ln_vocab")), "training loss", "training-loss"))
+    parts.append(f"<p id='training-loss-legend'>The line is the <b>{html.escape(WINDOW_MEAN_LABEL)}</b> (what the console prints "
+                 f"and metrics.jsonl's <code>loss</code> holds); the dots are the <b>{html.escape(LAST_UPDATE_LABEL)}</b> "
+                 "(metrics.jsonl's <code>last_loss</code>, summary.json's <code>final_train_loss</code>): one batch, so noisier.</p>")
     parts.append("<h2>Held-out loss per source and language</h2>")
     parts.append(_image(plot_groups(records), "held-out loss per source and language", "per-group-curves"))
     if evals and evals[-1].get("groups"):
@@ -189,17 +265,23 @@ def render_report(run: str | Path) -> str:
                             [["all", last["val_loss"], last.get("val_bpb"), None]]
                             + [[name, g["loss"], g.get("bpb"), g.get("tokens")] for name, g in sorted(last["groups"].items())]))
     parts.append("<h2>Loss forecast</h2>")
-    parts.append(_image(plot_forecast(records, fitted), "loss forecast with its band", "forecast"))
+    parts.append(_image(plot_forecast(records, fitted), "held-out loss and its forecast", "forecast"))
     if fitted is not None:
         result = fitted[0]
+        band = forecast_band(fitted)
+        low, high = band[0] if band is not None else (None, None)
         parts.append(_table(["planned tokens", "forecast", "5 %", "95 %", "L_inf", "a", "gamma", "points"],
-                            [[result.target_tokens, result.forecast, result.low, result.high, result.fit.l_inf, result.fit.a, result.fit.gamma, result.points]]))
+                            [[result.target_tokens, result.forecast, low, high, result.fit.l_inf, result.fit.a, result.fit.gamma, result.points]]))
+        if band is None:
+            parts.append("<p id='no-band'>No band: the forecast has no interval the evaluations support.</p>")
         parts.append("<p>How the forecast moves with the fit window:</p>")
         parts.append(_table(["points (latest)", "from tokens", "forecast", "L_inf", "gamma"],
                             [[w["points"], w["from_tokens"], w["forecast"], w["l_inf"], w["gamma"]] for w in result.window_sensitivity]))
         parts.append(_table(["eval", "residual"], [[i + 1, r] for i, r in enumerate(result.residuals)]))
     else:
-        parts.append(f"<p>No forecast: it needs {MIN_POINTS} held-out evaluations with tokens seen and a planned token budget.</p>")
+        parts.append(f"<p id='no-forecast'>No forecast: it needs at least {MIN_POINTS} held-out evaluations with tokens seen "
+                     f"({len([r for r in evals if r.get('tokens_seen')])} here) and a planned token budget the evaluations have not "
+                     "already reached.</p>")
     parts.append("<h2>Run signals</h2>")
     parts.append(_image(plot_signals(records), "run signals", "signals"))
     if trains:

@@ -58,6 +58,19 @@ def test_summary_and_metrics_carry_groups_forecast_and_alerts(trained: Path):
     assert kinds.count("alert") == 12 and kinds.count("eval") == 6
 
 
+def test_tensorboard_shows_the_runs_scalars_per_source_too(trained: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(trained), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"heldout/source:prose", "heldout/source:mixed", "eval/loss", "train/loss", "throughput/tokens_per_s"} <= tags
+    evals = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
+    prose = [(e.step, e.value) for e in accumulator.Scalars("heldout/source:prose")]
+    assert [s for s, _ in prose] == [r["step"] for r in evals]
+    assert [v for _, v in prose] == pytest.approx([r["groups"]["source:prose"]["loss"] for r in evals], rel=1e-6)
+
+
 @pytest.fixture
 def browser():
     from selenium import webdriver
@@ -80,7 +93,9 @@ def test_report_page_shows_per_source_curves_and_the_forecast(trained: Path, bro
     page = trained / "report.html"
     assert f"wrote {page}" in capsys.readouterr().out
     browser.get(page.resolve().as_uri())
-    for element_id in ("per-group-curves", "forecast", "signals"):
+    images = browser.find_elements(By.TAG_NAME, "img")
+    assert images[0].get_attribute("id") == "training-loss"  # the training-loss curve comes first
+    for element_id in ("training-loss", "per-group-curves", "forecast", "signals"):
         image = browser.find_element(By.ID, element_id)
         assert image.tag_name == "img"
         # Decoded and laid out by the browser: a broken or empty PNG has no natural width.

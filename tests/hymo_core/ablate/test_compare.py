@@ -71,3 +71,54 @@ def test_compare_variant_decides_on_the_rules_metric_and_reports_sources():
     assert row["verdict"] == "better" and row["suite_accuracy"] is None
     assert row["per_source_bpb"]["web"]["improvement"] == pytest.approx(0.5)
     assert row["per_source_bpb"]["prose"]["improvement"] == pytest.approx(0.0)
+
+
+def test_t_quantiles_match_the_tables():
+    from hymo_core.ablate.student_t import t_cdf, t_quantile
+
+    # Student's t, two-sided 95 %: the printed tables' values at 1, 2, 5 and 30 degrees of freedom; the normal's at infinity.
+    for df, expected in ((1, 12.706), (2, 4.303), (5, 2.571), (30, 2.042), (math.inf, 1.960)):
+        assert t_quantile(0.975, df) == pytest.approx(expected, abs=5e-4)
+    assert t_quantile(0.025, 3) == pytest.approx(-t_quantile(0.975, 3))
+    assert t_cdf(t_quantile(0.9, 2.5), 2.5) == pytest.approx(0.9, abs=1e-10)  # fractional df (Welch-Satterthwaite)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (0.7, 1.0, 2.31, 7.0, 120.0):
+        for p in (0.6, 0.95, 0.975, 0.999):
+            assert t_quantile(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), rel=1e-8)
+
+
+def test_two_seeds_whose_spread_dominates_get_a_t_interval_not_z():
+    # 3.5 se from zero with 2 seeds that agree in sign: z = 1.96 called it settled; t at ~1 df (12.7) does not.
+    rule = DecisionRule(min_effect=0.01)
+    assert rule.verdict(0.035, 0.01, [0.025, 0.045], df=1.0) == "within noise"
+    assert rule.verdict(0.035, 0.01, [0.025, 0.045], df=math.inf) == "better"  # what the old z = 1.96 concluded
+    assert DecisionRule(min_effect=0.01, z=1.96).verdict(0.035, 0.01, [0.025, 0.045], df=1.0) == "better"  # a spec's fixed z
+    assert rule.multiplier(1.0) == pytest.approx(12.706, abs=1e-3) and rule.multiplier(math.inf) == pytest.approx(1.96, abs=1e-3)
+    with pytest.raises(RuleError, match="confidence must lie in"):
+        DecisionRule.from_dict({"confidence": 95}, "spec.toml")
+
+
+def test_degrees_of_freedom_follow_whichever_error_dominates():
+    from hymo_core.ablate.compare import effective_df
+
+    assert effective_df(0.0001, 500, 0.01, 2) == pytest.approx(1.0, abs=1e-3)  # the seed spread: seeds - 1
+    assert effective_df(0.01, 500, 0.0, 2) == pytest.approx(499)  # no seed spread: the items' n - 1
+    assert 1 < effective_df(0.0034, 52, 0.0047, 2) < 51
+    assert effective_df(0.0, 10, 0.0, 2) == math.inf
+
+
+def test_a_verdict_is_stated_with_the_proxies_token_budget_and_judged_on_its_degrees_of_freedom():
+    sizes = [100] * 6
+    base = {s: {"documents": docs([500] * 6, sizes, "web"), "suite": {}, "train_tokens": 40_960} for s in (0, 1)}
+    # Documents gain 0.25 +- 0.05 bits per byte on seed 0 and 0.55 on seed 1: both seeds improve, by amounts that differ.
+    variant = {s: {"documents": docs([500 - 100 * g for g in ([0.2, 0.3] * 3 if s == 0 else [0.5, 0.6] * 3)], sizes, "web"),
+                   "suite": {}, "train_tokens": 40_960} for s in (0, 1)}
+    row = compare_variant(DecisionRule(min_effect=0.01), base, variant)
+    bpb = row["heldout_bpb"]
+    assert bpb["improvement"] == pytest.approx(0.4) and bpb["per_seed"] == pytest.approx([0.25, 0.55])
+    assert bpb["df"] < 1.1 and bpb["multiplier"] > 10  # the seed spread (1 df) dominates the error
+    assert 1.96 < bpb["improvement"] / bpb["se"] < bpb["multiplier"]
+    assert row["verdict"] == "within noise"  # about 2.6 se: z = 1.96 called this settled
+    assert row["statement"] == "within noise at 40,960 training tokens per proxy run"
+    more = {s: dict(r, train_tokens=163_840) for s, r in variant.items()}
+    assert compare_variant(DecisionRule(min_effect=0.01), base, more)["train_tokens"] == "at 40,960 to 163,840 training tokens per proxy run"

@@ -26,6 +26,7 @@ from hymo_core.distributed.launch import LaunchError, launch_training, run_proce
 from hymo_core.models.model import Transformer
 from hymo_core.train.optim import build_optimizer
 from hymo_core.checkpoint.sharded import load_sharded_checkpoint
+from hymo_core.threads import choose_threads
 from hymo_core.train.run import load_run_config, run_training
 
 HERE = Path(__file__).resolve().parent
@@ -156,6 +157,8 @@ def test_two_ranks_train_the_one_process_model(two_ranks, one_rank):
     assert sum(r.get("qk_clipped_heads", 0) for r in metrics if r["kind"] == "train") > 0  # the clip acted on shards
     summary, alone = (json.loads((out / "summary.json").read_text()) for out in (two_ranks, one_rank))
     assert summary["world_size"] == 2 and summary["tokens_seen"] == alone["tokens_seen"]
+    # Each rank ran on the thread policy's count for 2 ranks (usable CPUs // 2 unless the environment said otherwise).
+    assert summary["threads"]["ranks"] == 2 and summary["threads"]["threads"] == choose_threads(None, ranks=2).threads
     # Validation: each rank scores half the batches, the sums are all-reduced.
     assert summary["final_val_loss"] == pytest.approx(alone["final_val_loss"], rel=1e-6)
     layout = sorted(p.name for p in (two_ranks / "checkpoints" / f"step-{STEPS:08d}").iterdir())
@@ -167,6 +170,8 @@ def test_rank_0_shows_progress_and_every_rank_keeps_its_log(two_ranks):
     assert [line.split()[1] for line in progress] == [f"{step}/{STEPS}" for step in range(1, STEPS + 1)]
     logs = two_ranks["out"] / "logs"
     assert f"step {STEPS}/{STEPS}" in (logs / "rank-0.log").read_text() and (logs / "rank-1.log").is_file()
+    assert sum(line.startswith("threads: ") for line in two_ranks["lines"]) == 1  # the choice, logged once (by rank 0)
+    assert len(list(two_ranks["out"].glob("events.out.tfevents.*"))) == 1  # TensorBoard: rank 0 writes, once
     # The supervisor saw every record rank 0 wrote, live (the Prefect training artifact reads these).
     reported = two_ranks["reported"]
     assert [r["step"] for r in reported if r["kind"] == "train"] == list(range(1, STEPS + 1))
