@@ -216,11 +216,11 @@ def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp
     checkpoint = str(trained / "checkpoints" / "step-00000003.pt")
     assert main(["retokenize", str(tiny_run), "--tokenizer-from", str(tiny_run), "--out", str(tmp_path / "domain")]) == 0
     status = main(["cpt", checkpoint, "--domain", str(tmp_path / "domain"), "--general", str(tiny_run), "--out", str(tmp_path / "cpt"),
-                   "--steps", "4", "--warmup", "1", "--eval-interval", "2", "--eval-batches", "2", "--task", "arc_easy", "--paired-items", "10"])
+                   "--steps", "4", "--warmup", "1", "--eval-interval", "2", "--eval-batches", "2", "--task", "arc_easy", "--paired-items", "30"])
     summary = json.loads((tmp_path / "cpt" / "summary.json").read_text())
     assert status == (0 if summary["verdict"]["passed"] else 3)
     assert [row["metric"] for row in summary["verdict"]["criteria"]] == ["domain_loss_reduction", "general_loss_rise", "task_accuracy_drop:arc_easy"]
-    assert summary["verdict"]["criteria"][2]["n"] == 10 and 'task = "arc_easy"' in (tmp_path / "cpt" / "gate.toml").read_text()
+    assert summary["verdict"]["criteria"][2]["n"] == 30 and 'task = "arc_easy"' in (tmp_path / "cpt" / "gate.toml").read_text()
     assert summary["lineage"]["base_checkpoint"].endswith("step-00000003.pt") and Path(summary["lineage"]["cpt_checkpoint"]).is_file()
     assert "verdict:" in capsys.readouterr().out
     assert main(["cpt", "verify", str(tmp_path / "cpt")]) == 0  # the ledger beside OUT, both checkpoints re-measured
@@ -239,6 +239,8 @@ def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hymo-cpt-start", "hymo-cpt-end"])))
     ends = [a for a in artifacts if a.key == "hymo-cpt-end" and str(tmp_path / "flow") in (a.description or "")]
     assert ends and flow_summary["measurements"]["sha256"] in json.dumps(ends[-1].data)
+    assert main(["cpt", "verify", str(tmp_path / "flow")]) == 0  # the ledger's records equal the artifacts'
+    assert "ok   prefect artifacts: ledger start/end records against the Prefect artifacts: equal (1 end, 1 start)" in capsys.readouterr().out
 
 
 def test_hymo_serve_offers_the_cpt_deployment(served):
