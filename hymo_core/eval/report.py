@@ -25,6 +25,7 @@ from hymo_core.eval.sandbox import require_isolation
 from hymo_core.eval.metrics import bits_per_byte
 from hymo_core.eval.suite import FEWSHOT_SEED, GENERATION_BATCH, SUITES, markdown_table, run_task
 from hymo_core.eval.evaluation import load_tokenizer
+from hymo_core.threads import ThreadChoice, apply_threads, choose_threads
 from hymo_core.train.trainer import evaluate
 
 EVAL_JSON = "eval.json"
@@ -86,27 +87,29 @@ def held_out_perplexity(model: torch.nn.Module, reader: CorpusReader, train_conf
     return out
 
 
-def pin_threads() -> int:
-    """Intra-op threads = the CPUs this process may run on (not the machine's count), inter-op 1."""
-    threads = len(os.sched_getaffinity(0))
-    torch.set_num_threads(threads)
+def pin_threads(requested: int | None = None) -> ThreadChoice:
+    """Intra-op threads from the project's one policy (--threads > HYMO_THREADS > OMP_NUM_THREADS > usable
+    CPUs; `hymo_core.threads`), inter-op 1. Every sandboxed HumanEval program gets 1 (`sandbox.PROGRAM_THREADS`)."""
+    choice = apply_threads(choose_threads(requested))
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set, or inter-op work has started in this process
         pass
-    return threads
+    return choice
 
 
 def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path | None = None, limit: int | None = None,
               out: str | Path | None = None, device: torch.device | str = "cpu", mmlu_format: str = "rc",
               max_new_tokens: dict[str, int] | None = None, log: Any = print, unsafe_exec: bool = False, num_fewshot: int = 0,
-              fewshot_seed: int = FEWSHOT_SEED, generation_batch_size: int = GENERATION_BATCH) -> dict[str, Any]:
+              fewshot_seed: int = FEWSHOT_SEED, generation_batch_size: int = GENERATION_BATCH, threads: int | None = None) -> dict[str, Any]:
     """Every task of `suite`, then perplexity; returns the eval.json content. eval.json (and eval.md) in `out`
     are rewritten atomically after every task, so a killed eval keeps the tasks it finished.
-    `generation_batch_size`: GSM8K / HumanEval prompts decoded together (no number depends on it)."""
+    `generation_batch_size`: GSM8K / HumanEval prompts decoded together (no number depends on it).
+    `threads`: intra-op threads (default: the thread policy's choice, recorded as eval.json's "threads")."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
     sandbox = require_isolation(unsafe_exec) if "humaneval" in SUITES[suite] else None  # refuse before loading anything
+    choice = pin_threads(threads)
     checkpoint = Path(checkpoint)
     device = torch.device(device)
     torch.manual_seed(0)  # nothing here samples; fixed anyway so a future sampled metric is reproducible
@@ -119,7 +122,7 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
                                "num_fewshot": num_fewshot, "fewshot_seed": fewshot_seed if num_fewshot else None,
                                "corpus": str(reader.path), "corpus_digest": reader.digest,
                                "same_corpus": payload["manifest_digest"] == reader.digest, "sandbox": sandbox,
-                               "threads": pin_threads(), "complete": False, "tasks": {}}
+                               "threads": choice.to_json(), "complete": False, "tasks": {}}
     for task in SUITES[suite]:
         started = time.perf_counter()
         results["tasks"][task] = run_task(task, model, tokenizer, limit=limit, eos_id=reader.eos_id, device=device,

@@ -40,12 +40,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hymo_core.threads import ThreadChoice, child_environment
+
 MEMORY_BYTES = 1 << 30
 FILE_BYTES = 16 << 20
 TMP_BYTES = 64 << 20
 TMP_INODES = 1024
 MAX_PROCESSES = 64
 MAX_OPEN_FILES = 256
+PROGRAM_THREADS = 1
 STDERR_TAIL = 500
 SETUP_FAILED = 125  # sandbox_init's exit status when it could not build the sandbox
 LAUNCHER = Path(__file__).resolve().with_name("sandbox_init.py")
@@ -111,7 +114,10 @@ def _limits(timeout_s: float) -> dict[str, int]:
 
 
 def _env(home: str) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home}
+    """A program's whole environment: nothing of the host's, and one OpenMP/MKL thread (thread policy's
+    child_environment): programs run one after another beside the model's threads, never in parallel."""
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home,
+            **child_environment(ThreadChoice(PROGRAM_THREADS, "sandbox", PROGRAM_THREADS, 1))}
 
 
 @functools.lru_cache(maxsize=1)

@@ -344,3 +344,8 @@ def test_the_nonce_is_in_no_file_argument_or_environment_the_program_can_read():
         sandbox._drain = original
     assert result.passed, result.detail
     assert len(captured["signal"]) == sandbox.NONCE_BYTES and captured["signal"].hex() not in result.detail
+
+
+def test_a_program_gets_one_thread_from_the_thread_policy():
+    program = "import os, sys\nsys.exit(0 if os.environ.get('OMP_NUM_THREADS') == os.environ.get('MKL_NUM_THREADS') == '1' else 3)\n"
+    assert run_program(program, timeout_s=20).passed
