@@ -21,7 +21,7 @@ import torch
 
 from hymo_core.checkpoint.load import load_model
 from hymo_core.train.data import CorpusError, CorpusReader, ValidationLoader
-from hymo_core.eval.sandbox import require_isolation
+from hymo_core.eval.sandbox import memory_bound, require_isolation
 from hymo_core.eval.metrics import bits_per_byte
 from hymo_core.eval.suite import FEWSHOT_SEED, GENERATION_BATCH, SUITES, markdown_table, run_task
 from hymo_core.eval.evaluation import load_tokenizer
@@ -122,6 +122,7 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
                                "num_fewshot": num_fewshot, "fewshot_seed": fewshot_seed if num_fewshot else None,
                                "corpus": str(reader.path), "corpus_digest": reader.digest,
                                "same_corpus": payload["manifest_digest"] == reader.digest, "sandbox": sandbox,
+                               "sandbox_memory": memory_bound(sandbox == "unsafe").to_json() if sandbox else None,
                                "threads": choice.to_json(), "complete": False, "tasks": {}}
     for task in SUITES[suite]:
         started = time.perf_counter()

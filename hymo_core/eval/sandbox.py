@@ -4,8 +4,13 @@ Mode ``namespaces`` (the default; `sandbox_init.py` builds it): user, mount, net
 UTS namespaces; uid/gid 1000 inside (host nobody when HyMo runs as root), no capabilities,
 ``no_new_privs``; a root of read-only binds (``/usr``, the interpreter) with a fresh ``/proc`` and
 a private ``/tmp`` tmpfs of ``TMP_BYTES`` (the total a program can write) and ``TMP_INODES`` files;
-rlimits on CPU, memory (``MEMORY_BYTES``), file size (``FILE_BYTES``, stderr included), processes
-(``MAX_PROCESSES``) and open files. The program runs as (a child of) the PID namespace's init; on
+rlimits on CPU, memory, file size (``FILE_BYTES``, stderr included), processes and open files.
+
+Memory is bounded for the program as a whole, every process it forks together (`memory_bound`): a
+cgroup v2 with ``memory.max`` = ``MEMORY_BYTES`` (no swap) and ``pids.max`` = ``MAX_PROCESSES`` where the
+host lets HyMo create one; else ``RLIMIT_AS`` of ``MEMORY_BYTES / SPLIT_PROCESSES`` per process with
+at most ``SPLIT_PROCESSES`` processes. A per-process limit alone (1 GiB x 64 processes) let one
+program hold 64 GiB. eval.json records which bound applied. The program runs as (a child of) the PID namespace's init; on
 *every* exit, pass, fail or timeout, init is killed and waited for, and the kernel kills whatever is
 left in the namespace before init is reported dead. Nothing outlives `run_program`.
 
@@ -37,12 +42,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hymo_core.threads import ThreadChoice, child_environment
 
-MEMORY_BYTES = 1 << 30
+MEMORY_BYTES = 1 << 30  # the whole program, all its processes together
+SPLIT_PROCESSES = 8  # without a cgroup: the process cap, and MEMORY_BYTES / 8 = 128 MiB of address space each
 FILE_BYTES = 16 << 20
 TMP_BYTES = 64 << 20
 TMP_INODES = 1024
@@ -84,6 +90,84 @@ _hymo_run(_hymo_source, {check!r}, {nonce_fd}, {result_fd})
 """
 
 
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+CGROUP_PREFIX = "hymo-sandbox-"
+
+
+@dataclass(frozen=True)
+class MemoryBound:
+    """How a program's memory is bounded as a whole (recorded in eval.json)."""
+    kind: str  # "cgroup v2" | "rlimit split" | "rlimit per process" (unsafe mode without a cgroup: no process cap)
+    total_bytes: int  # what all of a program's processes may hold together
+    processes: int | None  # the process cap (None: unsafe mode cannot cap a user's processes)
+    per_process_bytes: int  # RLIMIT_AS of each process
+
+    def to_json(self) -> dict[str, int | str | None]:
+        return asdict(self)
+
+
+def _write_cgroup_file(path: Path, value: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(value)
+
+
+def _new_cgroup(root: Path) -> Path:
+    """A leaf cgroup with the program's limits; raises OSError where the host does not allow it."""
+    path = root / f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    path.mkdir()
+    try:
+        _write_cgroup_file(path / "memory.max", str(MEMORY_BYTES))
+        _write_cgroup_file(path / "pids.max", str(MAX_PROCESSES))
+        if (path / "memory.swap.max").exists():
+            _write_cgroup_file(path / "memory.swap.max", "0")
+    except OSError:
+        _remove_cgroup(path)
+        raise
+    return path
+
+
+def _remove_cgroup(path: Path) -> None:
+    """Kill whatever is left in it (cgroup.kill, Linux 5.14+) and remove it once empty."""
+    try:
+        if (path / "cgroup.kill").exists():
+            _write_cgroup_file(path / "cgroup.kill", "1")
+    except OSError:
+        pass
+    for _ in range(200):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+@functools.lru_cache(maxsize=1)
+def _cgroup_root() -> Path | None:
+    """The cgroup v2 directory HyMo may create sandbox cgroups under (memory and pids delegated), else None."""
+    for root in CGROUP_ROOTS:
+        try:
+            if not (root / "cgroup.controllers").is_file():
+                continue
+            if not {"memory", "pids"} <= set((root / "cgroup.subtree_control").read_text().split()):
+                continue
+            _remove_cgroup(_new_cgroup(root))
+            return root
+        except OSError:
+            continue
+    return None
+
+
+def memory_bound(unsafe: bool = False) -> MemoryBound:
+    """The bound programs run under here (see the module docstring)."""
+    if _cgroup_root() is not None:
+        return MemoryBound("cgroup v2", MEMORY_BYTES, MAX_PROCESSES, MEMORY_BYTES)
+    if unsafe:
+        return MemoryBound("rlimit per process", MEMORY_BYTES // SPLIT_PROCESSES, None, MEMORY_BYTES // SPLIT_PROCESSES)
+    return MemoryBound("rlimit split", MEMORY_BYTES, SPLIT_PROCESSES, MEMORY_BYTES // SPLIT_PROCESSES)
+
+
 class SandboxUnavailable(RuntimeError):
     """Namespaces cannot be built here; the message is one line."""
 
@@ -107,10 +191,10 @@ def _binds() -> list[str]:
     return list(dict.fromkeys(p for p in paths if os.path.lexists(p)))
 
 
-def _limits(timeout_s: float) -> dict[str, int]:
+def _limits(timeout_s: float, bound: MemoryBound) -> dict[str, int]:
     cpu = int(timeout_s) + 1
-    return {"RLIMIT_CPU": cpu, "RLIMIT_AS": MEMORY_BYTES, "RLIMIT_FSIZE": FILE_BYTES, "RLIMIT_CORE": 0,
-            "RLIMIT_NPROC": MAX_PROCESSES, "RLIMIT_NOFILE": MAX_OPEN_FILES}
+    return {"RLIMIT_CPU": cpu, "RLIMIT_AS": bound.per_process_bytes, "RLIMIT_FSIZE": FILE_BYTES, "RLIMIT_CORE": 0,
+            "RLIMIT_NPROC": bound.processes or MAX_PROCESSES, "RLIMIT_NOFILE": MAX_OPEN_FILES}
 
 
 def _env(home: str) -> dict[str, str]:
@@ -210,9 +294,19 @@ def _result(returncode: int, stderr_file, timeout_s: float, timed_out: bool) -> 
 
 
 def _run_isolated(program: str, timeout_s: float, pass_fds: tuple[int, ...] = ()) -> RunResult:
+    bound = memory_bound()
+    cgroup = _new_cgroup(_cgroup_root()) if bound.kind == "cgroup v2" else None
+    try:
+        return _run_isolated_in(program, timeout_s, pass_fds, bound, cgroup)
+    finally:
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
+
+
+def _run_isolated_in(program: str, timeout_s: float, pass_fds: tuple[int, ...], bound: MemoryBound, cgroup: Path | None) -> RunResult:
     status_r, status_w = os.pipe()
-    config = {"status_fd": status_w, "binds": _binds(), "tmp_bytes": TMP_BYTES, "tmp_inodes": TMP_INODES,
-              "limits": _limits(timeout_s), "python": interpreter(), "env": _env("/tmp")}
+    config = {"status_fd": status_w, "binds": _binds(), "tmp_bytes": TMP_BYTES, "tmp_inodes": TMP_INODES, "cgroup": str(cgroup) if cgroup else None,
+              "limits": _limits(timeout_s, bound), "python": interpreter(), "env": _env("/tmp")}
     init_pidfd, started = None, False
     with tempfile.TemporaryFile() as stderr_file:
         try:
@@ -281,23 +375,27 @@ def _kill_namespace(process: subprocess.Popen, init_pidfd: int | None) -> None:
     process.wait()
 
 
-def _unsafe_limits(timeout_s: float) -> None:
-    """In the child before exec, unsafe mode: the same rlimits as the sandbox except the process count
-    (without a user namespace, RLIMIT_NPROC counts every process of the user)."""
-    for name, value in _limits(timeout_s).items():
+def _unsafe_limits(timeout_s: float, bound: MemoryBound, cgroup: Path | None) -> None:
+    """In the child before exec, unsafe mode: join the cgroup if there is one, and the same rlimits as the
+    sandbox except the process count (without a user namespace, RLIMIT_NPROC counts every process of the user)."""
+    if cgroup is not None:
+        _write_cgroup_file(cgroup / "cgroup.procs", "0")
+    for name, value in _limits(timeout_s, bound).items():
         if name != "RLIMIT_NPROC":
             resource.setrlimit(getattr(resource, name), (value, value))
 
 
 def _run_unsafe(program: str, timeout_s: float, pass_fds: tuple[int, ...] = ()) -> RunResult:
     workdir = tempfile.mkdtemp(prefix="hymo-unsafe-exec-")
+    bound = memory_bound(unsafe=True)
+    cgroup = _new_cgroup(_cgroup_root()) if bound.kind == "cgroup v2" else None
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as handle:
             handle.write(NETWORK_GUARD + program)
         with tempfile.TemporaryFile() as stderr_file:
             process = subprocess.Popen([sys.executable, "-I", "program.py"], cwd=workdir, env=_env(workdir), stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=stderr_file, start_new_session=True, pass_fds=pass_fds,
-                                       preexec_fn=functools.partial(_unsafe_limits, timeout_s))
+                                       preexec_fn=functools.partial(_unsafe_limits, timeout_s, bound, cgroup))
             timed_out = False
             try:
                 process.wait(timeout=timeout_s)
@@ -311,4 +409,6 @@ def _run_unsafe(program: str, timeout_s: float, pass_fds: tuple[int, ...] = ()) 
                 process.wait()
             return _result(process.returncode, stderr_file, timeout_s, timed_out)
     finally:
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -37,7 +37,7 @@ from hymo_core.eval.evaluation import encode, split_ids
 from hymo_core.eval.metrics import LABELS, PICKS, UNCOND_CONTEXT, bits_per_byte, item_picks, mean_with_stderr, proportion
 from hymo_core.eval.lm_scoring import (GENERATION_BATCH, WINDOW_SLIDE, Generation, GenerationRequest, Request,
                                        generate_until_batched, score_requests)
-from hymo_core.eval.sandbox import require_isolation, run_check
+from hymo_core.eval.sandbox import memory_bound, require_isolation, run_check
 from manifests.benchmark_sets import eval_items, fewshot_items
 
 SUITES: dict[str, tuple[str, ...]] = {
@@ -317,7 +317,7 @@ def score_humaneval(model: nn.Module, tokenizer, records: list[dict[str, Any]], 
         per_item.append({"id": record["id"], "completion": completion, "passed": result.passed, "status": result.status})
     n = len(per_item)
     return {"items": n, "chance": 0.0, **proportion("pass_at_1", sum(r["passed"] for r in per_item), n), "max_new_tokens": max_new_tokens,
-            "timeout_s": timeout_s, "sandbox": mode, **_truncation(generations), "per_item": per_item}
+            "timeout_s": timeout_s, "sandbox": mode, "sandbox_memory": memory_bound(mode == "unsafe").to_json(), **_truncation(generations), "per_item": per_item}
 
 
 # ---------------------------------------------------------------- the suite
