@@ -10,9 +10,11 @@ Memory is bounded for the program as a whole, every process it forks together (`
 cgroup v2 with ``memory.max`` = ``MEMORY_BYTES`` (no swap) and ``pids.max`` = ``MAX_PROCESSES`` where the
 host lets HyMo create one; else ``RLIMIT_AS`` of ``MEMORY_BYTES / SPLIT_PROCESSES`` per process with
 at most ``SPLIT_PROCESSES`` processes. A per-process limit alone (1 GiB x 64 processes) let one
-program hold 64 GiB. eval.json records which bound applied. The program runs as (a child of) the PID namespace's init; on
-*every* exit, pass, fail or timeout, init is killed and waited for, and the kernel kills whatever is
-left in the namespace before init is reported dead. Nothing outlives `run_program`.
+program hold 64 GiB. eval.json records which bound applied.
+
+The program runs as (a child of) the PID namespace's init; on *every* exit, pass, fail or timeout,
+init is killed and waited for, and the kernel kills whatever is left in the namespace before init is
+reported dead. Nothing outlives `run_program`.
 
 Where the kernel refuses namespaces, `require_isolation` raises `SandboxUnavailable` (one line),
 unless the caller passes ``unsafe=True`` (``hymo eval --unsafe-exec``): then the program runs in a
@@ -98,7 +100,7 @@ CGROUP_PREFIX = "hymo-sandbox-"
 class MemoryBound:
     """How a program's memory is bounded as a whole (recorded in eval.json)."""
     kind: str  # "cgroup v2" | "rlimit split" | "rlimit per process" (unsafe mode without a cgroup: no process cap)
-    total_bytes: int  # what all of a program's processes may hold together
+    total_bytes: int | None  # what all of a program's processes may hold together (None: not bounded across processes)
     processes: int | None  # the process cap (None: unsafe mode cannot cap a user's processes)
     per_process_bytes: int  # RLIMIT_AS of each process
 
@@ -164,7 +166,7 @@ def memory_bound(unsafe: bool = False) -> MemoryBound:
     if _cgroup_root() is not None:
         return MemoryBound("cgroup v2", MEMORY_BYTES, MAX_PROCESSES, MEMORY_BYTES)
     if unsafe:
-        return MemoryBound("rlimit per process", MEMORY_BYTES // SPLIT_PROCESSES, None, MEMORY_BYTES // SPLIT_PROCESSES)
+        return MemoryBound("rlimit per process", None, None, MEMORY_BYTES // SPLIT_PROCESSES)
     return MemoryBound("rlimit split", MEMORY_BYTES, SPLIT_PROCESSES, MEMORY_BYTES // SPLIT_PROCESSES)
 
 
