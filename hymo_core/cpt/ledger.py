@@ -66,6 +66,9 @@ def _parse(ledger: Path, text: str) -> list[tuple[int, str, dict[str, Any]]]:
 def _check_chain(ledger: Path, rows: list[tuple[int, str, dict[str, Any]]]) -> None:
     previous = GENESIS
     for number, line, record in rows:
+        if "prev_sha256" not in record:
+            raise LedgerError(f"{ledger}:{number}: no prev_sha256: a ledger written before its lines were chained, or an "
+                              "inserted line; verify older runs with that ledger's records by hand, and give new runs --ledger NEW")
         if record.get("prev_sha256") != previous:
             raise LedgerError(f"{ledger}:{number}: prev_sha256 {str(record.get('prev_sha256'))[:12]}… is not the sha256 of the line "
                               f"before it ({previous[:12]}…); the ledger was edited")

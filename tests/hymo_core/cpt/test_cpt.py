@@ -277,3 +277,16 @@ def test_verifying_a_copied_run_measures_the_copy(corpora, tmp_path):
     failed = {c["check"] for c in verify_run(copy, ledger)["checks"] if not c["ok"]}
     assert "final checkpoint" in failed
     assert verify_run(out)["verified"]
+
+
+def test_a_ledger_line_without_a_link_is_named(tmp_path):
+    from hymo_core.cpt.ledger import LedgerError, append_record, read_ledger
+
+    ledger = tmp_path / "cpt_ledger.jsonl"
+    append_record(ledger, {"run": "/a", "run_id": "a", "stage": "start"})
+    append_record(ledger, {"run": "/a", "run_id": "a", "stage": "end"})
+    assert [r["stage"] for r in read_ledger(ledger)] == ["start", "end"]
+    with open(ledger, "a") as handle:  # a line added by hand, without the link
+        handle.write(json.dumps({"run": "/b", "run_id": "b", "stage": "start"}) + "\n")
+    with pytest.raises(LedgerError, match=r"cpt_ledger.jsonl:3: no prev_sha256"):
+        append_record(ledger, {"run": "/c", "run_id": "c", "stage": "start"})
