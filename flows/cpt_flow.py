@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -18,6 +19,31 @@ def record_hashes(record: dict[str, Any]) -> None:
     get_run_logger().info("cpt %s hashes: %s", record["stage"], json.dumps(record, sort_keys=True))
     create_table_artifact(key=f"hymo-cpt-{record['stage']}", table=[{"field": k, "value": str(v)} for k, v in sorted(record.items())],
                           description=f"hymo cpt {record['stage']} record of {record['run']}")
+
+
+def artifact_records(run_id: str, api_url: str | None = None) -> dict[str, list[dict[str, str]]] | None:
+    """Every hymo-cpt start/end artifact (all versions) whose record names `run_id`, by stage; None when no
+    Prefect server answers at `api_url` / $PREFECT_API_URL (verify then skips this cross-check)."""
+    from flows.server import api_healthy
+
+    url = api_url or os.environ.get("PREFECT_API_URL")
+    if not url or not api_healthy(url):
+        return None
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    keys = ArtifactFilter(key=ArtifactFilterKey(any_=["hymo-cpt-start", "hymo-cpt-end"]))
+    found: dict[str, list[dict[str, str]]] = {"start": [], "end": []}
+    with get_client(sync_client=True) as client:
+        offset = 0
+        while page := client.read_artifacts(artifact_filter=keys, offset=offset, limit=200):
+            offset += len(page)
+            for artifact in page:
+                rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+                fields = {row["field"]: row["value"] for row in rows or []}
+                if fields.get("run_id") == run_id and fields.get("stage") in found:
+                    found[fields["stage"]].append(fields)
+    return found
 
 
 @flow(name="hymo-cpt", log_prints=True)

@@ -27,13 +27,15 @@ def cmd_cpt_verify(args: argparse.Namespace) -> int:
     from hymo_core.cpt.verify import verify_run
     from hymo_core.train.run import default_device
 
-    report = verify_run(args.run, args.ledger, default_device())
+    from flows.cpt_flow import artifact_records
+
+    report = verify_run(args.run, args.ledger, default_device(), artifact_records)
     for row in report["checks"]:
         console.print(f"{'ok  ' if row['ok'] else 'FAIL'} {row['check']}: {row['detail']}", markup=False)
     for line in verdict_lines({"verdict": report["verdict"], "gate": {"sha256": "recomputed"}})[:-1]:
         console.print(line, markup=False)
     console.print(f"recomputed verdict: {'PASS' if report['verdict']['passed'] else 'FAIL'}; "
-                  f"{'verified' if report['verified'] else 'NOT VERIFIED'}", markup=False)
+                  f"{'verified' if report['verified'] else 'NOT VERIFIED: a check failed, so this verdict is refused'}", markup=False)
     return 0 if report["verified"] else 4
 
 

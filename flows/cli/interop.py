@@ -33,10 +33,10 @@ def cmd_eval_harness(args: argparse.Namespace) -> int:
         return 0
     console.print(f"lm-evaluation-harness ({report['route']} model), {args.checkpoint}", markup=False)
     for task in tasks:
-        metrics = rows.get(task, {})
-        shown = ", ".join(f"{name.split(',')[0]} {value:.4f}" for name, value in metrics.items()
-                          if isinstance(value, float) and "stderr" not in name)
-        console.print(f"  {task}: {shown}", markup=False)
+        metrics = rows.get(report["lm_eval_tasks"][task], {})
+        shown = ", ".join(f"{name.split(',')[0]} {value:.4f}" + (f" ± {error:.4f}" if isinstance(error := metrics.get(name.replace(',', '_stderr,', 1)), float) else "")
+                          for name, value in metrics.items() if isinstance(value, float) and "stderr" not in name)
+        console.print(f"  {report['lm_eval_tasks'][task]}: {shown}", markup=False)
     console.print(f"wrote {out / LM_EVAL_JSON} and the task YAMLs in {report['task_dir']} (lm_eval --include_path)", markup=False)
     return 0
 

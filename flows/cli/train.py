@@ -88,7 +88,7 @@ def cmd_eval_suite(args: argparse.Namespace) -> int:
     try:
         result = run_suite(args.checkpoint, args.suite, args.corpus, args.limit, out, default_device(), args.mmlu_format,
                            log=lambda line: console.print(line, markup=False), unsafe_exec=args.unsafe_exec,
-                           num_fewshot=args.num_fewshot, fewshot_seed=args.fewshot_seed,
+                           num_fewshot=args.num_fewshot, fewshot_seed=args.fewshot_seed, threads=args.threads,
                            **({"generation_batch_size": args.generation_batch_size} if args.generation_batch_size else {}))
     except SandboxUnavailable as exc:
         raise SystemExit(f"hymo eval: {exc}") from None
@@ -237,6 +237,8 @@ def add_commands(sub: Any) -> None:
     evaluate.add_argument("--generation-batch-size", type=int, metavar="N",
                           help="with --suite: GSM8K / HumanEval prompts decoded together (default 64; each generation is "
                                "token for token the one-at-a-time one, so no number depends on it)")
+    evaluate.add_argument("--threads", type=int, metavar="N", help="with --suite: intra-op threads (default: $HYMO_THREADS, else "
+                          "$OMP_NUM_THREADS, else the CPUs this process may use); recorded in eval.json")
     evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")
     evaluate.add_argument("--cloze", help="cloze JSONL (default: the bundled sample set)")
     evaluate.add_argument("--harness", choices=["lm-eval"], help="run lm-evaluation-harness itself, offline, on the bundled benchmark files")

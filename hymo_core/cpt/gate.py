@@ -33,7 +33,10 @@ changed. Uncertainty comes from paired differences, before and after, on the sam
   correlated, so treating windows as independent understates the error; documents are nearly independent.
 * task items: independent items, mean +- sd / sqrt(n).
 
-The 95 % interval is estimate +- 1.96 se.
+The 95 % interval is estimate +- 1.96 se. A `ci95` criterion judged on fewer than `MIN_CI95_UNITS`
+documents or items is refused (GateError), not passed: the normal interval needs enough units for
+the central limit to hold (30 is the usual rule of thumb), and with one document the bootstrap's
+error is exactly 0, so any interval "passes" as "+- 0.0000".
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ RULES = ("point", "ci95")
 Z95 = 1.959964
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
+MIN_CI95_UNITS = 30
 
 
 class GateError(ValueError):
@@ -166,6 +170,20 @@ def estimate(paired: Sequence[float] | dict[str, Any]) -> dict[str, Any]:
     return {**paired_estimate(paired), "unit": "items", "stderr_method": "sd / sqrt(n) over independent items"}
 
 
+def _units(paired: Sequence[float] | dict[str, Any]) -> int:
+    return len(paired["difference_sums"]) if isinstance(paired, dict) else len(paired)
+
+
+def check_sample_sizes(criteria: Sequence[Criterion], paired: dict[str, Sequence[float] | dict[str, Any]], where: str = GATE_FILE) -> None:
+    """GateError when a `ci95` criterion has fewer than MIN_CI95_UNITS paired documents or items."""
+    for c in criteria:
+        key = f"{c.metric}:{c.task}" if c.task else c.metric
+        if c.rule == "ci95" and key in paired and _units(paired[key]) < MIN_CI95_UNITS:
+            unit = "documents" if isinstance(paired[key], dict) else "items"
+            raise GateError(f"{where}: criterion {key} has rule ci95 but only {_units(paired[key])} held-out {unit}; a 95 % interval "
+                            f"needs at least {MIN_CI95_UNITS} (raise eval_batches / paired_items, or use rule = \"point\")")
+
+
 def judge(criteria: Sequence[Criterion], paired: dict[str, Sequence[float] | dict[str, Any]]) -> dict[str, Any]:
     """The verdict: every criterion with its estimate and whether it passed; passed = all passed.
 
@@ -173,6 +191,7 @@ def judge(criteria: Sequence[Criterion], paired: dict[str, Sequence[float] | dic
     oriented as the metric says (reduction = base - CPT, rise = CPT - base, drop = base - CPT):
     per-document sums and token counts for losses, one value per item for tasks.
     """
+    check_sample_sizes(criteria, paired)
     rows = []
     for c in criteria:
         key = f"{c.metric}:{c.task}" if c.task else c.metric

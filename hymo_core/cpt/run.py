@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -40,7 +41,7 @@ from hymo_core.checkpoint.load import load_model
 from hymo_core.checkpoint.single import save_checkpoint
 from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
-from hymo_core.cpt.gate import GATE_FILE, Criterion, GateError, GateTampered, gate_text, judge, parse_gate, read_gate
+from hymo_core.cpt.gate import GATE_FILE, Criterion, GateError, GateTampered, check_sample_sizes, gate_text, judge, parse_gate, read_gate
 from hymo_core.train.optim import build_optimizer
 from hymo_core.cpt.ledger import append_record, canonical_sha256, default_ledger
 from hymo_core.cpt.replay import ReplayLoader
@@ -184,7 +185,7 @@ def judge_run(out: str | Path) -> dict[str, Any]:
         "replay": measurements["replay"],
         "lineage": {"base_checkpoint": manifest["base"]["checkpoint"], "base_checkpoint_sha256": manifest["base"]["sha256"],
                     "base_weights_sha256": manifest["base"]["weights_sha256"], "cpt_run": str(out),
-                    "cpt_checkpoint": measurements["checkpoint"]["path"], "cpt_checkpoint_sha256": measurements["checkpoint"]["sha256"],
+                    "cpt_checkpoint": str(out / measurements["checkpoint"]["path"]), "cpt_checkpoint_sha256": measurements["checkpoint"]["sha256"],
                     "cpt_weights_sha256": measurements["checkpoint"]["weights_sha256"], "gate_sha256": gate_sha256,
                     "verdict": "pass" if verdict["passed"] else "fail"},
         "recipe": manifest["recipe"],
@@ -254,7 +255,9 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
 
     base_groups: dict[str, dict[str, Any]] = {}
     base = measure(model, held_out, tasks, tokenizer, readers["domain"].eos_id, device, base_groups)
+    check_sample_sizes(criteria, paired_differences(base, base), str(out / GATE_FILE))  # refuse a ci95 gate before training, not after
     manifest = {
+        "run_id": uuid.uuid4().hex,  # how the ledger finds this run's records, wherever the directory is copied
         "gate": {"path": GATE_FILE, "sha256": gate_sha256},
         "base": {"checkpoint": str(base_checkpoint.resolve()), "sha256": sha256_file(base_checkpoint), "weights_sha256": weights_sha256(model),
                  "step": payload["state"]["step"], "corpus_digest": payload["manifest_digest"]},
@@ -266,7 +269,7 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
     }
     write_json(out / MANIFEST_FILE, manifest)  # the gate's hash is on disk before the first update
     ledger = Path(ledger) if ledger else default_ledger(out)
-    note({"run": str(out.resolve()), "stage": "start", "time": time.time(), "gate_sha256": gate_sha256,
+    note({"run": str(out.resolve()), "run_id": manifest["run_id"], "stage": "start", "time": time.time(), "gate_sha256": gate_sha256,
           "manifest_sha256": sha256_file(out / MANIFEST_FILE), "base_checkpoint_sha256": manifest["base"]["sha256"],
           "base_measurements_sha256": canonical_sha256(base)}, ledger, on_record)
 
@@ -316,7 +319,7 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
         "base": base, "cpt": adapted, "steps": state.step, "seconds": seconds, "tokens_seen": state.tokens_seen,
         "replay": {"ratio": config.replay_ratio, "actual": replay.actual_ratio, "sequences": replay.steps * B,
                    "general_sequences": replay.general_sequences, "sampler_seed": config.sampler_seed},
-        "checkpoint": {"path": str(checkpoint_file[-1]), "sha256": sha256_file(checkpoint_file[-1]), "weights_sha256": weights_sha256(model)},
+        "checkpoint": {"path": checkpoint_file[-1].relative_to(out).as_posix(), "sha256": sha256_file(checkpoint_file[-1]), "weights_sha256": weights_sha256(model)},
     })
     try:
         summary = judge_run(out)
@@ -325,7 +328,7 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
         raise
     summary["seconds"] = seconds
     write_json(out / SUMMARY_FILE, summary)
-    note({"run": str(out.resolve()), "stage": "end", "time": time.time(), "gate_sha256": sha256_file(out / GATE_FILE),
+    note({"run": str(out.resolve()), "run_id": manifest["run_id"], "stage": "end", "time": time.time(), "gate_sha256": sha256_file(out / GATE_FILE),
           "manifest_sha256": sha256_file(out / MANIFEST_FILE), "measurements_sha256": summary["measurements"]["sha256"],
           "cpt_checkpoint_sha256": summary["lineage"]["cpt_checkpoint_sha256"], "summary_sha256": sha256_file(out / SUMMARY_FILE),
           "verdict": summary["lineage"]["verdict"]}, ledger, on_record)
@@ -333,10 +336,11 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
 
 
 def note(record: dict[str, Any], ledger: Path, on_record: Callable[[dict[str, Any]], None] | None) -> None:
-    """The hashes, into the ledger outside OUT and to the caller (the flow's run log and artifact)."""
-    append_record(ledger, record)
+    """The hashes, into the ledger outside OUT and to the caller (the flow's run log and artifact), with
+    the ledger's link to the line before (so the artifact pins the chain too)."""
+    written = append_record(ledger, record)
     if on_record:
-        on_record(record)
+        on_record(written)
 
 
 def verdict_lines(summary: dict[str, Any]) -> list[str]:

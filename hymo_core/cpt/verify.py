@@ -8,7 +8,13 @@ is one of them, so editing RUN alone cannot pass:
 * measurements.json against the ledger's end record and summary.json;
 * the measurements themselves: the base and the final checkpoint are loaded and measured again on
   the same held-out batches and task items, and must reproduce measurements.json (1e-4);
-* the verdict: recomputed from the gate and the fresh measurements, against summary.json's.
+* the verdict: recomputed from the gate and the fresh measurements, against summary.json's;
+* the ledger itself: every line linked to the one before, one start and one end record for the run
+  (a verdict appended later is refused, not preferred), and, when a Prefect server answers, the
+  same records in the run's Prefect artifacts (`artifact_records`, passed in by the CLI).
+
+Paths inside the run (the final checkpoint) are resolved against RUN, so verifying a copy measures
+the copy's files; the run's records are found by the manifest's `run_id`.
 
 The verdict reported is the recomputed one.
 """
@@ -16,13 +22,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from hymo_core.checkpoint.load import load_model
 from hymo_core.cpt.gate import GATE_FILE, judge, parse_gate
-from hymo_core.cpt.ledger import default_ledger, run_records
+from hymo_core.cpt.ledger import LedgerError, default_ledger, run_records
 from hymo_core.cpt.run import MANIFEST_FILE, MEASUREMENTS_FILE, SUMMARY_FILE, held_out_set, measure, paired_differences
 from hymo_core.train.data import CorpusReader
 from manifests.digest import sha256_file
@@ -40,8 +46,25 @@ def _max_difference(recorded: dict[str, list], fresh: dict[str, list]) -> float:
     return worst
 
 
-def verify_run(run: str | Path, ledger: str | Path | None = None, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """{"verified", "checks": [{"check", "ok", "detail"}], "verdict"}: the recomputed verdict and every comparison."""
+def in_run(run: Path, recorded: str, recorded_run: str | None) -> Path:
+    """A path the run recorded, resolved against the run being verified: relative ones under RUN, absolute ones
+    under the directory the run was written in re-rooted onto RUN; others (the base checkpoint) as recorded."""
+    path = Path(recorded)
+    if not path.is_absolute():
+        return run / path
+    if recorded_run and path.is_relative_to(recorded_run):
+        return run / path.relative_to(recorded_run)
+    return path
+
+
+def _same_record(ledger_record: dict[str, Any], artifact: dict[str, str]) -> bool:
+    return {k: str(v) for k, v in ledger_record.items()} == artifact
+
+
+def verify_run(run: str | Path, ledger: str | Path | None = None, device: torch.device | str = "cpu",
+               artifact_records: Callable[[str], dict[str, list[dict[str, str]]] | None] | None = None) -> dict[str, Any]:
+    """{"verified", "checks": [{"check", "ok", "detail"}], "verdict"}: the recomputed verdict and every comparison.
+    `artifact_records(run_id)`: the run's start/end records as Prefect artifacts hold them, None without a server."""
     run, device = Path(run), torch.device(device)
     ledger = Path(ledger) if ledger else default_ledger(run)
     checks: list[dict[str, Any]] = []
@@ -52,18 +75,34 @@ def verify_run(run: str | Path, ledger: str | Path | None = None, device: torch.
     manifest = json.loads((run / MANIFEST_FILE).read_text(encoding="utf-8"))
     measurements = json.loads((run / MEASUREMENTS_FILE).read_text(encoding="utf-8"))
     summary = json.loads((run / SUMMARY_FILE).read_text(encoding="utf-8"))
-    records = run_records(ledger, run)
+    run_id = manifest.get("run_id")
+    try:
+        records = run_records(ledger, run, run_id)
+        check("ledger", bool(start_end := records.get("start") and records.get("end")),
+              f"{ledger}: {'one start and one end record, chain intact' if start_end else 'no start/end record'} for {run.resolve()} ({run_id})")
+    except LedgerError as exc:
+        records = {}
+        check("ledger", False, str(exc))
     start, end = records.get("start", {}), records.get("end", {})
-    check("ledger", bool(start and end), f"{ledger}: {'start and end records' if start and end else 'no start/end record'} for {run.resolve()}")
+    held = artifact_records(run_id) if artifact_records and run_id else None
+    if held is None:
+        check("prefect artifacts", True, "skipped: no Prefect server answers (PREFECT_API_URL), or the run was not started by the flow")
+    elif not any(held.values()):
+        check("prefect artifacts", True, f"skipped: the Prefect server holds no hymo-cpt artifact of run {run_id} (started by the CLI)")
+    else:
+        agree = all(len(held.get(stage, [])) == 1 and _same_record(record, held[stage][0]) for stage, record in (("start", start), ("end", end)))
+        check("prefect artifacts", agree, f"ledger start/end records against the Prefect artifacts: {'equal' if agree else 'they differ'} "
+              f"({', '.join(f'{len(v)} {k}' for k, v in sorted(held.items()))})")
+    recorded_run = start.get("run") or end.get("run")
 
     gate_now = sha256_file(run / GATE_FILE)
     check("gate", gate_now == manifest["gate"]["sha256"] == start.get("gate_sha256") == end.get("gate_sha256"),
           f"gate.toml {gate_now[:12]}…, manifest {manifest['gate']['sha256'][:12]}…, ledger start {str(start.get('gate_sha256'))[:12]}…")
     check("manifest", sha256_file(run / MANIFEST_FILE) == start.get("manifest_sha256"), "cpt_manifest.json against the ledger's start record")
-    base_path = Path(manifest["base"]["checkpoint"])
+    base_path = in_run(run, manifest["base"]["checkpoint"], recorded_run)
     base_now = sha256_file(base_path)
     check("base checkpoint", base_now == manifest["base"]["sha256"] == start.get("base_checkpoint_sha256"), f"{base_path}: {base_now[:12]}…")
-    final_path = Path(measurements["checkpoint"]["path"])
+    final_path = in_run(run, measurements["checkpoint"]["path"], recorded_run)
     final_now = sha256_file(final_path)
     check("final checkpoint", final_now == measurements["checkpoint"]["sha256"] == end.get("cpt_checkpoint_sha256"), f"{final_path}: {final_now[:12]}…")
     measured_now = sha256_file(run / MEASUREMENTS_FILE)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,13 @@ from typing import Any
 import torch
 
 from hymo_core.checkpoint.load import load_model
-from hymo_core.train.data import CorpusError, CorpusReader, ValidationLoader
-from hymo_core.eval.sandbox import require_isolation
+from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
+from hymo_core.train.data import CorpusError, CorpusReader
+from hymo_core.eval.sandbox import memory_bound, require_isolation
 from hymo_core.eval.metrics import bits_per_byte
 from hymo_core.eval.suite import FEWSHOT_SEED, GENERATION_BATCH, SUITES, markdown_table, run_task
 from hymo_core.eval.evaluation import load_tokenizer
-from hymo_core.train.trainer import evaluate
+from hymo_core.threads import ThreadChoice, apply_threads, choose_threads
 
 EVAL_JSON = "eval.json"
 EVAL_MD = "eval.md"
@@ -51,62 +51,51 @@ def default_out(checkpoint: str | Path) -> Path:
     return owner / "eval" / checkpoint.stem
 
 
-BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
-
-
-def token_byte_lengths(tokenizer, vocab_size: int) -> torch.Tensor:
-    """UTF-8 bytes each id stands for: a byte-level BPE token's characters are one byte each, a <0xNN>
-    byte-fallback id is one byte, and the other specials (EOS, padding) are no text at all."""
-    specials = {index for index, token in tokenizer.get_added_tokens_decoder().items() if not BYTE_TOKEN.fullmatch(token.content)}
-    lengths = torch.zeros(vocab_size, dtype=torch.long)
-    for index in range(vocab_size):
-        token = tokenizer.id_to_token(index)
-        if token is not None and index not in specials:
-            lengths[index] = 1 if BYTE_TOKEN.fullmatch(token) else len(token)
-    return lengths
-
-
 def held_out_perplexity(model: torch.nn.Module, reader: CorpusReader, train_config: dict[str, Any], device: torch.device,
-                        batches: int | None = None, tokenizer=None) -> dict[str, Any] | None:
-    """Token-weighted loss on the fixed validation prefix the trainer validates on, and (given the tokenizer)
-    bits per byte: the same summed loss over the UTF-8 bytes its target tokens spell (OLMo/Paloma's
-    bits-per-byte; EOS targets add loss and no bytes); None without a full batch."""
-    loader = ValidationLoader(reader, train_config["seq_len"], train_config["batch_size"], max_batches=batches or train_config["eval_batches"])
-    if len(loader) == 0:
+                        batches: int | None = None) -> dict[str, Any] | None:
+    """Token-weighted loss on the held-out windows the trainer validates on (`HeldOutSet.from_corpus`: eval_batches
+    batches, round-robin over the sources and languages that lead them), so a checkpoint's held-out loss here is its
+    training run's val_loss; and bits per byte, the same summed loss over the UTF-8 bytes its target tokens spell
+    (OLMo/Paloma's; EOS targets add loss and no bytes). None without a full batch."""
+    held = HeldOutSet.from_corpus(reader, train_config["seq_len"], train_config["batch_size"],
+                                  max_batches=batches or train_config["eval_batches"])
+    if len(held) < train_config["batch_size"]:
         return None
-    loss = evaluate(model, loader, device)
-    tokens = len(loader) * train_config["batch_size"] * train_config["seq_len"]
-    out = {"split": "validation", "loss": loss, "perplexity": math.exp(min(loss, 50)), "ln_vocab": math.log(reader.vocab_size),
-           "tokens": tokens, "batches": len(loader)}
-    if tokenizer is not None:
-        lengths = token_byte_lengths(tokenizer, reader.vocab_size)
-        n_bytes = sum(int(lengths[y_BT].sum()) for _, y_BT in loader)
-        out.update({"bytes": n_bytes, "bits_per_byte": bits_per_byte(loss * tokens, n_bytes),
-                    "bits_per_byte_label": "OLMo/Paloma bits per byte: summed loss / (ln 2 * UTF-8 bytes of the targets)"})
+    result = evaluate_heldout(model, held, device)
+    every = result.groups["all"]
+    out = {"split": "validation", "windows": held.selection, "loss": every["loss"], "perplexity": math.exp(min(every["loss"], 50)),
+           "ln_vocab": math.log(reader.vocab_size), "tokens": every["tokens"], "batches": held.batch_count(),
+           "label": "the trainer's held-out set (val_loss in training/metrics.jsonl): eval_batches batches of validation windows"}
+    if every["bytes"]:
+        out.update({"bytes": every["bytes"], "bits_per_byte": bits_per_byte(every["loss"] * every["tokens"], every["bytes"]),
+                    "bits_per_byte_label": "OLMo/Paloma bits per byte: summed loss / (ln 2 * UTF-8 bytes of the targets)",
+                    "groups": {name: row for name, row in result.groups.items() if name != "all"}})
     return out
 
 
-def pin_threads() -> int:
-    """Intra-op threads = the CPUs this process may run on (not the machine's count), inter-op 1."""
-    threads = len(os.sched_getaffinity(0))
-    torch.set_num_threads(threads)
+def pin_threads(requested: int | None = None) -> ThreadChoice:
+    """Intra-op threads from the project's one policy (--threads > HYMO_THREADS > OMP_NUM_THREADS > usable
+    CPUs; `hymo_core.threads`), inter-op 1. Every sandboxed HumanEval program gets 1 (`sandbox.PROGRAM_THREADS`)."""
+    choice = apply_threads(choose_threads(requested))
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set, or inter-op work has started in this process
         pass
-    return threads
+    return choice
 
 
 def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path | None = None, limit: int | None = None,
               out: str | Path | None = None, device: torch.device | str = "cpu", mmlu_format: str = "rc",
               max_new_tokens: dict[str, int] | None = None, log: Any = print, unsafe_exec: bool = False, num_fewshot: int = 0,
-              fewshot_seed: int = FEWSHOT_SEED, generation_batch_size: int = GENERATION_BATCH) -> dict[str, Any]:
+              fewshot_seed: int = FEWSHOT_SEED, generation_batch_size: int = GENERATION_BATCH, threads: int | None = None) -> dict[str, Any]:
     """Every task of `suite`, then perplexity; returns the eval.json content. eval.json (and eval.md) in `out`
     are rewritten atomically after every task, so a killed eval keeps the tasks it finished.
-    `generation_batch_size`: GSM8K / HumanEval prompts decoded together (no number depends on it)."""
+    `generation_batch_size`: GSM8K / HumanEval prompts decoded together (no number depends on it).
+    `threads`: intra-op threads (default: the thread policy's choice, recorded as eval.json's "threads")."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
     sandbox = require_isolation(unsafe_exec) if "humaneval" in SUITES[suite] else None  # refuse before loading anything
+    choice = pin_threads(threads)
     checkpoint = Path(checkpoint)
     device = torch.device(device)
     torch.manual_seed(0)  # nothing here samples; fixed anyway so a future sampled metric is reproducible
@@ -119,7 +108,8 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
                                "num_fewshot": num_fewshot, "fewshot_seed": fewshot_seed if num_fewshot else None,
                                "corpus": str(reader.path), "corpus_digest": reader.digest,
                                "same_corpus": payload["manifest_digest"] == reader.digest, "sandbox": sandbox,
-                               "threads": pin_threads(), "complete": False, "tasks": {}}
+                               "sandbox_memory": memory_bound(sandbox == "unsafe").to_json() if sandbox else None,
+                               "threads": choice.to_json(), "complete": False, "tasks": {}}
     for task in SUITES[suite]:
         started = time.perf_counter()
         results["tasks"][task] = run_task(task, model, tokenizer, limit=limit, eos_id=reader.eos_id, device=device,
@@ -130,7 +120,7 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
         if out is not None:
             write_report(results, Path(out))  # before anything else can fail or be interrupted
         log(f"{task}: {results['tasks'][task]['items']} items in {results['tasks'][task]['seconds']:.1f} s")
-    results["perplexity"] = held_out_perplexity(model, reader, payload["train_config"], device, tokenizer=tokenizer)
+    results["perplexity"] = held_out_perplexity(model, reader, payload["train_config"], device)
     results["complete"] = True
     if out is not None:
         write_report(results, Path(out))

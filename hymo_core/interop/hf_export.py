@@ -1,7 +1,8 @@
 """`hymo export CKPT --hf DIR`: a checkpoint as a directory transformers loads with `from_pretrained(DIR)`.
 
 DIR holds config.json (hf_layout), model.safetensors (fp32, transformers' names), tokenizer.json
-and tokenizer_config.json (hf_tokenizer), generation_config.json (greedy, the corpus's EOS and pad),
+and tokenizer_config.json (hf_tokenizer), generation_config.json (greedy, the corpus's EOS and pad,
+max_length = the model's window, max_position_embeddings: the hybrid has no RoPE table past it),
 hymo_export.json (where it came from: checkpoint, step, weight and tokenizer digests, what was left
 out) and, for the hybrid, the modeling files loaded with `trust_remote_code=True`. The directory is
 built beside DIR and renamed into place, so a crash leaves no half export; the same checkpoint

@@ -15,6 +15,9 @@ import torch
 from hymo_core.models.configs import ModelConfig
 
 HYBRID = "HymoForCausalLM"
+# config.json's transformers_version: the oldest transformers that loads this layout (the `interop` extra's
+# lower bound), written as a constant so the same checkpoint exports to the same bytes wherever it runs.
+TRANSFORMERS_VERSION = "5.24.0"
 REMOTE_CODE_FILES = ("configuration_hymo.py", "modeling_hymo.py")
 TRAINING_ONLY_BUFFERS = ("load_ema_E", "tokens_per_expert_E", "dropped_assignments")
 
@@ -35,7 +38,10 @@ def hf_config(config: ModelConfig, eos_id: int, pad_id: int) -> dict[str, Any]:
         "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
         "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
         "tie_word_embeddings": config.tie_embeddings, "bos_token_id": None, "eos_token_id": eos_id,
-        "pad_token_id": pad_id, "dtype": "float32", "use_cache": True,
+        "pad_token_id": pad_id, "dtype": "float32", "torch_dtype": "float32", "use_cache": True,
+        "transformers_version": TRANSFORMERS_VERSION,
+        # top level too (tools that predate rope_parameters read it there); `hymo extend --position base` changes it
+        "rope_theta": config.rope_base,
     }
     if arch != HYBRID:
         dense = {"model_type": "qwen3" if config.qk_norm else "llama", "head_dim": config.head_dim, "hidden_act": "silu",
@@ -50,7 +56,7 @@ def hf_config(config: ModelConfig, eos_id: int, pad_id: int) -> dict[str, Any]:
     return {
         **common, "model_type": "hymo",
         "auto_map": {"AutoConfig": "configuration_hymo.HymoConfig", "AutoModelForCausalLM": "modeling_hymo.HymoForCausalLM"},
-        "rope_theta": config.rope_base, "rope_dim": config.rope_dim, "qk_norm": config.qk_norm,
+        "rope_dim": config.rope_dim, "qk_norm": config.qk_norm,
         "layer_kinds": list(config.layer_kinds()), "moe_kinds": config.moe_on,
         "gdn": {"heads": config.gdn_heads, "key_head_dim": config.gdn_key_head_dim,
                 "value_head_dim": config.gdn_value_head_dim, "conv_size": config.gdn_conv_size},

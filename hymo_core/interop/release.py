@@ -1,6 +1,8 @@
 """`hymo release RUN --out DIR`: what seed 001 lists for a base-model release, from one run directory.
 
-    DIR/model/            `hymo export --hf` of the pretrain stage's final checkpoint (hf_export)
+    DIR/model/            `hymo export --hf` of the pretrain stage's final checkpoint (hf_export), and
+                          logit_check.json: the largest |logit| difference between transformers on the
+                          export and HyMo on the checkpoint, over the run's held-out windows
     DIR/training/         metrics.jsonl, loss.png (+ expert_load.png), summary.json of the pretrain stage
     DIR/data/             corpus.json (sources, licences, filters per source, mixture, token counts, shard
                           digests) and funnel.json (every stage: in, kept, removed and modified per rule)
@@ -93,7 +95,8 @@ def eval_curve(pretrain: Path, corpus: Path, out: Path, suite: str, limit: int |
         tasks = {}
         for name, task in result["tasks"].items():
             metric, value, stderr = _headline(task)
-            tasks[name] = {"metric": metric, "value": value, "stderr": stderr, "items": task["items"], "convention": task["convention"]}
+            tasks[name] = {"metric": metric, "value": value, "stderr": stderr, "items": task["items"], "convention": task["convention"],
+                           "chance": task["chance"], "contexts_truncated": task.get("contexts_truncated", 0)}
         held_out = result.get("perplexity") or {}
         points.append({"step": result["step"], "checkpoint": checkpoint.name, "tasks": tasks,
                        "held_out_loss": held_out.get("loss"), "eval": f"{checkpoint.stem}/eval.json"})
@@ -114,6 +117,35 @@ def eval_curve(pretrain: Path, corpus: Path, out: Path, suite: str, limit: int |
     plt.close(figure)
 
 
+LOGIT_CHECK_FILE = "logit_check.json"
+LOGIT_CHECK_WINDOWS = 4
+
+
+def logit_check(checkpoint: Path, export: Path, corpus: Path) -> dict[str, Any]:
+    """The largest |logit| difference between transformers running the export and HyMo running the checkpoint, over
+    the first held-out windows of the run (fp32); {"checked": false, ...} where transformers is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        return {"checked": False, "reason": "transformers is not installed (pip install 'hymo[interop]')"}
+    import torch
+
+    from hymo_core.checkpoint.load import load_model
+    from hymo_core.eval.heldout import HeldOutSet
+    from hymo_core.train.data import CorpusReader
+
+    model, payload = load_model(checkpoint)
+    record = json.loads((export / "hymo_export.json").read_text(encoding="utf-8"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(export, trust_remote_code=record["trust_remote_code"], dtype=torch.float32).eval()
+    seq_len = payload["train_config"]["seq_len"]
+    held = HeldOutSet.from_corpus(CorpusReader(corpus), seq_len, LOGIT_CHECK_WINDOWS, max_batches=1)
+    x_BT, _, _ = held.batch(0)
+    with torch.no_grad():
+        difference = (hf(x_BT).logits - model(x_BT)[0]).abs().max().item()
+    return {"checked": True, "max_abs_logit_difference": difference, "windows": int(x_BT.shape[0]), "tokens": int(x_BT.numel()),
+            "dtype": "float32", "checkpoint": checkpoint.name, "transformers_version": transformers.__version__}
+
+
 def write_sums(bundle: Path) -> int:
     files = sorted(p for p in bundle.rglob("*") if p.is_file() and p.name != SUMS_FILE)
     lines = [f"{sha256_file(p)}  {p.relative_to(bundle).as_posix()}" for p in files]
@@ -129,6 +161,7 @@ def make_release(run: str | Path, out: str | Path, eval_limit: int | None = 100,
     summary = json.loads((pretrain.path / SUMMARY_FILE).read_text(encoding="utf-8"))
     with new_directory(out, "release") as work:
         export_hf(pretrain.path / summary["checkpoint"], work / "model", corpus=shards.path)
+        _write_json(work / "model" / LOGIT_CHECK_FILE, logit_check(pretrain.path / summary["checkpoint"], work / "model", shards.path))
         copy_training(pretrain.path, work / "training")
         (work / "data").mkdir()
         shutil.copyfile(shards.path / "corpus.json", work / "data" / "corpus.json")

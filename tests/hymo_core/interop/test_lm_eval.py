@@ -14,6 +14,7 @@ from hymo_core.checkpoint.load import load_model  # noqa: E402
 from hymo_core.eval.evaluation import encode, load_tokenizer  # noqa: E402
 from hymo_core.eval.suite import run_task  # noqa: E402
 from hymo_core.interop.harness import run_harness  # noqa: E402
+from hymo_core.interop.lm_eval_tasks import lm_eval_name  # noqa: E402
 from hymo_core.train.data import CorpusReader  # noqa: E402
 
 MC = ("hellaswag", "arc_easy", "arc_challenge")
@@ -52,7 +53,7 @@ def assert_agrees(report: dict, suite: dict) -> None:
     from manifests.benchmark_sets import eval_items
 
     for task in MC:
-        items = report["items"][task]
+        items = report["items"][lm_eval_name(task)]
         ours = suite[task]["per_item"]
         assert len(items) == len(ours) == LIMIT
         options = [item.options for item in choice_items(task, first_n(eval_items(task)[0], LIMIT))]
@@ -60,21 +61,23 @@ def assert_agrees(report: dict, suite: dict) -> None:
             assert theirs["loglikelihoods"] == pytest.approx(mine["logprobs"], abs=1e-4)
             assert theirs["acc"] == float(mine["pick"] == mine["answer"])
             assert theirs["acc_norm"] == float(lm_eval_norm_pick(mine["logprobs"], [o[1:] for o in opts]) == mine["answer"])
-        assert report["results"][task]["acc,none"] == pytest.approx(suite[task]["accuracy"], abs=1e-12)
+        results = report["results"][lm_eval_name(task)]
+        assert results["acc,none"] == pytest.approx(suite[task]["accuracy"], abs=1e-12)
+        assert results["acc_stderr,none"] == pytest.approx(suite[task]["accuracy_stderr"], abs=1e-12)  # sd / sqrt(n), as the suite's
 
 
 def test_hymo_model_in_lm_eval_agrees_with_the_suite(suite, checkpoints, tiny_run: Path, tmp_path: Path):
     report = run_harness(checkpoints["llama"], list(MC), tmp_path / "mc", corpus=tiny_run, limit=LIMIT)
     assert report["route"] == "hymo"
     assert_agrees(report, suite)
-    assert (tmp_path / "mc" / "lm_eval.json").is_file() and (tmp_path / "mc" / "lm_eval_tasks" / "hellaswag.yaml").is_file()
+    assert (tmp_path / "mc" / "lm_eval.json").is_file() and (tmp_path / "mc" / "lm_eval_tasks" / "hymo_hellaswag.yaml").is_file()
     # MMLU: one item per subject (lm-eval's --limit is per subtask, as the suite's), macro-averaged by the group;
     # GSM8K: generate_until gives the suite's greedy generation
     report = run_harness(checkpoints["llama"], ["mmlu", "gsm8k"], tmp_path / "more", corpus=tiny_run, limit=1)
-    assert report["groups"]["mmlu"]["acc,none"] == pytest.approx(suite["mmlu"]["accuracy"], abs=1e-12)
-    strict = [g for g in report["items"]["gsm8k"] if g["filter"] == "strict-match"]
+    assert report["groups"]["hymo_mmlu_rc"]["acc,none"] == pytest.approx(suite["mmlu"]["accuracy"], abs=1e-12)
+    strict = [g for g in report["items"]["hymo_gsm8k"] if g["filter"] == "strict-match"]
     assert [g["generation"] for g in strict] == [r["generation"] for r in suite["gsm8k"]["per_item"]]
-    assert report["results"]["gsm8k"]["exact_match,flexible-extract"] == suite["gsm8k"]["exact_match_flexible"]
+    assert report["results"]["hymo_gsm8k"]["exact_match,flexible-extract"] == suite["gsm8k"]["exact_match_flexible"]
 
 
 def test_hf_model_on_the_export_agrees_with_the_suite(suite, exports, tmp_path: Path):
@@ -113,7 +116,7 @@ def test_readme_commands_export_load_and_evaluate(checkpoints, tiny_run: Path, t
     assert main(["eval", str(tmp_path / "hf"), "--harness", "lm-eval", "--tasks", "arc_easy", "--limit", "2",
                  "--out", str(tmp_path / "lm_eval"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert set(rows) == {"arc_easy"} and 0.0 <= rows["arc_easy"]["acc,none"] <= 1.0
+    assert set(rows) == {"hymo_arc_easy"} and 0.0 <= rows["hymo_arc_easy"]["acc,none"] <= 1.0
     assert main(["export", str(checkpoints["llama"]), "--hf", str(tmp_path / "hf"), "--corpus", str(tiny_run)]) == 1
     error = capsys.readouterr().err.strip()
     assert "not an empty directory" in error and "\n" not in error
@@ -124,7 +127,7 @@ def test_hybrid_through_lm_evals_hf_model_agrees_with_the_hymo_model(checkpoints
     ours = run_harness(checkpoints["hymo-tiny"], ["arc_easy"], tmp_path / "hymo", corpus=tiny_run, limit=4)
     theirs = run_harness(exports["hymo-tiny"], ["arc_easy"], tmp_path / "hf", limit=4)
     assert theirs["route"] == "hf"
-    for a, b in zip(sorted(ours["items"]["arc_easy"], key=lambda r: r["doc_id"]), sorted(theirs["items"]["arc_easy"], key=lambda r: r["doc_id"])):
+    for a, b in zip(sorted(ours["items"]["hymo_arc_easy"], key=lambda r: r["doc_id"]), sorted(theirs["items"]["hymo_arc_easy"], key=lambda r: r["doc_id"])):
         assert b["loglikelihoods"] == pytest.approx(a["loglikelihoods"], abs=1e-4) and a["acc"] == b["acc"]
 
 
@@ -154,3 +157,34 @@ def test_hymo_generate_until_decodes_the_requests_together_and_each_as_alone():
     with torch.no_grad():
         assert lm.generate_until(requests) == expected
     assert max(batches) == 3
+
+
+def test_written_tasks_are_prefixed_and_load_from_a_copy_of_their_directory(tmp_path: Path, monkeypatch):
+    """The YAMLs never shadow lm-eval's own tasks, and they work moved: data paths are relative to the
+    task directory, resolved by lm-eval's own task loading offline from an unrelated working directory."""
+    import shutil
+
+    from lm_eval.tasks import TaskManager
+
+    from hymo_core.interop.harness import go_offline
+    from hymo_core.interop.lm_eval_tasks import write_tasks
+    from manifests.benchmark_sets import eval_items
+
+    written = write_tasks(tmp_path / "written", ["arc_easy", "mmlu"])
+    assert "hymo_arc_easy" in written and "hymo_mmlu_rc" in written and not {"arc_easy", "mmlu"} & set(written)
+    assert all(name.startswith("hymo_") for name in written)
+    for yaml in (tmp_path / "written").glob("*.yaml"):
+        assert str(tmp_path) not in yaml.read_text() and "/work/" not in yaml.read_text()  # no absolute path
+    moved = tmp_path / "elsewhere" / "tasks"
+    shutil.copytree(tmp_path / "written", moved)
+    shutil.rmtree(tmp_path / "written")
+    cwd = tmp_path / "somewhere_else"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    go_offline()
+    tasks = TaskManager(include_path=str(moved), include_defaults=False).load(["hymo_arc_easy"])["tasks"]
+    docs = list(tasks["hymo_arc_easy"].test_docs())
+    assert len(docs) == len(eval_items("arc_easy")[0]) and docs[0]["query"] and docs[0]["choices"]
+    (moved / "data" / "arc_easy.jsonl.gz").write_bytes(b"")  # an edited data file is refused by its recorded sha256
+    with pytest.raises(ValueError, match="arc_easy.jsonl.gz: sha256"):
+        TaskManager(include_path=str(moved), include_defaults=False).load(["hymo_arc_easy"])

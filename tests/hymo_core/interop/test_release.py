@@ -148,3 +148,51 @@ def test_eval_curve_has_a_point_per_kept_checkpoint(bundle: Path, release_run: P
     assert [p["step"] for p in curve["checkpoints"]] == sorted(p["step"] for p in curve["checkpoints"])
     assert set(curve["checkpoints"][0]["tasks"]) == {"hellaswag", "arc_easy", "arc_challenge", "mmlu"}
     assert [v["step"] for v in curve["validation_loss"]] == [2, 4]
+
+
+def test_the_model_card_names_licences_use_chance_truncation_and_the_export_check(bundle: Path, release_run: Path):
+    import yaml
+
+    card = (bundle / "README.md").read_text()
+    assert card.startswith("---\n")
+    front = yaml.safe_load(card.split("---\n")[1])
+    licences = {source["license"] for source in json.loads((bundle / "data" / "corpus.json").read_text())["sources"]}
+    assert front["license"] == "other" and set(front["source_licenses"]) == licences and licences
+    assert "## Intended use and limitations" in card and "## Licence" in card
+    header = next(line for line in card.splitlines() if line.startswith("| step | task |"))
+    assert "| chance |" in header and "| contexts cut to the window |" in header
+    curve = json.loads((bundle / "eval" / "curve.json").read_text())
+    point = curve["checkpoints"][-1]
+    evaluated = json.loads((bundle / "eval" / Path(point["eval"])).read_text())
+    for task, row in point["tasks"].items():  # the chance and truncation counts are the eval's
+        assert row["chance"] == evaluated["tasks"][task]["chance"] and row["contexts_truncated"] == evaluated["tasks"][task]["contexts_truncated"]
+    assert point["tasks"]["mmlu"]["chance"] == 0.25
+    check = json.loads((bundle / "model" / "logit_check.json").read_text())
+    assert check["checked"] and check["max_abs_logit_difference"] <= 1e-5 and check["tokens"] > 0
+    assert "largest |logit| difference" in card
+
+
+def test_the_held_out_loss_of_the_final_checkpoint_is_the_trainings_val_loss(bundle: Path):
+    """One held-out set: eval/curve.json's held-out loss of the last checkpoint equals training/summary.json's final
+    val_loss (the trainer's windows), not a second number from other windows."""
+    summary = json.loads((bundle / "training" / "summary.json").read_text())
+    curve = json.loads((bundle / "eval" / "curve.json").read_text())
+    assert curve["checkpoints"][-1]["step"] == summary["final_step"]
+    assert curve["checkpoints"][-1]["held_out_loss"] == pytest.approx(summary["final_val_loss"], abs=1e-5)
+
+
+def test_the_licence_section_names_share_alike_sources(tmp_path: Path):
+    """A sample with GPL-3.0 and CC-BY-SA-4.0 sources: the front matter names both, the card says they are copyleft."""
+    import yaml
+
+    from hymo_core.interop.cards import Facts, _front_matter, _licence_section
+
+    (tmp_path / "data").mkdir()
+    sources = [{"source": name, "license": licence} for name, licence in
+               (("code", "GPL-3.0"), ("wiki", "CC-BY-SA-4.0"), ("web", "ODC-By-1.0"), ("wiki2", "CC-BY-SA-4.0"))]
+    (tmp_path / "data" / "corpus.json").write_text(json.dumps({"sources": sources}))
+    facts = Facts(tmp_path)
+    front = yaml.safe_load(_front_matter(facts).split("---\n")[1])
+    assert front["source_licenses"] == ["GPL-3.0", "CC-BY-SA-4.0", "ODC-By-1.0"]
+    section = _licence_section(facts)
+    assert "Share-alike or copyleft among them: GPL-3.0, CC-BY-SA-4.0;" in section and "ODC-By-1.0" in section
