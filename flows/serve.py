@@ -16,15 +16,15 @@ from flows.server import DEFAULT_HOME, prefect_api
 DEPLOYMENTS = ("hymo-pipeline/full", "hymo-stage/rerun", "hymo-train/train", "hymo-cpt/cpt", "hymo-ablate/ablate")
 
 
-def pipeline_defaults(run_root: str | Path, config_path: str | None = None) -> dict:
+def pipeline_defaults(run_root: str | Path, config_path: str | None = None, overrides: list[str] | None = None) -> dict:
     """The `hymo-pipeline/full` form's values where they are not the flow's own defaults (those are `hymo run`'s already):
     the config of `hymo run [--config PATH]`, and the absolute run directory RUN_ROOT/sample."""
     from flows.config import SAMPLE_RUN, load_config
 
-    return {"config": load_config(config_path).model_dump(mode="json"), "out": str(Path(run_root).resolve() / SAMPLE_RUN)}
+    return {"config": load_config(config_path, overrides).model_dump(mode="json"), "out": str(Path(run_root).resolve() / SAMPLE_RUN)}
 
 
-def build_deployments(run_root: str | Path, config_path: str | None = None) -> list:
+def build_deployments(run_root: str | Path, config_path: str | None = None, overrides: list[str] | None = None) -> list:
     from flows.ablate_flow import hymo_ablate
     from flows.ablate_spec import SAMPLE_SPEC
     from flows.config import SAMPLE_CONFIG
@@ -33,7 +33,7 @@ def build_deployments(run_root: str | Path, config_path: str | None = None) -> l
     from flows.stage_flow import hymo_stage
     from flows.train_flow import hymo_train
 
-    defaults = pipeline_defaults(run_root, config_path)
+    defaults = pipeline_defaults(run_root, config_path, overrides)
     run = defaults["out"]
     return [
         hymo_pipeline.to_deployment(
@@ -56,7 +56,8 @@ def build_deployments(run_root: str | Path, config_path: str | None = None) -> l
     ]
 
 
-def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limit: int | None, config_path: str | None = None) -> int:
+def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limit: int | None, config_path: str | None = None,
+          overrides: list[str] | None = None) -> int:
     from prefect import serve as prefect_serve
 
     run_root = Path(run_root).resolve()
@@ -64,7 +65,7 @@ def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limi
         print(f"Prefect API: {api}\nPrefect UI:  {ui}\nDeployments: {', '.join(DEPLOYMENTS)}\nRuns:        {run_root}\nCtrl-C to stop.",
               flush=True)
         try:
-            prefect_serve(*build_deployments(run_root, config_path), limit=limit, print_starting_message=False)
+            prefect_serve(*build_deployments(run_root, config_path, overrides), limit=limit, print_starting_message=False)
         except KeyboardInterrupt:
             pass
     return 0
@@ -73,7 +74,7 @@ def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limi
 def cmd_serve(args: argparse.Namespace) -> int:
     from flows.config import default_run_root
 
-    return serve(args.api_url, Path(args.home), args.port, args.run_root or default_run_root(), args.limit, args.config)
+    return serve(args.api_url, Path(args.home), args.port, args.run_root or default_run_root(), args.limit, args.config, args.set)
 
 
 def add_commands(sub) -> None:
@@ -86,4 +87,6 @@ def add_commands(sub) -> None:
                                                "(default: $HYMO_HOME/runs, HYMO_HOME being the current directory when unset)")
     parser.add_argument("--limit", type=int, default=1, help="flow runs executed at once")
     parser.add_argument("--config", help="pipeline TOML whose values become the defaults of the hymo-pipeline/full form")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one value of that config in the form's defaults, e.g. --set pretrain.train.max_steps=50 (repeatable)")
     parser.set_defaults(func=cmd_serve)

@@ -45,6 +45,7 @@ def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     check_batch_plan(_configs(args)[0], args.nproc)
     train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume, args.strict_resume)
+    train_args += [f"--set={override}" for override in getattr(args, "set", [])]  # each rank reads the same recipe
     launch_training(args.nproc, train_args + (["--cloze", args.cloze] if args.cloze else []), on_line=lambda line: print(line, flush=True),
                     max_restarts=args.max_restarts)
     return json.loads((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))

