@@ -35,7 +35,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add_commands in _command_groups():
         add_commands(sub)
+    describe_subcommands(parser)
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str | None, argparse.ArgumentParser]]:
+    """(name, one-line help, parser) of each direct subcommand."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            found += [(name, helps.get(name), child) for name, child in action.choices.items()]
+    return found
+
+
+def describe_subcommands(parser: argparse.ArgumentParser) -> None:
+    """`hymo CMD --help` opens with the line `hymo --help` lists for CMD, unless CMD has a description of its own."""
+    for _, line, child in subcommands(parser):
+        if line and not child.description:
+            child.description = line
+        describe_subcommands(child)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,8 +67,8 @@ def add_commands(sub: Any) -> None:
     run.set_defaults(func=cmd_run)
 
     rerun = sub.add_parser("rerun", help="re-run one stage of a run (and what follows it if its output changed)")
-    rerun.add_argument("run")
-    rerun.add_argument("--stage", required=True)
+    rerun.add_argument("run", help="run directory written by `hymo run`")
+    rerun.add_argument("--stage", required=True, help="the stage to re-run (its name, e.g. quality; `hymo manifest show RUN` lists them)")
     rerun.add_argument("--force", action="store_true", help="recompute the stage even if its published output is intact")
     rerun.add_argument("--until", help="stop after this stage")
     add_runner_options(rerun)
