@@ -342,7 +342,8 @@ def check_train(args: argparse.Namespace) -> None:
 def check_serve(args: argparse.Namespace) -> None:
     if args.run_root:
         check_run_directory(args.run_root, "--run-root")
-    check_run_directory(args.home, "--home")
+    if args.home:
+        check_run_directory(args.home, "--home")
     config = check_pipeline_config(args.config, args.set)
     check_pipeline_inputs(config, None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.server import DEFAULT_HOME, prefect_api
+from flows.server import PREFECT_DIR, prefect_api
 
 DEPLOYMENTS = ("hymo-pipeline/full", "hymo-stage/rerun", "hymo-train/train", "hymo-cpt/cpt", "hymo-ablate/ablate")
 
@@ -56,7 +56,7 @@ def build_deployments(run_root: str | Path, config_path: str | None = None, over
     ]
 
 
-def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limit: int | None, config_path: str | None = None,
+def serve(api_url: str | None, home: Path | None, port: int, run_root: str | Path, limit: int | None, config_path: str | None = None,
           overrides: list[str] | None = None) -> int:
     from prefect import serve as prefect_serve
 
@@ -74,13 +74,14 @@ def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limi
 def cmd_serve(args: argparse.Namespace) -> int:
     from flows.config import default_run_root
 
-    return serve(args.api_url, Path(args.home), args.port, args.run_root or default_run_root(), args.limit, args.config, args.set)
+    return serve(args.api_url, Path(args.home) if args.home else None, args.port, args.run_root or default_run_root(), args.limit, args.config, args.set)
 
 
 def add_commands(sub) -> None:
     parser = sub.add_parser("serve", help="start a local Prefect server (if none answers) and serve the HyMo deployments")
     parser.add_argument("--api-url", help="use this Prefect API if it answers (default: $PREFECT_API_URL)")
-    parser.add_argument("--home", default=str(DEFAULT_HOME), help=f"where a started server keeps its SQLite database (default: {DEFAULT_HOME})")
+    parser.add_argument("--home", help=f"where a started server keeps its SQLite database (default: $HYMO_HOME/{PREFECT_DIR}, HYMO_HOME being "
+                                         "the current directory when unset)")
     parser.add_argument("--port", type=int, default=4200,
                         help="port of a started server when neither --api-url nor $PREFECT_API_URL names one (default: 4200)")
     parser.add_argument("--run-root", help="directory the deployments' default run directory (RUN_ROOT/sample) lives in "
