@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     except PreflightError as exc:
         print(exc.line(), file=sys.stderr)
         return 2
+    from flows.console import route_prefect_logs
+
+    route_prefect_logs()  # Prefect's log lines above the live progress bar, not over it
     if debug:
         return args.func(args)
     from flows.errors import explain, quiet_console_tracebacks
