@@ -40,7 +40,7 @@ def plain_loop(config, run: Path) -> float:
 
 
 CONFIGS = {  # label -> pipeline TOML (None: the bundled sample as `hymo run` runs it)
-    "`hymo run` on the sample (200 pretraining steps)": None,
+    "`hymo run` on the sample (24 pretraining steps: manifests/configs/sample.toml)": None,
     "sample, pretraining cut to 20 steps (fixed costs exposed)": REPO / "bench" / "orchestration.toml",
 }
 

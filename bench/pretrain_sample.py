@@ -2,7 +2,7 @@
 
     python bench/pretrain_sample.py --corpus runs/sample --out /tmp/pretrain-sample [--reuse] [--write]
 
-Trains with `hymo_core.train.run.SAMPLE_TRAIN` / `SAMPLE_MODEL` (what `hymo run`'s pretrain stage uses),
+Trains with `hymo_core.train.run.SAMPLE_TRAIN` / `SAMPLE_MODEL` (`hymo run`'s pretrain stage trains 24 updates of it: manifests/configs/sample.toml),
 or with --reuse reads an existing OUT/summary.json of that recipe. --write puts the table into
 docs/benchmarks.md and the picture into docs/pretrain_sample_loss.png.
 """

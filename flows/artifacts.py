@@ -42,22 +42,67 @@ def removal_samples(run: Path, stage: str, manifest: StageManifest) -> list[dict
             for row in sample_by_rule(run, stage, rules, SAMPLES_PER_RULE)][:MAX_ROWS]
 
 
-def publish_stage_artifacts(run: Path, stage: str, manifest: StageManifest) -> None:
-    """Counts table, removal samples and a link to the audit files of one stage."""
-    from prefect.artifacts import create_link_artifact, create_table_artifact
+def made_rows(manifest: StageManifest) -> list[dict[str, Any]] | None:
+    """What a stage that makes files rather than filtering documents produced (its manifest's extra), as
+    (measure, value) rows; None for a document stage. A tokenizer has no "in" or "kept": an "in 0 / kept 0"
+    table for it read like data loss."""
+    extra, stage = manifest.extra or {}, manifest.stage
+    if stage == "tokenizer" and "tokenizer" in extra:
+        tokenizer, overall = extra["tokenizer"], extra.get("overall", {})
+        rows = [("vocabulary", tokenizer.get("vocab_size")), ("eos id", tokenizer.get("eos_id")), ("sha256", str(tokenizer.get("sha256", ""))[:16]),
+                ("documents round-tripped", tokenizer.get("round_trip_documents")), ("chars per token (sample)", overall.get("chars_per_token")),
+                ("tokens per word (sample)", overall.get("tokens_per_word"))]
+        rows += [(f"chars per token: {source}", row.get("chars_per_token")) for source, row in sorted(extra.get("sample_by_source", {}).items())]
+    elif stage == "mixture" and "mixture" in extra:
+        table = extra["mixture"]
+        rows = [("tokens requested", table.get("total_tokens_requested")), ("tokens contributed", table.get("tokens_contributed")),
+                ("shortfall tokens", table.get("shortfall_tokens"))]
+        rows += [(f"tokens: {row['name']}", f"{row['tokens_contributed']} (weight {row.get('weight')}, {row.get('epochs')} epochs)")
+                 for row in table.get("sources", [])]
+    elif stage == "shards" and "corpus_digest" in extra:
+        shards = [f.path for f in manifest.outputs if f.path.endswith(".bin")]
+        rows = [("train shards", sum("train-" in p for p in shards)), ("train tokens", extra.get("train_tokens")),
+                ("validation shards", sum("validation-" in p for p in shards)), ("validation tokens", extra.get("validation_tokens")),
+                ("dtype", extra.get("dtype")), ("corpus digest", str(extra.get("corpus_digest", ""))[:16])]
+    elif stage == "pretrain" and "final_step" in extra:
+        rows = [("steps", extra.get("final_step")), ("tokens seen", extra.get("tokens_seen")), ("parameters", extra.get("parameters")),
+                ("final train loss", extra.get("final_train_loss")), ("final validation loss", extra.get("final_val_loss")),
+                ("skipped updates", extra.get("skipped_updates")), ("cloze accuracy", extra.get("cloze_accuracy")),
+                ("checkpoint", extra.get("checkpoint"))]
+    else:
+        return None
+    return [{"measure": name, "value": value} for name, value in rows if value is not None][:MAX_ROWS]
 
-    create_table_artifact(stage_counts_rows(manifest), key=artifact_key("hymo", stage, "counts"), description=f"{stage}: in / kept / removed and modified per rule")
+
+def made_line(manifest: StageManifest) -> str | None:
+    """`made_rows` in one log line: `vocabulary=4096 eos id=0 ...`."""
+    rows = made_rows(manifest)
+    return None if rows is None else ", ".join(f"{row['measure']} {row['value']}" for row in rows[:8])
+
+
+def publish_stage_artifacts(run: Path, stage: str, manifest: StageManifest, task_run_id: Any = None) -> None:
+    """Counts table (or, for a stage that makes files, what it made), removal samples and a link to the audit files of one
+    stage, attached to the stage's own task run (`task_run_id`): the task's Artifacts tab shows them, not only the flow's."""
+    from prefect.artifacts import LinkArtifact, TableArtifact
+
+    made = made_rows(manifest)
+    if made is not None:
+        TableArtifact(table=made, key=artifact_key("hymo", stage, "made"), description=f"{stage}: what it made",
+                      task_run_id=task_run_id).create()
+    else:
+        TableArtifact(table=stage_counts_rows(manifest), key=artifact_key("hymo", stage, "counts"),
+                      description=f"{stage}: in / kept / removed and modified per rule", task_run_id=task_run_id).create()
     if manifest.files("audit"):
         samples = removal_samples(run, stage, manifest)
         if samples:
-            create_table_artifact(samples, key=artifact_key("hymo", stage, "removed-samples"), description=f"{stage}: up to {SAMPLES_PER_RULE} removed documents per rule")
+            TableArtifact(table=samples, key=artifact_key("hymo", stage, "removed-samples"),
+                          description=f"{stage}: up to {SAMPLES_PER_RULE} removed documents per rule", task_run_id=task_run_id).create()
         audit_dir = manifest.directory / "audit"
         rows = sum(f.rows or 0 for f in manifest.files("audit"))
         # The link text is relative to the run directory; the target a file URL on the machine that ran the stage.
-        create_link_artifact(audit_dir.resolve().as_uri(), link_text=f"{manifest.directory.name}/audit/",
-                             key=artifact_key("hymo", stage, "audit"),
-                             description=f"{stage} audit log: {len(manifest.files('audit'))} Parquet files, {rows} rows, one per removed or "
-                                         f"modified document. Ask about one document: `hymo audit why RUN DOC_ID`")
+        LinkArtifact(link=audit_dir.resolve().as_uri(), link_text=f"{manifest.directory.name}/audit/", key=artifact_key("hymo", stage, "audit"),
+                     description=f"{stage} audit log: {len(manifest.files('audit'))} Parquet files, {rows} rows, one per removed or "
+                                 f"modified document. Ask about one document: `hymo audit why RUN DOC_ID`", task_run_id=task_run_id).create()
 
 
 class BackgroundPublisher:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hymo_core.overrides import apply_overrides
 from manifests.sources import PACKAGE_DIR, SourceSpec, load_source
 from tasks.dedup.decontam import DecontamConfig
 from tasks.dedup.exact import DedupExactConfig
@@ -90,15 +91,21 @@ class PipelineConfig(BaseModel):
         return [load_source(name, base) for name in self.sources]
 
 
-def load_config(path: str | Path | None = None) -> PipelineConfig:
-    """Read a pipeline TOML: a [run] table (sources, workers) and one table per stage. Without a path: the
-    bundled sample config, the one source of defaults for `hymo run` and the `hymo-pipeline` flow and form
-    (the class defaults below leave the optional stages off)."""
+def read_config_tables(path: str | Path | None = None, overrides: list[str] | None = None) -> tuple[Path, dict]:
+    """The pipeline TOML's tables (the bundled sample config without a path), `--set` overrides applied."""
     path = Path(path) if path else SAMPLE_CONFIG
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"{path}: cannot read pipeline config ({exc})") from exc
+    return path, apply_overrides(raw, overrides)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Read a pipeline TOML: a [run] table (sources, workers) and one table per stage, then the `--set
+    section.key=value` overrides. Without a path: the bundled sample config, the one source of defaults for
+    `hymo run` and the `hymo-pipeline` flow and form (the class defaults below leave the optional stages off)."""
+    path, raw = read_config_tables(path, overrides)
     values = dict(raw.pop("run", {}))
     values.update(raw)
     values.setdefault("config_dir", str(path.parent.resolve()))

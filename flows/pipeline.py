@@ -29,7 +29,7 @@ from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.runner.shared_paths import check_shared_paths
 from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, exit_with_parent, on_dask_cluster, plan_stage, publish_plan
 
-from flows.artifacts import BackgroundPublisher, draw_funnel, publish_run_summary, publish_stage_artifacts
+from flows.artifacts import BackgroundPublisher, draw_funnel, made_line, publish_run_summary, publish_stage_artifacts
 from flows.cluster import require_api_for_workers, worker_paths
 from flows.config import RUN_CONFIG, PipelineConfig, default_run, load_config, load_run_config  # noqa: F401 (RUN_CONFIG, load_run_config: re-exported)
 from flows.errors import may_pass_on_retry
@@ -64,6 +64,10 @@ def manifest_stamp(out: Path) -> tuple[int, int] | None:
 
 
 def log_stage(manifest: StageManifest, how: str) -> None:
+    made = made_line(manifest)
+    if made is not None:  # a stage that makes files: what it made, not "in=0 kept=0"
+        get_run_logger().info("%s %s: %s (%s)", manifest.stage, how, made, manifest.directory)
+        return
     counts = manifest.counts
     get_run_logger().info(
         "%s %s: in=%s kept=%s removed=%s modified=%s (%s)", manifest.stage, how, counts.get("in"), counts.get("kept"),
@@ -242,7 +246,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 previous_state = state
                 manifest = read_manifest(out, verify=False)
                 if state.name != "Cached":  # a cached task run does no work: its artifacts are those of the run that did
-                    artifacts.submit(publish_stage_artifacts, run, entry.name, manifest)
+                    artifacts.submit(publish_stage_artifacts, run, entry.name, manifest, state.state_details.task_run_id)
                 summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": manifest.counts,
                                               "state": state.name})  # "Cached": Prefect found the stage's contract key
     finally:

@@ -11,20 +11,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.server import DEFAULT_HOME, prefect_api
+from flows.server import PREFECT_DIR, prefect_api
 
 DEPLOYMENTS = ("hymo-pipeline/full", "hymo-stage/rerun", "hymo-train/train", "hymo-cpt/cpt", "hymo-ablate/ablate")
 
 
-def pipeline_defaults(run_root: str | Path, config_path: str | None = None) -> dict:
+def pipeline_defaults(run_root: str | Path, config_path: str | None = None, overrides: list[str] | None = None) -> dict:
     """The `hymo-pipeline/full` form's values where they are not the flow's own defaults (those are `hymo run`'s already):
     the config of `hymo run [--config PATH]`, and the absolute run directory RUN_ROOT/sample."""
     from flows.config import SAMPLE_RUN, load_config
 
-    return {"config": load_config(config_path).model_dump(mode="json"), "out": str(Path(run_root).resolve() / SAMPLE_RUN)}
+    return {"config": load_config(config_path, overrides).model_dump(mode="json"), "out": str(Path(run_root).resolve() / SAMPLE_RUN)}
 
 
-def build_deployments(run_root: str | Path, config_path: str | None = None) -> list:
+def build_deployments(run_root: str | Path, config_path: str | None = None, overrides: list[str] | None = None) -> list:
     from flows.ablate_flow import hymo_ablate
     from flows.ablate_spec import SAMPLE_SPEC
     from flows.config import SAMPLE_CONFIG
@@ -33,7 +33,7 @@ def build_deployments(run_root: str | Path, config_path: str | None = None) -> l
     from flows.stage_flow import hymo_stage
     from flows.train_flow import hymo_train
 
-    defaults = pipeline_defaults(run_root, config_path)
+    defaults = pipeline_defaults(run_root, config_path, overrides)
     run = defaults["out"]
     return [
         hymo_pipeline.to_deployment(
@@ -56,7 +56,8 @@ def build_deployments(run_root: str | Path, config_path: str | None = None) -> l
     ]
 
 
-def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limit: int | None, config_path: str | None = None) -> int:
+def serve(api_url: str | None, home: Path | None, port: int, run_root: str | Path, limit: int | None, config_path: str | None = None,
+          overrides: list[str] | None = None) -> int:
     from prefect import serve as prefect_serve
 
     run_root = Path(run_root).resolve()
@@ -64,7 +65,7 @@ def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limi
         print(f"Prefect API: {api}\nPrefect UI:  {ui}\nDeployments: {', '.join(DEPLOYMENTS)}\nRuns:        {run_root}\nCtrl-C to stop.",
               flush=True)
         try:
-            prefect_serve(*build_deployments(run_root, config_path), limit=limit, print_starting_message=False)
+            prefect_serve(*build_deployments(run_root, config_path, overrides), limit=limit, print_starting_message=False)
         except KeyboardInterrupt:
             pass
     return 0
@@ -73,17 +74,20 @@ def serve(api_url: str | None, home: Path, port: int, run_root: str | Path, limi
 def cmd_serve(args: argparse.Namespace) -> int:
     from flows.config import default_run_root
 
-    return serve(args.api_url, Path(args.home), args.port, args.run_root or default_run_root(), args.limit, args.config)
+    return serve(args.api_url, Path(args.home) if args.home else None, args.port, args.run_root or default_run_root(), args.limit, args.config, args.set)
 
 
 def add_commands(sub) -> None:
     parser = sub.add_parser("serve", help="start a local Prefect server (if none answers) and serve the HyMo deployments")
     parser.add_argument("--api-url", help="use this Prefect API if it answers (default: $PREFECT_API_URL)")
-    parser.add_argument("--home", default=str(DEFAULT_HOME), help=f"where a started server keeps its SQLite database (default: {DEFAULT_HOME})")
+    parser.add_argument("--home", help=f"where a started server keeps its SQLite database (default: $HYMO_HOME/{PREFECT_DIR}, HYMO_HOME being "
+                                         "the current directory when unset)")
     parser.add_argument("--port", type=int, default=4200,
                         help="port of a started server when neither --api-url nor $PREFECT_API_URL names one (default: 4200)")
     parser.add_argument("--run-root", help="directory the deployments' default run directory (RUN_ROOT/sample) lives in "
                                                "(default: $HYMO_HOME/runs, HYMO_HOME being the current directory when unset)")
     parser.add_argument("--limit", type=int, default=1, help="flow runs executed at once")
     parser.add_argument("--config", help="pipeline TOML whose values become the defaults of the hymo-pipeline/full form")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one value of that config in the form's defaults, e.g. --set pretrain.train.max_steps=50 (repeatable)")
     parser.set_defaults(func=cmd_serve)

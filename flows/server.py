@@ -20,7 +20,14 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-DEFAULT_HOME = Path(".hymo") / "prefect"
+PREFECT_DIR = Path(".hymo") / "prefect"  # under $HYMO_HOME: one database for every command, wherever it is run from
+
+
+def default_home() -> Path:
+    """$HYMO_HOME/.hymo/prefect (HYMO_HOME: the current directory when unset), read when a server starts."""
+    from flows.config import hymo_home
+
+    return hymo_home() / PREFECT_DIR
 HEALTH_TIMEOUT_S = 240.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # an unanswered API here is started here
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -80,7 +87,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LocalServer:
     """`prefect server start` as a child process; `api_url` answers once `start()` returns."""
 
-    def __init__(self, home: Path = DEFAULT_HOME, host: str = "127.0.0.1", port: int = 4200, database_url: str | None = None):
+    def __init__(self, home: Path | None = None, host: str = "127.0.0.1", port: int = 4200, database_url: str | None = None):
+        home = Path(home) if home is not None else default_home()
         self.home, self.host, self.port = Path(home).resolve(), host, port
         # The caller's database (PostgreSQL for a team), else SQLite in `home`.
         self.database_url = database_url or os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL") or f"sqlite+aiosqlite:///{self.home / 'prefect.db'}"
@@ -164,7 +172,7 @@ def global_settings_like_current() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def prefect_api(api_url: str | None = None, home: Path = DEFAULT_HOME, port: int | None = None, reuse: bool = True) -> Iterator[tuple[str, str]]:
+def prefect_api(api_url: str | None = None, home: Path | None = None, port: int | None = None, reuse: bool = True) -> Iterator[tuple[str, str]]:
     """Use the server at `api_url` (or $PREFECT_API_URL, or a `hymo serve` on :4200) if it answers;
     otherwise (or when not `reuse`) run a local one meanwhile. Yields (api_url, ui_url) with Prefect's settings and the
     environment (inherited by worker processes) pointed at that API.

@@ -53,6 +53,26 @@ def _try_lock(fd: int) -> bool:
         return False
 
 
+def current_holder(run: Path) -> str | None:
+    """Who holds RUN's lock now, in words; None when it is free. Creates nothing and keeps nothing: the check a
+    command makes before it starts (flows.preflight), so a locked directory fails in the CLI process at once."""
+    lock_path = Path(run) / LOCK_NAME
+    with _guard:
+        if Path(run).resolve() in _held:
+            return None  # this process holds it (re-entrant)
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        if _try_lock(fd):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return holder_of(lock_path)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def run_lock(run: Path, wait_s: float | None = None) -> Iterator[Path]:
     """Hold RUN/.lock for the block; raise RunLocked naming the holder if it stays taken for `wait_s`."""

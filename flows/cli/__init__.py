@@ -17,12 +17,44 @@ def _command_groups() -> list[Callable[[Any], None]]:
             extend.add_commands, ablate.add_commands, plan.add_commands]
 
 
+def version_line() -> str:
+    """`hymo --version`: the installed package's version, and the Python it runs on (no torch or Prefect import)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("hymo")
+    except PackageNotFoundError:
+        installed = "unknown (not installed; run from a source tree)"
+    return f"hymo {installed} (Python {platform.python_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hymo", description="HyMo: raw web pages to a pretraining corpus and a trained checkpoint.")
+    parser.add_argument("--version", action="version", version=version_line(), help="print HyMo's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     for add_commands in _command_groups():
         add_commands(sub)
+    describe_subcommands(parser)
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str | None, argparse.ArgumentParser]]:
+    """(name, one-line help, parser) of each direct subcommand."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            found += [(name, helps.get(name), child) for name, child in action.choices.items()]
+    return found
+
+
+def describe_subcommands(parser: argparse.ArgumentParser) -> None:
+    """`hymo CMD --help` opens with the line `hymo --help` lists for CMD, unless CMD has a description of its own."""
+    for _, line, child in subcommands(parser):
+        if line and not child.description:
+            child.description = line
+        describe_subcommands(child)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv  # accepted anywhere on the line, also after the sub-command
     args = parser.parse_args([a for a in argv if a != "--debug"])
+    from flows.preflight import PreflightError, preflight
+
+    try:
+        preflight(args)  # before Prefect (and torch) is imported: a bad config, path or lock fails here, writing nothing
+    except PreflightError as exc:
+        print(exc.line(), file=sys.stderr)
+        return 2
+    from flows.console import route_prefect_logs
+
+    route_prefect_logs()  # Prefect's log lines above the live progress bar, not over it
     if debug:
         return args.func(args)
     from flows.errors import explain, quiet_console_tracebacks

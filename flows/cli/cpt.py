@@ -40,17 +40,9 @@ def cmd_cpt_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_cpt(args: argparse.Namespace) -> int:
+    """`hymo cpt run BASE --domain D --general G --out OUT`: exit 0 on pass, 3 on fail."""
     from hymo_core.cpt.run import CptConfig, run_cpt, verdict_lines
     from hymo_core.train.run import default_device
-
-    if args.base == "verify":
-        if not args.run:
-            raise SystemExit("hymo cpt verify: name the CPT run directory (hymo cpt verify RUN)")
-        return cmd_cpt_verify(args)
-    missing = [flag for flag, value in (("--domain", args.domain), ("--general", args.general), ("--out", args.out)) if not value]
-    if missing or args.run:
-        raise SystemExit(f"hymo cpt: {', '.join(missing) + ' required' if missing else 'one base checkpoint only'} "
-                         "(hymo cpt BASE --domain D --general G --out OUT, or hymo cpt verify RUN)")
 
     config = CptConfig(replay_ratio=args.replay, peak_lr=args.peak_lr, steps=args.steps, warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio,
                        eval_interval=args.eval_interval, eval_batches=args.eval_batches, sampler_seed=args.sampler_seed, seed=args.seed)
@@ -75,23 +67,26 @@ def add_commands(sub: Any) -> None:
     from hymo_core.cpt.config import CptConfig
 
     defaults = CptConfig()
-    cpt = sub.add_parser("cpt", help="continue a checkpoint on a domain corpus with general replay; verdict from a gate written before "
-                                     "training. `hymo cpt verify RUN`: recompute a run's verdict from its checkpoints")
-    cpt.add_argument("base", help="base checkpoint (.pt), or `verify`")
-    cpt.add_argument("run", nargs="?", help="with `verify`: the CPT run directory")
-    cpt.add_argument("--domain", help="domain corpus: run directory, shards directory or corpus.json (the base's tokenizer)")
-    cpt.add_argument("--general", help="general corpus replayed (usually the base's own)")
-    cpt.add_argument("--out", help="new directory: gate.toml, cpt_manifest.json, metrics.jsonl, checkpoints/, summary.json")
+    cpt_group = sub.add_parser("cpt", help="continued pretraining behind a gate fixed before training: `cpt run` trains and judges, "
+                                           "`cpt verify` recomputes a run's verdict",
+                               description="Continued pretraining on a domain corpus with general replay, judged by a gate written before training.")
+    cpt_commands = cpt_group.add_subparsers(dest="cpt_command", required=True, metavar="{run,verify}")
+    cpt = cpt_commands.add_parser("run", help="continue BASE on a domain corpus with general replay; the verdict comes from the gate "
+                                              "(exit 0 pass, 3 fail)")
+    cpt.add_argument("base", help="base checkpoint (.pt file or DCP directory)")
+    cpt.add_argument("--domain", required=True, help="domain corpus: run directory, shards directory or corpus.json (the base's tokenizer)")
+    cpt.add_argument("--general", required=True, help="general corpus replayed (usually the base's own)")
+    cpt.add_argument("--out", required=True, help="new directory: gate.toml, cpt_manifest.json, metrics.jsonl, checkpoints/, summary.json")
     cpt.add_argument("--ledger", help="where the gate's and measurements' hashes are recorded, outside OUT (default: OUT/../cpt_ledger.jsonl)")
     cpt.add_argument("--replay", type=float, default=defaults.replay_ratio, help="probability that a sequence is general text")
-    cpt.add_argument("--peak-lr", type=float, default=defaults.peak_lr)
+    cpt.add_argument("--peak-lr", type=float, default=defaults.peak_lr, help="learning rate after warmup")
     cpt.add_argument("--steps", type=int, default=defaults.steps, help="optimizer updates")
-    cpt.add_argument("--warmup", type=int, default=defaults.warmup_steps)
+    cpt.add_argument("--warmup", type=int, default=defaults.warmup_steps, help="linear warmup updates")
     cpt.add_argument("--min-lr-ratio", type=float, default=defaults.min_lr_ratio, help="cosine floor as a fraction of the peak")
-    cpt.add_argument("--eval-interval", type=int, default=defaults.eval_interval)
+    cpt.add_argument("--eval-interval", type=int, default=defaults.eval_interval, help="updates between held-out evaluations")
     cpt.add_argument("--eval-batches", type=int, default=defaults.eval_batches, help="fixed held-out batches per corpus")
-    cpt.add_argument("--sampler-seed", type=int, default=defaults.sampler_seed)
-    cpt.add_argument("--seed", type=int, default=defaults.seed)
+    cpt.add_argument("--sampler-seed", type=int, default=defaults.sampler_seed, help="seed of the replay coin (per step)")
+    cpt.add_argument("--seed", type=int, default=defaults.seed, help="seed of training (initial RNG state)")
     cpt.add_argument("--gate", help="gate.toml to copy into OUT (default: built from the flags below)")
     cpt.add_argument("--domain-reduction", type=float, default=1.00, help="gate: domain loss must fall by at least this (nats/token)")
     cpt.add_argument("--general-rise", type=float, default=0.20, help="gate: general loss may rise by at most this (nats/token)")
@@ -101,8 +96,14 @@ def add_commands(sub: Any) -> None:
     cpt.add_argument("--task-rule", choices=["point", "ci95"], default="ci95", help="gate: judge the drop by its point estimate or its 95 %% interval")
     cpt.set_defaults(func=cmd_cpt)
 
+    verify = cpt_commands.add_parser("verify", help="recompute a CPT run's verdict from its checkpoints and gate, trusting no number in "
+                                                   "RUN (exit 0 verified, 4 otherwise)")
+    verify.add_argument("run", help="the CPT run directory (`hymo cpt run --out`)")
+    verify.add_argument("--ledger", help="the ledger the run recorded into (default: RUN/../cpt_ledger.jsonl)")
+    verify.set_defaults(func=cmd_cpt_verify)
+
     retok = sub.add_parser("retokenize", help="mixture + shards of a run's split with another run's tokenizer (a CPT domain corpus)")
     retok.add_argument("run", help="run directory with a completed split stage (e.g. hymo run --config DOMAIN --until split)")
     retok.add_argument("--tokenizer-from", required=True, help="run directory whose tokenizer stage the base model was trained with")
-    retok.add_argument("--out", required=True)
+    retok.add_argument("--out", required=True, help="new run directory for the retokenized corpus (OUT/02_shards)")
     retok.set_defaults(func=cmd_retokenize)

@@ -34,15 +34,15 @@ def cmd_extend(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     extend = sub.add_parser("extend", help="continue a checkpoint at a longer context: RoPE change, long documents, needle + short-context re-test")
-    extend.add_argument("checkpoint")
+    extend.add_argument("checkpoint", help="the base checkpoint (file or DCP directory)")
     extend.add_argument("--seq-len", type=int, required=True, help="the new window (longer than the checkpoint's)")
     extend.add_argument("--corpus", required=True, help="run directory, shards stage directory or corpus.json (the same tokenizer)")
     extend.add_argument("--out", required=True, help="directory for checkpoints/, metrics.jsonl and extend.json")
     extend.add_argument("--position", choices=["base", "interpolation"], default="base",
                         help="RoPE base change (NTK-aware) or position interpolation (default: base)")
-    extend.add_argument("--steps", type=int, default=100)
+    extend.add_argument("--steps", type=int, default=100, help="optimizer updates at the new length (default 100)")
     extend.add_argument("--lr", type=float, help="peak LR (default: a third of the base recipe's)")
     extend.add_argument("--batch-size", type=int, help="windows per update (default: the base's tokens per update)")
-    extend.add_argument("--seed", type=int, default=0)
+    extend.add_argument("--seed", type=int, default=0, help="training and needle seed (default 0)")
     extend.add_argument("--trials", type=int, default=32, help="needle trials per position")
     extend.set_defaults(func=cmd_extend)

@@ -18,27 +18,36 @@ def _rules(counts: dict[str, int], top: int = 3) -> str:
     return (shown + (f", +{len(ranked) - top} more rules" if len(ranked) > top else "")) or "-"
 
 
-def _rule_lines(row: dict[str, Any], top: int = 3) -> str:
-    """The largest rules of a stage, one per line: `-` removed, `~` modified, `>` routed."""
+def _ranked_rules(row: dict[str, Any], top: int = 3) -> list[str]:
+    """The largest rules of a stage: `-` removed, `~` modified, `>` routed; then how many more."""
     marked = [(f"{mark}{rule}", n) for mark, key in (("-", "removed"), ("~", "modified"), (">", "routed")) for rule, n in row[key].items()]
     ranked = sorted(marked, key=lambda kv: -kv[1])
-    lines = [f"{rule} {n}" for rule, n in ranked[:top]] + ([f"+{len(ranked) - top} more rules"] if len(ranked) > top else [])
-    return "\n".join(lines) or "-"
+    return [f"{rule} {n}" for rule, n in ranked[:top]] + ([f"+{len(ranked) - top} more rules"] if len(ranked) > top else [])
 
 
 def print_narrow_funnel(run: Path) -> None:
-    """The funnel for a terminal under 100 columns: one rules column, one rule per line, no rule name cut."""
-    from rich import box
+    """The funnel for a terminal under 100 columns: the counts in columns, and each stage's rules on lines of their
+    own beneath it, indented, so no rule name is cut (the longest, `max_fineweb_duplicate_line_char_fraction`, has
+    42 characters: a rules column beside the counts would have ~30 at 80 columns)."""
+    from rich.text import Text
 
-    table = Table(title=f"HyMo funnel — {run.name}", box=box.SIMPLE_HEAD, caption="rules: - removed, ~ modified, > routed; all: hymo audit summary --json")
-    for column in ("stage", "in", "kept", "removed", "rules", "s"):
-        table.add_column(column, justify="left" if column in ("stage", "rules") else "right", no_wrap=column != "rules", overflow="ellipsis")
-    for row in funnel(run):
+    rows = funnel(run)
+    name_width = max([len("stage")] + [len(row["stage"]) for row in rows])
+    numbers = [str(row[key]) for row in rows if row["documents"] for key in ("in", "kept")]
+    width = max([len("removed")] + [len(n) for n in numbers])
+    header = f"{'stage':<{name_width}}  {'in':>{width}}  {'kept':>{width}}  {'removed':>{width}}  {'s':>5}"
+    console.print(Text(f"HyMo funnel — {run.name}", style="bold"))
+    console.print(Text(header, style="bold"))
+    for row in rows:
         if not row["documents"]:
-            table.add_row(row["stage"], "", "", "", "(artifacts)", f"{row['wall_time_s']:.0f}")
+            console.print(Text(f"{row['stage']:<{name_width}}  {'(artifacts)':>{3 * width + 4}}  {row['wall_time_s']:>5.0f}"), soft_wrap=True)
             continue
-        table.add_row(row["stage"], str(row["in"]), str(row["kept"]), str(sum(row["removed"].values())), _rule_lines(row), f"{row['wall_time_s']:.0f}")
-    console.print(table)
+        removed = sum(row["removed"].values())
+        console.print(Text(f"{row['stage']:<{name_width}}  {row['in']:>{width}}  {row['kept']:>{width}}  {removed:>{width}}  "
+                           f"{row['wall_time_s']:>5.0f}"), soft_wrap=True)
+        for line in _ranked_rules(row):
+            console.print(Text(f"    {line}"), soft_wrap=True)  # soft wrap: a line wider than the terminal wraps, never cut
+    console.print(Text("rules: - removed, ~ modified, > routed; all: hymo audit summary --json", style="dim"))
 
 
 def print_funnel(run: Path) -> None:

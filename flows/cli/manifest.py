@@ -34,7 +34,7 @@ def cmd_manifest_show(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     manifest = sub.add_parser("manifest", help="stage manifests of a run").add_subparsers(dest="manifest_command", required=True)
     show = manifest.add_parser("show", help="one line per published stage")
-    show.add_argument("run")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("run", help="run directory")
+    show.add_argument("--json", action="store_true", help="print JSON instead of tables")
     show.add_argument("--verify", action="store_true", help="re-hash every output file")
     show.set_defaults(func=cmd_manifest_show)

@@ -17,7 +17,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.server import prefect_api
 
     require_api_for_workers(args.dask_address if args.runner == "dask" else None, args.api_url)  # before a server is started
-    config = load_config(args.config)
+    config = load_config(args.config, args.set)
     if args.workers:
         config = config.model_copy(update={"workers": args.workers})
     out = Path(args.out).resolve() if args.out else default_run()
@@ -47,6 +47,12 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-url", help="Prefect API to report to (default: $PREFECT_API_URL, else a local server started for this run)")
 
 
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one config value, e.g. --set pretrain.train.max_steps=50 or --set run.workers=2 "
+                             "(a TOML value; repeatable, later ones win)")
+
+
 def add_commands(sub: Any) -> None:
     run = sub.add_parser("run", help="run the whole pipeline (default: the bundled real sample)")
     run.add_argument("--config", help="pipeline TOML (default: the bundled sample config)")
@@ -56,12 +62,13 @@ def add_commands(sub: Any) -> None:
                      help="the config's stage list differs from the run directory's: move the other list's stage directories aside "
                           "(to RUN.replaced-TIME) instead of refusing")
     run.add_argument("--workers", type=int, help="worker processes per stage (default: all cores)")
+    add_set_option(run)
     add_runner_options(run)
     run.set_defaults(func=cmd_run)
 
     rerun = sub.add_parser("rerun", help="re-run one stage of a run (and what follows it if its output changed)")
-    rerun.add_argument("run")
-    rerun.add_argument("--stage", required=True)
+    rerun.add_argument("run", help="run directory written by `hymo run`")
+    rerun.add_argument("--stage", required=True, help="the stage to re-run (its name, e.g. quality; `hymo manifest show RUN` lists them)")
     rerun.add_argument("--force", action="store_true", help="recompute the stage even if its published output is intact")
     rerun.add_argument("--until", help="stop after this stage")
     add_runner_options(rerun)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,101 @@ def trace(run: Path, shard: int, offset: int, split: str, window: int) -> dict[s
     return found
 
 
+def training_recipe(run: Path, config: str | None, overrides: list[str]) -> tuple[dict[str, Any], str]:
+    """The recipe that read the data, and where it came from: --config (with --set); else the run's pretrain stage
+    (summary.json); else the pretrain section of the run's config.json (a run still training)."""
+    from hymo_core.train.recipe import load_run_config
+
+    if config or overrides:
+        return load_run_config(config, overrides)[0].to_dict(), config or "--set"
+    try:
+        stage_dir, _ = find_stage(run, "pretrain")
+        return json.loads((stage_dir.path / "summary.json").read_text(encoding="utf-8"))["train_config"], str(stage_dir.path / "summary.json")
+    except (KeyError, FileNotFoundError):
+        pass
+    saved = run / "config.json"
+    if saved.is_file():
+        return json.loads(saved.read_text(encoding="utf-8"))["config"]["pretrain"]["train"], f"{saved} [pretrain.train]"
+    raise KeyError(f"{run}: no pretrain stage and no config.json; pass the training recipe with --config (as given to `hymo train`)")
+
+
+def step_documents(run: Path, step: int, recipe: dict[str, Any]) -> dict[str, Any]:
+    """The documents update `step` read: each with its tokens in that update, its windows, source and URL."""
+    from hymo_core.train.window_order import update_windows
+
+    manifest_path = locate_corpus_manifest(run)
+    corpus = read_corpus_manifest(manifest_path)
+    shards = corpus["shards"]["train"]
+    seq_len, windows_per_update = recipe["seq_len"], recipe["batch_size"] * recipe.get("gradient_accumulation_steps", 1)
+    epoch, windows = update_windows([entry["tokens"] for entry in shards], seq_len, recipe.get("seed", 0), windows_per_update, step)
+    tokens: dict[str, int] = {}
+    seen_in: dict[str, set[int]] = {}
+    indexes: dict[int, Any] = {}
+    for number, (shard, start) in enumerate(windows.tolist()):
+        if shard not in indexes:
+            indexes[shard] = pq.read_table(manifest_path.parent / shards[shard]["index_path"], columns=["doc_id", "offset", "length"]).to_pydict()
+        index = indexes[shard]
+        end = start + seq_len + 1  # a window reads T + 1 tokens
+        first = max(0, bisect_right(index["offset"], start) - 1)
+        for row in range(first, len(index["offset"])):
+            lo, hi = index["offset"][row], index["offset"][row] + index["length"][row]
+            if lo >= end:
+                break
+            overlap = min(hi, end) - max(lo, start)
+            if overlap > 0:
+                doc = index["doc_id"][row]
+                tokens[doc] = tokens.get(doc, 0) + overlap
+                seen_in.setdefault(doc, set()).add(number)
+    records = documents_by_id(run, set(tokens))
+    documents = [{"doc_id": doc, "tokens": n, "windows": len(seen_in[doc]), "source": records.get(doc, {}).get("source"),
+                  "url": records.get(doc, {}).get("url")} for doc, n in sorted(tokens.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return {"step": step, "epoch": epoch, "seq_len": seq_len, "windows": [[int(s), int(o)] for s, o in windows.tolist()],
+            "documents": documents}
+
+
+def documents_by_id(run: Path, ids: set[str]) -> dict[str, dict[str, Any]]:
+    """Source and URL of these documents, from the split stage (one filtered read per data file)."""
+    try:
+        _, manifest = find_stage(run, "split")
+    except (KeyError, FileNotFoundError):
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    for data_file in manifest.files("data"):
+        table = pq.read_table(manifest.path_of(data_file), columns=["id", "source", "url"], filters=[("id", "in", sorted(ids))])
+        found.update({row["id"]: row for row in table.to_pylist()})
+    return found
+
+
+def print_step(found: dict[str, Any], recipe_from: str) -> None:
+    from flows.console import console
+
+    console.print(f"[bold]update {found['step']}[/bold] (epoch {found['epoch']}): {len(found['windows'])} windows of "
+                  f"{found['seq_len'] + 1} tokens, {len(found['documents'])} documents (recipe: {recipe_from})")
+    table = Table(show_edge=False)
+    for column in ("tokens", "windows", "document", "source", "url"):
+        table.add_column(column, justify="right" if column in ("tokens", "windows") else "left",
+                         no_wrap=column == "document", overflow="fold")
+    for doc in found["documents"]:
+        table.add_row(str(doc["tokens"]), str(doc["windows"]), doc["doc_id"], str(doc["source"]), str(doc["url"]))
+    console.print(table)
+    console.print("`hymo audit why RUN DOC_ID` shows every stage's decision about one of them", markup=False)
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     from flows.console import console
 
+    if args.step is not None:
+        if args.shard is not None or args.offset is not None:
+            raise SystemExit("hymo trace: --step, or --shard with --offset, not both")
+        recipe, recipe_from = training_recipe(Path(args.run), args.config, args.set)
+        found = step_documents(Path(args.run), args.step, recipe)
+        if args.json:
+            print(json.dumps(found, indent=2, ensure_ascii=False))
+        else:
+            print_step(found, recipe_from)
+        return 0
+    if args.shard is None or args.offset is None:
+        raise SystemExit("hymo trace: give --shard and --offset (one token), or --step N (one update's batch)")
     try:
         found = trace(Path(args.run), args.shard, args.offset, args.split, args.window)
     except (KeyError, IndexError, CorpusManifestError) as exc:
@@ -96,11 +189,16 @@ def print_corpus_table(run: Path) -> None:
 
 
 def add_commands(sub: Any) -> None:
-    parser = sub.add_parser("trace", help="which document (and audit trail) a token of a shard comes from")
-    parser.add_argument("run")
-    parser.add_argument("--shard", type=int, required=True, help="shard number in the corpus manifest's list")
-    parser.add_argument("--offset", type=int, required=True, help="token offset inside that shard")
-    parser.add_argument("--split", default="train", choices=("train", "validation"))
+    parser = sub.add_parser("trace", help="which document (and audit trail) a token of a shard comes from; --step N: the documents "
+                                          "of training update N's batch")
+    parser.add_argument("run", help="run directory (with a shards stage)")
+    parser.add_argument("--shard", type=int, help="shard number in the corpus manifest's list (with --offset)")
+    parser.add_argument("--offset", type=int, help="token offset inside that shard")
+    parser.add_argument("--step", type=int, help="list the documents training update N read (N as metrics.jsonl and alerts count)")
+    parser.add_argument("--config", help="with --step: the training recipe TOML (default: the run's pretrain stage, else its config.json)")
+    parser.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                        help="with --step: a recipe override given to `hymo train --set` (repeatable)")
+    parser.add_argument("--split", default="train", choices=("train", "validation"), help="which shards (default: train)")
     parser.add_argument("--window", type=int, default=16, help="tokens decoded on each side")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=cmd_trace)

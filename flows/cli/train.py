@@ -45,6 +45,7 @@ def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     check_batch_plan(_configs(args)[0], args.nproc)
     train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume, args.strict_resume)
+    train_args += [f"--set={override}" for override in getattr(args, "set", [])]  # each rank reads the same recipe
     launch_training(args.nproc, train_args + (["--cloze", args.cloze] if args.cloze else []), on_line=lambda line: print(line, flush=True),
                     max_restarts=args.max_restarts, threads=args.threads)
     return json.loads((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
@@ -244,13 +245,13 @@ def add_commands(sub: Any) -> None:
     evaluate.add_argument("--harness", choices=["lm-eval"], help="run lm-evaluation-harness itself, offline, on the bundled benchmark files")
     evaluate.add_argument("--tasks", help="with --harness: comma-separated, of hellaswag, arc_easy, arc_challenge, mmlu, gsm8k "
                                           "(default: hellaswag,arc_easy,arc_challenge)")
-    evaluate.add_argument("--json", action="store_true")
+    evaluate.add_argument("--json", action="store_true", help="print JSON instead of text")
     evaluate.set_defaults(func=cmd_eval)
 
     average = sub.add_parser("average", help="uniform or EMA average of checkpoints with one parameter layout, as one checkpoint file")
     average.add_argument("checkpoints", nargs="+", help="oldest first (EMA weighs the later ones more)")
     average.add_argument("--out", required=True, help="the averaged checkpoint file to write")
-    average.add_argument("--mode", choices=["uniform", "ema"], default="uniform")
+    average.add_argument("--mode", choices=["uniform", "ema"], default="uniform", help="equal weights, or exponential (later ones more)")
     average.add_argument("--decay", type=float, default=0.9, help="EMA: checkpoint i of n weighs decay^(n-1-i)")
     average.set_defaults(func=cmd_average)
 
@@ -260,17 +261,17 @@ def add_commands(sub: Any) -> None:
     report.set_defaults(func=cmd_report)
 
     gen = sub.add_parser("generate", help="sample a continuation from a checkpoint")
-    gen.add_argument("checkpoint")
+    gen.add_argument("checkpoint", help="checkpoint file or DCP directory")
     gen.add_argument("--corpus", required=True, help="the corpus whose tokenizer the model was trained with")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.8)
-    gen.add_argument("--top-k", type=int, default=50)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--prompt", required=True, help="text to continue")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to sample (default 64)")
+    gen.add_argument("--temperature", type=float, default=0.8, help="softmax temperature (default 0.8)")
+    gen.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens (default 50)")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     gen.set_defaults(func=cmd_generate)
 
     export = sub.add_parser("export", help="a checkpoint (single file or DCP directory) as one safetensors file, or as a Hugging Face model directory")
-    export.add_argument("checkpoint")
+    export.add_argument("checkpoint", help="checkpoint file or DCP directory")
     target = export.add_mutually_exclusive_group(required=True)
     target.add_argument("--safetensors", metavar="FILE", help="where to write the consolidated weights")
     target.add_argument("--hf", metavar="DIR", help="a transformers directory: Llama / Qwen3 for the dense model, HymoForCausalLM "

@@ -86,15 +86,26 @@ def write_payload(path: Path, payload: dict[str, Any]) -> Path:
     return path
 
 
+def load_failure(exc: BaseException) -> str:
+    """Why torch.load failed, in our words. torch's own message for a file holding pickled objects advises
+    `weights_only=False`, which runs whatever code the file carries: never repeated to a user."""
+    if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+        return ("not a HyMo checkpoint: it holds pickled objects other than tensors and plain values, which a weights-only "
+                "load refuses (a HyMo checkpoint never does)")
+    return f"truncated or corrupt checkpoint ({type(exc).__name__}: {str(exc)[:200]})"
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The payload, loaded with weights_only=True; an unreadable file raises CheckpointError naming a fallback."""
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint missing (no such file)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except (EOFError, RuntimeError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as exc:
         previous = previous_checkpoint(path)
         offer = f"; the previous checkpoint is {previous}" if previous else "; no earlier checkpoint in that directory"
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({type(exc).__name__}: {str(exc)[:200]}){offer}") from exc
+        raise CheckpointError(f"{path}: {load_failure(exc)}{offer}") from exc
     if not isinstance(payload, dict) or "format_version" not in payload:
         raise CheckpointError(f"{path}: not a HyMo checkpoint (no format_version)")
     if payload["format_version"] != FORMAT_VERSION:

@@ -18,3 +18,5 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, metavar="N",
                         help="intra-op threads per process (default: HYMO_THREADS, else OMP_NUM_THREADS, else the usable CPUs "
                              "divided by the ranks on this machine); logged and recorded in summary.json")
+    parser.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                        help="override one value of the recipe, e.g. --set train.max_steps=50 (a TOML value; repeatable)")

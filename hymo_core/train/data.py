@@ -33,6 +33,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from hymo_core.train.window_order import window_permutation, window_table
+
 CORPUS_FILE = "corpus.json"
 HASH_CHUNK = 1 << 20
 
@@ -122,12 +124,7 @@ class CorpusReader:
 def _window_table(corpus: CorpusReader, split: str, seq_len: int) -> tuple[list[np.memmap], np.ndarray]:
     """(shard index, start offset) of every window of T + 1 tokens in the split, in shard order."""
     shards = corpus.open_all(split)
-    rows = []
-    for index, tokens in enumerate(shards):
-        count = max(0, (len(tokens) - 1) // seq_len)
-        rows.append(np.stack([np.full(count, index, dtype=np.int64), np.arange(count, dtype=np.int64) * seq_len], axis=1))
-    table = np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
-    return shards, table
+    return shards, window_table([len(tokens) for tokens in shards], seq_len)
 
 
 def _gather(shards: list[np.memmap], windows: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,8 +154,7 @@ class TokenLoader:
         self._order = self._permutation(0)
 
     def _permutation(self, epoch: int) -> np.ndarray:
-        generator = np.random.Generator(np.random.PCG64([self.seed, epoch]))  # private: global RNGs untouched
-        return generator.permutation(len(self.windows))
+        return window_permutation(self.seed, epoch, len(self.windows))  # the order `hymo trace --step` recomputes
 
     @property
     def batches_per_epoch(self) -> int:

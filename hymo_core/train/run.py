@@ -26,7 +26,6 @@ import os
 import random
 import sys
 import time
-import tomllib
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -49,43 +48,14 @@ from hymo_core.train.run_report import HELDOUT_PICTURE, run_forecast, write_grou
 from hymo_core.distributed.process_group import Runtime, broadcast_object, close_runtime, init_runtime
 from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.models.model import ModelConfig
-from hymo_core.models.presets import model_config_from_table, preset_training
 from hymo_core.train.optim import build_optimizer
 from hymo_core.distributed.parallelize import build_parallel_model
 from hymo_core.checkpoint.background import BackgroundCheckpoints
 from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.arguments import add_train_arguments  # noqa: F401 (re-exported: the trainer's arguments)
+from hymo_core.train.recipe import PARALLEL_KEYS, load_run_config  # noqa: F401 (re-exported: read without torch by the CLI)
 from hymo_core.train.trainer import TrainHooks, TrainingStopped, TrainState, continuations_over_ranks, seed_training_rng, train
-
-
-
-
-PARALLEL_KEYS = ("replicate", "shard", "expert")  # [parallel]: the mesh (TrainConfig.replicate / shard / expert)
-
-
-def load_run_config(path: str | Path | None) -> tuple[TrainConfig, ModelConfig]:
-    """A TOML with optional [train], [model] and [parallel] tables and [[alerts]]; missing keys take the sample recipe's values."""
-    if path is None:
-        return SAMPLE_TRAIN, SAMPLE_MODEL
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read training config ({exc})") from exc
-    unknown = sorted(set(raw) - {"train", "model", "parallel", "alerts"})
-    if unknown:
-        raise ValueError(f"{path}: unknown tables {unknown}; expected [train], [model], [parallel] and [[alerts]]")
-    if "alerts" in raw:  # [[alerts]] tables: TrainConfig.alerts (hymo_core/train/alerts.py)
-        raw["train"] = {**raw.get("train", {}), "alerts": raw["alerts"]}
-    parallel = raw.get("parallel", {})
-    if sorted(set(parallel) - set(PARALLEL_KEYS)):
-        raise ValueError(f"{path}: unknown [parallel] keys {sorted(set(parallel) - set(PARALLEL_KEYS))}; known: {', '.join(PARALLEL_KEYS)}")
-    model = model_config_from_table(raw.get("model", {}), SAMPLE_MODEL, str(path))  # `preset = "..."` allowed
-    try:
-        defaults = {**SAMPLE_TRAIN.to_dict(), **preset_training(raw.get("model", {}))}
-        return TrainConfig.from_dict({**defaults, **raw.get("train", {}), **parallel}), model
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
 
 
 def seed_everything(seed: int) -> None:
@@ -521,7 +491,7 @@ def restarted_by_torchrun() -> bool:
 
 
 def _configs(args: argparse.Namespace) -> tuple[TrainConfig, ModelConfig]:
-    train_config, model_config = load_run_config(args.config)
+    train_config, model_config = load_run_config(args.config, getattr(args, "set", None))
     return session_config(train_config, args.max_steps, getattr(args, "horizon", None)), model_config
 
 

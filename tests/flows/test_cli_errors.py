@@ -13,6 +13,7 @@ from flows import cli
 from flows.cli.funnel import print_funnel
 from flows.console import console
 from flows.pipeline import RUN_CONFIG
+from flows.config import PipelineConfig as PipelineConfigForTest
 from manifests.run_dir import completed_stages
 
 
@@ -31,12 +32,35 @@ def test_funnel_fits_80_columns_without_cutting_a_rule_name(tiny_run: Path, caps
             assert f"{rule} {n}" in out  # whole, on one line
 
 
+def test_funnel_at_80_columns_keeps_the_longest_rule_names_whole(tiny_run: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """The failing case: the sample's longest rule names (up to 42 characters) with six-digit counts, beside its
+    longest stage names; a rules column beside the counts cut them at 80 columns."""
+    import shutil
+
+    run = tmp_path / "run"
+    stage = run / "05_quality_model"
+    shutil.copytree(tiny_run / "02_extract", stage)
+    manifest = json.loads((stage / "manifest.json").read_text(encoding="utf-8"))
+    long_rules = {"max_fineweb_duplicate_line_char_fraction": 123456, "digest_collisions_with_different_text": 98765,
+                  "fineweb_too_few_terminal_punct_lines": 54321}
+    manifest["stage"] = "quality_model"
+    manifest["counts"] = {"in": 1234567, "kept": 958025, "removed": long_rules, "modified": {}}
+    (stage / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    monkeypatch.setattr(console, "width", 80)
+    print_funnel(run)
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    for rule, n in long_rules.items():
+        assert f"{rule} {n}" in out, out  # whole, on one line
+    assert "1234567" in out and "958025" in out
+
+
 def test_missing_run_directory_is_one_line_with_a_fix(tmp_path: Path, prefect_harness, capsys) -> None:
     code = cli.main(["rerun", str(tmp_path / "nowhere"), "--stage", "split", "--api-url", prefect_harness])
     err = capsys.readouterr().err
-    assert code == 1 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err  # found before the flow starts (flows.preflight)
     line = last_line(err)
-    assert line.startswith("hymo: ") and "nowhere" in line and "config.json" in line and "fix:" in line and "--debug" in line
+    assert line.startswith("hymo: ") and "nowhere" in line and "config.json" in line and "fix:" in line
 
 
 def test_second_run_on_a_locked_directory_names_the_holder(tmp_path: Path, prefect_harness, capsys) -> None:
@@ -54,9 +78,12 @@ def test_second_run_on_a_locked_directory_names_the_holder(tmp_path: Path, prefe
         holder.kill()
         holder.wait()
     line = last_line(capsys.readouterr().err)
-    assert code == 1 and "RunLocked" in line and f"pid {holder.pid}" in line and "another --out" in line
+    assert code == 2 and f"pid {holder.pid}" in line and "another --out" in line  # before the flow starts (flows.preflight)
 
 
 def test_debug_shows_the_traceback(tmp_path: Path, prefect_harness) -> None:
-    with pytest.raises(FileNotFoundError):
-        cli.main(["rerun", str(tmp_path / "nowhere"), "--stage", "split", "--api-url", prefect_harness, "--debug"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_CONFIG).write_text(json.dumps({"config": PipelineConfigForTest().model_dump(mode="json"), "runner": "process"}), encoding="utf-8")
+    with pytest.raises(Exception, match="split|complete|manifest"):  # the stage before split was never run: raised, not explained
+        cli.main(["rerun", str(run), "--stage", "split", "--api-url", prefect_harness, "--debug"])

@@ -220,7 +220,7 @@ def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp
     """`hymo retokenize` gives a domain corpus in the base's ids; `hymo cpt` continues, judges and records lineage; so does the flow."""
     checkpoint = str(trained / "checkpoints" / "step-00000003.pt")
     assert main(["retokenize", str(tiny_run), "--tokenizer-from", str(tiny_run), "--out", str(tmp_path / "domain")]) == 0
-    status = main(["cpt", checkpoint, "--domain", str(tmp_path / "domain"), "--general", str(tiny_run), "--out", str(tmp_path / "cpt"),
+    status = main(["cpt", "run", checkpoint, "--domain", str(tmp_path / "domain"), "--general", str(tiny_run), "--out", str(tmp_path / "cpt"),
                    "--steps", "4", "--warmup", "1", "--eval-interval", "2", "--eval-batches", "2", "--task", "arc_easy", "--paired-items", "30"])
     summary = json.loads((tmp_path / "cpt" / "summary.json").read_text())
     assert status == (0 if summary["verdict"]["passed"] else 3)

@@ -197,3 +197,40 @@ def test_only_faults_a_retry_may_clear_are_retried() -> None:
                        DigestMismatch("changed"), BenchmarkNotFound("decontam: benchmark 'x' is not bundled"),
                        ConnectionError("http://prefect.invalid:4200/api does not answer")):
         assert not may_pass_on_retry(user_error), user_error
+
+
+def test_each_stages_artifacts_hang_on_its_own_task_run(first_run, names: list[str]) -> None:
+    """The UI's Artifacts tab of a stage's task run shows that stage's tables and audit link (read through the API by
+    task run id), and stages that make files publish what they made, not an "in 0 / kept 0" table."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId
+
+    from manifests.stage_manifest import read_manifest
+
+    run, flow_run_id = first_run
+    stages = stage_runs(task_runs(flow_run_id), names)
+    with get_client(sync_client=True) as client:
+        def of_task(stage: str) -> dict:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[stages[stage].id])))
+            return {a.key: a for a in found if a.key}
+
+        for stage in ("extract", "dedup_fuzzy"):
+            keys = set(of_task(stage))
+            assert {f"hymo-{stage.replace('_', '-')}-counts", f"hymo-{stage.replace('_', '-')}-audit"} <= keys, (stage, keys)
+        sampled = [a for a in flow_artifacts(flow_run_id) if a.key and a.key.endswith("-removed-samples")]
+        assert sampled and all(a.task_run_id is not None for a in sampled)
+        made = {}
+        for stage in ("tokenizer", "mixture", "shards", "pretrain"):
+            keys = of_task(stage)
+            assert f"hymo-{stage}-counts" not in keys and f"hymo-{stage}-made" in keys, (stage, set(keys))
+            made[stage] = {row["measure"]: row["value"] for row in json.loads(keys[f"hymo-{stage}-made"].data)}
+    tokenizer = read_manifest(stage_path(run, "tokenizer")).extra["tokenizer"]
+    assert made["tokenizer"]["vocabulary"] == tokenizer["vocab_size"]
+    assert made["shards"]["train shards"] >= 1 and made["shards"]["train tokens"] > 0
+    assert made["pretrain"]["steps"] == read_manifest(stage_path(run, "pretrain")).extra["final_step"]
+    assert any(measure.startswith("tokens: ") for measure in made["mixture"])
+    log = run_log(flow_run_id)
+    for stage in ("tokenizer", "mixture", "shards", "pretrain"):
+        line = next(m for m in log if m.startswith(f"{stage} computed: "))
+        assert "in=" not in line and "kept=" not in line, line
+    assert any(m.startswith("tokenizer computed: vocabulary ") for m in log)
