@@ -36,6 +36,7 @@ class SourceSpec:
     url_prefix: str = ""
     text_field: str = "text"
     url_field: str = "url"
+    id_field: str = "id"  # the record's own id, kept in meta.record_id (HyMo's id is unique across files and snapshots)
     description: str = ""
     base_dir: str = field(default=str(PACKAGE_DIR), compare=False)
 
@@ -50,7 +51,7 @@ class SourceSpec:
             "name": self.name, "kind": self.kind, "path": self.path, "origin": self.origin,
             "snapshot": self.snapshot, "license": self.license, "profile": self.profile,
             "langs": list(self.langs), "glob": self.glob, "url_prefix": self.url_prefix,
-            "text_field": self.text_field, "url_field": self.url_field,
+            "text_field": self.text_field, "url_field": self.url_field, "id_field": self.id_field,
         }
 
 

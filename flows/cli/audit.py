@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from manifests.audit_query import decisions_for, funnel, sample_removed
+from manifests.audit_query import decisions_for, find_documents, funnel, sample_removed
 
 from flows.cli.funnel import print_funnel
 from flows.console import console
@@ -23,8 +23,21 @@ def cmd_audit_summary(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_why(args: argparse.Namespace) -> int:
+    matches = find_documents(Path(args.run), args.doc_id)
+    if not matches:
+        console.print(f"[red]{args.run}: no document has the id, the source's own id or the URL {args.doc_id!r}[/red]", markup=False)
+        return 1
+    if len(matches) > 1:  # a URL in several files or snapshots: say which, the user picks one
+        if args.json:
+            print(json.dumps({"key": args.doc_id, "matches": matches}, indent=2, ensure_ascii=False))
+            return 0
+        console.print(f"{len(matches)} documents match {args.doc_id!r}; ask again with one id:", markup=False)
+        for match in matches:
+            own = f" record_id={match['record_id']}" if match.get("record_id") else ""
+            console.print(f"  {match['id']}  {match['file']} #{match['ordinal']}{own}", markup=False)
+        return 0
     try:
-        answer = decisions_for(Path(args.run), args.doc_id)
+        answer = decisions_for(Path(args.run), matches[0]["id"])
     except KeyError as exc:
         console.print(f"[red]{exc.args[0]}[/red]")
         return 1
@@ -64,7 +77,7 @@ def add_commands(sub: Any) -> None:
     summary.set_defaults(func=cmd_audit_summary)
     why = audit.add_parser("why", help="every stage's decision about one document")
     why.add_argument("run")
-    why.add_argument("doc_id")
+    why.add_argument("doc_id", help="a HyMo id, the source's own id of the record (meta.record_id) or its URL")
     why.add_argument("--json", action="store_true")
     why.set_defaults(func=cmd_audit_why)
     sample = audit.add_parser("sample", help="audit rows of one stage, with snippets")

@@ -1,8 +1,11 @@
 """Ingestion: source specs in, bounded Parquet shards of documents with stable ids out.
 
-Ids are derived from source + origin URI + ordinal inside that origin (the line of
-a JSONL file, the record of a WARC), so they survive re-runs, other machines and
-other shard sizes. A broken *record* is quarantined with a rule; a broken *file*
+Ids are derived from the source's name and snapshot, the file's path inside the
+source, the record's URI and its ordinal inside that file (the line of a JSONL file,
+the record of a WARC), so they survive re-runs, other machines and other shard
+sizes, and two snapshot files holding the same URL at the same line get two ids.
+The record's own id (`id_field` of the spec; a WARC record's WARC-Record-ID) is kept
+in `meta.record_id`. A broken *record* is quarantined with a rule; a broken *file*
 (truncated gzip, unreadable Parquet) fails the stage before anything is published.
 A source path may be an fsspec URL (s3://bucket/prefix, gs://, hf://, ...):
 its files are listed and streamed through fsspec (tasks/ingest/source_fs.py), and a
@@ -79,11 +82,18 @@ class RawRecord:
     problem: str | None = None  # a record-level defect found while reading
     problem_detail: str = ""
     charset: str | None = None  # declared by the transport (a WARC record's HTTP Content-Type)
+    record_id: str | None = None  # the record's own id in its source (`id_field`, WARC-Record-ID)
 
 
-def make_doc_id(source: str, uri: str, ordinal: int) -> str:
-    digest = hashlib.blake2b(f"{uri}\x00{ordinal}".encode("utf-8"), digest_size=8).hexdigest()
-    return f"{source}-{digest}"
+def make_doc_id(source: str, snapshot: str, file: str, uri: str, ordinal: int) -> str:
+    """`source-<16 hex>`: unique per (snapshot, file inside the source, record), the same on every re-run."""
+    key = f"{snapshot}\x00{file}\x00{uri}\x00{ordinal}"
+    return f"{source}-{hashlib.blake2b(key.encode('utf-8'), digest_size=8).hexdigest()}"
+
+
+def record_id(value: Any) -> str | None:
+    """The user's own id of a record as a string (None when it has none)."""
+    return None if value is None or value == "" else str(value)
 
 
 def source_pattern(spec: SourceSpec) -> str:
@@ -164,7 +174,7 @@ def read_jsonl(spec: SourceSpec, path: Path, byte_range: tuple[int, int, int] | 
                 uri = record.get(spec.url_field) or f"{base_uri}#L{line_no}"
                 meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
                 content_type = meta.pop("content_type", None) or record.get("content_type") or "text"
-                yield RawRecord(str(uri), line_no, text, content_type, meta, origin)
+                yield RawRecord(str(uri), line_no, text, content_type, meta, origin, record_id=record_id(record.get(spec.id_field)))
     except (EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated ({exc})") from exc
 
@@ -239,17 +249,18 @@ def parquet_records(spec: SourceSpec, path: Path | RemoteFile, local: Any, base_
         parquet = pq.ParquetFile(local)
         if spec.text_field not in parquet.schema_arrow.names:
             raise InputFileError(f"{path}: no column {spec.text_field!r} (columns: {parquet.schema_arrow.names})")
-        columns = [c for c in (spec.text_field, spec.url_field) if c in parquet.schema_arrow.names]
+        columns = [c for c in dict.fromkeys((spec.text_field, spec.url_field, spec.id_field)) if c in parquet.schema_arrow.names]
         ordinal = 0
         for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
             texts = batch.column(spec.text_field).to_pylist()
             urls = batch.column(spec.url_field).to_pylist() if spec.url_field in columns else [None] * len(texts)
-            for text, url in zip(texts, urls):
+            own = batch.column(spec.id_field).to_pylist() if spec.id_field in columns else [None] * len(texts)
+            for text, url, own_id in zip(texts, urls, own):
                 uri = url or f"{base_uri}#row{ordinal}"
                 if not isinstance(text, str):
-                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is null")
+                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is null", record_id=record_id(own_id))
                 else:
-                    yield RawRecord(uri, ordinal, text, "text", {}, origin)
+                    yield RawRecord(uri, ordinal, text, "text", {}, origin, record_id=record_id(own_id))
                 ordinal += 1
     except (pa.ArrowException, OSError) as exc:
         raise InputFileError(f"{path}: unreadable Parquet ({exc})") from exc
@@ -270,14 +281,15 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
         with handle:
             for ordinal, record in enumerate(ArchiveIterator(handle)):
                 uri = record.rec_headers.get_header("WARC-Target-URI") or f"{base_uri}#rec{ordinal}"
+                own_id = record.rec_headers.get_header("WARC-Record-ID")
                 if record.rec_type == "response":
                     mime = (record.http_headers.get_header("Content-Type") or "") if record.http_headers else ""
                     if mime and "html" not in mime.lower():  # images, PDFs, scripts: counted, not read
-                        yield RawRecord(uri, ordinal, None, "html", {}, origin, "not_html", mime.split(";")[0].strip())
+                        yield RawRecord(uri, ordinal, None, "html", {}, origin, "not_html", mime.split(";")[0].strip(), record_id=own_id)
                         continue
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, charset=mime or None)
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, charset=mime or None, record_id=own_id)
                 elif record.rec_type == "conversion":  # WET plain text
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin)
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, record_id=own_id)
     except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated WARC ({exc})") from exc
 
@@ -310,12 +322,13 @@ def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawR
         for batch in rows:
             texts = batch[spec.text_field]
             urls = batch.get(spec.url_field) or [None] * len(texts)
-            for text, url in zip(texts, urls):
+            own = batch.get(spec.id_field) or [None] * len(texts)
+            for text, url, own_id in zip(texts, urls, own):
                 uri = url or f"hf://{spec.name}#row{ordinal}"
                 if isinstance(text, str):
-                    yield RawRecord(uri, ordinal, text, "text", {}, origin)
+                    yield RawRecord(uri, ordinal, text, "text", {}, origin, record_id=record_id(own_id))
                 else:
-                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is not a string")
+                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is not a string", record_id=record_id(own_id))
                 ordinal += 1
     except (KeyError, FileNotFoundError, ValueError) as exc:
         raise InputFileError(f"{path}: cannot read Hugging Face dataset ({exc})") from exc
@@ -339,13 +352,17 @@ def iter_source(spec: SourceSpec, files: list[Path], config: IngestConfig) -> It
 
 def to_document(spec: SourceSpec, raw: RawRecord) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """One raw record -> (document or None, audit rows)."""
-    doc_id = make_doc_id(spec.name, raw.uri, raw.ordinal)
+    doc_id = make_doc_id(spec.name, spec.snapshot, raw.origin_file, raw.uri, raw.ordinal)
     where = {"file": raw.origin_file, "uri": raw.uri, "ordinal": raw.ordinal}
+    if raw.record_id is not None:
+        where["record_id"] = raw.record_id
     if raw.problem:
         detail_key = "content_type" if raw.problem == "not_html" else "error"
         return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{raw.problem}", "detail": {**where, detail_key: raw.problem_detail}}]
     audit: list[dict[str, Any]] = []
     meta = {**raw.meta, "content_type": raw.content_type, "origin_file": raw.origin_file, "ordinal": raw.ordinal, "profile": spec.profile}
+    if raw.record_id is not None:
+        meta["record_id"] = raw.record_id
     if isinstance(raw.payload, bytes):
         decoded = decode_payload(raw.payload, raw.charset)
         if decoded.problem:
@@ -403,7 +420,7 @@ def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[P
 
 def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> dict[str, Any]:
     uri = relative_uri(spec, path)
-    return {"id": make_doc_id(spec.name, uri, 0), "action": "removed", "rule": "ingest_symlink_skipped",
+    return {"id": make_doc_id(spec.name, spec.snapshot, relative_file(spec, path), uri, 0), "action": "removed", "rule": "ingest_symlink_skipped",
             "detail": {"file": relative_file(spec, path), "uri": uri, "reason": reason, "target": target}}
 
 
