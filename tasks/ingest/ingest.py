@@ -480,14 +480,25 @@ def dir_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+RECORDS_CHUNK = 1 << 18  # records read at a time while cutting shards: the cut pass holds ~4 arrays of this many × 8 B (≈ 8 MB)
+
+
 @dataclass(frozen=True)
 class FileRecords:
-    """What one source file gave, in record order: per record (documents 0/1, text characters, audit rows), and where."""
+    """What one source file gave: where its documents, audit rows and per-record accounting are, and totals.
+
+    The per-record accounting (has a document, its text in UTF-8 bytes, audit rows; int64 × 3 a record)
+    stays in `records_path`, a .npy file beside the documents: the flow host holds this summary per file,
+    never a value per record, and the shard cuts are computed from those files by a task."""
 
     index: int
     docs_path: str
     audit_path: str
-    records: Any  # numpy int64, records × 3: (has a document, its text in UTF-8 bytes, audit rows)
+    records_path: str
+    records: int
+    docs: int
+    text_bytes: int
+    audit_rows: int
     digest: tuple[str, str] | None = None  # (url, sha256) of a remote file hashed while it was read
 
 
@@ -501,8 +512,9 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
     if digest:
         path = path.digesting()
     docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.parquet", Path(parts_dir) / f"{index:06d}.audit.parquet"
+    records_path = Path(parts_dir) / f"{index:06d}.records.npy"
     docs_path.parent.mkdir(parents=True, exist_ok=True)
-    records: list[tuple[int, int, int]] = []
+    records: list[tuple[int, int, int]] = []  # this task's own accounting, one file's worth; written to records_path
     docs, audit = [], []
     tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
     with pq.ParquetWriter(tmp_docs, DOC_SCHEMA) as doc_writer, pq.ParquetWriter(tmp_audit, AUDIT_SCHEMA) as audit_writer:
@@ -522,38 +534,60 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
             doc_writer.write_table(docs_table(docs))
         if audit:
             audit_writer.write_table(audit_table(audit))
-    os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites both from the start
+    table = np.asarray(records, dtype=np.int64).reshape(-1, 3)
+    with open(records_path.with_suffix(".tmp"), "wb") as handle:
+        np.save(handle, table)
+    os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites all three from the start
     os.replace(tmp_audit, audit_path)
+    os.replace(records_path.with_suffix(".tmp"), records_path)
     sha = None
     if digest:  # complete unless no reader opened the file (then it is hashed apart, a second read)
         sha = path.tap.hexdigest() or remote_digest(path, spec.name)
-    return FileRecords(index, str(docs_path), str(audit_path), np.asarray(records, dtype=np.int64).reshape(-1, 3),
+    totals = table.sum(axis=0).tolist() if len(table) else [0, 0, 0]
+    return FileRecords(index, str(docs_path), str(audit_path), str(records_path), len(table), *map(int, totals),
                        (path.url, sha) if digest else None)
 
 
-def shard_pieces(files: list[FileRecords], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
-    """Cut the record stream of all files, in order, where one sequential pass would start a new shard.
+def shard_pieces(files: list[tuple[int, str]], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
+    """Task: cut the record stream of all files, in order, where one sequential pass would start a new shard.
 
-    A shard ends after the record that brings it to `bytes_per_shard`
-    bytes of UTF-8 text or `docs_per_shard` documents; the audit rows of a record
-    belong to the shard it falls in. Returns per shard its pieces
-    (file, first document, last + 1, first audit row, last + 1).
+    `files`: (file index, its records .npy) in stream order. A shard ends after the
+    record that brings it to `bytes_per_shard` bytes of UTF-8 text or
+    `docs_per_shard` documents; the audit rows of a record belong to the shard
+    it falls in. Returns per shard its pieces (file, first document, last + 1,
+    first audit row, last + 1). The records are read RECORDS_CHUNK at a time
+    and each cut is a binary search in the chunk's running sums: memory and
+    Python work per chunk and per cut, not per record.
     """
+    import numpy as np
+
     shards: list[list[tuple[int, int, int, int, int]]] = [[]]
     shard_docs = shard_bytes = 0
-    for file in files:
+    for index, records_path in files:
+        table = np.load(records_path, mmap_mode="r")
         doc_at = audit_at = doc_from = audit_from = 0
-        for has_doc, text_bytes, audit_rows in file.records.tolist():
-            doc_at += has_doc
-            audit_at += audit_rows
-            shard_docs += has_doc
-            shard_bytes += text_bytes
-            if shard_docs >= config.docs_per_shard or shard_bytes >= config.bytes_per_shard:
-                shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
+        for first in range(0, len(table), RECORDS_CHUNK):
+            chunk = np.asarray(table[first:first + RECORDS_CHUNK])
+            docs, text, rows = (np.cumsum(chunk[:, column]) for column in range(3))
+            position = base_docs = base_bytes = 0
+            while position < len(chunk):
+                by_docs = np.searchsorted(docs[position:], config.docs_per_shard - shard_docs + base_docs, "left")
+                by_bytes = np.searchsorted(text[position:], config.bytes_per_shard - shard_bytes + base_bytes, "left")
+                cut = position + int(min(by_docs, by_bytes))
+                if cut >= len(chunk):
+                    break
+                shards[-1].append((index, doc_from, doc_at + int(docs[cut]), audit_from, audit_at + int(rows[cut])))
                 shards.append([])
-                doc_from, audit_from, shard_docs, shard_bytes = doc_at, audit_at, 0, 0
+                doc_from, audit_from = doc_at + int(docs[cut]), audit_at + int(rows[cut])
+                shard_docs = shard_bytes = 0
+                base_docs, base_bytes, position = int(docs[cut]), int(text[cut]), cut + 1
+            shard_docs += int(docs[-1]) - base_docs
+            shard_bytes += int(text[-1]) - base_bytes
+            doc_at += int(docs[-1])
+            audit_at += int(rows[-1])
+        del table
         if doc_at > doc_from or audit_at > audit_from:
-            shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
+            shards[-1].append((index, doc_from, doc_at, audit_from, audit_at))
     return shards
 
 
@@ -637,7 +671,7 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, wor
             if (published := published_under(Path(out_dir), writer.key)) is not None:  # rewritten with the same bytes
                 writer.abandon()
                 return published
-        pieces = shard_pieces(files, config)
+        pieces = next(iter(map_shards(shard_pieces, [([(f.index, f.records_path) for f in files], config)], workers, "ingest cuts", [1])))
         if len(pieces) > 1 and not pieces[-1]:
             pieces.pop()  # the stream ended exactly at a cut: no empty last shard (unless it is the only one)
         paths = {f.index: (f.docs_path, f.audit_path) for f in files}
