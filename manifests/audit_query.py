@@ -77,6 +77,19 @@ def decisions_for(run: Path, doc_id: str) -> dict[str, Any]:
     return {"id": doc_id, "final": final, "stages": trail}
 
 
+def quarantined_files(run: Path) -> list[dict[str, str]]:
+    """The input files ingest left out whole (`on_bad_file = "quarantine"`): [{"file", "uri", "reason"}], in audit order."""
+    stages = [(s, m) for s, m in completed_stages(run) if s.stage == "ingest"]
+    if not stages:
+        return []
+    _, manifest = stages[0]
+    files = []
+    for audit_file in manifest.files("audit"):
+        table = pq.read_table(manifest.path_of(audit_file), columns=["rule", "detail"], filters=[("rule", "=", "ingest_bad_file")])
+        files.extend(json.loads(detail) for detail in table.column("detail").to_pylist())
+    return files
+
+
 def find_documents(run: Path, key: str) -> list[dict[str, Any]]:
     """The documents `key` names: a HyMo id, else the user's own id (`meta.record_id`) or a URL, looked up
     in the first document stage (ingest): its documents and the audit rows of what it removed.

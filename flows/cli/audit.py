@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from manifests.audit_query import decisions_for, find_documents, funnel, sample_removed
+from manifests.audit_query import decisions_for, find_documents, funnel, quarantined_files, sample_removed
 
 from flows.cli.funnel import print_funnel
 from flows.console import console
@@ -19,7 +19,17 @@ def cmd_audit_summary(args: argparse.Namespace) -> int:
         print(json.dumps(funnel(Path(args.run)), indent=2))
     else:
         print_funnel(Path(args.run))
+        print_quarantined(Path(args.run))
     return 0
+
+
+def print_quarantined(run: Path) -> None:
+    """The input files ingest left out whole, one line each: file and reason."""
+    files = quarantined_files(run)
+    if files:
+        console.print(f"quarantined input files ({len(files)}, [ingest] on_bad_file = \"quarantine\"):", markup=False)
+        for entry in files:
+            console.print(f"  {entry['file']}: {entry['reason']}", markup=False, overflow="fold")
 
 
 def cmd_audit_why(args: argparse.Namespace) -> int:

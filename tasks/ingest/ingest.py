@@ -6,7 +6,10 @@ the record of a WARC), so they survive re-runs, other machines and other shard
 sizes, and two snapshot files holding the same URL at the same line get two ids.
 The record's own id (`id_field` of the spec; a WARC record's WARC-Record-ID) is kept
 in `meta.record_id`. A broken *record* is quarantined with a rule; a broken *file*
-(truncated gzip, unreadable Parquet) fails the stage before anything is published.
+(truncated gzip, unreadable Parquet) fails the stage before anything is published,
+naming every broken file of the run (`on_bad_file = "fail"`, the default), or, with
+`on_bad_file = "quarantine"`, is left out whole with one audit row
+`ingest_bad_file` (file, reason) while the other files are ingested.
 A source path may be an fsspec URL (s3://bucket/prefix, gs://, hf://, ...):
 its files are listed and streamed through fsspec (tasks/ingest/source_fs.py), and a
 file's path inside the source, hence every id, is the same as from a local copy.
@@ -38,7 +41,7 @@ import tempfile
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -69,6 +72,9 @@ class IngestConfig:
     bytes_per_shard: int = 128_000_000
     docs_per_shard: int = 100_000
     parquet_batch_rows: int = 1024  # streaming batch for Parquet / HF sources
+    # A file that cannot be read whole (truncated download, unreadable Parquet): "fail" stops the stage naming
+    # every such file of the run; "quarantine" leaves each out with an `ingest_bad_file` audit row and goes on.
+    on_bad_file: Literal["fail", "quarantine"] = "fail"
 
 
 @dataclass
@@ -500,6 +506,7 @@ class FileRecords:
     text_bytes: int
     audit_rows: int
     digest: tuple[str, str] | None = None  # (url, sha256) of a remote file hashed while it was read
+    bad: str = ""  # why the file cannot be read (its documents are left out, one audit row says so)
 
 
 def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str,
@@ -514,9 +521,43 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
     docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.parquet", Path(parts_dir) / f"{index:06d}.audit.parquet"
     records_path = Path(parts_dir) / f"{index:06d}.records.npy"
     docs_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
+    bad = ""
+    try:
+        records = write_file_parts(spec, path, config, byte_range, tmp_docs, tmp_audit)
+    except InputFileError as exc:  # the whole file is left out: no document of it, one row saying why
+        bad = str(exc)
+        records = [(0, 0, 1)]
+        pq.write_table(DOC_SCHEMA.empty_table(), tmp_docs)
+        pq.write_table(audit_table([bad_file_row(spec, path, byte_range, bad)]), tmp_audit)
+    table = np.asarray(records, dtype=np.int64).reshape(-1, 3)
+    with open(records_path.with_suffix(".tmp"), "wb") as handle:
+        np.save(handle, table)
+    os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites all three from the start
+    os.replace(tmp_audit, audit_path)
+    os.replace(records_path.with_suffix(".tmp"), records_path)
+    sha = None
+    if digest:  # complete unless no reader opened the file (then it is hashed apart, a second read)
+        sha = (not bad and path.tap.hexdigest()) or remote_digest(path, spec.name)
+    totals = table.sum(axis=0).tolist() if len(table) else [0, 0, 0]
+    return FileRecords(index, str(docs_path), str(audit_path), str(records_path), len(table), *map(int, totals),
+                       (path.url, sha) if digest else None, bad)
+
+
+def bad_file_row(spec: SourceSpec, path: Path | RemoteFile, byte_range: tuple[int, int, int] | None, reason: str) -> dict[str, Any]:
+    """The audit row of a file (or byte range) that cannot be read: an id of its own, the file and why."""
+    file, uri = relative_file(spec, path), relative_uri(spec, path)
+    if byte_range is not None:
+        uri += f"#bytes={byte_range[0]}-{byte_range[1]}"
+    return {"id": make_doc_id(spec.name, spec.snapshot, file, uri, -1), "stage": STAGE, "action": "removed", "rule": "ingest_bad_file",
+            "detail": {"file": file, "uri": uri, "reason": reason}}
+
+
+def write_file_parts(spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, byte_range: tuple[int, int, int] | None,
+                     tmp_docs: Path, tmp_audit: Path) -> list[tuple[int, int, int]]:
+    """Stream one file's documents and audit rows into the two files; its per-record accounting."""
     records: list[tuple[int, int, int]] = []  # this task's own accounting, one file's worth; written to records_path
     docs, audit = [], []
-    tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
     with pq.ParquetWriter(tmp_docs, DOC_SCHEMA) as doc_writer, pq.ParquetWriter(tmp_audit, AUDIT_SCHEMA) as audit_writer:
         for raw in iter_source(spec, [path], config) if byte_range is None else read_jsonl(spec, path, byte_range):
             doc, rows = to_document(spec, raw)
@@ -534,18 +575,7 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
             doc_writer.write_table(docs_table(docs))
         if audit:
             audit_writer.write_table(audit_table(audit))
-    table = np.asarray(records, dtype=np.int64).reshape(-1, 3)
-    with open(records_path.with_suffix(".tmp"), "wb") as handle:
-        np.save(handle, table)
-    os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites all three from the start
-    os.replace(tmp_audit, audit_path)
-    os.replace(records_path.with_suffix(".tmp"), records_path)
-    sha = None
-    if digest:  # complete unless no reader opened the file (then it is hashed apart, a second read)
-        sha = path.tap.hexdigest() or remote_digest(path, spec.name)
-    totals = table.sum(axis=0).tolist() if len(table) else [0, 0, 0]
-    return FileRecords(index, str(docs_path), str(audit_path), str(records_path), len(table), *map(int, totals),
-                       (path.url, sha) if digest else None)
+    return records
 
 
 def shard_pieces(files: list[tuple[int, str]], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
@@ -664,6 +694,10 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, wor
     try:
         jobs = file_jobs(plan, config, str(parts_dir), workers, frozenset(deferred))
         files = sorted(map_shards(ingest_file, jobs, workers, STAGE, [1] * len(jobs)), key=lambda f: f.index)
+        bad = [f.bad for f in files if f.bad]
+        if bad and config.on_bad_file != "quarantine":
+            raise InputFileError(f"{len(bad)} input file{'s' if len(bad) > 1 else ''} cannot be read, nothing was published: " + "; ".join(bad)
+                                 + ' ([ingest] on_bad_file = "quarantine" leaves them out with an audit row)')
         if deferred:
             for url, sha in (f.digest for f in files if f.digest):
                 inputs[deferred[url]]["sha256"] = sha
