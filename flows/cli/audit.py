@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from manifests.audit_query import decisions_for, find_documents, funnel, quarantined_files, sample_removed
+from manifests.staleness import stale_stages
 
 from flows.cli.funnel import print_funnel
 from flows.console import console
@@ -20,6 +21,8 @@ def cmd_audit_summary(args: argparse.Namespace) -> int:
     else:
         print_funnel(Path(args.run))
         print_quarantined(Path(args.run))
+        for entry in stale_stages(Path(args.run)):
+            console.print(f"! {entry.line()}", markup=False, soft_wrap=True)
     return 0
 
 
@@ -29,7 +32,7 @@ def print_quarantined(run: Path) -> None:
     if files:
         console.print(f"quarantined input files ({len(files)}, [ingest] on_bad_file = \"quarantine\"):", markup=False)
         for entry in files:
-            console.print(f"  {entry['file']}: {entry['reason']}", markup=False, overflow="fold")
+            console.print(f"  {entry['file']}: {entry['reason']}", markup=False, soft_wrap=True)
 
 
 def cmd_audit_why(args: argparse.Namespace) -> int:
