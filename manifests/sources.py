@@ -31,7 +31,7 @@ class SourceSpec:
     snapshot: str
     license: str
     profile: str = "web"
-    langs: tuple[str, ...] = ("en",)
+    langs: tuple[str, ...] = ()  # languages kept from this source besides [langid] langs; none declared: only those
     glob: str = "**/*"
     url_prefix: str = ""
     text_field: str = "text"
@@ -70,7 +70,7 @@ def parse_spec(raw: dict, base_dir: Path, where: str) -> SourceSpec:
     if unknown:
         raise SourceSpecError(f"{where}: unknown keys {sorted(unknown)}")
     values = dict(raw)
-    values["langs"] = tuple(values.get("langs", ("en",)))
+    values["langs"] = tuple(values.get("langs", ()))
     return SourceSpec(**values, base_dir=str(base_dir))
 
 

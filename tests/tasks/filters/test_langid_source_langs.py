@@ -38,5 +38,7 @@ def test_the_pipeline_fills_each_sources_langs_from_its_spec(tmp_path: Path) -> 
     filled = langid_config(config)
     assert filled.source_langs == {"de-news": ("de",), "generated": ("en",)}
     assert filled.wanted("de-news") == ("en", "de") and filled.wanted("other") == ("en",)
+    spec.write_text(spec.read_text(encoding="utf-8").replace('langs = ["de"]\n', ""), encoding="utf-8")  # none declared: only [langid] langs
+    assert langid_config(config.model_copy(update={"langid": LangIdConfig(langs=("de",))})).wanted("de-news") == ("de",)
     sample = PipelineConfig.model_validate({"sources": ["multilingual"], "langid": {"source_langs": {"multilingual": []}}})
     assert langid_config(sample).wanted("multilingual") == ("en", "zh")
