@@ -107,9 +107,9 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
         "seed": config.seed,
     }
     corpus = write_corpus_manifest(work_dir / CORPUS_FILE, payload)
-    artifacts: list[tuple[str, int | None]] = [(TOKENIZER_FILE, vocab_size), (CORPUS_FILE, None), (VALIDATION_DOCUMENTS, documents_table["rows"])]
-    for shard in train + validation:
-        artifacts += [(shard["path"], shard["tokens"]), (shard["index_path"], shard["documents"])]
+    artifacts: list[tuple] = [(TOKENIZER_FILE, vocab_size), (CORPUS_FILE, None), (VALIDATION_DOCUMENTS, documents_table["rows"])]
+    for shard in train + validation:  # hashed by the tasks that wrote them: not read again on the flow host
+        artifacts += [(shard["path"], shard["tokens"], shard["sha256"]), (shard["index_path"], shard["documents"], shard["index_sha256"])]
     return artifacts, {"corpus_digest": corpus["digest"], "dtype": dtype.name, "train_tokens": payload["train_tokens"],
                        "validation_tokens": payload["validation"]["tokens"]}
 

@@ -140,10 +140,14 @@ class StageWriter:
     def add_result(self, result: ShardResult) -> None:
         self.results.append(result)
 
-    def add_artifact(self, relpath: str, rows: int | None = None) -> None:
-        """Register an extra file the stage wrote under its work directory (e.g. a removal list)."""
+    def add_artifact(self, relpath: str, rows: int | None = None, sha256: str | None = None) -> None:
+        """Register an extra file the stage wrote under its work directory (e.g. a removal list).
+
+        `sha256`: the digest the task that wrote the file computed from the bytes it wrote; given, the file is
+        not read again here (the flow host would hash every token file serially), and `manifest show --verify`
+        still hashes it."""
         path = self.work_dir / relpath
-        self.artifacts.append(OutputFile(relpath, sha256_file(path), rows, "artifact"))
+        self.artifacts.append(OutputFile(relpath, sha256 or sha256_file(path), rows, "artifact"))
 
     def counts(self) -> dict[str, Any]:
         actions: dict[str, Counter] = {"removed": Counter(), "modified": Counter(), "routed": Counter()}
@@ -643,7 +647,7 @@ def run_artifact_stage(
     """Run a stage that publishes artifacts (a tokenizer, tables, token files) instead of document shards.
 
     `build(work_dir)` writes its files under `work_dir` and returns
-    ([(relative path, rows or None)], manifest extra). Same contract as
+    ([(relative path, rows or None[, sha256 its writer computed])], manifest extra). Same contract as
     `run_stage`: cache key over the inputs' digests, a no-op when published
     under that key, atomic publish with every file's sha256.
     """
@@ -656,8 +660,8 @@ def run_artifact_stage(
     writer = StageWriter(name, version, config_dict(config), key, inputs, out_dir)
     try:
         artifacts, extra = build(writer.work_dir)
-        for relpath, rows in artifacts:
-            writer.add_artifact(relpath, rows)
+        for artifact in artifacts:
+            writer.add_artifact(*artifact)
         return writer.publish(extra)
     except BaseException:
         writer.abandon()
