@@ -8,7 +8,7 @@ the first stage, every worker checks each path, and the run directory by a
 probe file the flow host has just written (same path, same token: same mount).
 It also checks what stages do on that mount (STORAGE_NEEDS): publish a stage by
 renaming a directory (atomically, within one directory), lock a file with flock
-(the run lock, spill files), and memory-map files (dedup_fuzzy's labels, token
+(the run lock), and memory-map files (dedup_fuzzy's labels, token
 files); an object-store FUSE mount that fakes any of these is refused, not met
 later as a corrupt stage. And it compares the worker's code with the flow host's
 (tasks/runner/code_version.py): a worker running other code would compute other bytes.
