@@ -55,7 +55,7 @@ def test_fuzzy_dedup_never_keeps_a_document_in_favour_of_itself(tmp_path: Path) 
     assert removed[0]["id"] not in read_stage_docs(fuzzy.directory).column("id").to_pylist()
 
 
-def test_audit_why_finds_a_document_by_id_by_its_own_id_and_by_url(tmp_path: Path) -> None:
+def test_audit_why_finds_a_document_by_id_by_its_own_id_and_by_url(tmp_path: Path, capsys) -> None:
     spec = load_spec_file(two_snapshots(tmp_path))
     run = tmp_path / "run"
     ingest = run_ingest([spec], IngestConfig(docs_per_shard=1), run / "01_ingest", workers=1)
@@ -68,3 +68,12 @@ def test_audit_why_finds_a_document_by_id_by_its_own_id_and_by_url(tmp_path: Pat
     finals = sorted(decisions_for(run, match["id"])["final"] for match in by_url)
     assert finals == ["kept", "removed at dedup_exact (exact_duplicate)"]
     assert find_documents(run, "https://nowhere.example/") == []
+    from flows.cli import main
+
+    capsys.readouterr()
+    assert main(["audit", "why", str(run), URL]) == 0
+    listed = capsys.readouterr().out
+    assert "2 documents match" in listed and all(m["id"] in listed for m in by_url)
+    assert main(["audit", "why", str(run), "CC-2024-18/0"]) == 0
+    assert by_own[0]["id"] in capsys.readouterr().out
+    assert main(["audit", "why", str(run), "https://nowhere.example/"]) == 1
