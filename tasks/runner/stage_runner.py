@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import json
 import os
 import shutil
 import sys
@@ -93,12 +94,27 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}"
 
 
+def duplicate_described(kept: pa.Table) -> str:
+    """The first id held twice, with the URLs and origin files of its rows (what a user needs to find them)."""
+    counts = pc.value_counts(kept.column("id"))
+    doc_id = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
+    rows = kept.filter(pc.equal(kept.column("id"), doc_id)).to_pylist()
+    where = []
+    for row in rows:
+        try:
+            origin = json.loads(row.get("meta") or "{}").get("origin_file")
+        except ValueError:
+            origin = None
+        where.append(f"{row.get('url') or '?'}" + (f" in {origin}" if origin else ""))
+    return f"{doc_id} ({'; '.join(where)})"
+
+
 def check_accounting(shard: str, ids_in: pa.Array | None, kept: pa.Table, audit: pa.Table) -> None:
     """Enforce: every input id is kept or removed, exactly once; nothing appears from nowhere."""
     kept_ids = kept.column("id")
     removed_ids = pc.filter(audit.column("id"), pc.equal(audit.column("action"), "removed"))
     if pc.count_distinct(kept_ids).as_py() != len(kept_ids):
-        raise AccountingError(f"{shard}: duplicate ids among kept documents")
+        raise AccountingError(f"{shard}: duplicate ids among kept documents: {duplicate_described(kept)}")
     if pc.count_distinct(removed_ids).as_py() != len(removed_ids):
         raise AccountingError(f"{shard}: a document was removed twice")
     if pc.any(pc.is_in(removed_ids, value_set=kept_ids)).as_py():

@@ -77,3 +77,16 @@ def test_audit_why_finds_a_document_by_id_by_its_own_id_and_by_url(tmp_path: Pat
     assert main(["audit", "why", str(run), "CC-2024-18/0"]) == 0
     assert by_own[0]["id"] in capsys.readouterr().out
     assert main(["audit", "why", str(run), "https://nowhere.example/"]) == 1
+
+
+def test_a_duplicate_id_is_named_with_its_urls_and_files() -> None:
+    import pytest
+
+    from manifests.schema import AUDIT_SCHEMA, docs_table
+    from tasks.runner.stage_runner import AccountingError, check_accounting
+
+    rows = [{"id": "crawl-0000000000000001", "text": "t", "source": "crawl", "url": URL, "meta": {"origin_file": f"{snapshot}/part-000.jsonl"}}
+            for snapshot in ("CC-2024-10", "CC-2024-18")]
+    with pytest.raises(AccountingError, match=r"duplicate ids among kept documents: crawl-0000000000000001 \(https://example.org/mill in "
+                                              r"CC-2024-10/part-000.jsonl; https://example.org/mill in CC-2024-18/part-000.jsonl\)"):
+        check_accounting("part-00000", None, docs_table(rows), AUDIT_SCHEMA.empty_table())
