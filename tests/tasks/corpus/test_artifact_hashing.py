@@ -26,3 +26,22 @@ def test_the_host_hashes_no_token_file(tiny_run: Path, tmp_path: Path, monkeypat
     assert not [name for name in hashed if name.endswith((".bin", ".idx.parquet"))], hashed
     assert sorted(hashed) == ["corpus.json", "tokenizer.json", "validation_documents.parquet"]
     read_manifest(manifest.directory, verify=True, full=True)  # every recorded digest is the file's
+
+
+def test_the_host_hashes_no_plan_part_of_the_mixture(tiny_run: Path, tmp_path: Path, monkeypatch) -> None:
+    from tasks.corpus.mixture import MixtureConfig, run_mixture
+
+    hashed: list[str] = []
+
+    def counting(path, *args, **kwargs):
+        hashed.append(Path(path).name)
+        return sha256_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(stage_runner, "sha256_file", counting)
+    weights = {"prose": 0.5, "mixed": 0.5}
+    manifest = run_mixture(MixtureConfig(weights=weights, total_tokens=30_000, max_epochs=4.0), tiny_run / "04_split", tiny_run / "05_tokenizer",
+                           tmp_path / "06_mixture", workers=1)
+    assert [f.path for f in manifest.files("artifact") if f.path.startswith("plan/")]
+    # train_tokens.bin is joined region by region by several tasks: its whole-file digest is still taken here
+    assert sorted(hashed) == ["mixture.json", "train_tokens.bin"], hashed
+    read_manifest(manifest.directory, verify=True, full=True)
