@@ -6,6 +6,8 @@
 
 The recorded list (bench/sample_digests.json) was recorded on the layout move; the move's parent
 commit gave the same digests (docs/benchmarks.md, "Layout move: the sample's outputs unchanged").
+Re-recorded by this script on issue 45's document ids (they hash the snapshot and the file inside
+the source, so every id changed, and with the ids the dedup keepers, the split and every later file).
 
 Data, audit and token files are hashed byte for byte. What legitimately differs between two runs of
 equal outputs is left out, and only that: in JSON files the timings, the code version, the config's directory (the checkout's path) and the keys

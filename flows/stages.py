@@ -13,7 +13,7 @@ after the stage they name (`pipeline_stages`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from string import ascii_lowercase
 from typing import Any, Callable
@@ -25,7 +25,7 @@ from tasks.dedup.exact import DEDUP_EXACT, run_dedup_exact
 from tasks.dedup.fuzzy import DEDUP_FUZZY, run_dedup_fuzzy
 from tasks.ingest.extract import run_extract
 from tasks.ingest.ingest import run_ingest
-from tasks.filters.langid import LANGID, run_langid
+from tasks.filters.langid import LANGID, LangIdConfig, run_langid
 from tasks.corpus.mixture import run_mixture
 from tasks.filters.pii import PII, run_pii
 from tasks.filters.quality import QUALITY, run_quality
@@ -65,6 +65,15 @@ def _ingest(config: PipelineConfig, run: Path, previous: Path | None, out: Path)
     return run_ingest(config.source_specs(), config.ingest, out)
 
 
+def langid_config(config: PipelineConfig) -> LangIdConfig:
+    """[langid] with each source spec's `langs`: a source keeps its own languages besides the stage's."""
+    return replace(config.langid, source_langs={**{s.name: tuple(s.langs) for s in config.source_specs()}, **config.langid.source_langs})
+
+
+def _langid(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
+    return run_langid(langid_config(config), previous, out, config.workers)
+
+
 def _tokenizer(config: PipelineConfig, run: Path, previous: Path | None, out: Path) -> StageManifest:
     return run_tokenizer(config.tokenizer, stage_path(run, "split", config), out, dict(config.mixture.weights), config.workers)
 
@@ -89,7 +98,7 @@ STAGES: list[StageEntry] = [
     StageEntry("ingest", _ingest),
     # Extraction spreads pages (not shards) over supervised children inside one task.
     StageEntry("extract", _on_previous(run_extract, "extract")),
-    StageEntry("langid", _on_previous(run_langid, "langid"), lambda c: (LANGID, c.langid)),
+    StageEntry("langid", _langid, lambda c: (LANGID, langid_config(c))),
     StageEntry("quality", _on_previous(run_quality, "quality"), lambda c: (QUALITY, c.quality)),
     StageEntry("quality_model", _on_previous(run_quality_model, "quality_model"), lambda c: (QUALITY_MODEL, c.quality_model),
                enabled=lambda c: c.quality_model.enabled),

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from manifests.corpus import source_of_id
 from manifests.run_dir import completed_stages, find_stage
 
 TEXT_BATCH_ROWS = 1024  # upstream rows decoded at a time while snippets are looked up
@@ -74,6 +75,55 @@ def decisions_for(run: Path, doc_id: str) -> dict[str, Any]:
     if not seen_anywhere:
         raise KeyError(f"{run}: no stage has a document with id {doc_id!r}")
     return {"id": doc_id, "final": final, "stages": trail}
+
+
+def quarantined_files(run: Path) -> list[dict[str, str]]:
+    """The input files ingest left out whole (`on_bad_file = "quarantine"`): [{"file", "uri", "reason"}], in audit order."""
+    stages = [(s, m) for s, m in completed_stages(run) if s.stage == "ingest"]
+    if not stages:
+        return []
+    _, manifest = stages[0]
+    files = []
+    for audit_file in manifest.files("audit"):
+        table = pq.read_table(manifest.path_of(audit_file), columns=["rule", "detail"], filters=[("rule", "=", "ingest_bad_file")])
+        files.extend(json.loads(detail) for detail in table.column("detail").to_pylist())
+    return files
+
+
+def find_documents(run: Path, key: str) -> list[dict[str, Any]]:
+    """The documents `key` names: a HyMo id, else the user's own id (`meta.record_id`) or a URL, looked up
+    in the first document stage (ingest): its documents and the audit rows of what it removed.
+
+    Returns [{"id", "source", "file", "ordinal", "url", "record_id"}] in shard order; one entry for a
+    HyMo id, several when a URL (or a user's id) is in several files or snapshots."""
+    stages = [(s, m) for s, m in completed_stages(run) if m.files("data") or m.files("audit")]
+    if not stages:
+        return []
+    _, first = stages[0]
+    if any(_filter_file(first.path_of(f), "id", key, ["id"]).num_rows for f in first.files("data")) or any(
+            _filter_file(m.path_of(f), "id", key, ["id"]).num_rows for _, m in stages for f in m.files("audit")):
+        return [{"id": key}]
+    quoted = json.dumps(key, ensure_ascii=False)
+    found: dict[str, dict[str, Any]] = {}
+    for data_file in first.files("data"):
+        table = pq.read_table(first.path_of(data_file), columns=["id", "url", "meta"])
+        hit = pc.or_(pc.equal(table.column("url"), key), pc.match_substring(table.column("meta"), f'"record_id":{quoted}'))
+        for row in table.filter(hit).to_pylist():
+            meta = json.loads(row["meta"])
+            if row["url"] == key or meta.get("record_id") == key:
+                found.setdefault(row["id"], {"id": row["id"], "file": meta.get("origin_file"), "ordinal": meta.get("ordinal"),
+                                             "url": row["url"], "record_id": meta.get("record_id")})
+    for audit_file in first.files("audit"):
+        table = pq.read_table(first.path_of(audit_file), columns=["id", "detail"])
+        hit = pc.or_(pc.match_substring(table.column("detail"), f'"uri":{quoted}'), pc.match_substring(table.column("detail"), f'"record_id":{quoted}'))
+        for row in table.filter(hit).to_pylist():
+            detail = json.loads(row["detail"])
+            if detail.get("uri") == key or detail.get("record_id") == key:
+                found.setdefault(row["id"], {"id": row["id"], "file": detail.get("file"), "ordinal": detail.get("ordinal"),
+                                             "url": detail.get("uri"), "record_id": detail.get("record_id")})
+    for entry in found.values():
+        entry["source"] = source_of_id(entry["id"])
+    return list(found.values())
 
 
 def sample_removed(run: Path, stage: str, rule: str | None = None, n: int = 10, with_text: bool = True) -> list[dict[str, Any]]:

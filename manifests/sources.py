@@ -31,11 +31,12 @@ class SourceSpec:
     snapshot: str
     license: str
     profile: str = "web"
-    langs: tuple[str, ...] = ("en",)
+    langs: tuple[str, ...] = ()  # languages kept from this source besides [langid] langs; none declared: only those
     glob: str = "**/*"
     url_prefix: str = ""
     text_field: str = "text"
     url_field: str = "url"
+    id_field: str = "id"  # the record's own id, kept in meta.record_id (HyMo's id is unique across files and snapshots)
     description: str = ""
     base_dir: str = field(default=str(PACKAGE_DIR), compare=False)
 
@@ -50,7 +51,7 @@ class SourceSpec:
             "name": self.name, "kind": self.kind, "path": self.path, "origin": self.origin,
             "snapshot": self.snapshot, "license": self.license, "profile": self.profile,
             "langs": list(self.langs), "glob": self.glob, "url_prefix": self.url_prefix,
-            "text_field": self.text_field, "url_field": self.url_field,
+            "text_field": self.text_field, "url_field": self.url_field, "id_field": self.id_field,
         }
 
 
@@ -69,7 +70,7 @@ def parse_spec(raw: dict, base_dir: Path, where: str) -> SourceSpec:
     if unknown:
         raise SourceSpecError(f"{where}: unknown keys {sorted(unknown)}")
     values = dict(raw)
-    values["langs"] = tuple(values.get("langs", ("en",)))
+    values["langs"] = tuple(values.get("langs", ()))
     return SourceSpec(**values, base_dir=str(base_dir))
 
 

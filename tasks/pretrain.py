@@ -22,6 +22,7 @@ from typing import Any, Callable
 from hymo_core.models.configs import SAMPLE_MODEL, ModelConfig
 from hymo_core.train.config import CHECKPOINT_DIR, EXPERT_LOAD_PICTURE, LOSS_PICTURE, METRICS_FILE, SAMPLE_TRAIN, SUMMARY_FILE, TrainConfig
 from manifests.stage_manifest import StageManifest, read_manifest
+from manifests.staleness import refuse_stale_corpus
 from tasks.runner.stage_runner import run_artifact_stage, stage_cache_key
 
 STAGE = "pretrain"
@@ -139,6 +140,7 @@ def run_pretrain(config: PretrainConfig, shards_dir: Path, out_dir: Path,
     """Train on `shards_dir`'s corpus and publish `out_dir`; a no-op when already published under this key.
     `report` receives every metrics record while training (hymo_core.train.run.run_training)."""
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
+    refuse_stale_corpus(shards_dir, "pretrain")  # shards cut from a corpus an upstream rerun has changed since
     home = checkpoint_home(out_dir, shards_dir, config)
     manifest = run_artifact_stage(STAGE, VERSION, asdict(config), [shards_dir], out_dir,
                                   lambda work_dir: build_pretrain(config, shards_dir, work_dir, home, report))

@@ -14,6 +14,10 @@ console = Console()
 
 def cmd_train(args: argparse.Namespace) -> int:
     from hymo_core.train.run import train_from_args
+    from manifests.staleness import refuse_stale_corpus
+
+    if args.corpus:
+        refuse_stale_corpus(args.corpus, "training")  # one line naming the stale stage and the rerun that refreshes it
 
     if args.nproc:
         from hymo_core.distributed.launch import LaunchError

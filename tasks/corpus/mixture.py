@@ -159,7 +159,7 @@ def last_of_group(group: Group, bin_index: int, tokens_before: int, budget: floa
 
 def plan_training_side(split_dir: Path, tokenizer_path: Path, config: MixtureConfig, work_dir: Path,
                        workers: int) -> tuple[list[tuple[str, int]], dict[str, Any], int]:
-    """Tokenise, rank and plan the training side (repeat_plan steps 1-4): plan parts [(path under work_dir, rows)],
+    """Tokenise, rank and plan the training side (repeat_plan steps 1-4): plan parts [(path under work_dir, rows, sha256)],
     the realised table, and the tokens written."""
     spill_dir, rank_dir = work_dir / SPILL_DIR, work_dir / RANK_DIR
     spill_dir.mkdir(parents=True, exist_ok=True)
@@ -201,12 +201,12 @@ def plan_ranked(ranked: list[RankedShard], config: MixtureConfig, work_dir: Path
                  for index, shard in enumerate(ranked)]
     planned = list(map_shards(shard_plan, plan_jobs, workers, "mixture: plan", [shard.rows for shard in ranked]))
     contributed: dict[Group, int] = defaultdict(int)
-    for _, _, by_group in planned:
+    for _, _, by_group, _ in planned:
         for g, n in by_group.items():
             contributed[g] += n
     realised = {g: {"target": targets[g], "contributed": contributed[g], "capped": unique[g] > 0 and targets[g] / unique[g] > config.max_epochs}
                 for g in groups}
-    parts = sorted((str(Path(path).relative_to(work_dir)), rows) for path, rows, _ in planned)
+    parts = sorted((str(Path(path).relative_to(work_dir)), rows, sha256) for path, rows, _, sha256 in planned)
     return parts, realised_table(unique, weights, realised, total, config), int(offsets[-1])
 
 

@@ -26,6 +26,7 @@ The files are the bytes one in-memory sort and one sequential cut give.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -168,9 +169,11 @@ def write_shard(layout: ShardLayout, tokens_path: str, dtype_name: str, out_dir:
     if fill != layout.tokens:
         raise ValueError(f"{tokens_path}: shard {layout.name} got {fill} tokens where {layout.tokens} were planned; nothing was published")
     bin_path, idx_path = Path(out_dir) / f"{layout.name}.bin", Path(out_dir) / f"{layout.name}.idx.parquet"
-    atomic_write_bytes(bin_path, buffer.tobytes())
+    data = buffer.tobytes()
+    atomic_write_bytes(bin_path, data)
     atomic_write_parquet(idx_path, pa.table(index, schema=INDEX_SCHEMA))
-    return {"name": layout.name, "tokens": fill, "documents": len(index["doc_id"]), "sha256": sha256_file(bin_path),
+    # hashed here, once, from the bytes just written: the stage's manifest takes these digests as they are
+    return {"name": layout.name, "tokens": fill, "documents": len(index["doc_id"]), "sha256": hashlib.sha256(data).hexdigest(),
             "index_sha256": sha256_file(idx_path)}
 
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from manifests.atomic import atomic_write_parquet
+from manifests.digest import sha256_file
 from tasks.corpus.split import seeded_rank
 from tasks.dedup.minhash import write_checked_array
 from tasks.dedup.near_dup_files import Slice
@@ -170,8 +171,9 @@ def cut_in_bin(group: Group, bin_index: int, tokens_before: int, budget: float, 
     return int(rank[last]), int(shard[last]), int(row[last])
 
 
-def shard_plan(shard: RankedShard, shard_index: int, cuts: dict[Group, GroupCut], offset: int, path: str) -> tuple[str, int, dict[Group, int]]:
-    """Step 4, one shard: its plan part (counts + repeats + offset, in row order) and contributed tokens per group."""
+def shard_plan(shard: RankedShard, shard_index: int, cuts: dict[Group, GroupCut], offset: int, path: str) -> tuple[str, int, dict[Group, int], str]:
+    """Step 4, one shard: its plan part (counts + repeats + offset, in row order), contributed tokens per group, and the
+    part's sha256 (hashed here, so the stage's manifest need not read it again on the flow host)."""
     spill = SpillFiles()
     try:
         ranked = read_table_slices(spill, [block.slice for block in shard.blocks], RANKED_SCHEMA)
@@ -197,4 +199,4 @@ def shard_plan(shard: RankedShard, shard_index: int, cuts: dict[Group, GroupCut]
     plan = ranked.select(COUNT_SCHEMA.names).append_column("repeats", pa.array(repeats, pa.int32()))
     plan = plan.append_column("offset", pa.array(offset + np.cumsum(tokens) - tokens, pa.int64()))
     atomic_write_parquet(Path(path), plan)
-    return path, plan.num_rows, contributed
+    return path, plan.num_rows, contributed, sha256_file(Path(path))

@@ -107,15 +107,18 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
         "seed": config.seed,
     }
     corpus = write_corpus_manifest(work_dir / CORPUS_FILE, payload)
-    artifacts: list[tuple[str, int | None]] = [(TOKENIZER_FILE, vocab_size), (CORPUS_FILE, None), (VALIDATION_DOCUMENTS, documents_table["rows"])]
-    for shard in train + validation:
-        artifacts += [(shard["path"], shard["tokens"]), (shard["index_path"], shard["documents"])]
+    artifacts: list[tuple] = [(TOKENIZER_FILE, vocab_size), (CORPUS_FILE, None), (VALIDATION_DOCUMENTS, documents_table["rows"])]
+    for shard in train + validation:  # hashed by the tasks that wrote them: not read again on the flow host
+        artifacts += [(shard["path"], shard["tokens"], shard["sha256"]), (shard["index_path"], shard["documents"], shard["index_sha256"])]
     return artifacts, {"corpus_digest": corpus["digest"], "dtype": dtype.name, "train_tokens": payload["train_tokens"],
                        "validation_tokens": payload["validation"]["tokens"]}
 
 
 def corpus_sources(split_dir: Path, kept_docs: dict[str, int], mixture_table: dict[str, Any], tokenizer_stats: dict[str, Any], validation: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
-    """Per source: provenance, filters with counts, kept documents/tokens, weight, epochs, compression."""
+    """Per source: provenance, filters with counts, kept documents/tokens, weight, epochs, compression.
+
+    Every ingested source has a row, in the mixture's order and then ingestion's: one whose every
+    document was removed keeps its licence and removal counts, with zero documents and tokens."""
     run = split_dir.parent
     numbered = STAGE_DIR_RE.match(split_dir.name)
     provenance, ingested = source_provenance(run), ingested_by_source(run)
@@ -140,6 +143,13 @@ def corpus_sources(split_dir: Path, kept_docs: dict[str, int], mixture_table: di
             "chars_per_token": compression.get(name, {}).get("chars_per_token"),
             "tokens_per_word": compression.get(name, {}).get("tokens_per_word"),
         })
+    listed = {row["source"] for row in rows}
+    for name in provenance:  # every document of it removed: still on the record, with its licence and removals
+        if name not in listed:
+            rows.append({"source": name, **provenance[name], "documents_ingested": ingested.get(name, 0), "filters": filters.get(name, {}),
+                         "train_documents": 0, "train_unique_tokens": 0, "validation_documents": 0, "validation_tokens": 0,
+                         "weight": 0.0, "epochs": 0.0, "tokens_contributed": 0, "shortfall_tokens": 0,
+                         "chars_per_token": None, "tokens_per_word": None})
     return rows
 
 

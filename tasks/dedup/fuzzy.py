@@ -16,7 +16,10 @@ Members with identical shingle sets are interchangeable (same Jaccard with
 everyone else), so a mass-copied page is folded to one member first; a
 bucket of 64 or more members then gets the exact Jaccard of all its pairs in
 bulk (tasks/dedup/pair_jaccard.py), which has no miss probability at all and is
-what makes a templated site affordable. Only a bucket that still has more
+what makes a templated site affordable. A bucket of 2,048 or more members is
+first linked as a star to bucket leaders with verified edges
+(tasks/dedup/lsh_buckets.py: ~one comparison a member for a mirrored site,
+not m²/2); one with 256 families or more goes on as below. Only a bucket that still has more
 than `max_bucket_members` members after folding falls back to pairing each
 member with the first and its neighbour; every pair that fallback skips is
 counted (`fallback_skipped_pairs`) and logged.

@@ -12,6 +12,18 @@ seen whole by one task, and what a bucket yields depends only on its members:
   verified later, once per pair, by the task that owns the pair's smaller rank
   (tasks/dedup/near_dup_links.py): a true near-copy collides in several bands and
   would otherwise be verified in each;
+* a bucket of STAR_FROM members or more (after folding) is first linked as a
+  star: members in rank order, each compared with the bucket's leaders so far
+  (fingerprints first, then the exact Jaccard of those that agree), joined by a
+  verified edge to every leader it matches, or becoming a leader itself. A mass
+  of near-identical pages (a mirrored site) is then ~m comparisons, not m²/2.
+  A member that matches two leaders links their families, as all pairs would, and
+  a new leader meets every earlier member once; two non-leaders of two leaders'
+  families that match only each other would not be linked, which is why the
+  star is kept for buckets that are one family or a few: once STAR_LEADERS
+  leaders exist the bucket is not such a mass (a templated site's pages are all
+  below the threshold with each other), the star stops, its edges stay, and the
+  bucket goes through the paths below;
 * a bucket still larger than `max_bucket_members` after folding yields only
   each member's pairs with the first member and with its neighbour (audited:
   the skipped pairs are counted).
@@ -36,6 +48,8 @@ from tasks.dedup.slice_index import indexed_slice, write_slice_index
 from tasks.dedup.spill_reader import SpillFiles
 
 FOLD_IDENTICAL_FROM = 64  # buckets from this size fold identical shingle sets, then count all pairs' Jaccards in bulk
+STAR_FROM = 2048  # buckets from this size (after folding) are first linked as a star to leaders
+STAR_LEADERS = 256  # leaders beyond which a bucket is not a near-identical mass: the star stops
 EDGE_BUFFER = 1 << 20  # edges held before they are reduced (a near-identical mass yields ~m²/2 of them)
 log = logging.getLogger(__name__)
 
@@ -81,7 +95,8 @@ class BucketLinker:
         self.edges: list[np.ndarray] = []
         self.buffered_edges = 0
         self.counts = {"buckets": 0, "largest_bucket": 0, "candidate_pairs": 0, "below_signature_agreement": 0,
-                       "folded_identical": 0, "bulk_exact_pairs": 0, "fallback_buckets": 0, "fallback_skipped_pairs": 0}
+                       "folded_identical": 0, "bulk_exact_pairs": 0, "fallback_buckets": 0, "fallback_skipped_pairs": 0,
+                       "star_buckets": 0, "star_compared_pairs": 0, "star_abandoned": 0}
 
     def link_bucket(self, members: np.ndarray) -> None:
         counts = self.counts
@@ -92,6 +107,8 @@ class BucketLinker:
         pair_count = len(members) * (len(members) - 1) // 2
         counts["candidate_pairs"] += pair_count
         if len(members) < 2:
+            return
+        if len(members) >= STAR_FROM and self.link_star(members):
             return
         if len(members) > self.config.max_bucket_members:
             self.link_fallback(members, pair_count)
@@ -132,6 +149,52 @@ class BucketLinker:
             pairs = np.asarray(folded, dtype=np.int64)
             self.add_edges(pairs[:, 0], pairs[:, 1], np.ones(len(pairs)))
         return np.asarray(kept, dtype=np.int64)
+
+    def link_star(self, members: np.ndarray) -> bool:
+        """Link a dense bucket to leaders with verified edges (see the module docstring); False if it has too many families.
+
+        Pairs compared (`star_compared_pairs`): each member with the leaders whose fingerprints agree enough with it, and
+        each new leader with the earlier members that agree with it: at most (leaders + 1) per member, ~1 in a mirror."""
+        prints = np.ascontiguousarray(self.prints_NK[members])
+        leaders: list[int] = []  # positions in `members`
+        firsts, seconds, similarities = [], [], []
+        compared, abandoned = 0, False
+        for position in range(len(members)):
+            matched = False
+            if leaders:
+                ahead = np.asarray(leaders)
+                agreeing = ahead[np.count_nonzero(prints[ahead] == prints[position], axis=1) >= self.minimum]
+                if not len(agreeing) or not self._star_edges(members, position, agreeing, firsts, seconds, similarities):
+                    # no leader matches: it will lead, so it meets every earlier member once (an earlier near-copy of it
+                    # that joined another leader is linked here)
+                    earlier = np.arange(position)
+                    earlier = earlier[np.count_nonzero(prints[:position] == prints[position], axis=1) >= self.minimum]
+                    compared += len(earlier)
+                    if len(earlier):
+                        self._star_edges(members, position, earlier, firsts, seconds, similarities)
+                else:
+                    matched = True
+                compared += len(agreeing)
+            if not matched:
+                if len(leaders) >= STAR_LEADERS:
+                    abandoned = True
+                    break
+                leaders.append(position)
+        self.counts["star_abandoned" if abandoned else "star_buckets"] += 1
+        self.counts["star_compared_pairs"] += compared
+        if firsts:  # verified either way: they stay when the bucket goes on to the other paths
+            self.add_edges(np.concatenate(firsts), np.concatenate(seconds), np.concatenate(similarities))
+        return not abandoned
+
+    def _star_edges(self, members: np.ndarray, position: int, partners: np.ndarray, firsts: list, seconds: list, similarities: list) -> bool:
+        """Verified edges from members[position] to those `partners` (positions, all before it) at the threshold; whether any."""
+        jaccard = self.shingle_sets.jaccards(int(members[position]), members[partners].tolist())
+        hit = jaccard >= self.config.jaccard_threshold
+        if hit.any():
+            firsts.append(members[partners[hit]])
+            seconds.append(np.full(int(hit.sum()), members[position], np.int64))
+            similarities.append(jaccard[hit])
+        return bool(hit.any())
 
     def link_exactly(self, members: np.ndarray, pair_count: int) -> bool:
         """Exact Jaccard of every pair of a large bucket in bulk (tasks/dedup/pair_jaccard.py); False if too dense for that."""

@@ -9,7 +9,7 @@ are langid_empty_text, langid_low_score or langid_unwanted_lang.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,13 @@ class LangIdConfig:
     min_score: float = 0.65  # keep when the top score is strictly above this (FineWeb, seed 001)
     top_k: int = 3  # runner-up languages recorded in the audit detail
     model_path: str = ""  # empty: manifests/models/lid.176.ftz
+    # source -> its spec's `langs`, kept from that source besides `langs` (a source with langs = ["de"] keeps German);
+    # filled from the run's source specs by the pipeline (flows/stages.py)
+    source_langs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def wanted(self, source: str) -> tuple[str, ...]:
+        """The languages kept from `source`: the stage's and its spec's."""
+        return self.langs + tuple(lang for lang in self.source_langs.get(source, ()) if lang not in self.langs)
 
 
 class LangIdModelMissing(ModelFileMissing):
@@ -57,8 +64,10 @@ def predict_languages(text: str, model: Any, k: int) -> list[tuple[str, float]]:
     return [(label.removeprefix(LABEL_PREFIX), min(1.0, float(score))) for label, score in zip(labels, scores)]
 
 
-def langid_decision(text: str, model: Any, config: LangIdConfig) -> dict[str, Any]:
-    """Keep/drop for one document: rule (None when kept), measured top score, threshold, languages."""
+def langid_decision(text: str, model: Any, config: LangIdConfig, wanted: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Keep/drop for one document: rule (None when kept), measured top score, threshold, languages.
+    `wanted`: the languages kept from its source (default: the stage's `langs`)."""
+    wanted = config.langs if wanted is None else wanted
     if not one_line(text):
         return {"keep": False, "rule": "langid_empty_text", "lang": None, "score": 0.0, "threshold": config.min_score, "top": []}
     top = predict_languages(text, model, max(1, config.top_k))
@@ -66,7 +75,7 @@ def langid_decision(text: str, model: Any, config: LangIdConfig) -> dict[str, An
     decision = {"keep": True, "rule": None, "lang": lang, "score": score, "threshold": config.min_score, "top": top}
     if score <= config.min_score:
         decision.update(keep=False, rule="langid_low_score")
-    elif "*" not in config.langs and lang not in config.langs:
+    elif "*" not in wanted and lang not in wanted:
         decision.update(keep=False, rule="langid_unwanted_lang")
     return decision
 
@@ -77,13 +86,15 @@ def langid_shard(docs: pa.Table, config: LangIdConfig, context: Any = None) -> S
     langs: list[str | None] = []
     scores: list[float | None] = []
     audit: list[dict[str, Any]] = []
-    for doc_id, text in zip(docs.column("id").to_pylist(), docs.column("text").to_pylist()):
-        decision = langid_decision(text, model, config)
+    wanted_by_source: dict[str, tuple[str, ...]] = {}
+    for doc_id, text, source in zip(docs.column("id").to_pylist(), docs.column("text").to_pylist(), docs.column("source").to_pylist()):
+        wanted = wanted_by_source.get(source) or wanted_by_source.setdefault(source, config.wanted(source))
+        decision = langid_decision(text, model, config, wanted)
         keep_mask.append(decision["keep"])
         langs.append(decision["lang"])
         scores.append(decision["score"])
         if not decision["keep"]:
-            detail = {"lang": decision["lang"], "top": [[lang, round(score, 4)] for lang, score in decision["top"]], "wanted": list(config.langs)}
+            detail = {"lang": decision["lang"], "top": [[lang, round(score, 4)] for lang, score in decision["top"]], "wanted": list(wanted)}
             audit.append({"id": doc_id, "action": "removed", "rule": decision["rule"], "value": decision["score"], "threshold": config.min_score, "detail": detail})
     labelled = docs.set_column(docs.schema.get_field_index("lang"), "lang", pa.array(langs, pa.string()))
     labelled = labelled.set_column(labelled.schema.get_field_index("lang_score"), "lang_score", pa.array(scores, pa.float32()))

@@ -1,9 +1,15 @@
 """Ingestion: source specs in, bounded Parquet shards of documents with stable ids out.
 
-Ids are derived from source + origin URI + ordinal inside that origin (the line of
-a JSONL file, the record of a WARC), so they survive re-runs, other machines and
-other shard sizes. A broken *record* is quarantined with a rule; a broken *file*
-(truncated gzip, unreadable Parquet) fails the stage before anything is published.
+Ids are derived from the source's name and snapshot, the file's path inside the
+source, the record's URI and its ordinal inside that file (the line of a JSONL file,
+the record of a WARC), so they survive re-runs, other machines and other shard
+sizes, and two snapshot files holding the same URL at the same line get two ids.
+The record's own id (`id_field` of the spec; a WARC record's WARC-Record-ID) is kept
+in `meta.record_id`. A broken *record* is quarantined with a rule; a broken *file*
+(truncated gzip, unreadable Parquet) fails the stage before anything is published,
+naming every broken file of the run (`on_bad_file = "fail"`, the default), or, with
+`on_bad_file = "quarantine"`, is left out whole with one audit row
+`ingest_bad_file` (file, reason) while the other files are ingested.
 A source path may be an fsspec URL (s3://bucket/prefix, gs://, hf://, ...):
 its files are listed and streamed through fsspec (tasks/ingest/source_fs.py), and a
 file's path inside the source, hence every id, is the same as from a local copy.
@@ -35,7 +41,7 @@ import tempfile
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -66,6 +72,9 @@ class IngestConfig:
     bytes_per_shard: int = 128_000_000
     docs_per_shard: int = 100_000
     parquet_batch_rows: int = 1024  # streaming batch for Parquet / HF sources
+    # A file that cannot be read whole (truncated download, unreadable Parquet): "fail" stops the stage naming
+    # every such file of the run; "quarantine" leaves each out with an `ingest_bad_file` audit row and goes on.
+    on_bad_file: Literal["fail", "quarantine"] = "fail"
 
 
 @dataclass
@@ -79,11 +88,18 @@ class RawRecord:
     problem: str | None = None  # a record-level defect found while reading
     problem_detail: str = ""
     charset: str | None = None  # declared by the transport (a WARC record's HTTP Content-Type)
+    record_id: str | None = None  # the record's own id in its source (`id_field`, WARC-Record-ID)
 
 
-def make_doc_id(source: str, uri: str, ordinal: int) -> str:
-    digest = hashlib.blake2b(f"{uri}\x00{ordinal}".encode("utf-8"), digest_size=8).hexdigest()
-    return f"{source}-{digest}"
+def make_doc_id(source: str, snapshot: str, file: str, uri: str, ordinal: int) -> str:
+    """`source-<16 hex>`: unique per (snapshot, file inside the source, record), the same on every re-run."""
+    key = f"{snapshot}\x00{file}\x00{uri}\x00{ordinal}"
+    return f"{source}-{hashlib.blake2b(key.encode('utf-8'), digest_size=8).hexdigest()}"
+
+
+def record_id(value: Any) -> str | None:
+    """The user's own id of a record as a string (None when it has none)."""
+    return None if value is None or value == "" else str(value)
 
 
 def source_pattern(spec: SourceSpec) -> str:
@@ -164,7 +180,7 @@ def read_jsonl(spec: SourceSpec, path: Path, byte_range: tuple[int, int, int] | 
                 uri = record.get(spec.url_field) or f"{base_uri}#L{line_no}"
                 meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
                 content_type = meta.pop("content_type", None) or record.get("content_type") or "text"
-                yield RawRecord(str(uri), line_no, text, content_type, meta, origin)
+                yield RawRecord(str(uri), line_no, text, content_type, meta, origin, record_id=record_id(record.get(spec.id_field)))
     except (EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated ({exc})") from exc
 
@@ -239,17 +255,18 @@ def parquet_records(spec: SourceSpec, path: Path | RemoteFile, local: Any, base_
         parquet = pq.ParquetFile(local)
         if spec.text_field not in parquet.schema_arrow.names:
             raise InputFileError(f"{path}: no column {spec.text_field!r} (columns: {parquet.schema_arrow.names})")
-        columns = [c for c in (spec.text_field, spec.url_field) if c in parquet.schema_arrow.names]
+        columns = [c for c in dict.fromkeys((spec.text_field, spec.url_field, spec.id_field)) if c in parquet.schema_arrow.names]
         ordinal = 0
         for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
             texts = batch.column(spec.text_field).to_pylist()
             urls = batch.column(spec.url_field).to_pylist() if spec.url_field in columns else [None] * len(texts)
-            for text, url in zip(texts, urls):
+            own = batch.column(spec.id_field).to_pylist() if spec.id_field in columns else [None] * len(texts)
+            for text, url, own_id in zip(texts, urls, own):
                 uri = url or f"{base_uri}#row{ordinal}"
                 if not isinstance(text, str):
-                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is null")
+                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is null", record_id=record_id(own_id))
                 else:
-                    yield RawRecord(uri, ordinal, text, "text", {}, origin)
+                    yield RawRecord(uri, ordinal, text, "text", {}, origin, record_id=record_id(own_id))
                 ordinal += 1
     except (pa.ArrowException, OSError) as exc:
         raise InputFileError(f"{path}: unreadable Parquet ({exc})") from exc
@@ -270,14 +287,15 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
         with handle:
             for ordinal, record in enumerate(ArchiveIterator(handle)):
                 uri = record.rec_headers.get_header("WARC-Target-URI") or f"{base_uri}#rec{ordinal}"
+                own_id = record.rec_headers.get_header("WARC-Record-ID")
                 if record.rec_type == "response":
                     mime = (record.http_headers.get_header("Content-Type") or "") if record.http_headers else ""
                     if mime and "html" not in mime.lower():  # images, PDFs, scripts: counted, not read
-                        yield RawRecord(uri, ordinal, None, "html", {}, origin, "not_html", mime.split(";")[0].strip())
+                        yield RawRecord(uri, ordinal, None, "html", {}, origin, "not_html", mime.split(";")[0].strip(), record_id=own_id)
                         continue
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, charset=mime or None)
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, charset=mime or None, record_id=own_id)
                 elif record.rec_type == "conversion":  # WET plain text
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin)
+                    yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, record_id=own_id)
     except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated WARC ({exc})") from exc
 
@@ -310,12 +328,13 @@ def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawR
         for batch in rows:
             texts = batch[spec.text_field]
             urls = batch.get(spec.url_field) or [None] * len(texts)
-            for text, url in zip(texts, urls):
+            own = batch.get(spec.id_field) or [None] * len(texts)
+            for text, url, own_id in zip(texts, urls, own):
                 uri = url or f"hf://{spec.name}#row{ordinal}"
                 if isinstance(text, str):
-                    yield RawRecord(uri, ordinal, text, "text", {}, origin)
+                    yield RawRecord(uri, ordinal, text, "text", {}, origin, record_id=record_id(own_id))
                 else:
-                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is not a string")
+                    yield RawRecord(uri, ordinal, None, "text", {}, origin, "malformed_record", f"row {ordinal}: {spec.text_field} is not a string", record_id=record_id(own_id))
                 ordinal += 1
     except (KeyError, FileNotFoundError, ValueError) as exc:
         raise InputFileError(f"{path}: cannot read Hugging Face dataset ({exc})") from exc
@@ -339,13 +358,17 @@ def iter_source(spec: SourceSpec, files: list[Path], config: IngestConfig) -> It
 
 def to_document(spec: SourceSpec, raw: RawRecord) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """One raw record -> (document or None, audit rows)."""
-    doc_id = make_doc_id(spec.name, raw.uri, raw.ordinal)
+    doc_id = make_doc_id(spec.name, spec.snapshot, raw.origin_file, raw.uri, raw.ordinal)
     where = {"file": raw.origin_file, "uri": raw.uri, "ordinal": raw.ordinal}
+    if raw.record_id is not None:
+        where["record_id"] = raw.record_id
     if raw.problem:
         detail_key = "content_type" if raw.problem == "not_html" else "error"
         return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{raw.problem}", "detail": {**where, detail_key: raw.problem_detail}}]
     audit: list[dict[str, Any]] = []
     meta = {**raw.meta, "content_type": raw.content_type, "origin_file": raw.origin_file, "ordinal": raw.ordinal, "profile": spec.profile}
+    if raw.record_id is not None:
+        meta["record_id"] = raw.record_id
     if isinstance(raw.payload, bytes):
         decoded = decode_payload(raw.payload, raw.charset)
         if decoded.problem:
@@ -403,7 +426,7 @@ def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[P
 
 def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> dict[str, Any]:
     uri = relative_uri(spec, path)
-    return {"id": make_doc_id(spec.name, uri, 0), "action": "removed", "rule": "ingest_symlink_skipped",
+    return {"id": make_doc_id(spec.name, spec.snapshot, relative_file(spec, path), uri, 0), "action": "removed", "rule": "ingest_symlink_skipped",
             "detail": {"file": relative_file(spec, path), "uri": uri, "reason": reason, "target": target}}
 
 
@@ -463,15 +486,27 @@ def dir_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+RECORDS_CHUNK = 1 << 18  # records read at a time while cutting shards: the cut pass holds ~4 arrays of this many × 8 B (≈ 8 MB)
+
+
 @dataclass(frozen=True)
 class FileRecords:
-    """What one source file gave, in record order: per record (documents 0/1, text characters, audit rows), and where."""
+    """What one source file gave: where its documents, audit rows and per-record accounting are, and totals.
+
+    The per-record accounting (has a document, its text in UTF-8 bytes, audit rows; int64 × 3 a record)
+    stays in `records_path`, a .npy file beside the documents: the flow host holds this summary per file,
+    never a value per record, and the shard cuts are computed from those files by a task."""
 
     index: int
     docs_path: str
     audit_path: str
-    records: Any  # numpy int64, records × 3: (has a document, its text in UTF-8 bytes, audit rows)
+    records_path: str
+    records: int
+    docs: int
+    text_bytes: int
+    audit_rows: int
     digest: tuple[str, str] | None = None  # (url, sha256) of a remote file hashed while it was read
+    bad: str = ""  # why the file cannot be read (its documents are left out, one audit row says so)
 
 
 def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str,
@@ -484,10 +519,45 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
     if digest:
         path = path.digesting()
     docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.parquet", Path(parts_dir) / f"{index:06d}.audit.parquet"
+    records_path = Path(parts_dir) / f"{index:06d}.records.npy"
     docs_path.parent.mkdir(parents=True, exist_ok=True)
-    records: list[tuple[int, int, int]] = []
-    docs, audit = [], []
     tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
+    bad = ""
+    try:
+        records = write_file_parts(spec, path, config, byte_range, tmp_docs, tmp_audit)
+    except InputFileError as exc:  # the whole file is left out: no document of it, one row saying why
+        bad = str(exc)
+        records = [(0, 0, 1)]
+        pq.write_table(DOC_SCHEMA.empty_table(), tmp_docs)
+        pq.write_table(audit_table([bad_file_row(spec, path, byte_range, bad)]), tmp_audit)
+    table = np.asarray(records, dtype=np.int64).reshape(-1, 3)
+    with open(records_path.with_suffix(".tmp"), "wb") as handle:
+        np.save(handle, table)
+    os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites all three from the start
+    os.replace(tmp_audit, audit_path)
+    os.replace(records_path.with_suffix(".tmp"), records_path)
+    sha = None
+    if digest:  # complete unless no reader opened the file (then it is hashed apart, a second read)
+        sha = (not bad and path.tap.hexdigest()) or remote_digest(path, spec.name)
+    totals = table.sum(axis=0).tolist() if len(table) else [0, 0, 0]
+    return FileRecords(index, str(docs_path), str(audit_path), str(records_path), len(table), *map(int, totals),
+                       (path.url, sha) if digest else None, bad)
+
+
+def bad_file_row(spec: SourceSpec, path: Path | RemoteFile, byte_range: tuple[int, int, int] | None, reason: str) -> dict[str, Any]:
+    """The audit row of a file (or byte range) that cannot be read: an id of its own, the file and why."""
+    file, uri = relative_file(spec, path), relative_uri(spec, path)
+    if byte_range is not None:
+        uri += f"#bytes={byte_range[0]}-{byte_range[1]}"
+    return {"id": make_doc_id(spec.name, spec.snapshot, file, uri, -1), "stage": STAGE, "action": "removed", "rule": "ingest_bad_file",
+            "detail": {"file": file, "uri": uri, "reason": reason}}
+
+
+def write_file_parts(spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, byte_range: tuple[int, int, int] | None,
+                     tmp_docs: Path, tmp_audit: Path) -> list[tuple[int, int, int]]:
+    """Stream one file's documents and audit rows into the two files; its per-record accounting."""
+    records: list[tuple[int, int, int]] = []  # this task's own accounting, one file's worth; written to records_path
+    docs, audit = [], []
     with pq.ParquetWriter(tmp_docs, DOC_SCHEMA) as doc_writer, pq.ParquetWriter(tmp_audit, AUDIT_SCHEMA) as audit_writer:
         for raw in iter_source(spec, [path], config) if byte_range is None else read_jsonl(spec, path, byte_range):
             doc, rows = to_document(spec, raw)
@@ -505,38 +575,49 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
             doc_writer.write_table(docs_table(docs))
         if audit:
             audit_writer.write_table(audit_table(audit))
-    os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites both from the start
-    os.replace(tmp_audit, audit_path)
-    sha = None
-    if digest:  # complete unless no reader opened the file (then it is hashed apart, a second read)
-        sha = path.tap.hexdigest() or remote_digest(path, spec.name)
-    return FileRecords(index, str(docs_path), str(audit_path), np.asarray(records, dtype=np.int64).reshape(-1, 3),
-                       (path.url, sha) if digest else None)
+    return records
 
 
-def shard_pieces(files: list[FileRecords], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
-    """Cut the record stream of all files, in order, where one sequential pass would start a new shard.
+def shard_pieces(files: list[tuple[int, str]], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
+    """Task: cut the record stream of all files, in order, where one sequential pass would start a new shard.
 
-    A shard ends after the record that brings it to `bytes_per_shard`
-    bytes of UTF-8 text or `docs_per_shard` documents; the audit rows of a record
-    belong to the shard it falls in. Returns per shard its pieces
-    (file, first document, last + 1, first audit row, last + 1).
+    `files`: (file index, its records .npy) in stream order. A shard ends after the
+    record that brings it to `bytes_per_shard` bytes of UTF-8 text or
+    `docs_per_shard` documents; the audit rows of a record belong to the shard
+    it falls in. Returns per shard its pieces (file, first document, last + 1,
+    first audit row, last + 1). The records are read RECORDS_CHUNK at a time
+    and each cut is a binary search in the chunk's running sums: memory and
+    Python work per chunk and per cut, not per record.
     """
+    import numpy as np
+
     shards: list[list[tuple[int, int, int, int, int]]] = [[]]
     shard_docs = shard_bytes = 0
-    for file in files:
+    for index, records_path in files:
+        table = np.load(records_path, mmap_mode="r")
         doc_at = audit_at = doc_from = audit_from = 0
-        for has_doc, text_bytes, audit_rows in file.records.tolist():
-            doc_at += has_doc
-            audit_at += audit_rows
-            shard_docs += has_doc
-            shard_bytes += text_bytes
-            if shard_docs >= config.docs_per_shard or shard_bytes >= config.bytes_per_shard:
-                shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
+        for first in range(0, len(table), RECORDS_CHUNK):
+            chunk = np.asarray(table[first:first + RECORDS_CHUNK])
+            docs, text, rows = (np.cumsum(chunk[:, column]) for column in range(3))
+            position = base_docs = base_bytes = 0
+            while position < len(chunk):
+                by_docs = np.searchsorted(docs[position:], config.docs_per_shard - shard_docs + base_docs, "left")
+                by_bytes = np.searchsorted(text[position:], config.bytes_per_shard - shard_bytes + base_bytes, "left")
+                cut = position + int(min(by_docs, by_bytes))
+                if cut >= len(chunk):
+                    break
+                shards[-1].append((index, doc_from, doc_at + int(docs[cut]), audit_from, audit_at + int(rows[cut])))
                 shards.append([])
-                doc_from, audit_from, shard_docs, shard_bytes = doc_at, audit_at, 0, 0
+                doc_from, audit_from = doc_at + int(docs[cut]), audit_at + int(rows[cut])
+                shard_docs = shard_bytes = 0
+                base_docs, base_bytes, position = int(docs[cut]), int(text[cut]), cut + 1
+            shard_docs += int(docs[-1]) - base_docs
+            shard_bytes += int(text[-1]) - base_bytes
+            doc_at += int(docs[-1])
+            audit_at += int(rows[-1])
+        del table
         if doc_at > doc_from or audit_at > audit_from:
-            shards[-1].append((file.index, doc_from, doc_at, audit_from, audit_at))
+            shards[-1].append((index, doc_from, doc_at, audit_from, audit_at))
     return shards
 
 
@@ -613,6 +694,10 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, wor
     try:
         jobs = file_jobs(plan, config, str(parts_dir), workers, frozenset(deferred))
         files = sorted(map_shards(ingest_file, jobs, workers, STAGE, [1] * len(jobs)), key=lambda f: f.index)
+        bad = [f.bad for f in files if f.bad]
+        if bad and config.on_bad_file != "quarantine":
+            raise InputFileError(f"{len(bad)} input file{'s' if len(bad) > 1 else ''} cannot be read, nothing was published: " + "; ".join(bad)
+                                 + ' ([ingest] on_bad_file = "quarantine" leaves them out with an audit row)')
         if deferred:
             for url, sha in (f.digest for f in files if f.digest):
                 inputs[deferred[url]]["sha256"] = sha
@@ -620,7 +705,7 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, wor
             if (published := published_under(Path(out_dir), writer.key)) is not None:  # rewritten with the same bytes
                 writer.abandon()
                 return published
-        pieces = shard_pieces(files, config)
+        pieces = next(iter(map_shards(shard_pieces, [([(f.index, f.records_path) for f in files], config)], workers, "ingest cuts", [1])))
         if len(pieces) > 1 and not pieces[-1]:
             pieces.pop()  # the stream ended exactly at a cut: no empty last shard (unless it is the only one)
         paths = {f.index: (f.docs_path, f.audit_path) for f in files}

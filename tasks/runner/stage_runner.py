@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import json
 import os
 import shutil
 import sys
@@ -93,12 +94,27 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}"
 
 
+def duplicate_described(kept: pa.Table) -> str:
+    """The first id held twice, with the URLs and origin files of its rows (what a user needs to find them)."""
+    counts = pc.value_counts(kept.column("id"))
+    doc_id = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
+    rows = kept.filter(pc.equal(kept.column("id"), doc_id)).to_pylist()
+    where = []
+    for row in rows:
+        try:
+            origin = json.loads(row.get("meta") or "{}").get("origin_file")
+        except ValueError:
+            origin = None
+        where.append(f"{row.get('url') or '?'}" + (f" in {origin}" if origin else ""))
+    return f"{doc_id} ({'; '.join(where)})"
+
+
 def check_accounting(shard: str, ids_in: pa.Array | None, kept: pa.Table, audit: pa.Table) -> None:
     """Enforce: every input id is kept or removed, exactly once; nothing appears from nowhere."""
     kept_ids = kept.column("id")
     removed_ids = pc.filter(audit.column("id"), pc.equal(audit.column("action"), "removed"))
     if pc.count_distinct(kept_ids).as_py() != len(kept_ids):
-        raise AccountingError(f"{shard}: duplicate ids among kept documents")
+        raise AccountingError(f"{shard}: duplicate ids among kept documents: {duplicate_described(kept)}")
     if pc.count_distinct(removed_ids).as_py() != len(removed_ids):
         raise AccountingError(f"{shard}: a document was removed twice")
     if pc.any(pc.is_in(removed_ids, value_set=kept_ids)).as_py():
@@ -140,10 +156,14 @@ class StageWriter:
     def add_result(self, result: ShardResult) -> None:
         self.results.append(result)
 
-    def add_artifact(self, relpath: str, rows: int | None = None) -> None:
-        """Register an extra file the stage wrote under its work directory (e.g. a removal list)."""
+    def add_artifact(self, relpath: str, rows: int | None = None, sha256: str | None = None) -> None:
+        """Register an extra file the stage wrote under its work directory (e.g. a removal list).
+
+        `sha256`: the digest the task that wrote the file computed from the bytes it wrote; given, the file is
+        not read again here (the flow host would hash every token file serially), and `manifest show --verify`
+        still hashes it."""
         path = self.work_dir / relpath
-        self.artifacts.append(OutputFile(relpath, sha256_file(path), rows, "artifact"))
+        self.artifacts.append(OutputFile(relpath, sha256 or sha256_file(path), rows, "artifact"))
 
     def counts(self) -> dict[str, Any]:
         actions: dict[str, Counter] = {"removed": Counter(), "modified": Counter(), "routed": Counter()}
@@ -643,7 +663,7 @@ def run_artifact_stage(
     """Run a stage that publishes artifacts (a tokenizer, tables, token files) instead of document shards.
 
     `build(work_dir)` writes its files under `work_dir` and returns
-    ([(relative path, rows or None)], manifest extra). Same contract as
+    ([(relative path, rows or None[, sha256 its writer computed])], manifest extra). Same contract as
     `run_stage`: cache key over the inputs' digests, a no-op when published
     under that key, atomic publish with every file's sha256.
     """
@@ -656,8 +676,8 @@ def run_artifact_stage(
     writer = StageWriter(name, version, config_dict(config), key, inputs, out_dir)
     try:
         artifacts, extra = build(writer.work_dir)
-        for relpath, rows in artifacts:
-            writer.add_artifact(relpath, rows)
+        for artifact in artifacts:
+            writer.add_artifact(*artifact)
         return writer.publish(extra)
     except BaseException:
         writer.abandon()

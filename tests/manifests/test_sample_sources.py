@@ -54,10 +54,11 @@ def test_source_spec_is_complete_and_points_at_data(spec_path):
 def test_default_config_lists_existing_sources():
     with open(PACKAGE_DIR / "configs" / "sample.toml", "rb") as config_file:
         config = tomllib.load(config_file)
-    # Besides the sources, the sample config only switches on the optional quality classifier stage and keeps
-    # its 256-document shards.
-    assert set(config) <= {"run", "ingest", "quality_model"}
+    # Besides the sources, the sample config only switches on the optional quality classifier stage, keeps
+    # its 256-document shards and keeps only langid.langs from the multilingual source (whose spec lists all its languages).
+    assert set(config) <= {"run", "ingest", "quality_model", "langid"}
     assert config["ingest"] == {"docs_per_shard": 256}
+    assert config["langid"] == {"source_langs": {"multilingual": []}}
     assert set(config["run"]["sources"]) == {p.stem for p in SPEC_FILES}
 
 

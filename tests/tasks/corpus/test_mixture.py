@@ -26,7 +26,7 @@ def plan_mixture(tmp_path):
         shards = counts if isinstance(counts, list) else [counts]
         ranked = [rank_counts(table, f"part-{i:05d}", i, config.seed, str(work)) for i, table in enumerate(shards)]
         parts, table, _ = plan_ranked(ranked, config, work, workers)
-        return pa.concat_tables([pq.read_table(work / path) for path, _ in parts]), table
+        return pa.concat_tables([pq.read_table(work / path) for path, *_ in parts]), table
     return plan
 
 
@@ -161,7 +161,7 @@ def test_the_planning_process_holds_no_per_document_data(tmp_path):
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        assert sum(rows for _, rows in parts) == documents
+        assert sum(rows for _, rows, _ in parts) == documents
         return peak
 
     host_peak(2_000)  # imports and the worker pool, once

@@ -32,7 +32,7 @@ def test_ids_are_stable_across_runs_and_shard_sizes(tmp_path: Path, html_dir: Pa
     two, _ = ingest(tmp_path, [spec], "run_b", docs_per_shard=2)
     assert one.column("id").to_pylist() == two.column("id").to_pylist()
     assert len(read_manifest(tmp_path / "run_b").files("data")) == 3
-    assert one.column("id")[0].as_py() == make_doc_id("pages", "https://example.org/page0.html", 0)
+    assert one.column("id")[0].as_py() == make_doc_id("pages", "2026-11-29", "page0.html", "https://example.org/page0.html", 0)
 
 
 def test_outputs_load_with_hugging_face_datasets(tmp_path: Path, html_dir: Path) -> None:

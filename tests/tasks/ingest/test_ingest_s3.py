@@ -119,9 +119,12 @@ def test_s3_sources_give_the_local_runs_documents_ids_included(tmp_path, s3, ser
     assert remote_docs.num_rows > 100 and remote_docs.equals(local_docs)
     assert remote_audit.equals(local_audit)
     assert served.bytes == {"crawl/sample.warc.gz": WARC.stat().st_size, "prose/enwiki.jsonl": JSONL.stat().st_size}
-    # a prefix globbed, the file zstd-compressed: same documents by id and text
+    # a prefix globbed, the file zstd-compressed: same documents by text and URL; the JSONL's ids differ, as its
+    # path inside the source does (part/enwiki.jsonl.zst: another file, issue 45), the WARC's do not
     packed, _ = ingest(tmp_path, specs_at(tmp_path / "packed", f"s3://{BUCKET}/crawl/", f"s3://{BUCKET}/packed/", glob="**/*.jsonl*"), "packed")
-    assert packed.select(["id", "text", "url"]).equals(local_docs.select(["id", "text", "url"]))
+    assert packed.select(["text", "url"]).equals(local_docs.select(["text", "url"]))
+    same = [a == b for a, b in zip(packed.column("id").to_pylist(), local_docs.column("id").to_pylist())]
+    assert same == [doc.startswith("crawl-") for doc in local_docs.column("id").to_pylist()]
 
 
 def test_unreachable_or_empty_sources_fail_in_one_line_and_write_nothing(tmp_path, s3, monkeypatch):
