@@ -1,4 +1,11 @@
-"""The `hymo` command line: one module per command group, each with `add_commands(subparsers)`."""
+"""The `hymo` command line: one module per command group, each with `add_commands(subparsers)`.
+
+Checks that need no server (flows.preflight) run before a command imports Prefect or torch, so a
+mistake costs seconds and writes nothing.
+
+May import: `flows` modules, `manifests`, `tasks`, `hymo_core`; nothing but `flows.__main__` and the
+console script imports it.
+"""
 from __future__ import annotations
 
 import argparse

@@ -11,7 +11,7 @@ from rich.table import Table
 from manifests.run_dir import completed_stages
 from manifests.staleness import stale_stages
 
-from flows.cli import trace
+from flows.cli.trace import print_corpus_table
 from flows.console import console
 
 
@@ -32,7 +32,7 @@ def cmd_manifest_show(args: argparse.Namespace) -> int:
     console.print(table)
     for entry in stale.values():  # outputs intact, but computed from an upstream that has changed since
         console.print(f"! {entry.line()}", markup=False, soft_wrap=True)
-    trace.print_corpus_table(Path(args.run))
+    print_corpus_table(Path(args.run))
     return 1 if stale else 0
 
 
