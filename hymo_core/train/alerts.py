@@ -241,7 +241,10 @@ class AlertBook:
 
     `constants`: the run's values a threshold may name (RUN_CONSTANTS): ln_vocab, tau.
     The history holds finite values only, the last `history_length` per metric (the
-    longest window among the rules): all any statistic reads, and what a checkpoint keeps.
+    longest window among the rules), and only of metrics a zscore or growth rule reads:
+    all any statistic needs, and all a checkpoint keeps (a clock reading such as
+    max_data_wait_s, judged against a fixed threshold, stays out, so equal runs write
+    equal checkpoint bytes).
     """
 
     def __init__(self, rules: Iterable[AlertRule] = DEFAULT_ALERTS, constants: dict[str, float] | None = None):
@@ -250,14 +253,16 @@ class AlertBook:
         self.history: dict[str, list[float]] = {}
         self.fired: list[Firing] = []
         self.evals: list[tuple[float, float]] = []  # (tokens seen, held-out loss) of every eval so far
-        self.history_length = max([r.window for r in self.rules] + [1])
+        remembering = [r for r in self.rules if r.kind in ("zscore", "growth")]
+        self.history_length = max([r.window for r in remembering] + [1])
+        self.remembered = {("step:" if r.action == "skip-batch" else "") + m for r in remembering for m in r.metrics()}
 
     @property
     def checks_every_step(self) -> bool:
         return any(r.action == "skip-batch" for r in self.rules)
 
     def _remember(self, key: str, value: float) -> None:
-        if math.isfinite(value):
+        if key in self.remembered and math.isfinite(value):
             kept = self.history.setdefault(key, [])
             kept.append(float(value))
             del kept[:-self.history_length]
