@@ -40,3 +40,37 @@ def test_the_sample_recipe_at_100x_its_lr_alerts_by_step_20(tiny_run: Path, tmp_
     signals = [(r["step"], r["last_loss"], r["log_z"], r["max_attention_logit"]) for r in records if r["kind"] == "train"]
     early = {a["alert"] for a in records if a["kind"] == "alert" and a["step"] <= 20}
     assert early & {"loss above ln V", "log-Z far above ln V", "attention logits near QK-Clip's tau"}, signals
+
+
+def test_a_nan_leaves_its_alert_row_and_a_summary_that_says_what_stopped_the_run(tiny_run: Path, tmp_path: Path, monkeypatch,
+                                                                                  one_torch_thread, capsys):
+    """Fault injected on purpose: the head's output turns NaN on update 13's forward (between two logging steps)."""
+    from hymo_core.train import run as run_module
+
+    build = run_module.build_parallel_model
+
+    def poisoned(*args, **kwargs):
+        model = build(*args, **kwargs)
+        calls = [0]
+
+        def hook(module, inputs, output):
+            calls[0] += 1
+            return output * float("nan") if calls[0] == 13 and module.training else output
+
+        model.output.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(run_module, "build_parallel_model", poisoned)
+    out = tmp_path / "nan"
+    code = run_module.main(["--corpus", str(tiny_run), "--out", str(out), "--max-steps", "30", "--cloze", ""])
+    assert code == 3
+    assert "stopped: alert 'non-finite loss or gradient' fired at step 13" in capsys.readouterr().err
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    alert, = [r for r in rows if r["kind"] == "alert"]
+    assert (alert["alert"], alert["metric"], alert["step"], alert["action"], alert["value"]) == (
+        "non-finite loss or gradient", "last_loss", 13, "stop", "nan")
+    summary = json.loads((out / "summary.json").read_text())
+    # found at step 20, the next step that reads the device (trainer.DeferredChecks): no record or checkpoint after 13 was written
+    assert summary["final_step"] == 19 and not list((out / "checkpoints").glob("*.pt"))
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [10] and summary["alerts"] == [{k: v for k, v in alert.items() if k != "kind"}]
+    assert "'non-finite loss or gradient' fired at step 13" in summary["stopped_by"] and "non-finite training loss" in summary["stopped_by"]
