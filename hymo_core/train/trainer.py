@@ -112,6 +112,11 @@ class NonFiniteTraining(FloatingPointError):
         self.step, self.metric, self.value = step, metric, value
 
 
+class NonFiniteStopped(TrainingStopped, FloatingPointError):
+    """The nonfinite alert's `stop`: a TrainingStopped (run.py writes the summary) that is still the FloatingPointError
+    callers of the loop have always caught."""
+
+
 # ---------------------------------------------------------------- setup checks
 
 
@@ -177,7 +182,7 @@ class QKClip:
     def max_logit(self) -> float | None:
         return None if self.maxima_LH is None or self.maxima_LH.numel() == 0 else float(self.maxima_LH.max())
 
-    def validate(self, step: int) -> None:
+    def validate(self, step: int = 0) -> None:
         """Before the optimizer mutates anything: a non-finite observation is a failed attempt."""
         if self.enabled and self.maxima_LH is not None and not bool(torch.isfinite(self.maxima_LH).all()):
             raise NonFiniteTraining("non-finite attention logit observed; refusing the optimizer step", step, "max_attention_logit")
@@ -631,7 +636,7 @@ def train(
         if hooks.on_alert:
             hooks.on_alert(firing.to_record())
         if firing.action == "stop":
-            raise TrainingStopped(f"alert {firing.alert!r} fired at step {firing.step} ({exc}): action stop") from exc
+            raise NonFiniteStopped(f"alert {firing.alert!r} fired at step {firing.step} ({exc}): action stop") from exc
         raise
     finally:
         model.set_attention_probe(False)
