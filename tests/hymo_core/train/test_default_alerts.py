@@ -30,8 +30,8 @@ def test_a_healthy_sample_run_logs_no_alert(tiny_run: Path, tmp_path: Path, one_
     records = sample_run(tiny_run, tmp_path / "healthy", max_steps=60)
     train_rows = [r for r in records if r["kind"] == "train"]
     assert len(train_rows) == 6 and all(r["max_attention_logit"] > 0 for r in train_rows)
-    # the old "growth > 2" rule's trigger: the logits grow from their small start by more than 2x on this run
     logits = [r["max_attention_logit"] for r in train_rows]
+    assert max(logits) > 2 * min(logits) and max(logits) < 10  # what made the old ratio rule fire: small logits that double
     assert [r for r in records if r["kind"] == "alert"] == [], (logits, [r["last_loss"] for r in train_rows])
 
 
