@@ -220,8 +220,9 @@ def forecast_if_due(tokens: Sequence[float], losses: Sequence[float], target_tok
     return forecast_loss(tokens, losses, target_tokens, samples, seed)
 
 
-def observed_band(tokens: Sequence[float], losses: Sequence[float], at_tokens: float, samples: int = 50, seed: int = 0) -> tuple[float, float] | None:
+def observed_band(tokens: Sequence[float], losses: Sequence[float], at_tokens: float, samples: int = 50, seed: int = 0,
+                  level: float = 0.90) -> tuple[float, float] | None:
     """Where the next held-out loss (at `at_tokens`) is expected, from the points before it; None with too few."""
     if why_no_forecast(tokens, at_tokens):
         return None
-    return bootstrap(tokens, losses, samples, seed).band(at_tokens)
+    return bootstrap(tokens, losses, samples, seed).band(at_tokens, level)

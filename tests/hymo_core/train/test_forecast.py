@@ -79,3 +79,25 @@ def test_band_covers_the_held_out_tail_at_its_stated_rate():
             widths.append(high - low)
     assert 0.8 <= inside / total <= 0.98, inside / total
     assert np.median(widths) < 0.15, np.median(widths)
+
+
+def test_the_outside_forecast_alert_rarely_fires_on_healthy_runs_and_fires_on_a_regression():
+    """Every evaluation from the 7th on is judged: the alert reads the 99 % band, so healthy noise flags about 1 in 100."""
+    from hymo_core.train.alerts import AlertBook, AlertRule
+
+    checked = fired = caught = 0
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        tokens = np.linspace(5e4, 2e6, 20)
+        l_inf, gamma = 1.5 + rng.uniform(0, 1), rng.uniform(0.25, 0.6)
+        losses = curve(tokens, l_inf=l_inf, gamma=gamma) + rng.normal(0, 0.01, 20)
+        book = AlertBook((AlertRule("val_loss", "outside_forecast"),))
+        for step, (t, loss) in enumerate(zip(tokens, losses), 1):
+            firings = book.check_record({"val_loss": float(loss), "tokens_seen": float(t)}, step=step * 10)
+            checked += step > 6
+            fired += len(firings)
+        regression = float(curve(2.1e6, l_inf=l_inf, gamma=gamma)) + 0.2  # 20 noise sigmas up: data or optimisation trouble
+        firing, = book.check_record({"val_loss": regression, "tokens_seen": 2.1e6}, step=210)
+        caught += firing.step == 210 and firing.alert == "val_loss outside_forecast"
+    assert fired / checked < 0.03, (fired, checked)
+    assert caught == 12
