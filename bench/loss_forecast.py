@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
              f"{np.mean(signed):+.4f} (forecast above the observation at {sum(e > 0 for e in signed)} of {len(signed)} points); "
              f"{inside} of {len(errors)} points inside the 90 % band an observation is expected in (the residual bootstrap: refits' "
              f"spread plus one observation's scatter, times Student's t; the `outside_forecast` alert reads the same band at 99 %). "
-             f"At the last point ({tokens[-1]:,.0f} tokens) the forecast is {result.forecast:.4f}, band [{result.low:.4f}, {result.high:.4f}] "
+             f"At the last point ({tokens[-1]:,.0f} tokens) the forecast is {result.forecast:.4f}, "
+             f"band [{result.low:.4f}, {result.high:.4f}] "
              f"(the summary's `forecast.low` / `high`), against {losses[-1]:.4f} observed.", "",
              "How the forecast at the last point moves with the fit window (latest k of the first-half points):", "",
              markdown_table(["points", "from tokens", "forecast", "L_inf", "gamma"],

@@ -40,7 +40,8 @@ import torch
 import torch.nn as nn
 
 from hymo_core.checkpoint.common import (CheckpointError, check_compatible, fsync_dir, model_from_config, monitor_entry,
-                                        optimizer_layout, optimizer_type, previous_checkpoint, rng_from_payload, rng_payload, runtime_signature, validation_cursor)
+                                        optimizer_layout, optimizer_type, previous_checkpoint, rng_from_payload, rng_payload,
+                                        runtime_signature, validation_cursor)
 from hymo_core.checkpoint.single import read_checkpoint
 from hymo_core.checkpoint.hashing_writer import hashing_writer
 from hymo_core.train.data import TokenLoader, ValidationLoader, _sha256_file

@@ -176,7 +176,8 @@ def test_robust_spike_rules_watch_from_the_third_log():
 def test_thresholds_may_name_the_runs_constants():
     book = AlertBook(DEFAULT_ALERTS, {"ln_vocab": math.log(8192), "tau": 100.0})
     # the sample's healthy run (max logit 0.3-2.6, loss 8.8 at step 10 under ln V = 9.01, log-Z 7.9-8.7): silent
-    assert book.check_record({"step": 10, "last_loss": 8.78, "log_z": 8.78, "max_attention_logit": 0.28, "grad_norm_pre_clip": 3.6}) == []
+    healthy = {"step": 10, "last_loss": 8.78, "log_z": 8.78, "max_attention_logit": 0.28, "grad_norm_pre_clip": 3.6}
+    assert book.check_record(healthy) == []
     # the sample at 100x its LR, step 10 and 20: loss 13.3 and log-Z 14.6, then logits of 154
     assert {f.alert for f in book.check_record({"step": 10, "last_loss": 13.3, "log_z": 14.6, "max_attention_logit": 13.2})} == {
         "loss above ln V", "log-Z far above ln V"}

@@ -72,5 +72,7 @@ def test_a_nan_leaves_its_alert_row_and_a_summary_that_says_what_stopped_the_run
     summary = json.loads((out / "summary.json").read_text())
     # found at step 20, the next step that reads the device (trainer.DeferredChecks): no record or checkpoint after 13 was written
     assert summary["final_step"] == 19 and not list((out / "checkpoints").glob("*.pt"))
-    assert [r["step"] for r in rows if r["kind"] == "train"] == [10] and summary["alerts"] == [{k: v for k, v in alert.items() if k != "kind"}]
-    assert "'non-finite loss or gradient' fired at step 13" in summary["stopped_by"] and "non-finite training loss" in summary["stopped_by"]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [10]
+    assert summary["alerts"] == [{k: v for k, v in alert.items() if k != "kind"}]
+    assert "'non-finite loss or gradient' fired at step 13" in summary["stopped_by"]
+    assert "non-finite training loss" in summary["stopped_by"]

@@ -102,7 +102,8 @@ def test_sigkill_at_100_and_resume_to_200_reports_what_an_uninterrupted_run_repo
     summaries = [json.loads((out / "summary.json").read_text()) for out in (whole, killed)]
     assert summaries[1]["alerts"] == summaries[0]["alerts"]
     # The same per-source totals at every logging step, the last one counting every token the run consumed.
-    totals = [[(r["step"], r["tokens_per_source"], r["tokens_per_source_total"]) for r in records(out, "train")] for out in (whole, killed)]
+    totals = [[(r["step"], r["tokens_per_source"], r["tokens_per_source_total"]) for r in records(out, "train")]
+              for out in (whole, killed)]
     assert totals[1] == totals[0]
     last = records(whole, "train")[-1]
     assert len(last["tokens_per_source_total"]) == 2 and sum(last["tokens_per_source_total"].values()) == 200 * 4 * 16
