@@ -75,9 +75,10 @@ def main(argv: list[str] | None = None) -> int:
              markdown_table(["tokens", "observed", "forecast", "error", "90 % band for an observation", "inside"], rows), "",
              f"Second half: mean absolute error {np.mean(errors):.4f} nats, largest {np.max(errors):.4f}, mean signed error "
              f"{np.mean(signed):+.4f} (forecast above the observation at {sum(e > 0 for e in signed)} of {len(signed)} points); "
-             f"{inside} of {len(errors)} points inside the band an observation is expected in (the curve's bootstrap band widened by "
-             f"the points' own scatter, what the `outside_forecast` alert checks). At the last point ({tokens[-1]:,.0f} tokens) the "
-             f"curve's forecast is {result.forecast:.4f}, its own 90 % bootstrap interval [{result.low:.4f}, {result.high:.4f}] "
+             f"{inside} of {len(errors)} points inside the 90 % band an observation is expected in (the residual bootstrap: refits' "
+             f"spread plus one observation's scatter, times Student's t; the `outside_forecast` alert reads the same band at 99 %). "
+             f"At the last point ({tokens[-1]:,.0f} tokens) the forecast is {result.forecast:.4f}, "
+             f"band [{result.low:.4f}, {result.high:.4f}] "
              f"(the summary's `forecast.low` / `high`), against {losses[-1]:.4f} observed.", "",
              "How the forecast at the last point moves with the fit window (latest k of the first-half points):", "",
              markdown_table(["points", "from tokens", "forecast", "L_inf", "gamma"],

@@ -197,7 +197,38 @@ def check_compatible(
         notes.append(f"resharding from {cursor.get('world_size', 1)} to {ours['world_size']} ranks")
     if notes and warn:
         warn(f"{path}: {'; '.join(notes)}: the continuation equals the uninterrupted run within float tolerance, not bitwise")
+    state.monitor = checked_monitor(payload, path, warn)
     return state
+
+
+def monitor_entry(state: TrainState) -> dict[str, Any]:
+    """The checkpoint's "monitor" entry: what the run has reported (alert history, per-source token totals), JSON types."""
+    return state.monitor if state.monitor is not None else {"alerts": None, "sources": None}
+
+
+def checked_monitor(payload: dict[str, Any], path: Path, warn: Callable[[str], None] | None) -> dict[str, Any] | None:
+    """The payload's "monitor" entry, validated; a checkpoint written before the entry existed resumes with it empty."""
+    from hymo_core.train.alerts import AlertBook
+    from hymo_core.train.monitor import parse_source_state
+
+    if "monitor" not in payload:
+        if warn:
+            warn(f"{path}: written before checkpoints kept the monitor entry: alert history and per-source token totals "
+                 "restart from empty")
+        return None
+    entry = payload["monitor"]
+    where = str(path)
+    if not isinstance(entry, dict) or set(entry) != {"alerts", "sources"}:
+        raise CheckpointError(f"{path}: the monitor entry must be {{'alerts': ..., 'sources': ...}}, got "
+                              f"{sorted(entry) if isinstance(entry, dict) else type(entry).__name__}; refusing to resume")
+    try:
+        if entry["alerts"] is not None:
+            AlertBook(()).load_state_dict(entry["alerts"], where)
+        if entry["sources"] is not None:
+            parse_source_state(entry["sources"], where)
+    except ValueError as exc:
+        raise CheckpointError(f"{exc}; refusing to resume") from None
+    return entry
 
 
 def model_from_config(values: dict[str, Any]) -> Transformer:

@@ -39,8 +39,9 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from hymo_core.checkpoint.common import (CheckpointError, check_compatible, fsync_dir, model_from_config, optimizer_layout, optimizer_type,
-                                        previous_checkpoint, rng_from_payload, rng_payload, runtime_signature, validation_cursor)
+from hymo_core.checkpoint.common import (CheckpointError, check_compatible, fsync_dir, model_from_config, monitor_entry,
+                                        optimizer_layout, optimizer_type, previous_checkpoint, rng_from_payload, rng_payload,
+                                        runtime_signature, validation_cursor)
 from hymo_core.checkpoint.single import read_checkpoint
 from hymo_core.checkpoint.hashing_writer import hashing_writer
 from hymo_core.train.data import TokenLoader, ValidationLoader, _sha256_file
@@ -152,6 +153,7 @@ def start_sharded_checkpoint(
             "rng_per_rank": rngs,
             "runtime": runtime_signature(model),
             "world_size": runtime.world_size,
+            "monitor": monitor_entry(state),  # alert history and per-source totals (rank 0's: it alone logs)
         }
     writer, file_system = hashing_writer(temporary)
     started = time.perf_counter()

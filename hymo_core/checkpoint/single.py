@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from hymo_core.checkpoint.common import (FORMAT_VERSION, INDEX_FILE, PAYLOAD_KEYS, CheckpointError, check_compatible, checkpoint_path,
-                                       fsync_dir, interned_strings, list_checkpoints, optimizer_layout, optimizer_type,
+                                       fsync_dir, interned_strings, list_checkpoints, monitor_entry, optimizer_layout, optimizer_type,
                                        previous_checkpoint, rng_from_payload, rng_payload, runtime_signature, validation_cursor)
 from hymo_core.train.data import TokenLoader, ValidationLoader
 from hymo_core.train.config import TrainConfig
@@ -68,6 +68,7 @@ def save_checkpoint(
         "loaders": {"train": train_loader.state_dict(), "validation": validation_cursor(val_loader, digest)},
         "rng": rng_payload(),
         "runtime": runtime_signature(model),
+        "monitor": monitor_entry(state),  # alert history and per-source totals: a resume reports what an uninterrupted run does
     }
     if ema is not None:
         payload["ema"] = ema.state_dict()

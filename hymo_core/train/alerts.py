@@ -6,14 +6,32 @@ fault, restore a known checkpoint, or check the device". A recipe declares
     [[alerts]]
     name = "loss spike"          # optional; defaults to metric + condition
     metric = "last_loss"         # a number in the train record (dotted for nested: "lr.adamw"), or "val_loss"
-    condition = "zscore > 5"     # "> x", "< x", "zscore > x" (against the window), "growth > x" (ratio to the window's
-                                 # smallest), "nonfinite", "outside_forecast" (val_loss vs the loss forecast's band)
+    condition = "zscore > 5"     # "> x", "< x", "zscore > x" (robust: median / MAD of the window), "growth > x" (ratio to
+                                 # the window's smallest), "nonfinite", "outside_forecast" (val_loss vs the forecast's band)
+                                 # x: a number or a run constant, "0.5 * tau", "ln_vocab + 1" (RUN_CONSTANTS)
     window = 20                  # how many earlier values the statistic looks back over
     action = "log"               # log | checkpoint | skip-batch | lower-lr | stop
     factor = 0.5                 # lower-lr: the LR scale is multiplied by this (it persists in checkpoints)
 
 The recipe's tables replace the defaults (`DEFAULT_ALERTS`); `[[alerts]]` with
 `metric = "none"` alone switches them all off.
+
+Why the defaults are what they are (docs/training.md, "Watching a run"). Seed
+001's Lab 3 measured the max attention logit at 28 on a healthy run and
+970-2,630 on unstable ones, with QK-Clip's tau = 100: a magnitude against a
+fraction of tau separates them, a ratio to a small early value does not (the
+sample starts near 0.3, so any healthy run "doubles" it). A freshly
+initialised model predicts close to uniform, loss = ln V (within 0.05 nats on
+nine initialisations of three shapes); a loss 0.5 nats above ln V means
+training made the model worse than guessing, and log-Z (the softmax normaliser)
+stays within about 1 nat of ln V in every Lab 3 run, healthy or not, while a
+blow-up drives it far past. The spike rules use the median and MAD of the
+window, which two earlier logs already define, so they watch a run from its
+third log instead of its eleventh.
+
+Restarts. `AlertBook.state_dict()` (the history each statistic reads, the
+evaluations the forecast fits, what fired) goes into every checkpoint, so a
+resumed run judges each value against the same past as an uninterrupted one.
 
 When they are checked. Train and eval records exist on logging and eval steps,
 so most alerts cost nothing in between. `skip-batch` has to decide before the
@@ -30,7 +48,18 @@ from typing import Any, Iterable
 
 ACTIONS = ("log", "checkpoint", "skip-batch", "lower-lr", "stop")
 STEP_METRICS = ("last_loss", "grad_norm_pre_clip")  # known before the optimizer step: what skip-batch can judge
-CONDITION = re.compile(r"^\s*(?:(?P<kind>zscore|growth)\s*)?(?P<op>[<>])\s*(?P<value>[-+0-9.eE]+)\s*$")
+NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+# "> 3", "> 0.5 * tau", "> ln_vocab + 1": a number, or a run constant with an optional factor and offset
+CONDITION = re.compile(rf"^\s*(?:(?P<kind>zscore|growth)\s*)?(?P<op>[<>])\s*(?:(?P<value>{NUMBER})|(?:(?P<factor>{NUMBER})\s*\*\s*)?"
+                       rf"(?P<name>[a-z_]+)(?:\s*(?P<sign>[-+])\s*(?P<offset>{NUMBER}))?)\s*$")
+# What a threshold may name: set from the run (AlertBook(constants=...)); the trainer passes both.
+RUN_CONSTANTS = ("ln_vocab", "tau")  # ln of the vocabulary size (a uniform prediction's loss); QK-Clip's threshold
+MIN_HISTORY = 2  # earlier values a robust statistic needs: a spike is judged from the third log on
+RELATIVE_SCALE_FLOOR = 0.05  # the robust spread is at least 5 % of the median: a flat series's jitter is no spike
+MAD_TO_SIGMA = 1.4826  # MAD x this estimates a normal distribution's standard deviation
+# outside_forecast judges every evaluation: a 90 % band would flag one healthy evaluation in ten, so the alert reads the
+# 99 % band (one in a hundred by chance; tests/hymo_core/train/test_forecast.py counts both on healthy runs)
+FORECAST_ALERT_LEVEL = 0.99
 
 
 class AlertConfigError(ValueError):
@@ -49,9 +78,13 @@ class AlertRule:
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise AlertConfigError(f"alert {self.label!r}: action must be one of {ACTIONS}, got {self.action!r}")
-        if self.condition not in ("nonfinite", "outside_forecast") and not CONDITION.match(self.condition):
+        match = CONDITION.match(self.condition)
+        if self.condition not in ("nonfinite", "outside_forecast") and not match:
             raise AlertConfigError(f"alert {self.label!r}: condition {self.condition!r} is not '> x', '< x', 'zscore > x', "
                                    "'growth > x', 'nonfinite' or 'outside_forecast'")
+        if match and match.group("name") and match.group("name") not in RUN_CONSTANTS:
+            raise AlertConfigError(f"alert {self.label!r}: condition {self.condition!r} names {match.group('name')!r}; "
+                                   f"a threshold may name {', '.join(RUN_CONSTANTS)}")
         if self.window < 2 and self.kind in ("zscore", "growth"):
             raise AlertConfigError(f"alert {self.label!r}: a {self.kind} condition needs window >= 2, got {self.window}")
         if not 0 < self.factor < 1 and self.action == "lower-lr":
@@ -72,8 +105,22 @@ class AlertRule:
 
     @property
     def threshold(self) -> float | None:
+        """The number compared with; None when the condition names a run constant (`threshold_in`)."""
         match = CONDITION.match(self.condition)
-        return float(match.group("value")) if match else None
+        return float(match.group("value")) if match and match.group("value") else None
+
+    def threshold_in(self, constants: dict[str, float]) -> float | None:
+        """The threshold with run constants filled in; None when the run does not know the one it names."""
+        match = CONDITION.match(self.condition)
+        if not match:
+            return None
+        if match.group("value"):
+            return float(match.group("value"))
+        base = constants.get(match.group("name"))
+        if base is None:
+            return None
+        offset = float(match.group("offset") or 0.0) * (-1.0 if match.group("sign") == "-" else 1.0)
+        return float(match.group("factor") or 1.0) * base + offset
 
     def metrics(self) -> tuple[str, ...]:
         return STEP_METRICS if self.metric == "nonfinite" else (self.metric,)
@@ -81,9 +128,11 @@ class AlertRule:
 
 DEFAULT_ALERTS = (
     AlertRule("nonfinite", "nonfinite", "stop", window=1, name="non-finite loss or gradient"),
+    AlertRule("last_loss", "> ln_vocab + 0.5", "log", window=1, name="loss above ln V"),
+    AlertRule("log_z", "> ln_vocab + 3", "log", window=1, name="log-Z far above ln V"),
+    AlertRule("max_attention_logit", "> 0.5 * tau", "log", window=1, name="attention logits near QK-Clip's tau"),
     AlertRule("last_loss", "zscore > 6", "log", window=20, name="loss spike"),
     AlertRule("grad_norm_pre_clip", "zscore > 6", "log", window=20, name="gradient-norm spike"),
-    AlertRule("max_attention_logit", "growth > 2", "log", window=10, name="attention-logit growth"),
     AlertRule("max_data_wait_s", "> 30", "checkpoint", window=1, name="stalled loader"),
     AlertRule("val_loss", "outside_forecast", "log", window=1, name="held-out loss outside the forecast band"),
 )
@@ -121,9 +170,22 @@ def metric_value(record: dict[str, Any], metric: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def fires(rule: AlertRule, value: float, history: list[float], band: tuple[float, float] | None = None) -> tuple[bool, float | None]:
+def robust_zscore(value: float, earlier: list[float]) -> float:
+    """(value - median) / (1.4826 MAD), the spread floored at RELATIVE_SCALE_FLOOR of |median|: one outlier in the window
+    moves neither, so a spike does not hide the next one, and two values already define both."""
+    ordered = sorted(earlier)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
+    deviations = sorted(abs(v - median) for v in ordered)
+    mad = deviations[middle] if len(deviations) % 2 else 0.5 * (deviations[middle - 1] + deviations[middle])
+    spread = max(MAD_TO_SIGMA * mad, RELATIVE_SCALE_FLOOR * abs(median), 1e-12)
+    return (value - median) / spread
+
+
+def fires(rule: AlertRule, value: float, history: list[float], band: tuple[float, float] | None = None,
+          constants: dict[str, float] | None = None) -> tuple[bool, float | None]:
     """(fired, the statistic compared with the threshold) for one new value against earlier ones."""
-    kind, threshold = rule.kind, rule.threshold
+    kind, threshold = rule.kind, rule.threshold_in(constants or {})
     if kind == "nonfinite":
         return not math.isfinite(value), value
     if not math.isfinite(value):
@@ -132,17 +194,17 @@ def fires(rule: AlertRule, value: float, history: list[float], band: tuple[float
         if band is None:
             return False, None
         return not band[0] <= value <= band[1], value
+    if threshold is None:
+        return False, None  # names a constant this run does not have (e.g. tau without a model vocabulary)
     op = CONDITION.match(rule.condition).group("op")
     if kind == "threshold":
         statistic = value
     else:
         earlier = [v for v in history[-rule.window:] if math.isfinite(v)]
-        if len(earlier) < max(2, rule.window // 2):
+        if len(earlier) < MIN_HISTORY:
             return False, None  # too little history for a statistic
         if kind == "zscore":
-            mean = sum(earlier) / len(earlier)
-            spread = (sum((v - mean) ** 2 for v in earlier) / (len(earlier) - 1)) ** 0.5
-            statistic = (value - mean) / max(spread, 1e-12 * max(abs(mean), 1.0))
+            statistic = robust_zscore(value, earlier)
         else:  # growth: ratio to the window's smallest
             low = min(earlier)
             statistic = value / low if low > 0 else None
@@ -168,19 +230,45 @@ class Firing:
                 row[key] = str(row[key])
         return {"kind": "alert", **row}
 
+    @classmethod
+    def from_record(cls, row: dict[str, Any]) -> "Firing":
+        values = {k: row[k] for k in ("step", "alert", "metric", "value", "statistic", "condition", "action")}
+        for key in ("value", "statistic"):
+            if isinstance(values[key], str):  # "nan" / "inf" as to_record wrote them
+                values[key] = float(values[key])
+        return cls(**values)
+
 
 class AlertBook:
-    """The rules, the history each metric's statistic reads, and what fired."""
+    """The rules, the history each metric's statistic reads, and what fired.
 
-    def __init__(self, rules: Iterable[AlertRule] = DEFAULT_ALERTS):
+    `constants`: the run's values a threshold may name (RUN_CONSTANTS): ln_vocab, tau.
+    The history holds finite values only, the last `history_length` per metric (the
+    longest window among the rules), and only of metrics a zscore or growth rule reads:
+    all any statistic needs, and all a checkpoint keeps (a clock reading such as
+    max_data_wait_s, judged against a fixed threshold, stays out, so equal runs write
+    equal checkpoint bytes).
+    """
+
+    def __init__(self, rules: Iterable[AlertRule] = DEFAULT_ALERTS, constants: dict[str, float] | None = None):
         self.rules = tuple(rules)
+        self.constants = dict(constants or {})
         self.history: dict[str, list[float]] = {}
         self.fired: list[Firing] = []
         self.evals: list[tuple[float, float]] = []  # (tokens seen, held-out loss) of every eval so far
+        remembering = [r for r in self.rules if r.kind in ("zscore", "growth")]
+        self.history_length = max([r.window for r in remembering] + [1])
+        self.remembered = {("step:" if r.action == "skip-batch" else "") + m for r in remembering for m in r.metrics()}
 
     @property
     def checks_every_step(self) -> bool:
         return any(r.action == "skip-batch" for r in self.rules)
+
+    def _remember(self, key: str, value: float) -> None:
+        if key in self.remembered and math.isfinite(value):
+            kept = self.history.setdefault(key, [])
+            kept.append(float(value))
+            del kept[:-self.history_length]
 
     def check_step(self, step: int, loss: float, grad_norm: float) -> Firing | None:
         """Before the optimizer step (only when a skip-batch rule exists): the first skip-batch rule that fires."""
@@ -189,12 +277,11 @@ class AlertBook:
             if rule.action != "skip-batch":
                 continue
             for metric in rule.metrics():
-                fired, statistic = fires(rule, values[metric], self.history.get(f"step:{metric}", []))
+                fired, statistic = fires(rule, values[metric], self.history.get(f"step:{metric}", []), constants=self.constants)
                 if fired:
                     return self._fire(rule, step, metric, values[metric], statistic)
         for metric, value in values.items():  # a skipped batch's values do not enter the history
-            if math.isfinite(value):
-                self.history.setdefault(f"step:{metric}", []).append(value)
+            self._remember(f"step:{metric}", value)
         return None
 
     def forecast_band(self, record: dict[str, Any]) -> tuple[float, float] | None:
@@ -204,14 +291,16 @@ class AlertBook:
         from hymo_core.train.forecast import observed_band
 
         points = self.evals
-        self.evals = points + [(float(record["tokens_seen"]), float(record["val_loss"]))]
+        if math.isfinite(float(record["val_loss"])):
+            self.evals = points + [(float(record["tokens_seen"]), float(record["val_loss"]))]
         if not any(r.kind == "outside_forecast" for r in self.rules):
             return None
-        return observed_band([t for t, _ in points], [v for _, v in points], float(record["tokens_seen"]))
+        return observed_band([t for t, _ in points], [v for _, v in points], float(record["tokens_seen"]), level=FORECAST_ALERT_LEVEL)
 
-    def check_record(self, record: dict[str, Any]) -> list[Firing]:
-        """A train or eval record: every non-skip rule whose metric it carries; the history then grows."""
-        step = int(record.get("step", 0))
+    def check_record(self, record: dict[str, Any], step: int | None = None) -> list[Firing]:
+        """A train or eval record: every non-skip rule whose metric it carries; the history then grows.
+        `step`: where the record belongs when it carries no "step" of its own (an eval record)."""
+        step = int(record.get("step", 0) if step is None else step)
         band = self.forecast_band(record)
         firings = []
         seen: dict[str, float] = {}
@@ -223,12 +312,18 @@ class AlertBook:
                 if value is None:
                     continue
                 seen[metric] = value
-                fired, statistic = fires(rule, value, self.history.get(metric, []), band if metric == "val_loss" else None)
+                fired, statistic = fires(rule, value, self.history.get(metric, []), band if metric == "val_loss" else None,
+                                         self.constants)
                 if fired:
                     firings.append(self._fire(rule, step, metric, value, statistic))
         for metric, value in seen.items():
-            self.history.setdefault(metric, []).append(value)
+            self._remember(metric, value)
         return firings
+
+    def fire_nonfinite(self, step: int, metric: str, value: float) -> Firing | None:
+        """The loop found a non-finite value it cannot go on from (no skip-batch took it): the nonfinite rule's row, if any."""
+        rule = next((r for r in self.rules if r.kind == "nonfinite" and r.action != "skip-batch"), None)
+        return None if rule is None else self._fire(rule, step, metric, value, value)
 
     def _fire(self, rule: AlertRule, step: int, metric: str, value: float, statistic: float | None) -> Firing:
         firing = Firing(step, rule.label, metric, value, statistic, rule.condition, rule.action)
@@ -237,3 +332,20 @@ class AlertBook:
 
     def factor_of(self, firing: Firing) -> float:
         return next(r.factor for r in self.rules if r.label == firing.alert)
+
+    # ---- checkpointed (the trainer checkpoint's "monitor" entry): plain JSON types, weights_only-loadable
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": {k: list(v) for k, v in self.history.items()},
+                "evals": [[t, v] for t, v in self.evals],
+                "fired": [{k: v for k, v in f.to_record().items() if k != "kind"} for f in self.fired]}
+
+    def load_state_dict(self, state: dict[str, Any], where: str = "checkpoint") -> None:
+        """Validated first, then applied: a malformed entry raises ValueError naming `where` and leaves the book as it was."""
+        try:
+            history = {str(k): [float(x) for x in v][-self.history_length:] for k, v in state["history"].items()}
+            evals = [(float(t), float(v)) for t, v in state["evals"]]
+            fired = [Firing.from_record(row) for row in state["fired"]]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{where}: monitor.alerts is malformed ({type(exc).__name__}: {exc})") from None
+        self.history, self.evals, self.fired = history, evals, fired

@@ -96,6 +96,18 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def parse_source_state(state: dict[str, Any], where: str = "checkpoint") -> tuple[Counter, tuple[int, int]]:
+    """SourceCounter.state_dict() read back and checked: (totals, (epoch, position)); ValueError names `where`."""
+    try:
+        total = Counter({str(k): int(v) for k, v in state["total"].items()})
+        epoch, position = (int(x) for x in state["mark"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{where}: monitor.sources is malformed ({type(exc).__name__}: {exc})") from None
+    if any(v < 0 for v in total.values()) or epoch < 0 or position < 0:
+        raise ValueError(f"{where}: monitor.sources holds negative counts or cursor {state['mark']}")
+    return total, (epoch, position)
+
+
 class SourceCounter:
     """Tokens per source and document pieces per window, for windows named by the loader's cursor.
 
@@ -112,6 +124,15 @@ class SourceCounter:
         self.sources: list[str] = []
         self.mark = (loader.epoch, loader.position)
         self.total: Counter = Counter()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the running totals and the cursor they were counted up to (plain JSON types)."""
+        return {"total": {k: int(v) for k, v in sorted(self.total.items())}, "mark": [int(self.mark[0]), int(self.mark[1])]}
+
+    def load_state_dict(self, state: dict[str, Any], where: str = "checkpoint") -> None:
+        """A resumed run's totals continue the checkpoint's; windows between the last logging step and the checkpoint are
+        counted at the next one, as the uninterrupted run counts them. Validated before anything changes."""
+        self.total, self.mark = parse_source_state(state, where)
 
     def _shard(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         if shard not in self.labels:

@@ -478,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileExistsError) as exc:  # configuration, corpus and checkpoint errors: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except TrainingStopped as exc:  # an alert's `stop`: its row and summary.json (stopped_by) are written already
+        print(f"stopped: {exc}; see {args.out}/summary.json", file=sys.stderr)
+        return 3
     finally:
         close_runtime(runtime)
     if runtime.is_writer:

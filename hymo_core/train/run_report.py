@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from hymo_core.train.forecast import MIN_POINTS, forecast_loss
+from hymo_core.train.forecast import MIN_FORECAST_POINTS, forecast_if_due
 
 REPORT_FILE = "report.html"
 HELDOUT_PICTURE = "heldout.png"
@@ -40,9 +40,7 @@ def planned_tokens(summary: dict[str, Any]) -> float | None:
 
 def run_forecast(records: list[dict[str, Any]], target: float | None) -> tuple[Any, Any] | None:
     evals = [r for r in records if r.get("kind") == "eval" and r.get("tokens_seen") and math.isfinite(r.get("val_loss", math.nan))]
-    if len(evals) < MIN_POINTS or not target:
-        return None
-    return forecast_loss([r["tokens_seen"] for r in evals], [r["val_loss"] for r in evals], target)
+    return forecast_if_due([r["tokens_seen"] for r in evals], [r["val_loss"] for r in evals], target)  # None: too few, or observed
 
 
 def _figure(width: float = 7.5, height: float = 4.2):
@@ -279,7 +277,7 @@ def render_report(run: str | Path) -> str:
                             [[w["points"], w["from_tokens"], w["forecast"], w["l_inf"], w["gamma"]] for w in result.window_sensitivity]))
         parts.append(_table(["eval", "residual"], [[i + 1, r] for i, r in enumerate(result.residuals)]))
     else:
-        parts.append(f"<p id='no-forecast'>No forecast: it needs at least {MIN_POINTS} held-out evaluations with tokens seen "
+        parts.append(f"<p id='no-forecast'>No forecast: it needs at least {MIN_FORECAST_POINTS} held-out evaluations with tokens seen "
                      f"({len([r for r in evals if r.get('tokens_seen')])} here) and a planned token budget the evaluations have not "
                      "already reached.</p>")
     parts.append("<h2>Run signals</h2>")

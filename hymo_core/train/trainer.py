@@ -28,7 +28,7 @@ import contextlib
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -61,9 +61,15 @@ class TrainState:
     grad_scaler_state: dict[str, Any] | None = None
     best_val_loss: float | None = None
     lr_scale: float = 1.0  # lowered by a `lower-lr` alert; multiplies the scheduled LR from then on
+    # What the run has reported so far, {"alerts": AlertBook.state_dict(), "sources": SourceCounter.state_dict()}: set by
+    # the loop before every checkpoint, restored from one on resume (None: start empty). Checkpoints store it as their own
+    # top-level "monitor" entry, not inside the counters (hymo_core/checkpoint/common.py: monitor_entry).
+    monitor: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        del values["monitor"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainState":
@@ -92,6 +98,23 @@ class TrainHooks:
 
 class TrainingStopped(RuntimeError):
     """An alert whose action is `stop` fired; the message names it, its value and the step."""
+
+
+class NonFiniteTraining(FloatingPointError):
+    """A non-finite loss, gradient norm or attention logit the loop cannot go on from (no skip-batch alert took it).
+
+    The loop turns it into the nonfinite alert's row (and, with the default `stop`, a TrainingStopped) before it
+    leaves, so the run's records say what ended it.
+    """
+
+    def __init__(self, message: str, step: int, metric: str, value: float = math.nan):
+        super().__init__(message)
+        self.step, self.metric, self.value = step, metric, value
+
+
+class NonFiniteStopped(TrainingStopped, FloatingPointError):
+    """The nonfinite alert's `stop`: a TrainingStopped (run.py writes the summary) that is still the FloatingPointError
+    callers of the loop have always caught."""
 
 
 # ---------------------------------------------------------------- setup checks
@@ -159,10 +182,10 @@ class QKClip:
     def max_logit(self) -> float | None:
         return None if self.maxima_LH is None or self.maxima_LH.numel() == 0 else float(self.maxima_LH.max())
 
-    def validate(self) -> None:
+    def validate(self, step: int = 0) -> None:
         """Before the optimizer mutates anything: a non-finite observation is a failed attempt."""
         if self.enabled and self.maxima_LH is not None and not bool(torch.isfinite(self.maxima_LH).all()):
-            raise FloatingPointError("non-finite attention logit observed; refusing the optimizer step")
+            raise NonFiniteTraining("non-finite attention logit observed; refusing the optimizer step", step, "max_attention_logit")
 
     def finite(self) -> torch.Tensor | None:
         """The device-side form of `validate` (steps without a host read): False when an observation is not finite."""
@@ -352,8 +375,11 @@ class DeferredChecks:
         self.first_bad_K = None
         for kind, first in zip(self.KINDS, steps):
             if first:
-                raise FloatingPointError(f"non-finite training {kind} at step {first} (found at the next step that reads "
-                                         "the device); no later record or checkpoint was written")
+                raise NonFiniteTraining(f"non-finite training {kind} at step {first} (found at the next step that reads "
+                                        "the device); no later record or checkpoint was written", first, NONFINITE_METRICS[kind])
+
+
+NONFINITE_METRICS = {"loss": "last_loss", "gradient norm": "grad_norm_pre_clip", "attention logit": "max_attention_logit"}
 
 
 @dataclass
@@ -408,7 +434,9 @@ def train(
     qk_clip = QKClip(model, config.qk_clip_threshold, config.qk_clip)
     monitor = RunMonitor(model, optimizer, config.max_grad_norm, device, config.precision,
                          model_flops_per_token(model, config.seq_len), train_loader)
-    alerts = AlertBook(parse_alerts(config.alerts))
+    # Thresholds may name ln V (a uniform prediction's loss) and QK-Clip's tau (alerts.py, RUN_CONSTANTS).
+    alerts = AlertBook(parse_alerts(config.alerts), {"ln_vocab": math.log(model.config.vocab_size), "tau": config.qk_clip_threshold})
+    restore_monitor(state, alerts, monitor)
     if ema is None and config.ema_decay:
         ema = WeightEMA(model, config.ema_decay)
     fixed_batch: list = []
@@ -454,7 +482,8 @@ def train(
                     value = loss.item()
                     if not math.isfinite(value):
                         if not alerts.checks_every_step:
-                            raise FloatingPointError(f"non-finite training loss {value} at step {step}; nothing was back-propagated")
+                            raise NonFiniteTraining(f"non-finite training loss {value} at step {step}; nothing was back-propagated",
+                                                    step, "last_loss", value)
                         # A skip-batch alert judges it below, before anything is mutated. One process stops reading now;
                         # several ranks carry on, so that every rank makes the same collectives: the all-reduced loss
                         # is then non-finite on all of them, and they skip (or raise) together.
@@ -486,16 +515,21 @@ def train(
             if bad_batch:
                 grad_norm_t = torch.full((), math.nan, device=device)
             else:
-                grad_norm_t = clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"),
-                                              error_if_nonfinite=host_step and not (scaler.is_enabled() or alerts.checks_every_step))
+                grad_norm_t = clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"))
+                if host_step and not (scaler.is_enabled() or alerts.checks_every_step):  # the read error_if_nonfinite made
+                    norm = float(grad_norm_t)
+                    if not math.isfinite(norm):
+                        raise NonFiniteTraining(f"non-finite gradient norm {norm} at step {step}; nothing was applied", step,
+                                                "grad_norm_pre_clip", norm)
             firing = None
             if alerts.checks_every_step:  # the recipe asked for skip-batch: this step's two numbers, read now
                 step_loss, step_grad_norm = torch.stack([update_loss.float(), grad_norm_t.detach().float()]).tolist()
                 firing = alerts.check_step(step, step_loss, step_grad_norm)
                 if firing is None and not (math.isfinite(step_loss) and (scaler.is_enabled() or math.isfinite(step_grad_norm))):
                     what = f"loss {step_loss}" if not math.isfinite(step_loss) else f"gradient norm {step_grad_norm}"
-                    raise FloatingPointError(f"non-finite training {what} at step {step} and no skip-batch alert took it; "
-                                             "nothing was applied")
+                    metric, bad = ("last_loss", step_loss) if not math.isfinite(step_loss) else ("grad_norm_pre_clip", step_grad_norm)
+                    raise NonFiniteTraining(f"non-finite training {what} at step {step} and no skip-batch alert took it; "
+                                            "nothing was applied", step, metric, bad)
             if firing is not None:  # skip-batch: this batch's gradients are dropped, the same step is tried on the next one
                 optimizer.zero_grad(set_to_none=True)
                 qk_clip.reset()
@@ -514,7 +548,7 @@ def train(
             monitor.before_step(logged)  # hooks off; on a logging step, the weights before the update
             previous_scale = scaler.get_scale() if scaler.is_enabled() else None
             if host_step:
-                qk_clip.validate()
+                qk_clip.validate(step)
             scaler.step(optimizer)
             scaler.update()
             state.grad_scaler_state = scaler.state_dict() if scaler.is_enabled() else None
@@ -588,15 +622,41 @@ def train(
                     state.best_val_loss = val["val_loss"]
                 if hooks.on_eval:
                     hooks.on_eval(state.step, val)
-                firings += alerts.check_record(val)
+                firings += alerts.check_record(val, step=state.step)
             checkpoint_due = final or state.step % config.checkpoint_interval == 0
+            if checkpoint_due or any(f.action == "checkpoint" for f in firings):
+                state.monitor = monitor_state(alerts, monitor)  # after this step's alerts: a resume continues from here
             act(firings, state, hooks, alerts, checkpoint_due)
             if hooks.on_checkpoint and checkpoint_due:
                 hooks.on_checkpoint(state)
+    except NonFiniteTraining as exc:  # the nonfinite alert's row first, so the records say what ended the run
+        firing = alerts.fire_nonfinite(exc.step, exc.metric, exc.value)
+        if firing is None:
+            raise
+        if hooks.on_alert:
+            hooks.on_alert(firing.to_record())
+        if firing.action == "stop":
+            raise NonFiniteStopped(f"alert {firing.alert!r} fired at step {firing.step} ({exc}): action stop") from exc
+        raise
     finally:
         model.set_attention_probe(False)
         monitor.close()
     return state
+
+
+def monitor_state(alerts: AlertBook, monitor: RunMonitor) -> dict[str, Any]:
+    """The checkpoint's "monitor" entry: alert history and per-source token totals, in plain JSON types."""
+    return {"alerts": alerts.state_dict(), "sources": monitor.sources.state_dict() if monitor.sources is not None else None}
+
+
+def restore_monitor(state: TrainState, alerts: AlertBook, monitor: RunMonitor) -> None:
+    """A resumed run continues the alert history and the per-source totals its checkpoint recorded (None: start empty)."""
+    if not state.monitor:
+        return
+    if state.monitor.get("alerts") is not None:
+        alerts.load_state_dict(state.monitor["alerts"])
+    if state.monitor.get("sources") is not None and monitor.sources is not None:
+        monitor.sources.load_state_dict(state.monitor["sources"])
 
 
 def validate(model: nn.Module, val_loader: Any, device: torch.device, precision: str, runtime: Runtime | None = None) -> dict[str, Any]:

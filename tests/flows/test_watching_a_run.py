@@ -19,6 +19,7 @@ RECIPE = """
 batch_size = 4
 seq_len = 16
 max_steps = 24
+horizon_steps = 48
 warmup_steps = 2
 log_interval = 2
 eval_interval = 4
@@ -51,7 +52,7 @@ def test_summary_and_metrics_carry_groups_forecast_and_alerts(trained: Path):
     assert {"source:prose", "source:mixed"} <= set(summary["final_val_groups"]) and summary["final_val_bpb"] > 0
     forecast = summary["forecast"]
     assert forecast["points"] == 6 and forecast["low"] <= forecast["forecast"] <= forecast["high"]
-    assert forecast["target_tokens"] == 24 * 4 * 16
+    assert forecast["target_tokens"] == 48 * 4 * 16  # the horizon: past the last evaluation (24), so a forecast is due
     assert summary["alerts"] and {a["alert"] for a in summary["alerts"]} == {"loss above zero"}
     assert (trained / "heldout.png").stat().st_size > 1000
     kinds = [json.loads(line)["kind"] for line in (trained / "metrics.jsonl").read_text().splitlines()]

@@ -220,3 +220,43 @@ def test_a_resumed_checkpoint_saves_to_the_same_bytes(saved, tiny_corpus, tmp_pa
     state = load_checkpoint(path, model, optimizer, CONFIG, loader)
     again = save_checkpoint(tmp_path / "again" / path.name, model, optimizer, state, CONFIG, loader)
     assert again.read_bytes() == path.read_bytes()
+
+
+def test_checkpoint_carries_the_monitor_entry_and_restores_it(saved, tiny_corpus):
+    path, *_ = saved
+    payload = torch.load(path, weights_only=True)  # plain types only: weights_only loading keeps working
+    monitor = payload["monitor"]
+    assert set(monitor) == {"alerts", "sources"} and monitor["alerts"]["history"]["last_loss"]
+    model, optimizer, loader = build(tiny_corpus)
+    assert load_checkpoint(path, model, optimizer, replace(CONFIG, max_steps=8), loader).monitor == monitor
+
+
+def test_checkpoint_from_before_the_monitor_entry_resumes_with_it_empty(saved, tiny_corpus, tmp_path):
+    path, *_ = saved
+    payload = torch.load(path, weights_only=True)
+    del payload["monitor"]
+    old = tmp_path / "step-00000004.pt"
+    torch.save(payload, old)
+    warnings: list[str] = []
+    model, optimizer, loader = build(tiny_corpus)
+    state = load_checkpoint(old, model, optimizer, replace(CONFIG, max_steps=8), loader, warn=warnings.append)
+    assert state.step == 4 and state.monitor is None
+    assert any("restart from empty" in w for w in warnings)
+
+
+@pytest.mark.parametrize("monitor, message", [
+    ({"alerts": None}, "must be"),
+    ({"alerts": {"history": {"last_loss": ["x"]}, "evals": [], "fired": []}, "sources": None}, "monitor.alerts is malformed"),
+    ({"alerts": None, "sources": {"total": {"prose": -3}, "mark": [0, 4]}}, "negative counts"),
+])
+def test_malformed_monitor_entry_refused_before_anything_changes(saved, tiny_corpus, tmp_path, monitor, message):
+    path, *_ = saved
+    payload = torch.load(path, weights_only=True)
+    payload["monitor"] = monitor
+    bad = tmp_path / "step-00000004.pt"
+    torch.save(payload, bad)
+    model, optimizer, loader = build(tiny_corpus)
+    before = snapshot(model, loader)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(bad, model, optimizer, replace(CONFIG, max_steps=8), loader)
+    assert_unchanged(before, snapshot(model, loader))

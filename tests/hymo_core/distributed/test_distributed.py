@@ -209,6 +209,13 @@ def test_sigkill_during_a_background_save_leaves_the_previous_checkpoint_and_res
     resumed = json.loads((out / "summary.json").read_text())
     assert resumed["weights_sha256"] == json.loads((reference / "summary.json").read_text())["weights_sha256"]
     assert train_losses(out) == train_losses(reference)
+    # the DCP metadata carries the monitor entry, so the resumed ranks report the alerts the uninterrupted ones did
+    assert metadata["monitor"]["alerts"]["fired"] and metadata["monitor"]["alerts"]["history"]
+    assert alert_rows(out) == alert_rows(reference) != []
+
+
+def alert_rows(out: Path) -> list[dict]:
+    return [row for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if row["kind"] == "alert"]
 
 
 def test_torchrun_restarts_the_group_after_a_rank_is_killed_and_it_ends_bitwise(setup, two_ranks):

@@ -83,12 +83,36 @@ def test_nan_batch_is_skipped(tiny_corpus, one_torch_thread):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_nan_batch_stops_the_run_by_default(tiny_corpus, one_torch_thread):
-    model, optimizer, loader, config = setup(tiny_corpus, None)
+@pytest.mark.parametrize("log_interval", [1, 4])  # 4: the NaN at step 3 is found on the device at step 4, the next host read
+def test_nan_batch_stops_the_run_by_default_and_writes_its_alert_row(tiny_corpus, one_torch_thread, log_interval):
+    model, optimizer, loader, config = setup(tiny_corpus, None, log_interval=log_interval)
     poison_forward(model, {3})
     hooks, seen = recording_hooks()
-    with pytest.raises((TrainingStopped, FloatingPointError), match="non-finite"):
+    with pytest.raises(TrainingStopped, match=r"'non-finite loss or gradient' fired at step 3 .*non-finite training loss"):
         train(model, optimizer, loader, None, config, TrainState(), CPU, hooks)
+    assert [(a["alert"], a["metric"], a["step"], a["action"]) for a in seen["alerts"]] == [
+        ("non-finite loss or gradient", "last_loss", 3, "stop")]
+    assert seen["checkpoints"] == []  # nothing after the damage is saved
+
+
+def test_without_a_nonfinite_rule_a_nan_still_raises(tiny_corpus, one_torch_thread):
+    model, optimizer, loader, config = setup(tiny_corpus, ({"metric": "loss", "condition": "> 100"},))
+    poison_forward(model, {3})
+    hooks, seen = recording_hooks()
+    with pytest.raises(FloatingPointError, match="non-finite training loss nan at step 3"):
+        train(model, optimizer, loader, None, config, TrainState(), CPU, hooks)
+    assert seen["alerts"] == []
+
+
+def test_an_eval_alert_records_the_step_it_fired_at(tiny_corpus, one_torch_thread):
+    from hymo_core.train.data import ValidationLoader
+
+    rule = {"metric": "val_loss", "condition": "> 0", "name": "held-out loss above 0"}
+    model, optimizer, loader, config = setup(tiny_corpus, (rule,), eval_interval=3, log_interval=4, max_steps=6)
+    val = ValidationLoader(CorpusReader(tiny_corpus), config.seq_len, config.batch_size, max_batches=1)
+    hooks, seen = recording_hooks()
+    train(model, optimizer, loader, val, config, TrainState(), CPU, hooks)
+    assert [a["step"] for a in seen["alerts"]] == [3, 6]
 
 
 def test_spiking_lr_lowers_the_lr(tiny_corpus, one_torch_thread, monkeypatch):
@@ -136,6 +160,51 @@ def test_stop_action_stops(tiny_corpus, one_torch_thread):
     with pytest.raises(TrainingStopped, match="loss > 0"):
         train(model, optimizer, loader, None, config, TrainState(), CPU, hooks)
     assert seen["alerts"][0]["step"] == 2
+
+
+def test_robust_spike_rules_watch_from_the_third_log():
+    spike = AlertRule("last_loss", "zscore > 6", window=20)
+    assert not fires(spike, 50.0, [3.0])[0]  # one earlier value defines no spread
+    assert fires(spike, 50.0, [3.0, 3.2])[0]  # two do: the third log is judged
+    assert not fires(spike, 3.3, [3.0, 3.2])[0]
+    # one outlier in the window moves neither the median nor the MAD: the next spike is still seen
+    assert fires(spike, 9.0, [3.0, 3.1, 2.9, 40.0, 3.0])[0]
+    # a flat series: its jitter is no spike (the spread is floored at 5 % of the median)
+    assert not fires(spike, 3.1, [3.0, 3.0, 3.0, 3.0])[0]
+
+
+def test_thresholds_may_name_the_runs_constants():
+    book = AlertBook(DEFAULT_ALERTS, {"ln_vocab": math.log(8192), "tau": 100.0})
+    # the sample's healthy run (max logit 0.3-2.6, loss 8.8 at step 10 under ln V = 9.01, log-Z 7.9-8.7): silent
+    healthy = {"step": 10, "last_loss": 8.78, "log_z": 8.78, "max_attention_logit": 0.28, "grad_norm_pre_clip": 3.6}
+    assert book.check_record(healthy) == []
+    # the sample at 100x its LR, step 10 and 20: loss 13.3 and log-Z 14.6, then logits of 154
+    assert {f.alert for f in book.check_record({"step": 10, "last_loss": 13.3, "log_z": 14.6, "max_attention_logit": 13.2})} == {
+        "loss above ln V", "log-Z far above ln V"}
+    assert "attention logits near QK-Clip's tau" in {f.alert for f in book.check_record({"step": 20, "max_attention_logit": 153.8})}
+    assert AlertRule("log_z", "> ln_vocab + 3").threshold_in({"ln_vocab": 9.0}) == 12.0
+    assert AlertRule("x", "> 0.5 * tau").threshold_in({"tau": 100.0}) == 50.0
+    assert not fires(AlertRule("x", "> 0.5 * tau"), 1e9, [], constants={})[0]  # a run without the constant: never fires
+    with pytest.raises(AlertConfigError, match="names 'vocab'"):
+        parse_alerts([{"metric": "loss", "condition": "> vocab"}])
+
+
+def test_book_state_round_trips_through_plain_types():
+    import json
+
+    book = AlertBook(DEFAULT_ALERTS, {"ln_vocab": 4.0, "tau": 100.0})
+    for step, loss in enumerate([3.0, 3.1, 2.9, math.nan, 9.0], 1):
+        book.check_record({"step": step, "last_loss": loss, "max_attention_logit": 60.0})
+    state = json.loads(json.dumps(book.state_dict(), allow_nan=False))  # JSON as DCP's metadata.json holds it
+    again = AlertBook(DEFAULT_ALERTS, {"ln_vocab": 4.0, "tau": 100.0})
+    again.load_state_dict(state)
+    assert again.history == book.history and again.evals == book.evals
+    assert [f.to_record() for f in again.fired] == [f.to_record() for f in book.fired]  # NaN values compare as "nan"
+    assert any(f.metric == "last_loss" and math.isnan(f.value) for f in again.fired)
+    assert all(math.isfinite(v) for values in book.history.values() for v in values)
+    with pytest.raises(ValueError, match="monitor.alerts is malformed"):
+        again.load_state_dict({"history": {"x": ["three"]}, "evals": [], "fired": []})
+    assert again.history == book.history  # a refused state changes nothing
 
 
 def test_book_keeps_history_per_metric():
