@@ -5,7 +5,7 @@
     python bench/sample_digests.py runs/digests --check bench/sample_digests.json    # on the change: prints a table
 
 The recorded list (bench/sample_digests.json) was recorded on the layout move; the move's parent
-commit gave the same digests (docs/benchmarks.md, "Layout move: the sample's outputs unchanged").
+commit gave the same digests (docs/benchmarks-history.md, "Layout move: the sample's outputs unchanged").
 Re-recorded by this script on issue 45's document ids (they hash the snapshot and the file inside
 the source, so every id changed, and with the ids the dedup keepers, the split and every later file).
 
