@@ -56,7 +56,7 @@ from hymo_core.planner.muon import muon_matrix_shapes, muon_update_cost  # noqa:
 from hymo_core.planner.planner import (FLOP_CONVENTION, count_parameters, mixer_sequence_flops,  # noqa: E402
                                        model_shape, training_flops_per_token)
 from hymo_core.train.monitor import PEAK_FLOPS  # noqa: E402
-from hymo_core.train.optim_config import NorMuonConfig  # noqa: E402
+from hymo_core.train.optim_config import NorMuonConfig, resolve_ns_dtype  # noqa: E402
 
 # A GPT-2-small-sized dense decoder (~124 M parameters with the tied 50,304-token table).
 DENSE_125M = ModelConfig(vocab_size=50_304, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048,
@@ -183,7 +183,7 @@ def optimizer_plan(config: ModelConfig, optimizer: NorMuonConfig) -> dict:
     """NorMuon's Newton-Schulz FLOPs per step on one rank (planner.muon) and the dtype it runs in."""
     cost = muon_update_cost(muon_matrix_shapes(model_shape(config)), 1, "owned", steps=optimizer.ns_steps)
     return {"optimizer": "NorMuon + CautiousAdamW", "ns_flops_per_step": cost.ns_flops, "ns_matrices": cost.matrices,
-            "ns_dtype": optimizer.ns_dtype}
+            "ns_dtype": resolve_ns_dtype(optimizer.ns_dtype, "cuda")}  # the dtype the GPU run uses
 
 
 def mfu_plan(case: MFUCase) -> Callable[[], dict]:
@@ -423,8 +423,9 @@ def _fsdp_model(config: ModelConfig, compile_blocks: bool):
 
 def ns_dtypes(optimizer) -> dict[str, str]:
     """The Newton-Schulz dtype each orthogonalised parameter group runs in, as the built optimizer holds it."""
-    return {str(group.get("group", group.get("name", index))): str(group["ns_dtype"]).removeprefix("torch.")
-            for index, group in enumerate(getattr(optimizer, "param_groups", [])) if "ns_dtype" in group}
+    return {str(group.get("group", group.get("name", index))):
+            resolve_ns_dtype(str(group["ns_dtype"]).removeprefix("torch."), group["params"][0].device)
+            for index, group in enumerate(getattr(optimizer, "param_groups", [])) if "ns_dtype" in group and group["params"]}
 
 
 def _train_step(model, optimizer, x, y):
