@@ -90,10 +90,13 @@ def write_payload(path: Path, payload: dict[str, Any]) -> Path:
 def load_failure(exc: BaseException) -> str:
     """Why torch.load failed, in our words. torch's own message for a file holding pickled objects advises
     `weights_only=False`, which runs whatever code the file carries: never repeated to a user."""
-    if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+    text = str(exc)
+    if "allowed global" in text or "Unsupported global" in text:  # torch's words for a refused pickled object
         return ("not a HyMo checkpoint: it holds pickled objects other than tensors and plain values, which a weights-only "
                 "load refuses (a HyMo checkpoint never does)")
-    return f"truncated or corrupt checkpoint ({type(exc).__name__}: {str(exc)[:200]})"
+    if isinstance(exc, pickle.UnpicklingError) or "weights_only" in text:  # junk or a cut pickle: torch's text advises weights_only=False
+        return f"truncated or corrupt checkpoint ({type(exc).__name__}: the file does not unpickle as a checkpoint)"
+    return f"truncated or corrupt checkpoint ({type(exc).__name__}: {text[:200]})"
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def test_held_out_losses_run_on_the_training_runs_held_out_machinery(tiny_run):
     torch.manual_seed(0)
     model = Transformer(replace(TINY_MODEL, vocab_size=reader.vocab_size))
     losses = cpt.held_out_losses(model, held, torch.device("cpu"), reader.eos_id)
-    assert sum(losses["doc_tokens"]) == 2 * 4 * 16 and len(losses["doc_tokens"]) > 2
+    assert sum(losses["doc_tokens"]) == 2 * 4 * 16 and len(losses["doc_tokens"]) >= 2  # a document boundary inside the prefix
     assert losses["sequences"] == pytest.approx(evaluate_heldout(model, held, torch.device("cpu")).window_losses, rel=1e-6)
     sources = {n: g for n, g in losses["groups"].items() if n.startswith("source:")}
     assert sources and sum(g["tokens"] for g in sources.values()) == 2 * 4 * 16
