@@ -55,10 +55,13 @@ def test_default_config_lists_existing_sources():
     with open(PACKAGE_DIR / "configs" / "sample.toml", "rb") as config_file:
         config = tomllib.load(config_file)
     # Besides the sources, the sample config only switches on the optional quality classifier stage, keeps
-    # its 256-document shards and keeps only langid.langs from the multilingual source (whose spec lists all its languages).
-    assert set(config) <= {"run", "ingest", "quality_model", "langid"}
+    # its 256-document shards, keeps only langid.langs from the multilingual source (whose spec lists all its
+    # languages) and shortens the first pretrain to 24 updates (the newcomer's first result).
+    assert set(config) <= {"run", "ingest", "quality_model", "langid", "pretrain"}
     assert config["ingest"] == {"docs_per_shard": 256}
     assert config["langid"] == {"source_langs": {"multilingual": []}}
+    assert set(config.get("pretrain", {})) <= {"train"}
+    assert config["pretrain"]["train"]["max_steps"] == 24
     assert set(config["run"]["sources"]) == {p.stem for p in SPEC_FILES}
 
 
