@@ -27,7 +27,8 @@ from prefect.futures import as_completed
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.runner.shared_paths import check_shared_paths
-from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, exit_with_parent, on_dask_cluster, plan_stage, publish_plan
+from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan, start_worker
+from tasks.runner.worker_threads import PARALLELISM, parallelism_record, worker_choice, worker_environment
 
 from flows.artifacts import BackgroundPublisher, draw_funnel, made_line, publish_run_summary, publish_stage_artifacts
 from flows.cluster import require_api_for_workers, worker_paths
@@ -159,6 +160,8 @@ def needs_task_runner(entries: list[StageEntry], runner: Runner) -> bool:
 
 
 def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
+    """The runner the shard batches go to; a local pool's or cluster's workers start with their share of the cores
+    (tasks/runner/worker_threads.py). A remote Dask cluster's workers keep what their own nannies set."""
     if runner == Runner.dask:
         from prefect_dask import DaskTaskRunner
 
@@ -172,7 +175,32 @@ def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
     from prefect.task_runners import ProcessPoolTaskRunner
 
     # Its workers start early (warm_process_pool) and must not outlive a SIGKILLed flow process.
-    return ProcessPoolTaskRunner(max_workers=workers, initializer=exit_with_parent, initargs=(os.getpid(),))
+    env = worker_environment(worker_choice(workers))
+    return ProcessPoolTaskRunner(max_workers=workers, initializer=start_worker, initargs=(os.getpid(), env))
+
+
+def start_task_runner(task_runner, runner: Runner, workers: int, dask_address: str | None) -> None:
+    """Enter the runner. A local Dask cluster's nannies spawn their workers with the policy's threads, and leave
+    this process's environment as it was: a nanny writes its pre-spawn variables (OMP_NUM_THREADS=1 & co.) into
+    os.environ, where the training stage on this host would take them for the user's choice."""
+    if runner != Runner.dask or dask_address:
+        task_runner.__enter__()
+        return
+    import dask
+
+    environ_before = dict(os.environ)
+    pre_spawn = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **worker_environment(worker_choice(workers))}
+    try:
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": pre_spawn}):
+            task_runner.__enter__()
+    finally:
+        restore_environ(environ_before)
+
+
+def restore_environ(environ: dict[str, str]) -> None:
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out: Path, task_runner, workers: int,
@@ -214,12 +242,13 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     funnel_drawn = False
     entries = stages_between(start, until, config)
     task_runner = make_task_runner(runner, workers, dask_address) if needs_task_runner(entries, runner) else None
-    environ_before = dict(os.environ)  # a Dask LocalCluster sets OMP_NUM_THREADS=1 & co. for its workers
+    environ_before = dict(os.environ)  # a Dask nanny that restarts a worker writes its variables here again
     if task_runner is not None:
-        task_runner.__enter__()
+        start_task_runner(task_runner, runner, workers, dask_address)
         if runner == Runner.process:  # the workers start (and import) while the stages before the first batch run
             warm_process_pool(task_runner, workers, stage_modules(entries, config))
     shard_runner = SHARD_RUNNER.set((task_runner, workers))
+    parallelism = PARALLELISM.set(None)
     try:
         # On Dask, the global passes' per-shard work runs on the cluster too, and batches follow its worker count.
         on_dask = runner == Runner.dask and task_runner is not None
@@ -230,8 +259,11 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 check_shared_paths(task_runner.client, run, worker_paths(config))
                 workers = cluster_workers(task_runner.client)
                 SHARD_RUNNER.set((task_runner, workers))  # the finally's reset still restores the value before run_stages
+            remote = on_dask and bool(dask_address)
+            PARALLELISM.set(parallelism_record(runner.value, workers, None if remote else worker_choice(workers, environ_before)))
             previous_state = None
             for position, entry in enumerate(entries):
+                restore_environ(environ_before)  # what a restarted Dask worker's nanny wrote is not the trainer's choice
                 if not funnel_drawn and all(e.name in ARTIFACT_STAGES for e in entries[position:]):
                     artifacts.submit(draw_funnel, run)  # the funnel is final: draw it while the tokenizer trains, the model too
                     funnel_drawn = True
@@ -251,11 +283,10 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                                               "state": state.name})  # "Cached": Prefect found the stage's contract key
     finally:
         SHARD_RUNNER.reset(shard_runner)
+        PARALLELISM.reset(parallelism)
         if task_runner is not None:
             task_runner.__exit__(None, None, None)
-        if os.environ != environ_before:
-            os.environ.clear()
-            os.environ.update(environ_before)
+        restore_environ(environ_before)
     extra_images = [p for p in [stage_path(run, "pretrain", config) / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
     publish_run_summary(run, extra_images, drawn=funnel_drawn)
     return summary

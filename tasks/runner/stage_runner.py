@@ -44,6 +44,7 @@ from manifests.stage_manifest import DigestMismatch, OutputFile, StageManifest, 
 from tasks.runner import host_traffic
 from tasks.runner.code_version import code_version
 from tasks.runner.rule_digest import rule_digest
+from tasks.runner.worker_threads import PARALLELISM, apply_worker_environment, worker_choice, worker_environment
 
 
 class AccountingError(RuntimeError):
@@ -202,7 +203,7 @@ class StageWriter:
             shards=[r.shard for r in results],
             counts=counts,
             wall_time_s=time.perf_counter() - self.started,
-            extra=extra or {},
+            extra=with_parallelism(extra),
         )
         write_stats(self.work_dir, [o.path for o in outputs], input_stats)  # renames keep inode and mtime
         write_manifest(self.work_dir, manifest)
@@ -212,6 +213,15 @@ class StageWriter:
 
     def abandon(self) -> None:
         shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def with_parallelism(extra: dict[str, Any] | None) -> dict[str, Any]:
+    """The stage's own extra, plus how the run ran it (workers, threads per worker) when a flow set that."""
+    extra = dict(extra or {})
+    parallelism = PARALLELISM.get()
+    if parallelism is not None:
+        extra["parallelism"] = parallelism
+    return extra
 
 
 def swap_into_place(work_dir: Path, out_dir: Path) -> None:
@@ -335,9 +345,16 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     would otherwise pay it at every map.
     """
     if workers not in _POOLS:
+        env = worker_environment(worker_choice(workers))
         _POOLS[workers] = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                                              initializer=exit_with_parent, initargs=(os.getpid(),))
+                                              initializer=start_worker, initargs=(os.getpid(), env))
     return _POOLS[workers]
+
+
+def start_worker(parent_pid: int, env: dict[str, str]) -> None:
+    """A pool worker's initializer: its share of the cores (worker_threads), and an exit when its parent is gone."""
+    apply_worker_environment(env)
+    exit_with_parent(parent_pid)
 
 
 def exit_with_parent(parent_pid: int) -> None:

@@ -125,8 +125,17 @@ def test_config_change_recomputes_that_stage_and_downstream_only(reference_run: 
 
 
 def test_dask_runner_gives_the_same_bytes(reference_run: Path, tmp_path: Path, tiny_config: Path) -> None:
+    """Same bytes, checkpoints included: the training stage on the flow host chooses its threads as it would
+    without Dask (a local cluster's nannies write OMP_NUM_THREADS=1 into the host's environment), and each
+    stage manifest says which runner, workers and threads made it."""
     hymo_pipeline(config=load_config(tiny_config), out=str(tmp_path / "dask"), runner=Runner.dask)
     assert digests(tmp_path / "dask") == digests(reference_run)
+    for run, runner in ((reference_run, "process"), (tmp_path / "dask", "dask")):
+        manifest = json.loads((stage_path(run, "ingest") / "manifest.json").read_text())
+        parallelism = manifest["extra"]["parallelism"]
+        assert parallelism["runner"] == runner and parallelism["workers"] >= 1 and parallelism["threads_per_worker"] >= 1
+    summary = json.loads((stage_path(tmp_path / "dask", "pretrain") / "summary.json").read_text())
+    assert summary["threads"]["source"] != "OMP_NUM_THREADS"
 
 
 @pytest.mark.parametrize("workers", [3, 1])
