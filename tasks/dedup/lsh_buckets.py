@@ -24,9 +24,12 @@ seen whole by one task, and what a bucket yields depends only on its members:
   leaders exist the bucket is not such a mass (a templated site's pages are all
   below the threshold with each other), the star stops, its edges stay, and the
   bucket goes through the paths below;
-* a bucket still larger than `max_bucket_members` after folding yields only
+* a bucket still larger than `max_bucket_members` after folding, or one whose
+  agreeing candidate pairs would exceed MAX_BUCKET_CANDIDATES (many families of
+  near-copies that the star gave up on and bulk Jaccard refused), yields only
   each member's pairs with the first member and with its neighbour (audited:
-  the skipped pairs are counted).
+  the skipped pairs are counted), so no bucket sends more than a bounded
+  number of pairs to verification.
 Outputs are two files sorted by the rank partition of the pair's smaller rank
 (candidates; edges reduced to what decides the outcome, tasks/dedup/near_dup_files.py),
 one checked slice per rank partition, found through the file's slice index
@@ -50,6 +53,7 @@ from tasks.dedup.spill_reader import SpillFiles
 FOLD_IDENTICAL_FROM = 64  # buckets from this size fold identical shingle sets, then count all pairs' Jaccards in bulk
 STAR_FROM = 2048  # buckets from this size (after folding) are first linked as a star to leaders
 STAR_LEADERS = 256  # leaders beyond which a bucket is not a near-identical mass: the star stops
+MAX_BUCKET_CANDIDATES = 1 << 24  # candidate pairs one bucket may yield (256 MB as int64 pairs); beyond, the audited fallback
 EDGE_BUFFER = 1 << 20  # edges held before they are reduced (a near-identical mass yields ~m²/2 of them)
 log = logging.getLogger(__name__)
 
@@ -111,11 +115,15 @@ class BucketLinker:
         if len(members) >= STAR_FROM and self.link_star(members):
             return
         if len(members) > self.config.max_bucket_members:
-            self.link_fallback(members, pair_count)
+            self.link_fallback(members, pair_count, f"it exceeds max_bucket_members={self.config.max_bucket_members}")
             return
         if len(members) >= FOLD_IDENTICAL_FROM and self.link_exactly(members, pair_count):
             return
-        firsts, seconds = agreeing_pairs(self.prints_NK[members], self.minimum)
+        agreeing = agreeing_pairs(self.prints_NK[members], self.minimum, limit=MAX_BUCKET_CANDIDATES)
+        if agreeing is None:
+            self.link_fallback(members, pair_count, f"its agreeing pairs exceed {MAX_BUCKET_CANDIDATES:,}")
+            return
+        firsts, seconds = agreeing
         counts["below_signature_agreement"] += pair_count - len(firsts)
         self.add_candidates(members[firsts], members[seconds])
 
@@ -206,14 +214,14 @@ class BucketLinker:
             self.add_edges(members[firsts], members[seconds], similarities)
         return True
 
-    def link_fallback(self, members: np.ndarray, pair_count: int) -> None:
+    def link_fallback(self, members: np.ndarray, pair_count: int, reason: str) -> None:
         pairs = np.asarray(list(fallback_pairs(members.tolist())), dtype=np.int64)
         self.add_candidates(pairs[:, 0], pairs[:, 1])
         self.counts["fallback_buckets"] += 1
         self.counts["fallback_skipped_pairs"] += pair_count - len(pairs)
-        log.warning("dedup_fuzzy: a bucket of %d distinct members exceeds max_bucket_members=%d; linked first/neighbour only, "
+        log.warning("dedup_fuzzy: a bucket of %d distinct members: %s; linked first/neighbour only, "
                     "%d pairs not compared (counted in the manifest as fallback_skipped_pairs)",
-                    len(members), self.config.max_bucket_members, pair_count - len(pairs))
+                    len(members), reason, pair_count - len(pairs))
 
     def add_candidates(self, firsts: np.ndarray, seconds: np.ndarray) -> None:
         if len(firsts):

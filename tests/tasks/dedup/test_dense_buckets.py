@@ -77,3 +77,29 @@ def test_the_star_gives_the_clusters_of_the_all_pairs_paths(upstream, tmp_path, 
     assert clusters(star.directory) == clusters(all_pairs.directory)
     assert {r["id"] for r in read_stage_audit(star.directory).to_pylist()} == {r["id"] for r in read_stage_audit(all_pairs.directory).to_pylist()}
     assert len(set(clusters(star.directory).values())) == 3
+
+
+def test_a_bucket_whose_agreeing_pairs_pass_the_cap_takes_the_audited_fallback(upstream, tmp_path, monkeypatch) -> None:
+    """With the star and the bulk Jaccard out of the way (a bucket of many families that the star gave up on and
+    bulk refused), the fingerprint filter's pairs are capped: past MAX_BUCKET_CANDIDATES the bucket is linked
+    first/neighbour only, the skipped pairs counted, and one-family buckets still give nearly the same clusters."""
+    rng = random.Random(11)
+    texts = {}
+    for family in range(3):
+        base = story(200, rng)
+        for variant in range(150):
+            words = [("river" if rng.random() < 0.01 else word) for word in base]
+            texts[f"f{family}-{variant:016x}"] = " ".join(words)
+    corpus = upstream(texts, shards=3)
+    monkeypatch.setattr(lsh_buckets, "STAR_FROM", 10**9)
+    monkeypatch.setattr(lsh_buckets, "FOLD_IDENTICAL_FROM", 10**9)
+    uncapped = run_dedup_fuzzy(DedupFuzzyConfig(), corpus, tmp_path / "uncapped", workers=1)
+    monkeypatch.setattr(lsh_buckets, "MAX_BUCKET_CANDIDATES", 1000)  # a 150-member family bucket agrees in ~11k pairs
+    capped = run_dedup_fuzzy(DedupFuzzyConfig(), corpus, tmp_path / "capped", workers=1)
+    before, after = uncapped.extra["context"], capped.extra["context"]
+    assert before["fallback_buckets"] == 0 and after["fallback_buckets"] >= 3 and after["fallback_skipped_pairs"] > 0
+    assert after["verified_pairs"] * 5 < before["verified_pairs"], (before, after)
+    # the fallback trades recall for its bound, never precision: what it clusters, the all-pairs path clusters alike
+    found, reference = clusters(capped.directory), clusters(uncapped.directory)
+    assert found.items() <= reference.items() and len(found) >= 0.95 * len(reference), (len(found), len(reference))
+    assert len(set(found.values())) == 3
