@@ -91,7 +91,7 @@ class HeldOutSide:
                 for f in data]
         self.shards = sorted(map_shards(encode_heldout_shard, jobs, workers, f"tokenising: {VALIDATION}", [f.rows or 0 for f in data]),
                              key=lambda result: result["shard"])
-        join_token_files(self.shards, self.tokens_path, workers)
+        join_token_files(self.shards, self.tokens_path, workers, digest=False)  # a cache the shards stage cuts, not published
         firsts = np.cumsum([0, *(shard["tokens"] for shard in self.shards)]).tolist()
         plan_jobs = [(shard["piece"], shard["piece_sha256"], int(first), str(self.spill_dir / f"{shard['shard']}.plan.parquet"))
                      for shard, first in zip(self.shards, firsts)]

@@ -158,9 +158,9 @@ def last_of_group(group: Group, bin_index: int, tokens_before: int, budget: floa
 
 
 def plan_training_side(split_dir: Path, tokenizer_path: Path, config: MixtureConfig, work_dir: Path,
-                       workers: int) -> tuple[list[tuple[str, int]], dict[str, Any], int]:
+                       workers: int) -> tuple[list[tuple[str, int]], dict[str, Any], int, str]:
     """Tokenise, rank and plan the training side (repeat_plan steps 1-4): plan parts [(path under work_dir, rows, sha256)],
-    the realised table, and the tokens written."""
+    the realised table, the tokens written and the token stream's sha256 (each taken by the task that wrote the file)."""
     spill_dir, rank_dir = work_dir / SPILL_DIR, work_dir / RANK_DIR
     spill_dir.mkdir(parents=True, exist_ok=True)
     rank_dir.mkdir(parents=True, exist_ok=True)
@@ -171,8 +171,9 @@ def plan_training_side(split_dir: Path, tokenizer_path: Path, config: MixtureCon
                  str(spill_dir / f"{Path(f.path).stem}.tokens"), config.seed, str(rank_dir)) for index, f in enumerate(files)]
         shards = sorted(map_shards(encode_and_rank_shard, jobs, workers, "tokenising: train", [f.rows or 0 for f in files]),
                         key=lambda result: result["shard"])
-        join_token_files(shards, work_dir / TOKENS_FILE, workers)
-        return plan_ranked([shard["ranked"] for shard in shards], config, work_dir, workers)
+        tokens_sha256 = join_token_files(shards, work_dir / TOKENS_FILE, workers)
+        parts, table, tokens = plan_ranked([shard["ranked"] for shard in shards], config, work_dir, workers)
+        return parts, table, tokens, tokens_sha256
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
         shutil.rmtree(rank_dir, ignore_errors=True)
@@ -250,10 +251,10 @@ def realised_table(unique, weights, realised, total, config: MixtureConfig) -> d
 
 def build_mixture_files(split_dir: Path, tokenizer_dir: Path, config: MixtureConfig, work_dir: Path,
                         workers: int | None = None) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
-    parts, table, tokens = plan_training_side(Path(split_dir), read_manifest(tokenizer_dir).directory / TOKENIZER_FILE, config, work_dir,
-                                              workers or default_workers())
+    parts, table, tokens, tokens_sha256 = plan_training_side(Path(split_dir), read_manifest(tokenizer_dir).directory / TOKENIZER_FILE,
+                                                             config, work_dir, workers or default_workers())
     atomic_write_text(work_dir / TABLE_FILE, json.dumps(table, indent=2, ensure_ascii=False) + "\n")
-    return [*parts, (TABLE_FILE, len(table["sources"])), (TOKENS_FILE, tokens)], {"mixture": table}
+    return [*parts, (TABLE_FILE, len(table["sources"])), (TOKENS_FILE, tokens, tokens_sha256)], {"mixture": table}
 
 
 def run_mixture(config: MixtureConfig, split_dir: Path, tokenizer_dir: Path, out_dir: Path, workers: int | None = None) -> StageManifest:

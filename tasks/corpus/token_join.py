@@ -9,6 +9,9 @@ its file against the digest its writer recorded while copying it into its
 region with positioned writes, and the host renames the partial file once
 every region is written. A task re-run after a dead worker writes the same
 bytes at the same place; on a cluster the output sits on the shared mount.
+The joined file's sha256 (a whole-file digest cannot be put together from the
+regions' digests) is taken by one more runner task, so the manifest gets it
+without the flow host reading the stream.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from manifests.digest import sha256_file
 from tasks.dedup.minhash import ChecksumMismatch
 from tasks.runner.stage_runner import map_shards
 
@@ -42,8 +46,14 @@ def place_token_file(part_path: str, sha256: str, joined_path: str, offset: int)
     return written
 
 
-def join_token_files(shards: list[dict[str, Any]], joined_path: Path, workers: int) -> None:
-    """The shards' token files (each {"path", "sha256"}), in the order given, as one file at `joined_path`."""
+def hash_joined_file(path: str) -> str:
+    """Task: the joined stream's sha256, read on a runner worker (on one machine, in place)."""
+    return sha256_file(Path(path))
+
+
+def join_token_files(shards: list[dict[str, Any]], joined_path: Path, workers: int, digest: bool = True) -> str | None:
+    """The shards' token files (each {"path", "sha256"}), in the order given, as one file at `joined_path`; its sha256
+    (None with `digest=False`, for a joined file no manifest lists)."""
     sizes = [Path(shard["path"]).stat().st_size for shard in shards]
     offsets = [0, *accumulate(sizes)][:-1]
     partial = Path(joined_path).with_name(f".{Path(joined_path).name}.partial")
@@ -57,3 +67,6 @@ def join_token_files(shards: list[dict[str, Any]], joined_path: Path, workers: i
         os.replace(partial, joined_path)
     finally:
         partial.unlink(missing_ok=True)
+    if not digest:
+        return None
+    return next(iter(map_shards(hash_joined_file, [(str(joined_path),)], workers, "hashing the token stream", [sum(sizes)])))

@@ -1,6 +1,6 @@
 """Artifacts are hashed once, by the task that writes them (issue 45, part 8): the shards stage's token
-files and indexes are not read again on the flow host to build the manifest, and the digests it records
-are the files' own (a full verify re-hashes them)."""
+files and indexes and the mixture's plan parts and token stream are not read again on the flow host to build
+the manifest, and the digests it records are the files' own (a full verify re-hashes them)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,6 +42,6 @@ def test_the_host_hashes_no_plan_part_of_the_mixture(tiny_run: Path, tmp_path: P
     manifest = run_mixture(MixtureConfig(weights=weights, total_tokens=30_000, max_epochs=4.0), tiny_run / "04_split", tiny_run / "05_tokenizer",
                            tmp_path / "06_mixture", workers=1)
     assert [f.path for f in manifest.files("artifact") if f.path.startswith("plan/")]
-    # train_tokens.bin is joined region by region by several tasks: its whole-file digest is still taken here
-    assert sorted(hashed) == ["mixture.json", "train_tokens.bin"], hashed
+    # train_tokens.bin is joined region by region by several tasks, and hashed whole by one more task
+    assert sorted(hashed) == ["mixture.json"], hashed
     read_manifest(manifest.directory, verify=True, full=True)

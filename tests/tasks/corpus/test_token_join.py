@@ -30,10 +30,10 @@ def host_write_bytes() -> int:
 def test_the_joined_file_is_the_concatenation_and_the_host_writes_none_of_it(tmp_path):
     shards = token_files(tmp_path, [300_000, 0, 5, 1_200_000, 700_000])
     before = host_write_bytes()
-    join_token_files(shards, tmp_path / "joined.bin", workers=2)  # the copies run in the pool's worker processes
+    sha256 = join_token_files(shards, tmp_path / "joined.bin", workers=2)  # the copies run in the pool's worker processes
     written = host_write_bytes() - before
     expected = b"".join(open(s["path"], "rb").read() for s in shards)
-    assert (tmp_path / "joined.bin").read_bytes() == expected
+    assert (tmp_path / "joined.bin").read_bytes() == expected and sha256 == hashlib.sha256(expected).hexdigest()
     assert written < len(expected) // 100, (written, len(expected))  # a sequential join on the host writes every byte itself
     assert not list(tmp_path.glob(".joined.bin.partial"))
 
