@@ -9,12 +9,13 @@ number in the table can be traced to the items behind it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -25,7 +26,7 @@ from hymo_core.eval.sandbox import memory_bound, require_isolation
 from hymo_core.eval.metrics import bits_per_byte
 from hymo_core.eval.suite import FEWSHOT_SEED, GENERATION_BATCH, SUITES, markdown_table, run_task
 from hymo_core.eval.evaluation import load_tokenizer
-from hymo_core.threads import ThreadChoice, apply_threads, choose_threads
+from hymo_core.threads import ThreadChoice, choose_threads, using_threads
 
 EVAL_JSON = "eval.json"
 EVAL_MD = "eval.md"
@@ -73,15 +74,18 @@ def held_out_perplexity(model: torch.nn.Module, reader: CorpusReader, train_conf
     return out
 
 
-def pin_threads(requested: int | None = None) -> ThreadChoice:
+@contextlib.contextmanager
+def pinned_threads(requested: int | None = None) -> Iterator[ThreadChoice]:
     """Intra-op threads from the project's one policy (--threads > HYMO_THREADS > OMP_NUM_THREADS > usable
-    CPUs; `hymo_core.threads`), inter-op 1. Every sandboxed HumanEval program gets 1 (`sandbox.PROGRAM_THREADS`)."""
-    choice = apply_threads(choose_threads(requested))
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set, or inter-op work has started in this process
-        pass
-    return choice
+    CPUs; `hymo_core.threads`) for the suite's duration, inter-op 1. The process's own count and variables come
+    back afterwards: an eval inside a longer-lived process (a flow, a test session) must not become the next
+    run's "HYMO_THREADS". Every sandboxed HumanEval program gets 1 (`sandbox.PROGRAM_THREADS`)."""
+    with using_threads(choose_threads(requested)) as choice:
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set, or inter-op work has started in this process
+            pass
+        yield choice
 
 
 def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path | None = None, limit: int | None = None,
@@ -95,36 +99,36 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
     sandbox = require_isolation(unsafe_exec) if "humaneval" in SUITES[suite] else None  # refuse before loading anything
-    choice = pin_threads(threads)
-    checkpoint = Path(checkpoint)
-    device = torch.device(device)
-    torch.manual_seed(0)  # nothing here samples; fixed anyway so a future sampled metric is reproducible
-    model, payload = load_model(checkpoint, device)
-    reader = CorpusReader(corpus) if corpus else find_corpus(checkpoint, payload["manifest_digest"])
-    if reader.vocab_size != model.config.vocab_size:
-        raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
-    tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
-    results: dict[str, Any] = {"checkpoint": str(checkpoint), "step": payload["state"]["step"], "suite": suite, "limit": limit,
-                               "num_fewshot": num_fewshot, "fewshot_seed": fewshot_seed if num_fewshot else None,
-                               "corpus": str(reader.path), "corpus_digest": reader.digest,
-                               "same_corpus": payload["manifest_digest"] == reader.digest, "sandbox": sandbox,
-                               "sandbox_memory": memory_bound(sandbox == "unsafe").to_json() if sandbox else None,
-                               "threads": choice.to_json(), "complete": False, "tasks": {}}
-    for task in SUITES[suite]:
-        started = time.perf_counter()
-        results["tasks"][task] = run_task(task, model, tokenizer, limit=limit, eos_id=reader.eos_id, device=device,
-                                          mmlu_format=mmlu_format, max_new_tokens=max_new_tokens, unsafe_exec=unsafe_exec,
-                                          num_fewshot=num_fewshot, fewshot_seed=fewshot_seed,
-                                          generation_batch_size=generation_batch_size)
-        results["tasks"][task]["seconds"] = time.perf_counter() - started
+    with pinned_threads(threads) as choice:
+        checkpoint = Path(checkpoint)
+        device = torch.device(device)
+        torch.manual_seed(0)  # nothing here samples; fixed anyway so a future sampled metric is reproducible
+        model, payload = load_model(checkpoint, device)
+        reader = CorpusReader(corpus) if corpus else find_corpus(checkpoint, payload["manifest_digest"])
+        if reader.vocab_size != model.config.vocab_size:
+            raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
+        tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
+        results: dict[str, Any] = {"checkpoint": str(checkpoint), "step": payload["state"]["step"], "suite": suite, "limit": limit,
+                                   "num_fewshot": num_fewshot, "fewshot_seed": fewshot_seed if num_fewshot else None,
+                                   "corpus": str(reader.path), "corpus_digest": reader.digest,
+                                   "same_corpus": payload["manifest_digest"] == reader.digest, "sandbox": sandbox,
+                                   "sandbox_memory": memory_bound(sandbox == "unsafe").to_json() if sandbox else None,
+                                   "threads": choice.to_json(), "complete": False, "tasks": {}}
+        for task in SUITES[suite]:
+            started = time.perf_counter()
+            results["tasks"][task] = run_task(task, model, tokenizer, limit=limit, eos_id=reader.eos_id, device=device,
+                                              mmlu_format=mmlu_format, max_new_tokens=max_new_tokens, unsafe_exec=unsafe_exec,
+                                              num_fewshot=num_fewshot, fewshot_seed=fewshot_seed,
+                                              generation_batch_size=generation_batch_size)
+            results["tasks"][task]["seconds"] = time.perf_counter() - started
+            if out is not None:
+                write_report(results, Path(out))  # before anything else can fail or be interrupted
+            log(f"{task}: {results['tasks'][task]['items']} items in {results['tasks'][task]['seconds']:.1f} s")
+        results["perplexity"] = held_out_perplexity(model, reader, payload["train_config"], device)
+        results["complete"] = True
         if out is not None:
-            write_report(results, Path(out))  # before anything else can fail or be interrupted
-        log(f"{task}: {results['tasks'][task]['items']} items in {results['tasks'][task]['seconds']:.1f} s")
-    results["perplexity"] = held_out_perplexity(model, reader, payload["train_config"], device)
-    results["complete"] = True
-    if out is not None:
-        write_report(results, Path(out))
-    return results
+            write_report(results, Path(out))
+        return results
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -168,7 +169,12 @@ def test_eval_suite_with_limit_prints_the_table_and_writes_eval_json(trained: Pa
     checkpoint.write_bytes((trained / "checkpoints" / "step-00000003.pt").read_bytes())
     for name in ("HYMO_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # restored after the test: the policy exports its choice
         monkeypatch.delenv(name, raising=False)
+    import torch
+
+    threads_before = torch.get_num_threads()
     assert main(["eval", str(checkpoint), "--suite", "default", "--limit", "10", "--generation-batch-size", "4", "--threads", "1"]) == 0
+    # the suite's choice lasts the suite: an eval inside a longer-lived process must not become the next run's HYMO_THREADS
+    assert not {"HYMO_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"} & set(os.environ) and torch.get_num_threads() == threads_before
     table = capsys.readouterr().out
     for task in ("hellaswag", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "held-out (validation)"):
         assert f"| {task} |" in table, task
