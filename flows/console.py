@@ -15,15 +15,27 @@ from rich.text import Text
 console = get_console()
 
 
+def live_display_active() -> bool:
+    """Whether a progress bar (a rich Live) is drawing on `console` now."""
+    return bool(getattr(console, "_live_stack", None))
+
+
 def route_prefect_logs() -> None:
-    """Prefect's console handler prints through `console` rather than a console of its own on stderr, in this process
-    (the CLI). Prefect re-creates its handlers whenever it sets logging up again, so the class is adjusted."""
+    """While a progress bar is live, Prefect's console handler prints through `console` (rich then prints the line
+    above the bar) rather than through its own console on stderr, in this process (the CLI). Otherwise a log line
+    stays on stderr: once Prefect has set logging up it also carries the root logger's warnings (lm-eval's, say),
+    and stdout is where `--json` and the tables go. Prefect re-creates its handlers whenever it sets logging up
+    again, so the class is adjusted."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
     if getattr(PrefectConsoleHandler, "_hymo_routed", False):
         return
+    emit_on_stderr = PrefectConsoleHandler.emit
 
     def emit_on_shared_console(self: logging.Handler, record: logging.LogRecord) -> None:
+        if not live_display_active():
+            emit_on_stderr(self, record)
+            return
         try:
             console.print(Text(self.format(record)), soft_wrap=True)
         except RecursionError:

@@ -27,3 +27,24 @@ def test_prefect_log_lines_print_through_the_progress_bars_console(monkeypatch) 
             bar.add_task("stage", total=2)
             probe()
     assert "hymo-probe-line" in captured.get()
+
+
+def test_without_a_live_bar_log_lines_stay_off_stdout(capsys) -> None:
+    """Once Prefect has set logging up, its console handler also carries the root logger's warnings (lm-eval's);
+    with no bar to print above, they stay on stderr, so `hymo eval --harness lm-eval --json` prints only JSON."""
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    from flows.console import route_prefect_logs
+
+    route_prefect_logs()
+    handler = PrefectConsoleHandler()
+    logger = logging.getLogger("hymo-terminal-probe-root")
+    logger.addHandler(handler)
+    try:
+        logger.warning("hymo-probe-warning")
+    finally:
+        logger.removeHandler(handler)
+    captured = capsys.readouterr()
+    assert "hymo-probe-warning" not in captured.out and "hymo-probe-warning" in captured.err

@@ -115,7 +115,11 @@ def test_readme_commands_export_load_and_evaluate(checkpoints, tiny_run: Path, t
     assert type(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")).__name__ == "LlamaForCausalLM"
     assert main(["eval", str(tmp_path / "hf"), "--harness", "lm-eval", "--tasks", "arc_easy", "--limit", "2",
                  "--out", str(tmp_path / "lm_eval"), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    try:
+        rows = json.loads(out)
+    except json.JSONDecodeError as error:
+        raise AssertionError(f"--json printed more than one JSON document: {out[:2000]!r}") from error
     assert set(rows) == {"hymo_arc_easy"} and 0.0 <= rows["hymo_arc_easy"]["acc,none"] <= 1.0
     assert main(["export", str(checkpoints["llama"]), "--hf", str(tmp_path / "hf"), "--corpus", str(tiny_run)]) == 1
     error = capsys.readouterr().err.strip()
