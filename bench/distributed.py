@@ -123,7 +123,6 @@ def launch(nproc: int | None, shape: dict, batch: int, accum: int, seq_len: int,
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-QUIET_LOAD = 1.5  # docs/ figures only from a machine this idle (1-minute load average before the first row)
 CLI = "import sys; from flows.cli import main; sys.exit(main())"  # `hymo`, from this checkout
 
 
@@ -250,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bench.report import markdown_table, write_section
+    from bench.report import markdown_table, refuse_if_loaded, write_section
 
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="hymo-bench-distributed-") as scratch:
@@ -279,9 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(note)
     if args.write:
-        if load_start[0] >= QUIET_LOAD:
-            print(f"not written: the 1-minute load was {load_start[0]:.2f} at start (>= {QUIET_LOAD}); rerun on a quiet machine",
-                  file=sys.stderr)
+        if refuse_if_loaded(load_start[0]):
             return 1
         write_section("Distributed training (bench/distributed.py)", text, note)
     return 0

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.lab5_cpt import train_base  # noqa: E402  (the sample recipe's base, trained once under --work)
-from bench.report import markdown_table, write_section  # noqa: E402
+from bench.report import markdown_table, refuse_if_loaded, write_section  # noqa: E402
 
 TITLE = "hymo eval --suite default --limit 50 on the sample checkpoint (bench/eval_suite.py)"
 
@@ -58,14 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("total (CPU s, user + system)", "", f"{cpu.ru_utime + cpu.ru_stime:.1f}"))
     threads = result["threads"]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    note = (f"Machine: {platform.machine()} {os.cpu_count()}-core CPU shared with other jobs, eval pinned to CPUs {args.cpus} "
-            f"({threads['threads']} torch threads, chosen by {threads['source']} of {threads['cpus']} usable CPUs); commit {commit}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after. "
+    note = (f"Machine: {platform.machine()} {os.cpu_count()}-core CPU, eval pinned to CPUs {args.cpus} "
+            f"({threads['threads']} torch threads, chosen by {threads['source']} of {threads['cpus']} usable CPUs); commit {commit}; "
+            f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after. "
             f"{wall:.0f} s wall, {cpu.ru_utime + cpu.ru_stime:.0f} CPU s. Checkpoint: the sample recipe on `{args.sample}` "
-            f"(step {result['step']}). Target: at most 300 s on 2 cores. The machine was shared, so the wall time is an upper "
-            f"bound for an idle 2-core machine; CPU s / 2 is a lower bound.")
+            f"(step {result['step']}). Target: at most 300 s on 2 cores. Wall time stretches with other jobs' load; CPU s much less.")
     table = markdown_table(["task", "items", "seconds"], rows)
     print(note + "\n\n" + table)
     if args.write:
+        if refuse_if_loaded(load_before[0]):
+            return 1
         write_section(TITLE, table, note)
     return 0
 

@@ -24,6 +24,19 @@ def run_stamp() -> str:
             f"with {os.cpu_count()} CPUs, load average {load} (1/5/15 min) as it finished.")
 
 
+QUIET_LOAD = 1.5  # docs/ figures only from a machine this idle (1-minute load average before the run)
+
+
+def refuse_if_loaded(load_before: float) -> bool:
+    """True (and says so on stderr) when a run that started at this 1-minute load must not write docs/ figures."""
+    if load_before < QUIET_LOAD:
+        return False
+    import sys
+
+    print(f"not written: the 1-minute load was {load_before:.2f} at start (>= {QUIET_LOAD}); rerun on a quiet machine", file=sys.stderr)
+    return True
+
+
 def write_section(title: str, table: str, note: str = "") -> None:
     """This benchmark's `## title` section of docs/benchmarks.md, stamped with the run's date, machine and load."""
     replace_section(DOC, f"## {title}", f"## {title}\n\n{run_stamp()} {note}\n\n{table}\n")
