@@ -30,6 +30,17 @@ def letters(number: int) -> str:
             return word
 
 
+def three_families(rng: random.Random) -> dict[str, str]:
+    """Three families of 150 near-copies of a 200-word story (each word replaced with probability 0.01)."""
+    texts = {}
+    for family in range(3):
+        base = story(200, rng)
+        for variant in range(150):
+            words = [("river" if rng.random() < 0.01 else word) for word in base]
+            texts[f"f{family}-{variant:016x}"] = " ".join(words)
+    return texts
+
+
 def clusters(stage_dir) -> dict[str, str]:
     table = pq.read_table(stage_dir / "clusters.parquet")
     return dict(zip(table.column("id").to_pylist(), table.column("kept_id").to_pylist()))
@@ -59,12 +70,7 @@ def test_20k_pages_identical_but_for_one_word_are_one_cluster_with_bounded_compa
 
 def test_the_star_gives_the_clusters_of_the_all_pairs_paths(upstream, tmp_path, monkeypatch) -> None:
     rng = random.Random(9)
-    texts = {}
-    for family in range(3):
-        base = story(200, rng)
-        for variant in range(150):
-            words = [("river" if rng.random() < 0.01 else word) for word in base]
-            texts[f"f{family}-{variant:016x}"] = " ".join(words)
+    texts = three_families(rng)
     for single in range(100):
         texts[f"single-{single:016x}"] = " ".join(story(200, rng))
     corpus = upstream(texts, shards=3)
@@ -83,14 +89,7 @@ def test_a_bucket_whose_agreeing_pairs_pass_the_cap_takes_the_audited_fallback(u
     """With the star and the bulk Jaccard out of the way (a bucket of many families that the star gave up on and
     bulk refused), the fingerprint filter's pairs are capped: past MAX_BUCKET_CANDIDATES the bucket is linked
     first/neighbour only, the skipped pairs counted, and one-family buckets still give nearly the same clusters."""
-    rng = random.Random(11)
-    texts = {}
-    for family in range(3):
-        base = story(200, rng)
-        for variant in range(150):
-            words = [("river" if rng.random() < 0.01 else word) for word in base]
-            texts[f"f{family}-{variant:016x}"] = " ".join(words)
-    corpus = upstream(texts, shards=3)
+    corpus = upstream(three_families(random.Random(11)), shards=3)
     monkeypatch.setattr(lsh_buckets, "STAR_FROM", 10**9)
     monkeypatch.setattr(lsh_buckets, "FOLD_IDENTICAL_FROM", 10**9)
     uncapped = run_dedup_fuzzy(DedupFuzzyConfig(), corpus, tmp_path / "uncapped", workers=1)
