@@ -2,8 +2,8 @@
 
 It is rich's global console, so the progress bars of stages and training (rich `Progress` with no console
 of its own, in tasks/ and hymo_core/, which cannot import this package) draw on it too, and Prefect's log
-lines are routed to it (`route_prefect_logs`): rich then prints each line above a live bar instead of
-over it.
+lines are routed to it while a bar is live (`route_prefect_logs`): rich then prints each line above the bar
+instead of over it; with no bar they stay on stderr, off the stdout that tables and `--json` use.
 """
 from __future__ import annotations
 
