@@ -180,21 +180,17 @@ def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
 
 
 def start_task_runner(task_runner, runner: Runner, workers: int, dask_address: str | None) -> None:
-    """Enter the runner. A local Dask cluster's nannies spawn their workers with the policy's threads, and leave
-    this process's environment as it was: a nanny writes its pre-spawn variables (OMP_NUM_THREADS=1 & co.) into
-    os.environ, where the training stage on this host would take them for the user's choice."""
+    """Enter the runner; a local Dask cluster's nannies spawn their workers with the policy's threads. A nanny also
+    writes those pre-spawn variables into this process's os.environ, where the training stage on this host would
+    take them for the user's choice: run_stages puts its own environment back before every stage."""
     if runner != Runner.dask or dask_address:
         task_runner.__enter__()
         return
     import dask
 
-    environ_before = dict(os.environ)
     pre_spawn = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **worker_environment(worker_choice(workers))}
-    try:
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": pre_spawn}):
-            task_runner.__enter__()
-    finally:
-        restore_environ(environ_before)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": pre_spawn}):
+        task_runner.__enter__()
 
 
 def restore_environ(environ: dict[str, str]) -> None:
@@ -242,7 +238,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     funnel_drawn = False
     entries = stages_between(start, until, config)
     task_runner = make_task_runner(runner, workers, dask_address) if needs_task_runner(entries, runner) else None
-    environ_before = dict(os.environ)  # a Dask nanny that restarts a worker writes its variables here again
+    environ_before = dict(os.environ)  # a local Dask cluster's nannies write their workers' variables here
     if task_runner is not None:
         start_task_runner(task_runner, runner, workers, dask_address)
         if runner == Runner.process:  # the workers start (and import) while the stages before the first batch run
