@@ -4,11 +4,12 @@
     python bench/scale.py --docs 50000 --shard-sweep 0 800000 80000   # flow-host memory against the number of shards
 
 The corpus is synthetic but keeps real word statistics: unigram frequencies
-and document lengths are read from --word-source (the anchor harness's
-labelled documentation corpus by default, so the source is declared with the
-documentation profile), document lengths are the source's page lengths times
---length-scale (default 1/4: about 260 words, section-sized like the harness's
-large.jsonl and like extracted web pages), documents are drawn from them, a paragraph ends after
+and document lengths are read from --word-source (by default the sample's
+generated.jsonl, which ships in the repo: 626 English pages, 465 words on
+average; the synthetic source is declared with the documentation profile),
+document lengths are the source's page lengths times --length-scale (default
+1/2: about 230 words, section-sized like extracted web pages), documents are
+drawn from them, a paragraph ends after
 a sentence-final word with probability 1/4, and 10 % are near copies (3 % of
 words replaced) of a recent document. It is written as one
 JSONL source, streamed, never held in memory.
@@ -58,7 +59,7 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != 
 from bench.process_tree import tree_pids, usage  # noqa: E402  (after the path fix)
 
 WORK = Path(os.environ.get("HYMO_BENCH_WORK", "/tmp/hymo-bench-scale"))
-DEFAULT_WORD_SOURCE = Path("/work/scratch/bench/corpus/small.jsonl")
+DEFAULT_WORD_SOURCE = REPO / "manifests" / "sample" / "generated.jsonl"  # in the repo: a fresh clone can run the bench
 TITLE = "Data half at scale (`python bench/scale.py`)"
 NEAR_COPY_SHARE, EDIT_RATE, RECENT = 0.10, 0.03, 4096
 PARAGRAPH_END = 0.25  # chance that a word ending a sentence also ends a paragraph
@@ -86,7 +87,7 @@ def paragraphs(words: list[str], rng) -> str:
     return "".join(w + ("\n" if b and w.endswith((".", "!", "?")) else " ") for w, b in zip(words, breaks)).rstrip()
 
 
-def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, chunk: int = 10_000, length_scale: float = 0.25) -> None:
+def write_corpus(path: Path, count: int, word_source: Path, seed: int = 1234, chunk: int = 10_000, length_scale: float = 0.5) -> None:
     """`count` documents as JSONL, written a chunk at a time; 10 % near copies of a recent document."""
     import numpy as np
 
@@ -436,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", choices=["flow", "loop"], default="flow",
                         help="flow: Prefect flow runs on a Dask LocalCluster (default); loop: the stage functions with the process pool")
     parser.add_argument("--word-source", type=Path, default=DEFAULT_WORD_SOURCE)
-    parser.add_argument("--length-scale", type=float, default=0.25, help="document length = a word-source page's length times this")
+    parser.add_argument("--length-scale", type=float, default=0.5, help="document length = a word-source page's length times this")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--reuse", action="store_true", help="take a size's stored result when it ran on this same commit with the same settings")
     parser.add_argument("--include", action="append", default=[], type=Path,
