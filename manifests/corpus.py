@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -105,17 +105,35 @@ def action_counts(path: Path, actions: tuple[str, ...]) -> list[dict[str, Any]]:
     return grouped.group_by(["source", "action", "rule"], use_threads=False).aggregate([([], "count_all")]).to_pylist()
 
 
-def filters_by_source(run: Path, before_order: int | None = None) -> dict[str, dict[str, dict[str, int]]]:
+# Runs fn(*job) for every job and yields the results in any order (the shards stage passes its worker pool).
+Mapper = Callable[[Callable[..., Any], list[tuple]], Iterable[Any]]
+
+
+def serial_map(fn: Callable[..., Any], jobs: list[tuple]) -> Iterator[Any]:
+    return (fn(*job) for job in jobs)
+
+
+def labelled_action_counts(label: str, path: str, actions: tuple[str, ...]) -> tuple[str, list[dict[str, Any]]]:
+    """Task: `action_counts` of one audit file, tagged with its stage (the file's ids are read where this runs)."""
+    return label, action_counts(Path(path), actions)
+
+
+def source_counts(path: str) -> list[dict[str, Any]]:
+    """Task: documents per source in one data file."""
+    return pc.value_counts(pq.read_table(path, columns=["source"]).column("source")).to_pylist()
+
+
+def filters_by_source(run: Path, before_order: int | None = None, mapper: Mapper = serial_map) -> dict[str, dict[str, dict[str, int]]]:
     """source -> "stage.rule" -> {"removed": n, "modified": n} over the document stages before `before_order` (all when None).
-    Counted per audit file in Arrow: the flow host reads every audit log here, so no Python loop over the removals."""
+    Each audit file is counted in Arrow by one `mapper` job, so the caller holds (source, rule) sums, never an id."""
+    jobs = [(stage_dir.stage, str(manifest.path_of(audit_file)), ("removed", "modified"))
+            for stage_dir, manifest in completed_stages(run) if before_order is None or stage_dir.order < before_order
+            for audit_file in manifest.files("audit")]
     counts: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"removed": 0, "modified": 0}))
-    for stage_dir, manifest in completed_stages(run):
-        if before_order is not None and stage_dir.order >= before_order:
-            continue
-        for audit_file in manifest.files("audit"):
-            for row in action_counts(manifest.path_of(audit_file), ("removed", "modified")):
-                counts[row["source"]][f"{stage_dir.stage}.{row['rule']}"][row["action"]] += row["count_all"]
-    return {s: dict(sorted(rules.items())) for s, rules in counts.items()}
+    for stage, rows in mapper(labelled_action_counts, jobs):
+        for row in rows:
+            counts[row["source"]][f"{stage}.{row['rule']}"][row["action"]] += row["count_all"]
+    return {s: dict(sorted(rules.items())) for s, rules in sorted(counts.items())}
 
 
 def source_provenance(run: Path) -> dict[str, dict[str, Any]]:
@@ -128,16 +146,18 @@ def source_provenance(run: Path) -> dict[str, dict[str, Any]]:
             for s in ingest.extra.get("sources", [])}
 
 
-def ingested_by_source(run: Path) -> dict[str, int]:
+def ingested_by_source(run: Path, mapper: Mapper = serial_map) -> dict[str, int]:
+    """Documents ingested per source (kept and removed), one `mapper` job per ingest data or audit file."""
     try:
         _, ingest = find_stage(run, "ingest")
     except KeyError:
         return {}
     counts: dict[str, int] = defaultdict(int)
-    for data_file in ingest.files("data"):
-        for row in pc.value_counts(pq.read_table(ingest.path_of(data_file), columns=["source"]).column("source")).to_pylist():
+    for rows in mapper(source_counts, [(str(ingest.path_of(f)),) for f in ingest.files("data")]):
+        for row in rows:
             counts[row["values"]] += row["counts"]
-    for audit_file in ingest.files("audit"):
-        for row in action_counts(ingest.path_of(audit_file), ("removed",)):
+    jobs = [("ingest", str(ingest.path_of(f)), ("removed",)) for f in ingest.files("audit")]
+    for _, rows in mapper(labelled_action_counts, jobs):
+        for row in rows:
             counts[row["source"]] += row["count_all"]
-    return dict(counts)
+    return dict(sorted(counts.items()))

@@ -39,7 +39,7 @@ from tasks.corpus.heldout_side import HeldOutSide
 from tasks.corpus.mixture import TABLE_FILE, TOKENS_FILE, plan_parts
 from tasks.corpus.occurrence_stream import INDEX_SCHEMA, lay_out_stream
 from tasks.corpus.split import HELD_OUT_RULE, VALIDATION
-from tasks.runner.stage_runner import default_workers, run_artifact_stage
+from tasks.runner.stage_runner import default_workers, map_shards, run_artifact_stage
 from tasks.corpus.tokenizer import EOS_TOKEN, TOKENIZER_FILE, load_tokenizer, vocab_size_of
 
 STAGE = "shards"
@@ -97,7 +97,7 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
         "byte_order": "little",
         "eos_id": eos_id,
         "tokenizer": {**tokenizer_stats.get("tokenizer", {}), "path": TOKENIZER_FILE, "sha256": sha256_file(work_dir / TOKENIZER_FILE), "vocab_size": vocab_size},
-        "sources": corpus_sources(Path(split_dir), documents_by_source(plan), mixture_table, tokenizer_stats, validation_by_source),
+        "sources": corpus_sources(Path(split_dir), documents_by_source(plan), mixture_table, tokenizer_stats, validation_by_source, workers),
         "mixture": mixture_table,
         "shards": {"train": train, VALIDATION: validation},
         "train_tokens": sum(s["tokens"] for s in train),
@@ -114,15 +114,22 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
                        "validation_tokens": payload["validation"]["tokens"]}
 
 
-def corpus_sources(split_dir: Path, kept_docs: dict[str, int], mixture_table: dict[str, Any], tokenizer_stats: dict[str, Any], validation: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+def corpus_sources(split_dir: Path, kept_docs: dict[str, int], mixture_table: dict[str, Any], tokenizer_stats: dict[str, Any],
+                   validation: dict[str, dict[str, int]], workers: int = 1) -> list[dict[str, Any]]:
     """Per source: provenance, filters with counts, kept documents/tokens, weight, epochs, compression.
 
     Every ingested source has a row, in the mixture's order and then ingestion's: one whose every
-    document was removed keeps its licence and removal counts, with zero documents and tokens."""
+    document was removed keeps its licence and removal counts, with zero documents and tokens.
+    The ingest and audit files are counted by runner tasks, one a file: the flow host sums per-source
+    counts and reads no id (read here, they were a serial pass over every audit log of the run)."""
     run = split_dir.parent
     numbered = STAGE_DIR_RE.match(split_dir.name)
-    provenance, ingested = source_provenance(run), ingested_by_source(run)
-    filters = filters_by_source(run, int(numbered.group(1)) if numbered else None)
+
+    def on_workers(fn, jobs):
+        return map_shards(fn, jobs, workers, "shards: counts per source", [1] * len(jobs))
+
+    provenance, ingested = source_provenance(run), ingested_by_source(run, on_workers)
+    filters = filters_by_source(run, int(numbered.group(1)) if numbered else None, on_workers)
     compression = tokenizer_stats.get("sample_by_source", {})
     rows = []
     for mix in mixture_table["sources"]:
