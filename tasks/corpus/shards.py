@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests.corpus import (CORPUS_FILE, filters_by_source, ingested_by_source, locate_corpus_manifest, read_corpus_manifest,
-                              source_provenance, write_corpus_manifest)
+                              source_counts, source_provenance, write_corpus_manifest)
 from manifests.digest import sha256_file
 from manifests.run_dir import STAGE_DIR_RE
 from manifests.stage_manifest import StageManifest, read_manifest
@@ -60,13 +59,13 @@ def pack_side(plan_parts: list[Path], tokens_path: Path, dtype: np.dtype, config
              "index_path": f"tokens/{shard['name']}.idx.parquet", "index_sha256": shard["index_sha256"]} for shard in written]
 
 
-def documents_by_source(plan_parts: list[Path]) -> dict[str, int]:
-    """Training documents per source, counted part by part from the plan's source column."""
+def documents_by_source(plan_parts: list[Path], workers: int = 1) -> dict[str, int]:
+    """Training documents per source: one runner task per plan part counts its source column; the host sums them."""
     counts: dict[str, int] = {}
-    for part in plan_parts:
-        for row in pc.value_counts(pq.read_table(part, columns=["source"]).column("source")).to_pylist():
+    for rows in map_shards(source_counts, [(str(part),) for part in plan_parts], workers, "shards: documents per source", [1] * len(plan_parts)):
+        for row in rows:
             counts[row["values"]] = counts.get(row["values"], 0) + row["counts"]
-    return counts
+    return dict(sorted(counts.items()))
 
 
 def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config: ShardsConfig, work_dir: Path,
@@ -97,7 +96,7 @@ def build_shards(split_dir: Path, tokenizer_dir: Path, mixture_dir: Path, config
         "byte_order": "little",
         "eos_id": eos_id,
         "tokenizer": {**tokenizer_stats.get("tokenizer", {}), "path": TOKENIZER_FILE, "sha256": sha256_file(work_dir / TOKENIZER_FILE), "vocab_size": vocab_size},
-        "sources": corpus_sources(Path(split_dir), documents_by_source(plan), mixture_table, tokenizer_stats, validation_by_source, workers),
+        "sources": corpus_sources(Path(split_dir), documents_by_source(plan, workers), mixture_table, tokenizer_stats, validation_by_source, workers),
         "mixture": mixture_table,
         "shards": {"train": train, VALIDATION: validation},
         "train_tokens": sum(s["tokens"] for s in train),

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tasks.corpus.mixture import TABLE_FILE
-from tasks.corpus.shards import corpus_sources
+from manifests.stage_manifest import read_manifest
+from tasks.corpus.mixture import TABLE_FILE, plan_parts
+from tasks.corpus.shards import corpus_sources, documents_by_source
 
 
 def test_a_source_with_no_surviving_document_keeps_its_row(tiny_run: Path) -> None:
@@ -29,6 +30,9 @@ def test_the_flow_host_reads_no_audit_or_data_file_for_the_source_counts(tiny_ru
     mixture = json.loads((tiny_run / "06_mixture" / TABLE_FILE).read_text(encoding="utf-8"))
     serial = corpus_sources(tiny_run / "04_split", {"prose": 40}, mixture, {}, {}, workers=1)
     assert any(row["filters"] for row in serial) and all(row["documents_ingested"] for row in serial)
+    parts = plan_parts(read_manifest(tiny_run / "06_mixture")) * 2  # one part here; a single job would run on the host
+    kept = documents_by_source(parts, workers=1)
+    assert sum(kept.values()) > 0
     read: list[str] = []
     real_read_table = corpus.pq.read_table
 
@@ -38,4 +42,5 @@ def test_the_flow_host_reads_no_audit_or_data_file_for_the_source_counts(tiny_ru
 
     monkeypatch.setattr(corpus.pq, "read_table", counting)  # this process only: the spawned workers import their own
     assert corpus_sources(tiny_run / "04_split", {"prose": 40}, mixture, {}, {}, workers=2) == serial
-    assert read == []
+    assert documents_by_source(parts, workers=2) == kept
+    assert read == []  # (read_table is pyarrow.parquet's: a plan part read on the host would be counted too)
