@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.workers} worker processes (one thread each, restarted before each stage), every per-shard pass a Dask task, each "
             "stage's flow in a fresh process (`hymo_stage(stage=S, until=S)`)" if args.path == "flow"
             else f"the stage functions in a plain loop with {args.workers} pool workers")
-    note = (f"x86_64 with {os.cpu_count()} CPUs; {path}. Synthetic documents with the word statistics of "
+    note = (f"{path[0].upper()}{path[1:]}. Synthetic documents with the word statistics of "
             f"{args.word_source.name} (page lengths x {args.length_scale:g}, documentation profile, paragraphs), 10 % near copies. "
             f"Runs ({loads}). Cells: wall s / CPU s of the whole process tree (flow host + workers + Prefect server) / peak RSS of "
             f"the stage's flow-host process / of the largest worker process / files / bytes on disk; a column's "
