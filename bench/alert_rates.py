@@ -38,11 +38,12 @@ def train(corpus: Path, out: Path, updates: int) -> Path:
     return run
 
 
-def judge(run: Path) -> tuple[Counter, Counter, Counter, int]:
-    """(records judged, warnings, notes) per default alert, and the run's final step, from its metrics.jsonl."""
+def judge(run: Path) -> tuple[Counter, Counter, Counter, list[str]]:
+    """(records judged, warnings, notes) per default alert, and a line per warning or note, from the run's metrics.jsonl."""
     summary = json.loads((run / "summary.json").read_text())
     book = AlertBook(DEFAULT_ALERTS, {"ln_vocab": summary["ln_vocab"], "tau": summary["train_config"]["qk_clip_threshold"]})
     checked, warnings, notes = Counter(), Counter(), Counter()
+    rows: list[str] = []
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     for record in records:
         if record.get("kind") not in ("train", "eval"):
@@ -54,12 +55,20 @@ def judge(run: Path) -> tuple[Counter, Counter, Counter, int]:
         firings = book.check_record(record, step=record["step"])
         for firing in firings:
             (warnings if firing.severity == "warning" else notes)[firing.alert] += 1
+            rows.append(describe(firing))
     for firing in book.unresolved(summary["final_step"]):
         warnings[firing.alert] += 1
-    return checked, warnings, notes, summary["final_step"]
+        rows.append(describe(firing))
+    return checked, warnings, notes, rows
 
 
-def render(results: dict[int, tuple[Counter, Counter, Counter, int]]) -> str:
+def describe(firing) -> str:
+    statistic = "" if firing.statistic is None or firing.statistic == firing.value else f", statistic {firing.statistic:.3g}"
+    return (f"{'warning' if firing.severity == 'warning' else 'note'} at step {firing.step}: {firing.alert} "
+            f"({firing.metric} {firing.value:.3g}{statistic}; {firing.note})")
+
+
+def render(results: dict[int, tuple[Counter, Counter, Counter, list[str]]]) -> str:
     lengths = sorted(results)
     head = "| default alert | " + " | ".join(f"{n} updates: judged / warnings / notes" for n in lengths) + " |"
     rows = [head, "|---|" + "---|" * len(lengths)]
@@ -86,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         run = args.out / f"updates-{n}"
         book_rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         evals = [r for r in book_rows if r.get("kind") == "eval"]
-        detail.append(f"{n} updates: {len(evals)} evaluations, final held-out loss {evals[-1]['val_loss']:.3f}" if evals else f"{n} updates")
+        events = "; ".join(results[n][3]) or "nothing fired"
+        detail.append(f"{n} updates: {len(evals)} evaluations, final held-out loss {evals[-1]['val_loss']:.3f}; {events}" if evals
+                      else f"{n} updates; {events}")
     print("\n".join(detail))
     if args.write:
         from bench.report import run_stamp, write_section
@@ -96,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                 "horizon at that length, then every train and eval record judged by the default alerts in the loop's order. "
                 "judged: records carrying the alert's metric (the forecast alert judges evaluations from the 7th on, "
                 "when 6 earlier ones fit a band); warnings: `kind: \"alert\"` rows; notes: information rows (a spike that "
-                "recovered by the next log, a held-out loss below the forecast band). " + "; ".join(detail) + ".")
+                "recovered by the next log, a held-out loss below the forecast band); before issue 58 every note was a warning "
+                "(a spike fired at once, the forecast alert was two-sided). " + " ".join(f"{line}." for line in detail))
         write_section("Default alerts on healthy sample runs (`bench/alert_rates.py`)", table, note)
     return 0
 
