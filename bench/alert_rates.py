@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                       else f"{n} updates; {events}")
     print("\n".join(detail))
     if args.write:
-        from bench.report import run_stamp, write_section
+        from bench.report import write_section
 
-        note = (f"{run_stamp()} `bench/alert_rates.py --updates {' '.join(map(str, args.updates))}`: the sample recipe "
+        note = (f"`bench/alert_rates.py --updates {' '.join(map(str, args.updates))}`: the sample recipe "
                 "(SAMPLE_TRAIN, SAMPLE_MODEL; log every 10 updates, eval every 50) trained for each length with the cosine "
                 "horizon at that length, then every train and eval record judged by the default alerts in the loop's order. "
                 "judged: records carrying the alert's metric (the forecast alert judges evaluations from the 7th on, "
