@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import Counter
 from dataclasses import replace
@@ -20,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hymo_core.train.alerts import DEFAULT_ALERTS, AlertBook, metric_value
+from hymo_core.train.alerts import DEFAULT_ALERTS, AlertBook, fires, metric_value
 from hymo_core.train.forecast import MIN_FORECAST_POINTS
 from hymo_core.train.config import SAMPLE_TRAIN
 from hymo_core.train.run import SAMPLE_MODEL, run_training
@@ -59,7 +60,29 @@ def judge(run: Path) -> tuple[Counter, Counter, Counter, list[str]]:
     for firing in book.unresolved(summary["final_step"]):
         warnings[firing.alert] += 1
         rows.append(describe(firing))
-    return checked, warnings, notes, rows
+    return checked, warnings, notes, rows + headroom(records)
+
+
+def headroom(records: list[dict]) -> list[str]:
+    """Per z-score default: the largest statistic a value reached without firing, against the window it was judged on:
+    how close a healthy run came to a warning."""
+    lines = []
+    for rule in (r for r in DEFAULT_ALERTS if r.kind == "zscore"):
+        history: list[float] = []
+        best = None
+        for record in records:
+            value = metric_value(record, rule.metric) if record.get("kind") == "train" else None
+            if value is None or not math.isfinite(value):
+                continue
+            fired, statistic = fires(rule, value, history)
+            if not fired and statistic is not None and (best is None or statistic > best[0]):
+                window = sorted(history[-rule.window:])
+                best = (statistic, record["step"], value, window[len(window) // 2])
+            history = (history + [value])[-rule.window:]
+        if best:
+            lines.append(f"largest {rule.label} statistic that did not fire: {best[0]:.2f} at step {best[1]} "
+                         f"({rule.metric} {best[2]:.3g}, window median {best[3]:.3g}, spread floor {rule.spread_floor:g})")
+    return lines
 
 
 def describe(firing) -> str:

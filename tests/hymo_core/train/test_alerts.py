@@ -281,3 +281,16 @@ def test_recipe_alerts_round_trip_through_the_pretrain_stage_toml(tmp_path):
     for config in (train_config, TrainConfig(), TrainConfig(alerts=())):
         again.write_text(recipe_toml(config, model_config), encoding="utf-8")
         assert parse_alerts(load_run_config(again)[0].alerts) == parse_alerts(config.alerts)
+
+
+def test_the_gradient_norm_default_lets_a_healthy_drift_pass_and_still_catches_a_spike():
+    """The sample's healthy 1,000-update run (bench/alert_rates.py): the 20 logged gradient norms before step 480, then step
+    480's 1.478. At a 5 % spread floor that was z = 5.9, a hair from a warning; the default reads a 25 % floor."""
+    window = [0.999, 1.024, 1.133, 0.886, 0.925, 0.971, 1.02, 0.937, 0.921, 1.027, 1.024, 0.954, 0.936, 1.064, 1.069, 0.876,
+              0.872, 0.96, 1.415, 0.867]
+    rule = next(r for r in DEFAULT_ALERTS if r.label == "gradient-norm spike")
+    assert rule.spread_floor == 0.25
+    fired, statistic = fires(rule, 1.478, window)
+    assert not fired and statistic < 3
+    assert fires(AlertRule("grad_norm_pre_clip", "zscore > 6", window=20), 1.478, window)[1] > 5.5  # the old floor: nearly
+    assert fires(rule, 3.0, window)[0]  # 3x the recent median: a spike
