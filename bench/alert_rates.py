@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hymo_core.train.alerts import DEFAULT_ALERTS, AlertBook, fires, metric_value
+from hymo_core.train.alerts import DEFAULT_ALERTS, RELATIVE_SCALE_FLOOR, AlertBook, fires, metric_value
 from hymo_core.train.forecast import MIN_FORECAST_POINTS
 from hymo_core.train.config import SAMPLE_TRAIN
 from hymo_core.train.run import SAMPLE_MODEL, run_training
@@ -67,7 +67,9 @@ def headroom(records: list[dict]) -> list[str]:
     """Per z-score default: the largest statistic a value reached without firing, against the window it was judged on:
     how close a healthy run came to a warning."""
     lines = []
-    for rule in (r for r in DEFAULT_ALERTS if r.kind == "zscore"):
+    rules = [r for r in DEFAULT_ALERTS if r.kind == "zscore"]
+    rules += [replace(r, spread_floor=RELATIVE_SCALE_FLOOR) for r in rules if r.spread_floor != RELATIVE_SCALE_FLOOR]  # the old floor
+    for rule in rules:
         history: list[float] = []
         best = None
         for record in records:
