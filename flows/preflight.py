@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import os
 import re
+import sys
 import typing
 from pathlib import Path
 from typing import Any, Callable
@@ -66,7 +67,7 @@ def unknown_keys(table: dict[str, Any], tp: Any, where: list[str]) -> list[tuple
     found = []
     for key, value in table.items():
         if key not in allowed:
-            near = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
+            near = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6) or nested_key(key, known, where)
             found.append((".".join(where), key, near[0] if near else None))
             continue
         sub = known.get(key)
@@ -77,6 +78,11 @@ def unknown_keys(table: dict[str, Any], tp: Any, where: list[str]) -> list[tuple
             for item in value:
                 found += unknown_keys(item, item_type, where + [key])
     return found
+
+
+def nested_key(key: str, known: dict[str, Any], where: list[str]) -> list[str]:
+    """`max_steps` under [pretrain] is [pretrain.train]'s: the full dotted path of a sub-table's field of that name."""
+    return [".".join(where + [sub, key]) for sub, tp in known.items() if key in (fields_of(tp) or {})][:1]
 
 
 def pipeline_key_errors(raw: dict[str, Any]) -> list[tuple[str, str, str | None]]:
@@ -113,7 +119,7 @@ def key_error(where: str, found: list[tuple[str, str, str | None]]) -> Preflight
 
 
 def check_overrides(overrides: list[str] | None, errors_of: Callable[[dict], list]) -> None:
-    from hymo_core.overrides import OverrideError, apply_overrides
+    from hymo_core.overrides import OverrideError, apply_overrides, parse_override
 
     for text in overrides or ():
         try:
@@ -123,6 +129,40 @@ def check_overrides(overrides: list[str] | None, errors_of: Callable[[dict], lis
         found = errors_of(alone)
         if found:
             raise key_error(f"--set {text}", found)
+        path, value = parse_override(text)
+        problem = range_problem(path[-1], value)
+        if problem:
+            raise PreflightError(f"--set {text}: {problem}", "give a value in range")
+
+
+def range_problem(name: str, value: Any) -> str | None:
+    """What is out of range in a number set for `name`: every count, threshold, size and time in a HyMo config is >= 0,
+    and a fraction is at most 1. None: in range (or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if value < 0:
+        return f"{name} cannot be negative (got {value})"
+    if "fraction" in name and value > 1:
+        return f"{name} is a fraction, at most 1 (got {value})"
+    return None
+
+
+def shadowed_overrides(config: Any, overrides: list[str] | None) -> list[str]:
+    """One line per `--set quality.KEY=...` that a quality profile overrides with its own value: the value does not reach
+    that profile's documents, and the run would otherwise record it without saying so."""
+    from hymo_core.overrides import parse_override
+
+    lines = []
+    for text in overrides or ():
+        path, value = parse_override(text)
+        if len(path) != 2 or path[0] != "quality":
+            continue
+        keeping = [f"{profile} keeps {rules[path[1]]!r}" for profile, rules in sorted(config.quality.profiles.items())
+                   if path[1] in rules and rules[path[1]] != value]
+        if keeping:
+            lines.append(f"--set {text} does not reach every quality profile: {', '.join(keeping)} (quality.profiles; a "
+                         "[quality.profiles] table replaces them all, docs/quality.md)")
+    return lines
 
 
 def validation_line(exc: Exception) -> str:
@@ -153,10 +193,13 @@ def check_pipeline_config(path: str | None, overrides: list[str] | None):
         raise key_error(where, found)
     check_overrides(overrides, pipeline_key_errors)
     try:
-        return load_config(path, overrides)
+        config = load_config(path, overrides)
     except Exception as exc:  # pydantic's ValidationError, a stage config's own ValueError, a preset's
         raise PreflightError(f"{where}{' with --set' if overrides else ''}: {validation_line(exc)}",
                              "fix the value named above") from None
+    for line in shadowed_overrides(config, overrides):
+        print(f"hymo: note: {line}", file=sys.stderr)
+    return config
 
 
 # --- sources and files -----------------------------------------------------------------------------------------

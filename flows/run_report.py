@@ -126,6 +126,9 @@ class TrainingReport:
             self.alerts.append(record)
             self.logger.warning("training alert at step %s: %s (%s = %s, %s) -> action %s", record["step"], record["alert"], record["metric"],
                                 record["value"], record["condition"], record["action"])
+        elif kind == "note":  # information (a recovered spike, a loss below the forecast band): no warning
+            self.logger.info("training note at step %s: %s (%s = %s): %s", record["step"], record["alert"], record["metric"],
+                             record["value"], record.get("note", ""))
         elif kind == "event":
             self.logger.warning("training event: %s", {k: v for k, v in record.items() if k != "kind"})
             return

@@ -6,6 +6,7 @@ own directory. The corpus manifest copies origin, snapshot and licence from here
 """
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -68,7 +69,9 @@ def parse_spec(raw: dict, base_dir: Path, where: str) -> SourceSpec:
     known = set(SourceSpec.__dataclass_fields__) - {"base_dir"}
     unknown = set(raw) - known
     if unknown:
-        raise SourceSpecError(f"{where}: unknown keys {sorted(unknown)}")
+        hints = [f"{key!r} -> {near[0]!r}" for key in sorted(unknown) if (near := difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6))]
+        raise SourceSpecError(f"{where}: unknown keys {sorted(unknown)}" + (f"; did you mean {', '.join(hints)}?" if hints else "")
+                              + f" (known: {', '.join(sorted(known))})")
     values = dict(raw)
     values["langs"] = tuple(values.get("langs", ()))
     return SourceSpec(**values, base_dir=str(base_dir))

@@ -69,13 +69,14 @@ def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None
     if reader.vocab_size != model.config.vocab_size:
         raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
     train_config = payload["train_config"]
-    held = HeldOutSet.from_corpus(reader, train_config["seq_len"], train_config["batch_size"], max_batches=batches or train_config["eval_batches"])
+    held = (HeldOutSet.from_corpus(reader, train_config["seq_len"], train_config["batch_size"], max_batches=batches) if batches
+            else HeldOutSet.corpus_default(reader, train_config["seq_len"], train_config["batch_size"]))  # not the run's eval_batches
     heldout = evaluate_heldout(model, held, device)
     val_loss = heldout.loss
     result: dict[str, Any] = {"checkpoint": checkpoint, "step": payload["state"]["step"], "val_loss": val_loss,
                               "val_perplexity": math.exp(min(val_loss, 50)), "ln_vocab": math.log(reader.vocab_size),
                               "val_bpb": heldout.groups["all"]["bpb"], "groups": heldout.to_record()["groups"],
-                              "validation_tokens": heldout.groups["all"]["tokens"],
+                              "validation_tokens": heldout.groups["all"]["tokens"], "windows": len(held), "selection": held.selection,
                               "same_corpus": payload["manifest_digest"] == reader.digest}
     scores = score_cloze(model, load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"]), load_cloze(cloze or SAMPLE_CLOZE), device)
     result["cloze"] = {k: v for k, v in scores.items() if k != "per_item"}
@@ -129,7 +130,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cloze = result["cloze"]
     console.print(f"{result['checkpoint']} (step {result['step']})", markup=False)
     console.print(f"  validation loss {result['val_loss']:.4f} nats/token (ln V = {result['ln_vocab']:.2f}), "
-                  f"perplexity {result['val_perplexity']:.1f}, over {result['validation_tokens']:,} tokens"
+                  f"perplexity {result['val_perplexity']:.1f}, over {result['validation_tokens']:,} tokens "
+                  f"({result['windows']} windows: {result['selection']})"
                   + ("" if result["same_corpus"] else "  [not the corpus it was trained on]"))
     for name, group in sorted(result["groups"].items()):
         bpb = "" if group["bpb"] is None else f", {group['bpb']:.4f} bits/byte"
@@ -244,7 +246,8 @@ def add_commands(sub: Any) -> None:
                                "token for token the one-at-a-time one, so no number depends on it)")
     evaluate.add_argument("--threads", type=int, metavar="N", help="with --suite: intra-op threads (default: $HYMO_THREADS, else "
                           "$OMP_NUM_THREADS, else the CPUs this process may use); recorded in eval.json")
-    evaluate.add_argument("--batches", type=int, help="validation batches (default: the run's eval_batches)")
+    evaluate.add_argument("--batches", type=int, help="validation batches of the checkpoint's batch size (default: the corpus's "
+                          "fixed held-out set, up to 262,144 tokens, the same for every checkpoint of one window length)")
     evaluate.add_argument("--cloze", help="cloze JSONL (default: the bundled sample set)")
     evaluate.add_argument("--harness", choices=["lm-eval"], help="run lm-evaluation-harness itself, offline, on the bundled benchmark files")
     evaluate.add_argument("--tasks", help="with --harness: comma-separated, of hellaswag, arc_easy, arc_challenge, mmlu, gsm8k "

@@ -15,6 +15,14 @@ Two rules make appending a forged verdict visible:
   A forger who rewrites the whole tail still has to match the Prefect artifacts, which hold the
   same records (and their links) outside the machine's filesystem.
 
+Trust model. The chain is unkeyed: anyone who can write the ledger can rewrite every line and recompute
+every link, and `read_ledger` then passes. What stops that forger is a copy out of their reach: the
+Prefect artifacts (when a server answers), or a key. With `HYMO_CPT_LEDGER_KEY_FILE` (a file whose bytes
+are the key) or `HYMO_CPT_LEDGER_KEY` set, every line written carries `hmac_sha256`, an HMAC-SHA256 of
+the line without that field, and a reader with the key refuses a line whose HMAC does not match, and
+a run record that carries none. Keep the key where the run's writers cannot read it (a CI secret): who
+holds the key can still forge.
+
 A run is found by its `run_id` (written into its manifest at the start), so a copy of the run
 directory is verified against the original's records; records naming the same directory are
 counted too, so re-using a directory for a second start is caught either way.
@@ -23,12 +31,16 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 LEDGER_FILE = "cpt_ledger.jsonl"
+KEY_FILE_ENV = "HYMO_CPT_LEDGER_KEY_FILE"  # a file whose bytes (trailing newline dropped) are the HMAC key
+KEY_ENV = "HYMO_CPT_LEDGER_KEY"  # the key itself, for a CI secret
+HMAC_FIELD = "hmac_sha256"
 GENESIS = "0" * 64
 STAGES = ("start", "end")
 
@@ -49,6 +61,38 @@ def canonical_sha256(payload: Any) -> str:
 def line_sha256(line: str) -> str:
     """The link the next record carries: sha256 of one ledger line as written, without its newline."""
     return hashlib.sha256(line.rstrip("\n").encode("utf-8")).hexdigest()
+
+
+def ledger_key() -> bytes | None:
+    """The HMAC key from $HYMO_CPT_LEDGER_KEY_FILE, else $HYMO_CPT_LEDGER_KEY; None when neither is set."""
+    path = os.environ.get(KEY_FILE_ENV)
+    if path:
+        try:
+            key = Path(path).read_bytes().rstrip(b"\r\n")
+        except OSError as exc:
+            raise LedgerError(f"${KEY_FILE_ENV} = {path}: cannot read the ledger key ({exc.strerror})") from None
+        if not key:
+            raise LedgerError(f"${KEY_FILE_ENV} = {path}: the key file is empty")
+        return key
+    value = os.environ.get(KEY_ENV)
+    return value.encode("utf-8") if value else None
+
+
+def record_hmac(key: bytes, record: dict[str, Any]) -> str:
+    """HMAC-SHA256 of the record as written, without its own HMAC field."""
+    body = json.dumps({k: v for k, v in record.items() if k != HMAC_FIELD}, sort_keys=True)
+    return hmac.new(key, body.encode("utf-8"), "sha256").hexdigest()
+
+
+def _check_keys(ledger: Path, rows: list[tuple[int, str, dict[str, Any]]], key: bytes | None) -> None:
+    """With a key: every HMAC a line carries must match (a line without one predates the key; `run_records` requires
+    one on the run's own records)."""
+    if key is None:
+        return
+    for number, _, record in rows:
+        if HMAC_FIELD in record and not hmac.compare_digest(str(record[HMAC_FIELD]), record_hmac(key, record)):
+            raise LedgerError(f"{ledger}:{number}: {HMAC_FIELD} does not match the ledger key: the line was written or "
+                              "rewritten without the key")
 
 
 def _parse(ledger: Path, text: str) -> list[tuple[int, str, dict[str, Any]]]:
@@ -82,6 +126,7 @@ def read_ledger(ledger: str | Path) -> list[dict[str, Any]]:
         return []
     rows = _parse(ledger, ledger.read_text(encoding="utf-8"))
     _check_chain(ledger, rows)
+    _check_keys(ledger, rows, ledger_key())
     return [record for _, _, record in rows]
 
 
@@ -106,6 +151,9 @@ def append_record(ledger: Path, record: dict[str, Any]) -> dict[str, Any]:
                 raise LedgerError(f"{ledger}:{number}: already holds the {stage} record of run {record.get('run')} "
                                   f"({record.get('run_id')}); a run directory has one {stage} record: choose another --out or --ledger")
         written = {**record, "prev_sha256": line_sha256(rows[-1][1]) if rows else GENESIS}
+        key = ledger_key()
+        if key is not None:
+            written[HMAC_FIELD] = record_hmac(key, written)
         handle.write(json.dumps(written, sort_keys=True) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -117,9 +165,13 @@ def run_records(ledger: str | Path, run: str | Path, run_id: str | None = None) 
     Raises LedgerError on a broken chain or on two records of one stage (a verdict appended after the fact)."""
     target = str(Path(run).resolve())
     found: dict[str, dict[str, Any]] = {}
+    keyed = ledger_key() is not None
     for record in read_ledger(ledger):
         if not _belongs(record, run_id, target):
             continue
+        if keyed and HMAC_FIELD not in record:
+            raise LedgerError(f"{ledger}: the {record.get('stage')} record of run {record.get('run')} carries no {HMAC_FIELD}, "
+                              "though a ledger key is set: it was written without the key")
         stage = record.get("stage", "")
         if stage in found:
             raise LedgerError(f"{ledger}: two {stage} records for run {record.get('run')} ({record.get('run_id')}): "

@@ -35,6 +35,9 @@ import torch.nn.functional as F
 from hymo_core.train.data import CorpusReader, _gather, _window_table
 
 ALL = "all"
+# `hymo eval`'s default held-out set: the corpus's own, not a checkpoint's eval_batches, so two checkpoints of one
+# corpus (and one window length) are scored on the same windows. Up to this many target tokens, chosen balanced.
+CORPUS_HELDOUT_TOKENS = 262_144
 UNKNOWN_LANG = "unknown"
 VALIDATION = "validation"
 LN2 = math.log(2.0)
@@ -159,13 +162,17 @@ class HeldOutSet:
 
     @classmethod
     def from_corpus(cls, reader: CorpusReader, seq_len: int, batch_size: int, max_batches: int | None = None,
-                    balanced: bool = True, split: str = VALIDATION) -> "HeldOutSet":
-        """`max_batches` batches of validation windows (all of them when None); `balanced`: round-robin over the groups."""
+                    balanced: bool = True, split: str = VALIDATION, windows: int | None = None) -> "HeldOutSet":
+        """`max_batches` batches of validation windows (all of them when None); `balanced`: round-robin over the groups.
+        `windows`: exactly this many windows (at most all), whatever the batch size: a set that batching does not change."""
         shards, table = _window_table(reader, split, seq_len)
         numbers: dict[str, int] = {ALL: 0}
         labels = _shard_labels(reader, split, numbers)
-        budget = len(table) if max_batches is None else min(len(table), max_batches * batch_size)
-        budget -= budget % batch_size if budget >= batch_size else 0
+        if windows is not None:
+            budget = min(len(table), windows)
+        else:
+            budget = len(table) if max_batches is None else min(len(table), max_batches * batch_size)
+            budget -= budget % batch_size if budget >= batch_size else 0
         if labels is not None and balanced and budget < len(table):
             first_targets = table[:, 1] + 1
             lead_source = np.empty(len(table), np.int64)
@@ -196,6 +203,14 @@ class HeldOutSet:
         token_bytes = token_byte_lengths(reader.root / tokenizer, reader.vocab_size) if tokenizer else None
         return cls(seq_len, batch_size, names, windows, shards, source_codes, lang_codes, token_bytes, selection,
                    max_batches=max_batches)
+
+    @classmethod
+    def corpus_default(cls, reader: CorpusReader, seq_len: int, batch_size: int) -> "HeldOutSet":
+        """The corpus's fixed held-out set for windows of `seq_len`: every validation window up to CORPUS_HELDOUT_TOKENS
+        target tokens, chosen balanced. Count and positions depend on the corpus and the window length only."""
+        held = cls.from_corpus(reader, seq_len, batch_size, windows=max(1, CORPUS_HELDOUT_TOKENS // seq_len))
+        held.selection = f"the corpus's fixed set, {held.selection}"
+        return held
 
     def __len__(self) -> int:
         return len(self.windows)

@@ -3,7 +3,8 @@
 Seed 001: when two checkpoints are evaluated on the same items, report the item
 count and a paired comparison; whether two separate intervals overlap does not
 decide it. So every checkpoint here is scored on one held-out set (the same
-windows, chosen once from the first checkpoint's recipe) and one cloze file,
+windows: the corpus's fixed set for the first checkpoint's window length, or
+`batches` of its batch size when asked) and one cloze file,
 and each later checkpoint is compared with the first item by item: the mean
 difference, its standard error sd(d) / sqrt(n), and a 95 % interval.
 """
@@ -33,12 +34,30 @@ def paired_difference(first: Sequence[float], other: Sequence[float]) -> dict[st
     return {"mean": mean, "stderr": se, "ci95_low": mean - 1.96 * se, "ci95_high": mean + 1.96 * se, "n": n}
 
 
+def run_name(path: str | Path) -> str:
+    """The training run a checkpoint belongs to: the directory above `checkpoints/` (or the checkpoint's own directory)."""
+    path = Path(path).resolve()
+    parent = path.parent
+    return str(parent.parent if parent.name == "checkpoints" else parent)
+
+
+def labels(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """`RUN@step` for each row, RUN the shortest tail of the run's path that tells the runs apart."""
+    parts = [Path(r["run"]).parts for r in rows]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        keyed = [f"{n}@{r['step']}" for n, r in zip(names, rows)]
+        if len(set(keyed)) == len(keyed) or depth == max(len(p) for p in parts):
+            break
+    return [f"{n}@step {r['step']}" for n, r in zip(names, rows)]
+
+
 def score_checkpoint(path: str | Path, held: HeldOutSet, reader: CorpusReader, cloze_items, device: torch.device) -> dict[str, Any]:
     model, payload = load_model(path, device)
     if model.config.vocab_size != reader.vocab_size:
         raise ValueError(f"{path}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
     result = evaluate_heldout(model, held, device)
-    row: dict[str, Any] = {"checkpoint": str(path), "step": payload["state"]["step"], "val_loss": result.loss,
+    row: dict[str, Any] = {"checkpoint": str(path), "step": payload["state"]["step"], "run": run_name(path), "val_loss": result.loss,
                            "val_bpb": result.groups["all"]["bpb"], "groups": result.to_record()["groups"], "window_losses": result.window_losses,
                            "averaged_from": len(payload.get("averaged_from") or []) or None}
     if cloze_items is not None:
@@ -57,7 +76,8 @@ def compare_checkpoints(paths: Sequence[str | Path], corpus: str | Path, batches
     reader = CorpusReader(corpus)
     _, first_payload = load_model(paths[0])
     recipe = first_payload["train_config"]
-    held = HeldOutSet.from_corpus(reader, recipe["seq_len"], recipe["batch_size"], max_batches=batches or recipe["eval_batches"])
+    held = (HeldOutSet.from_corpus(reader, recipe["seq_len"], recipe["batch_size"], max_batches=batches) if batches
+            else HeldOutSet.corpus_default(reader, recipe["seq_len"], recipe["batch_size"]))
     if len(held) == 0:
         raise ValueError(f"{reader.path}: no validation window of {recipe['seq_len'] + 1} tokens to compare on")
     has_tokenizer = bool((reader.manifest.get("tokenizer") or {}).get("path"))
@@ -80,11 +100,12 @@ def comparison_lines(result: dict[str, Any]) -> list[str]:
     """What `hymo eval A B ...` prints."""
     lines = [f"{len(result['checkpoints'])} checkpoints on the same {result['windows']} held-out windows ({result['selection']}) "
              f"and {result['cloze_items']} cloze items of {result['corpus']}"]
-    for row in result["checkpoints"]:
+    names = labels(result["checkpoints"])
+    for name, row in zip(names, result["checkpoints"]):
         cloze = f", cloze {row['cloze_accuracy']:.3f}" if "cloze_accuracy" in row else ""
-        lines.append(f"  {row['checkpoint']} (step {row['step']}): held-out loss {row['val_loss']:.4f}{cloze}")
-    for entry in result["comparisons"]:
+        lines.append(f"  {name}: held-out loss {row['val_loss']:.4f}{cloze}  ({row['checkpoint']})")
+    for index, entry in enumerate(result["comparisons"], 1):
         for metric, d in ((k, v) for k, v in entry.items() if isinstance(v, dict)):
-            lines.append(f"  {Path(entry['checkpoint']).name} - {Path(entry['against']).name}: {metric} {d['mean']:+.4f} ± {d['stderr']:.4f} "
+            lines.append(f"  {names[index]} - {names[0]}: {metric} {d['mean']:+.4f} ± {d['stderr']:.4f} "
                          f"(95 % [{d['ci95_low']:+.4f}, {d['ci95_high']:+.4f}], n={d['n']} paired)")
     return lines

@@ -433,26 +433,94 @@ def young_interval(write_seconds: float, mtbf_seconds: float) -> float:
     return math.sqrt(2 * write_seconds * mtbf_seconds)
 
 
+def daly_interval(write_seconds: float, mtbf_seconds: float) -> float:
+    """Daly (2006)'s higher-order refinement of Young's interval: sqrt(2 d M) (1 + sqrt(d / 2M) / 3 + d / 18M) - d for
+    d < 2M, else M. Within a write of Young's when failures are rare; it matters when the write is a sizeable part of M."""
+    if write_seconds >= 2 * mtbf_seconds:
+        return mtbf_seconds
+    ratio = write_seconds / (2 * mtbf_seconds)
+    return math.sqrt(2 * write_seconds * mtbf_seconds) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - write_seconds
+
+
 def checkpoint_overhead(write_seconds: float, interval_seconds: float, mtbf_seconds: float) -> float:
     """Fraction of time lost to writing plus expected recompute after a failure."""
     return write_seconds / interval_seconds + interval_seconds / (2 * mtbf_seconds)
 
 
+# One GPU's mean time between unexpected job interruptions, in GPU-hours: Meta's Llama 3 report (Dubey et al., 2024,
+# section 3.3.4) counts 419 unexpected interruptions in a 54-day snapshot of pre-training on 16,384 H100s, i.e.
+# 16,384 x 54 x 24 / 419 = 50,677 GPU-hours each (about 5.8 years), and a cluster of N GPUs fails N times as often:
+# 3.09 h on 16,384 GPUs, 263 days on 8. The rate counts every cause that stopped the job (GPUs 58.7 %, HBM, network,
+# host), so it is a whole-node rate per GPU, not a GPU's own.
+LLAMA3_GPU_MTBF_HOURS = 16_384 * 54 * 24 / 419
+LLAMA3_SOURCE = "Llama 3 report: 419 unexpected interruptions in 54 days on 16,384 GPUs"
+CHINCHILLA_TOKENS_PER_PARAMETER = 20.0  # Hoffmann et al. (2022): compute-optimal D/N is about 20
+
+
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run looks like from the outside. Defaults: Lab 4's 2T-token base run."""
+    """What a run looks like from the outside. Defaults: Lab 4's 2T-token base run on 80 GPUs.
+
+    The GPUs are laid out as pipeline stages x data-parallel replicas (`pipeline_stages` is capped at `n_gpus`;
+    `n_gpus` must divide by it); ZeRO shards over the replicas unless `shard_gpus` says otherwise."""
 
     tokens: float = 2e12
     seq_len: int = 8192
     micro_batch: int = 1
     n_gpus: int = 80
     sustained_flops: float = 4e14  # per GPU, already net of comm and recompute
-    shard_gpus: int = 8  # data-parallel degree for the memory table
+    shard_gpus: int | None = None  # ZeRO degree; None: the data-parallel degree
     capacity_gb: float = 80.0
     pipeline_stages: int = 4
-    pipeline_micro_batches: int = 16
+    batch_tokens: float = 2**22  # global batch per optimizer step
     checkpoint_write_s: float = 60.0
-    mtbf_hours: float = 3.09
+    gpu_mtbf_hours: float = LLAMA3_GPU_MTBF_HOURS  # one GPU's, in GPU-hours; the run's is this / n_gpus
+
+    @property
+    def stages(self) -> int:
+        return max(1, min(self.pipeline_stages, self.n_gpus))
+
+    @property
+    def data_parallel(self) -> int:
+        if self.n_gpus < 1 or self.n_gpus % self.stages:
+            raise ValueError(f"{self.n_gpus} GPUs do not split into {self.stages} pipeline stages")
+        return self.n_gpus // self.stages
+
+    @property
+    def zero_degree(self) -> int:
+        return self.shard_gpus or self.data_parallel
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches each replica runs per optimizer step (gradient accumulation x the pipeline's m)."""
+        return max(1, round(self.batch_tokens / (self.data_parallel * self.micro_batch * self.seq_len)))
+
+    @property
+    def mtbf_hours(self) -> float:
+        return self.gpu_mtbf_hours / self.n_gpus
+
+
+def batch_advice(run: RunPlan) -> list[tuple[str, str]]:
+    """The global batch against the layout: the smallest batch the GPUs can take, accumulation, and the bubble it costs."""
+    per_step = run.data_parallel * run.micro_batch * run.seq_len  # one micro-batch per replica
+    realised = per_step * run.micro_batches
+    rows = [("global batch", f"{realised:,} tokens = {run.data_parallel} replicas x {run.micro_batches} micro-batches "
+                             f"x {run.micro_batch} x {run.seq_len} tokens (asked {run.batch_tokens:,.0f}; {run.tokens / realised:,.0f} steps)")]
+    if run.batch_tokens < per_step:
+        rows.append(("  batch advice", f"below one micro-batch per replica ({per_step:,} tokens): raise the batch or use fewer "
+                                       "replicas; the GPUs cannot all be busy"))
+    elif run.stages > 1 and run.micro_batches < 4 * run.stages:
+        rows.append(("  batch advice", f"m = {run.micro_batches} micro-batches for {run.stages} stages: the bubble "
+                                       f"{pipeline_bubble(run.stages, run.micro_batches):.1%} falls under 6 % at m >= 16p = "
+                                       f"{16 * run.stages} ({16 * run.stages * per_step:,} tokens), or use fewer stages"))
+    else:
+        rows.append(("  batch advice", f"{run.micro_batches} micro-batches per replica per step; check it against the measured "
+                                       "critical batch (`hymo plan batch RUN`) before scaling the LR with it"))
+    return rows
+
+
+def _gpus(count: int) -> str:
+    return f"{count:,} GPU{'s' if count != 1 else ''}"
 
 
 def format_plan(shape: ModelShape, run: RunPlan) -> str:
@@ -461,39 +529,45 @@ def format_plan(shape: ModelShape, run: RunPlan) -> str:
     detailed, shortcut = training_flops(shape, run.tokens, run.seq_len)
     gpu_hours, hours = gpu_time(detailed, run.sustained_flops, run.n_gpus)
     gb = 1e9
+    per_parameter = run.tokens / counts.total
+    chinchilla = "below" if per_parameter < CHINCHILLA_TOKENS_PER_PARAMETER else "at or above"
     rows: list[tuple[str, str]] = [
         ("parameters", f"{counts.total:,}"),
         ("  blocks / attention / ffn", f"{counts.blocks:,} / {counts.attention:,} / {counts.ffn:,}"),
         ("  embeddings / norms", f"{counts.embeddings:,} / {counts.norms:,}"),
+        ("tokens per parameter", f"{per_parameter:,.1f} ({chinchilla} Chinchilla's compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAMETER:g}; "
+                                 f"{CHINCHILLA_TOKENS_PER_PARAMETER * counts.total:.3g} tokens would be)"),
         ("training FLOPs/token", f"{training_flops_per_token(shape, run.seq_len):,}"),
         (f"training FLOPs ({run.tokens:.3g} tokens)", f"{detailed:.3e}"),
         ("  6 N D shortcut", f"{shortcut:.3e} ({shortcut / detailed - 1:+.1%})"),
         (
-            f"time on {run.n_gpus} GPUs @ {run.sustained_flops:.3g} FLOP/s",
+            f"time on {_gpus(run.n_gpus)} @ {run.sustained_flops:.3g} FLOP/s",
             f"{gpu_hours:,.1f} GPU-hours, {hours:,.2f} hours ({hours / 24:.2f} days)",
         ),
+        ("layout", f"{_gpus(run.n_gpus)} = {run.stages} pipeline stage{'s' if run.stages > 1 else ''} x {run.data_parallel} "
+                   f"data-parallel replica{'s' if run.data_parallel > 1 else ''}; ZeRO over {run.zero_degree}"),
     ]
-    states = [
-        model_state_bytes(counts.total, run.shard_gpus, stage) / gb for stage in ZERO_STAGES
-    ]
+    stage_parameters = counts.total / run.stages
+    states = [model_state_bytes(stage_parameters, run.zero_degree, stage) / gb for stage in ZERO_STAGES]
     rows.append(
         (
-            f"model state/GPU, {run.shard_gpus} GPUs",
-            "DP {:.1f}, ZeRO-1 {:.1f}, ZeRO-2 {:.1f}, ZeRO-3 {:.1f} GB".format(*states),
+            f"model state/GPU, {_gpus(run.n_gpus)}",
+            "DP {:.1f}, ZeRO-1 {:.1f}, ZeRO-2 {:.1f}, ZeRO-3 {:.2f} GB".format(*states),
         )
     )
-    acts = activation_bytes(shape, run.seq_len, run.micro_batch) / gb
-    acts_ckpt = activation_bytes(shape, run.seq_len, run.micro_batch, checkpoint=True) / gb
+    stage_shape = replace(shape, n_layers=max(1, math.ceil(shape.n_layers / run.stages)))
+    acts = activation_bytes(stage_shape, run.seq_len, run.micro_batch) / gb
+    acts_ckpt = activation_bytes(stage_shape, run.seq_len, run.micro_batch, checkpoint=True) / gb
     logits = logits_bytes(shape, run.seq_len, run.micro_batch) / gb
     rows.append(
         (
-            f"activations (T={run.seq_len}, micro-batch {run.micro_batch})",
+            f"activations/GPU (T={run.seq_len}, micro-batch {run.micro_batch}, {stage_shape.n_layers} layers)",
             f"{acts:.2f} GB, checkpointed {acts_ckpt:.2f} GB; fp32 logits {logits:.2f} GB",
         )
     )
     for checkpoint in (False, True):
         fit = memory_fit(
-            shape, run.shard_gpus, 3, run.seq_len, run.micro_batch, checkpoint, run.capacity_gb * gb
+            stage_shape, run.zero_degree, 3, run.seq_len, run.micro_batch, checkpoint, run.capacity_gb * gb
         )
         label = "ZeRO-3 total" + (", checkpointed" if checkpoint else "")
         rows.append(
@@ -501,17 +575,22 @@ def format_plan(shape: ModelShape, run: RunPlan) -> str:
         )
     rows.append(
         (
-            f"pipeline bubble p={run.pipeline_stages}, m={run.pipeline_micro_batches}",
-            f"{pipeline_bubble(run.pipeline_stages, run.pipeline_micro_batches):.1%}",
+            f"pipeline bubble p={run.stages}, m={run.micro_batches}",
+            f"{pipeline_bubble(run.stages, run.micro_batches):.1%}",
         )
     )
+    rows += batch_advice(run)
     mtbf_s = run.mtbf_hours * 3600
-    interval = young_interval(run.checkpoint_write_s, mtbf_s)
+    interval = daly_interval(run.checkpoint_write_s, mtbf_s)
     overhead = checkpoint_overhead(run.checkpoint_write_s, interval, mtbf_s)
+    rows.append((f"MTBF on {_gpus(run.n_gpus)}", f"{run.mtbf_hours:,.2f} h ({run.gpu_mtbf_hours:,.0f} GPU-hours per GPU / {run.n_gpus}; "
+                                                f"{LLAMA3_SOURCE}); {hours / run.mtbf_hours:,.1f} interruptions expected in the run"))
     rows.append(
         (
-            f"checkpoint every (write {run.checkpoint_write_s:g} s, MTBF {run.mtbf_hours:g} h)",
-            f"{interval / 60:.1f} minutes, overhead {overhead:.1%}",
+            f"checkpoint every (write {run.checkpoint_write_s:g} s, Young/Daly)",
+            (f"{interval / 60:,.1f} minutes" if interval < 7200 else f"{interval / 3600:,.1f} hours")
+            + f", overhead {overhead:.1%}" + (" (longer than the run: the run's own end and a final save suffice)"
+                                              if interval > hours * 3600 else ""),
         )
     )
     width = max(len(label) for label, _ in rows)

@@ -336,6 +336,8 @@ def status_line(record: dict[str, Any], max_steps: int) -> str:
     """One compact console line per logging step (or alert): what a person glances at."""
     if record.get("kind") == "alert":
         return f"ALERT step {record['step']}: {record['alert']} ({record['metric']} = {record['value']}) -> {record['action']}"
+    if record.get("kind") == "note":
+        return f"note step {record['step']}: {record['alert']} ({record['metric']} = {record['value']}): {record.get('note', '')}"
     lr = record.get("lr")
     lr = max(lr.values()) if isinstance(lr, dict) and lr else (lr or 0.0)
     parts = [f"step {record['step']}/{max_steps}", f"loss {record['loss']:.4f}", f"lr {lr:.2e}",

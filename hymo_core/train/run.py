@@ -69,6 +69,11 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def written_at(record: dict[str, Any]) -> int:
+    """The step a record was written at: its own, or for a held spike's row the later step that judged it (alerts.py)."""
+    return int(record.get("judged_at", record.get("step", 0)))
+
+
 class MetricsLog:
     """metrics.jsonl, append-only; on resume, records past the resumed step are dropped first."""
 
@@ -77,7 +82,7 @@ class MetricsLog:
         kept = []
         if resumed_step and path.is_file():
             kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resumed_step]
+                    if line.strip() and written_at(json.loads(line)) <= resumed_step]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
@@ -306,7 +311,7 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
         events.write(row)
         if report is not None:
             report(row)
-        elif row["kind"] in ("train", "alert"):
+        elif row["kind"] in ("train", "alert", "note"):
             bar.print(status_line(row, config.max_steps), log)  # one compact line per logging step, and per alert
 
     last_val: list[float | None] = [None]
@@ -384,6 +389,7 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
         "final_val_groups": val_rows[-1].get("groups") if val_rows else None,  # per source and language
         "forecast": forecast[0].to_dict() if forecast else None,  # L(D) fitted to the held-out losses, at the planned tokens
         "alerts": [{k: v for k, v in r.items() if k != "kind"} for r in records if r.get("kind") == "alert"],
+        "notes": [{k: v for k, v in r.items() if k != "kind"} for r in records if r.get("kind") == "note"],  # information
         "stopped_by": str(stopped) if stopped else None,
         "best_val_loss": state.best_val_loss,
         "ln_vocab": math.log(reader.vocab_size),

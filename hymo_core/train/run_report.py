@@ -5,7 +5,12 @@ the training-loss curve first (the logged window mean and the logging update's
 own loss, labelled apart), held-out loss per source and per language, the loss
 forecast at the planned token budget (its band only where the forecast has one), the run signals (gradient and
 update norms, clip fraction, activation RMS, log-Z, attention logits, memory,
-data wait), tokens per source, and every alert with the action it took. The
+data wait), tokens per source, and every alert with the action it took. Above
+them, what decides whether to continue (issue 58): progress against the planned
+steps and the ETA, training and wall time, the learning rate and tokens/s over
+time, parameters, peak memory in GiB, the checkpoints with the best one; below,
+the notes (information: recovered spikes, losses below the forecast band) and
+the recipe. The
 plots are matplotlib PNGs embedded in the page, so the file travels alone.
 """
 from __future__ import annotations
@@ -197,6 +202,93 @@ def plot_signals(records: list[dict[str, Any]]) -> bytes | None:
     return _png(figure)
 
 
+def plot_schedule(records: list[dict[str, Any]]) -> bytes | None:
+    """The learning rate per optimizer group and tokens/s against the update: the two curves that say where the run is."""
+    rows = [r for r in records if r.get("kind") == "train"]
+    if not rows:
+        return None
+    figure = _figure(11, 3.4)
+    lr_axis, speed_axis = figure.subplots(1, 2)
+    for group in sorted({g for r in rows if isinstance(r.get("lr"), dict) for g in r["lr"]}):
+        pairs = [(r["step"], r["lr"][group]) for r in rows if isinstance(r.get("lr"), dict) and group in r["lr"]]
+        lr_axis.plot(*zip(*pairs), label=group)
+    lr_axis.set_title("learning rate per group", fontsize=9)
+    if lr_axis.get_legend_handles_labels()[0]:
+        lr_axis.legend(fontsize=6)
+    speed = [(r["step"], r["tokens_per_s"]) for r in rows if isinstance(r.get("tokens_per_s"), (int, float))]
+    if speed:
+        speed_axis.plot(*zip(*speed))
+    speed_axis.set_title("tokens/s per logged window", fontsize=9)
+    for axis in (lr_axis, speed_axis):
+        axis.set_xlabel("update", fontsize=8)
+    return _png(figure)
+
+
+def gib(value: Any) -> str | None:
+    """Bytes as GiB for a person (the records keep bytes)."""
+    return f"{value / 2**30:.2f} GiB" if isinstance(value, (int, float)) else None
+
+
+def duration(seconds: float | None) -> str | None:
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    hours, rest = divmod(int(round(seconds)), 3600)
+    return f"{hours} h {rest // 60:02d} min" if hours else f"{rest // 60} min {rest % 60:02d} s"
+
+
+def progress_facts(summary: dict[str, Any], trains: list[dict[str, Any]]) -> list[list[Any]]:
+    """Step against the planned steps, the ETA at the recent tokens/s, wall and training time, learning rate, parameters."""
+    config = summary.get("train_config") or {}
+    step = summary.get("final_step", trains[-1]["step"] if trains else 0) or 0
+    planned = config.get("horizon_steps") or config.get("max_steps")
+    per_update = (config.get("batch_size") or 0) * (config.get("seq_len") or 0) * (config.get("gradient_accumulation_steps") or 1)
+    facts: list[list[Any]] = []
+    if planned:
+        facts.append(["progress", f"step {step:,} of {planned:,} planned ({100 * step / planned:.1f} %)"])
+    recent = sorted(r["tokens_per_s"] for r in trains[-5:] if isinstance(r.get("tokens_per_s"), (int, float)) and r["tokens_per_s"] > 0)
+    if planned and per_update and recent and step < planned:
+        speed = recent[len(recent) // 2]
+        facts.append(["ETA at the recent tokens/s", f"{duration((planned - step) * per_update / speed)} for {planned - step:,} updates "
+                                                     f"at {speed:,.0f} tokens/s (median of the last {len(recent)} logs)"])
+    elif planned and step >= planned:
+        facts.append(["ETA at the recent tokens/s", "done"])
+    if per_update and trains:
+        spans, previous = [], 0
+        for row in trains:
+            if isinstance(row.get("tokens_per_s"), (int, float)) and row["tokens_per_s"] > 0:
+                spans.append((row["step"] - previous) * per_update / row["tokens_per_s"])
+            previous = row["step"]
+        facts.append(["training time (logged windows)", duration(sum(spans))])
+    if summary.get("session_seconds") is not None:
+        facts.append(["wall time of the last session", duration(summary["session_seconds"])])
+    if trains and isinstance(trains[-1].get("lr"), dict):
+        facts.append(["learning rate (latest log)", ", ".join(f"{g} {v:.3g}" for g, v in sorted(trains[-1]["lr"].items()))])
+    if summary.get("parameters"):
+        facts.append(["parameters", f"{summary['parameters']:,}"])
+    if trains and trains[-1].get("peak_memory_bytes") is not None:
+        facts.append(["peak memory (latest log window)", f"{gib(trains[-1]['peak_memory_bytes'])} ({trains[-1].get('peak_memory_kind', '')})"])
+    return facts
+
+
+def checkpoint_rows(run: Path, summary: dict[str, Any]) -> tuple[list[list[Any]], str | None]:
+    """The checkpoints the run's index keeps, the best (lowest held-out loss) marked; and the index's path."""
+    from hymo_core.checkpoint.common import INDEX_FILE
+
+    candidates = [run / "checkpoints"]
+    if summary.get("checkpoint"):
+        latest = Path(summary["checkpoint"])
+        candidates = [latest.parent, run / latest.parent] + candidates
+    for directory in candidates:
+        index_path = directory / INDEX_FILE
+        if index_path.is_file():
+            index = json.loads(index_path.read_text(encoding="utf-8"))
+            best = (index.get("best") or {}).get("path")
+            rows = [[name, "best" if name == best else "", (index["best"] or {}).get("val_loss") if name == best else None,
+                     "latest" if name == index.get("latest") else ""] for name in index.get("checkpoints", [])]
+            return rows, str(index_path)
+    return [], None
+
+
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     def cell(value: Any) -> str:
         if isinstance(value, float):
@@ -234,13 +326,15 @@ def render_report(run: str | Path) -> str:
     evals = [r for r in records if r.get("kind") == "eval"]
     trains = [r for r in records if r.get("kind") == "train"]
     alerts = [r for r in records if r.get("kind") == "alert"]
+    notes = [r for r in records if r.get("kind") == "note"]  # information: recovered spikes, losses below the forecast band
     parts = [f"<h1>HyMo training run <code>{html.escape(str(run.resolve()))}</code></h1>"]
     facts = [["final step", summary.get("final_step", trains[-1]["step"] if trains else None)],
              ["tokens seen", summary.get("tokens_seen")],
              ["final train loss, mean of the last logged window", trains[-1].get("loss") if trains else None],
              ["final train loss, the last update's batch alone", summary.get("final_train_loss", trains[-1].get("last_loss") if trains else None)],
              ["final held-out loss", summary.get("final_val_loss")], ["skipped updates", summary.get("skipped_updates")],
-             ["alerts fired", len(alerts)]]
+             ["alerts fired", len(alerts)], ["notes (information, no alarm)", len(notes)]]
+    facts[1:1] = progress_facts(summary, trains)
     if summary.get("final_ema_val_loss") is not None:
         facts.insert(5, ["final held-out loss, EMA weights (ema.pt)", summary["final_ema_val_loss"]])
     if summary.get("stopped_by"):
@@ -255,6 +349,12 @@ def render_report(run: str | Path) -> str:
     parts.append(f"<p id='training-loss-legend'>The line is the <b>{html.escape(WINDOW_MEAN_LABEL)}</b> (what the console prints "
                  f"and metrics.jsonl's <code>loss</code> holds); the dots are the <b>{html.escape(LAST_UPDATE_LABEL)}</b> "
                  "(metrics.jsonl's <code>last_loss</code>, summary.json's <code>final_train_loss</code>): one batch, so noisier.</p>")
+    parts.append("<h2>Learning rate and throughput</h2>")
+    parts.append(_image(plot_schedule(records), "learning rate and tokens/s", "schedule"))
+    parts.append("<h2>Checkpoints</h2>")
+    checkpoints, index_path = checkpoint_rows(run, summary)
+    parts.append(_table(["checkpoint", "best", "held-out loss", "latest"], checkpoints) + f"<p>from <code>{html.escape(index_path)}</code></p>"
+                 if checkpoints else "<p id='no-checkpoints'>No checkpoint index found beside this run.</p>")
     parts.append("<h2>Held-out loss per source and language</h2>")
     parts.append(_image(plot_groups(records), "held-out loss per source and language", "per-group-curves"))
     if evals and evals[-1].get("groups"):
@@ -284,7 +384,7 @@ def render_report(run: str | Path) -> str:
     parts.append(_image(plot_signals(records), "run signals", "signals"))
     if trains:
         last = trains[-1]
-        parts.append(_table(["signal", "latest"], [[k, last.get(k)] for k in (
+        parts.append(_table(["signal", "latest"], [[k, gib(last.get(k)) if k == "peak_memory_bytes" else last.get(k)] for k in (
             "loss", "grad_norm_pre_clip", "clip_fraction", "log_z", "max_attention_logit", "tokens_per_s", "mfu", "mfu_reference",
             "peak_memory_bytes", "peak_memory_kind", "data_wait_fraction", "documents_per_window", "skipped_updates")]))
         totals = last.get("tokens_per_source_total") or {}
@@ -295,6 +395,16 @@ def render_report(run: str | Path) -> str:
     parts.append(_table(["step", "alert", "metric", "value", "statistic", "condition", "action"],
                         [[a.get("step"), a.get("alert"), a.get("metric"), a.get("value"), a.get("statistic"), a.get("condition"), a.get("action")]
                          for a in alerts]) if alerts else "<p id='no-alerts'>No alert fired.</p>")
+    parts.append("<h2>Notes</h2><p>Information, not alarms: a spike that recovered by the next log, a held-out loss below the "
+                 "forecast band (better than forecast).</p>")
+    parts.append(_table(["step", "alert", "metric", "value", "note"],
+                        [[n.get("step"), n.get("alert"), n.get("metric"), n.get("value"), n.get("note")] for n in notes])
+                 if notes else "<p id='no-notes'>None.</p>")
+    recipe = [[f"train.{k}", v] for k, v in sorted((summary.get("train_config") or {}).items())]
+    recipe += [[f"model.{k}", v] for k, v in sorted((summary.get("model_config") or {}).items())]
+    parts.append("<h2>Recipe</h2>")
+    parts.append(f"<details id='recipe'><summary>{len(recipe)} settings (summary.json)</summary>{_table(['key', 'value'], recipe)}</details>"
+                 if recipe else "<p>No recipe recorded (no summary.json).</p>")
     style = ("body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;margin:0.5em 0}"
              " td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px} img{max-width:100%}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>HyMo run report</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"

@@ -623,6 +623,8 @@ def train(
                 if hooks.on_eval:
                     hooks.on_eval(state.step, val)
                 firings += alerts.check_record(val, step=state.step)
+            if final:
+                firings += alerts.unresolved(state.step)  # spikes held for a next log that will not come are warnings
             checkpoint_due = final or state.step % config.checkpoint_interval == 0
             if checkpoint_due or any(f.action == "checkpoint" for f in firings):
                 state.monitor = monitor_state(alerts, monitor)  # after this step's alerts: a resume continues from here
@@ -672,6 +674,8 @@ def act(firings: list[Firing], state: TrainState, hooks: TrainHooks, alerts: Ale
         if hooks.on_alert:
             hooks.on_alert(firing.to_record())
     for firing in firings:
+        if firing.severity != "warning":
+            continue  # information (a recovered spike, a loss below the forecast band): recorded, nothing done
         if firing.action == "lower-lr":
             state.lr_scale *= alerts.factor_of(firing)
         elif firing.action == "checkpoint" and hooks.on_checkpoint and not checkpoint_due:

@@ -78,6 +78,28 @@ class QualityConfig:
     def __post_init__(self) -> None:
         if self.word_split not in WORD_SPLITS:
             raise ValueError(f"quality.word_split = {self.word_split!r}; expected one of {list(WORD_SPLITS)}")
+        problem = range_problem({f: getattr(self, f) for f in self.__dataclass_fields__ if f != "profiles"}, "quality")
+        for profile, overrides in self.profiles.items():
+            problem = problem or range_problem({**{f: getattr(self, f) for f in self.__dataclass_fields__}, **overrides},
+                                               f"quality.profiles.{profile}")
+        if problem:
+            raise ValueError(problem)
+
+
+def range_problem(values: dict[str, Any], where: str) -> str | None:
+    """Counts, lengths and thresholds are >= 0, fractions at most 1, and each min_X at most its max_X (-5 words or a
+    floor above the ceiling would remove every document, or none, without a word)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if value < 0:
+            return f"{where}.{name} = {value}: must be >= 0"
+        if "fraction" in name and value > 1:
+            return f"{where}.{name} = {value}: a fraction, must be at most 1"
+    for low, high in (("min_words", "max_words"), ("min_mean_word_length", "max_mean_word_length"), ("cjk_min_chars", "cjk_max_chars")):
+        if values.get(low) is not None and values.get(high) is not None and values[low] > values[high]:
+            return f"{where}.{low} = {values[low]} is above {high} = {values[high]}"
+    return None
 
 
 class Verdict(NamedTuple):

@@ -1,6 +1,7 @@
 """The planner must print Lab 4's numbers (seed 001, module 8) exactly."""
 
 import argparse
+import re
 import os
 import subprocess
 import sys
@@ -167,8 +168,36 @@ def test_add_cli_registers_model_subcommand(capsys):
     out = capsys.readouterr().out
     assert "9,550,729,216" in out
     assert "1.216e+23" in out and "84,465.3 GPU-hours" in out
-    assert "DP 152.8, ZeRO-1 52.5, ZeRO-2 35.8, ZeRO-3 19.1 GB" in out
-    assert "42.88 GB, checkpointed 3.61 GB; fp32 logits 4.98 GB" in out
+    # 80 GPUs = 4 pipeline stages x 20 replicas: a quarter of the 152.8 GB of state per stage, sharded 20 ways
+    assert "DP 38.2, ZeRO-1 11.0, ZeRO-2 6.4, ZeRO-3 1.91 GB" in out
+    assert "10.72 GB, checkpointed 1.80 GB; fp32 logits 4.98 GB" in out  # 9 of the 36 layers per stage
+
+
+def test_plan_follows_the_gpu_count(capsys):
+    """Issue 58: state per GPU, the bubble, the MTBF and the checkpoint interval used to print the same for 1, 8 and 16,384 GPUs."""
+    outputs = {}
+    for gpus in (1, 8, 16384):
+        assert planner_cli.main(["model", "--gpus", str(gpus), "--muon-ranks", ""]) == 0
+        outputs[gpus] = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in capsys.readouterr().out.splitlines()
+                             if re.search(r"\S\s{2,}\S", line))
+    lines = {gpus: {label.strip(): value.strip() for label, value in out.items()} for gpus, out in outputs.items()}
+    # the Llama 3 rate: 16,384 x 54 x 24 / 419 GPU-hours per GPU; 3.09 h on the report's 16,384 GPUs, 6,334.63 h on 8
+    assert lines[16384]["MTBF on 16,384 GPUs"].startswith("3.09 h") and lines[8]["MTBF on 8 GPUs"].startswith("6,334.63 h")
+    assert "419 unexpected interruptions in 54 days on 16,384 GPUs" in lines[8]["MTBF on 8 GPUs"]
+    intervals = [lines[g]["checkpoint every (write 60 s, Young/Daly)"] for g in (1, 8, 16384)]
+    assert len(set(intervals)) == 3 and intervals[2].startswith("18.6 minutes") and "hours" in intervals[0]
+    assert lines[1]["model state/GPU, 1 GPU"] != lines[8]["model state/GPU, 8 GPUs"]
+    assert lines[1]["pipeline bubble p=1, m=512"] == "0.0%" and lines[16384]["pipeline bubble p=4, m=1"] == "75.0%"
+    assert "below one micro-batch per replica" in lines[16384]["batch advice"]
+    assert lines[8]["tokens per parameter"].startswith("209.4 (at or above Chinchilla")
+    assert planner_cli.main(["model", "--gpus", "8", "--tokens", "20e9", "--muon-ranks", ""]) == 0
+    assert "tokens per parameter                               2.1 (below Chinchilla's compute-optimal ~20" in capsys.readouterr().out
+
+
+def test_daly_refines_young():
+    assert planner.daly_interval(60, 3.09 * 3600) == pytest.approx(1115.7, abs=0.1)  # 1155.37 x 1.01761 - 60, by hand
+    assert planner.daly_interval(60, 3.09 * 3600) < planner.young_interval(60, 3.09 * 3600)
+    assert planner.daly_interval(7200, 1800) == 1800  # a write longer than 2 M: checkpoint once per MTBF
 
 
 def test_cli_flags_change_the_shape(capsys):

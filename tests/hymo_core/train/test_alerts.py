@@ -211,8 +211,62 @@ def test_book_keeps_history_per_metric():
     book = AlertBook(parse_alerts([{"metric": "last_loss", "condition": "zscore > 3", "window": 3}]))
     for step, loss in enumerate([3.0, 3.1, 2.9, 3.0], 1):
         assert book.check_record({"kind": "train", "step": step, "last_loss": loss}) == []
-    firing, = book.check_record({"kind": "train", "step": 5, "last_loss": 8.0})
-    assert firing.step == 5 and firing.action == "log" and firing.statistic > 3
+    assert book.check_record({"kind": "train", "step": 5, "last_loss": 8.0}) == []  # a log-action spike waits for the next log
+    firing, = book.unresolved(6)  # the run ended first: a warning
+    assert firing.step == 5 and firing.action == "log" and firing.statistic > 3 and firing.severity == "warning"
+    assert firing.to_record()["kind"] == "alert" and firing.to_record()["judged_at"] == 6
+
+
+def test_a_spike_that_recovers_is_a_note_and_one_that_stays_warns():
+    """Issue 58: the sample's 200-update run logged a gradient-norm spike at step 80 (4.70, z = 19.6) that was gone by the next log."""
+    healthy = [1.4, 1.3, 1.5, 1.2, 1.35, 1.25]
+    book = AlertBook(DEFAULT_ALERTS, {"ln_vocab": 9.0, "tau": 100.0})
+    for step, norm in enumerate(healthy, 1):
+        assert book.check_record({"step": 10 * step, "grad_norm_pre_clip": norm}) == []
+    assert book.check_record({"step": 70, "grad_norm_pre_clip": 4.70}) == []  # held
+    note, = book.check_record({"step": 80, "grad_norm_pre_clip": 1.3})
+    assert (note.severity, note.step, note.alert, note.judged_at) == ("info", 70, "gradient-norm spike", 80)
+    assert note.to_record()["kind"] == "note" and "recovered by step 80" in note.to_record()["note"]
+    assert book.unresolved(80) == []
+    # a spike that is still there at the next log: both are warnings
+    assert book.check_record({"step": 90, "grad_norm_pre_clip": 5.0}) == []
+    first, second = book.check_record({"step": 100, "grad_norm_pre_clip": 6.0})
+    assert (first.severity, first.step, second.severity, second.step) == ("warning", 90, "warning", 100)
+    # a held spike survives a checkpoint: a resumed book judges it as the uninterrupted one would
+    import json
+
+    assert book.check_record({"step": 110, "grad_norm_pre_clip": 9.0}) == [] and book.held
+    state = json.loads(json.dumps(book.state_dict(), allow_nan=False))
+    again = AlertBook(DEFAULT_ALERTS, {"ln_vocab": 9.0, "tau": 100.0})
+    again.load_state_dict(state)
+    assert [f.to_record() for f in again.fired] == [f.to_record() for f in book.fired]
+    assert {k: f.to_record() for k, f in again.held.items()} == {k: f.to_record() for k, f in book.held.items()}
+
+
+def test_spike_rules_that_act_still_act_at_once():
+    book = AlertBook(parse_alerts([{"metric": "last_loss", "condition": "zscore > 3", "window": 3, "action": "lower-lr"}]))
+    for step, loss in enumerate([3.0, 3.1, 2.9, 3.0], 1):
+        book.check_record({"step": step, "last_loss": loss})
+    firing, = book.check_record({"step": 5, "last_loss": 8.0})
+    assert firing.severity == "warning" and firing.action == "lower-lr"
+
+
+def test_a_recovered_spike_in_a_real_run_is_a_note_row_and_no_alert(tiny_corpus, one_torch_thread, monkeypatch):
+    """A gradient-norm spike injected on one logging step of a real run (the norm the loop reads, times 20)."""
+    model, optimizer, loader, config = setup(tiny_corpus, None, max_steps=12)
+    hooks, seen = recording_hooks()
+    original = hooks.on_log
+
+    def spiking(record):  # the record the alerts judge: step 8's gradient norm 20x what the loop measured
+        if record["step"] == 8:
+            record["grad_norm_pre_clip"] *= 20
+        original(record)
+
+    hooks.on_log = spiking
+    train(model, optimizer, loader, None, config, TrainState(), CPU, hooks)
+    assert [r for r in seen["alerts"] if r["kind"] == "alert"] == [], seen["alerts"]
+    note, = [r for r in seen["alerts"] if r["step"] == 8]
+    assert note["kind"] == "note" and note["judged_at"] == 9 and note["alert"] == "gradient-norm spike"
 
 
 def test_recipe_alerts_round_trip_through_the_pretrain_stage_toml(tmp_path):
@@ -227,3 +281,16 @@ def test_recipe_alerts_round_trip_through_the_pretrain_stage_toml(tmp_path):
     for config in (train_config, TrainConfig(), TrainConfig(alerts=())):
         again.write_text(recipe_toml(config, model_config), encoding="utf-8")
         assert parse_alerts(load_run_config(again)[0].alerts) == parse_alerts(config.alerts)
+
+
+def test_the_gradient_norm_default_lets_a_healthy_drift_pass_and_still_catches_a_spike():
+    """The sample's healthy 1,000-update run (bench/alert_rates.py): the 20 logged gradient norms before step 480, then step
+    480's 1.478. At a 5 % spread floor that was z = 5.9, a hair from a warning; the default reads a 25 % floor."""
+    window = [0.999, 1.024, 1.133, 0.886, 0.925, 0.971, 1.02, 0.937, 0.921, 1.027, 1.024, 0.954, 0.936, 1.064, 1.069, 0.876,
+              0.872, 0.96, 1.415, 0.867]
+    rule = next(r for r in DEFAULT_ALERTS if r.label == "gradient-norm spike")
+    assert rule.spread_floor == 0.25
+    fired, statistic = fires(rule, 1.478, window)
+    assert not fired and statistic < 3
+    assert fires(AlertRule("grad_norm_pre_clip", "zscore > 6", window=20), 1.478, window)[1] > 5.5  # the old floor: nearly
+    assert fires(rule, 3.0, window)[0]  # 3x the recent median: a spike

@@ -101,3 +101,22 @@ def test_the_outside_forecast_alert_rarely_fires_on_healthy_runs_and_fires_on_a_
         caught += firing.step == 210 and firing.alert == "val_loss outside_forecast"
     assert fired / checked < 0.03, (fired, checked)
     assert caught == 12
+
+
+def test_a_held_out_loss_below_the_band_is_a_note_and_one_above_it_alerts():
+    """Issue 58: the 400-update sample run raised two 'outside the forecast band' alerts for a loss that fell *below* the band.
+    The forecast alert is one-sided; good news is a note (kind "note"), a divergence above the band still warns."""
+    from hymo_core.train.alerts import DEFAULT_ALERTS, AlertBook
+
+    tokens = np.linspace(5e4, 2e6, 10)
+    losses = curve(tokens, l_inf=2.0, gamma=0.4) + np.random.default_rng(0).normal(0, 0.01, 10)
+    for surprise, severity in ((-0.3, "info"), (+0.3, "warning")):
+        book = AlertBook(DEFAULT_ALERTS, {"ln_vocab": 9.0, "tau": 100.0})
+        for step, (t, loss) in enumerate(zip(tokens, losses), 1):
+            assert book.check_record({"val_loss": float(loss), "tokens_seen": float(t)}, step=step * 50) == []
+        expected = float(curve(2.2e6, l_inf=2.0, gamma=0.4))
+        firing, = book.check_record({"val_loss": expected + surprise, "tokens_seen": 2.2e6}, step=550)
+        assert (firing.severity, firing.alert, firing.step) == (severity, "held-out loss above the forecast band", 550)
+        assert firing.to_record()["kind"] == ("note" if severity == "info" else "alert")
+        if severity == "info":
+            assert "below the forecast band" in firing.note

@@ -68,3 +68,31 @@ def test_a_band_is_drawn_only_when_the_forecast_has_one():
         assert forecast_band(without) is None  # no bootstrap fits, or a zero-width interval: not a band
         figure = forecast_figure(rows, without)
         assert "90 % band" not in legend_labels(figure) and any("(no band)" in label for label in legend_labels(figure))
+
+
+def test_the_page_says_progress_eta_lr_throughput_checkpoints_parameters_recipe_and_memory_in_gib(tmp_path):
+    """Issue 58: what decides whether to continue a run; peak memory printed as raw bytes (824139776) before."""
+    rows = records(2)
+    for row in rows:
+        if row["kind"] == "train":
+            row.update(peak_memory_bytes=824139776, peak_memory_kind="process_peak_rss")
+    rows.append({"kind": "note", "step": 60, "alert": "gradient-norm spike", "metric": "grad_norm_pre_clip", "value": 4.7,
+                 "statistic": 19.6, "condition": "zscore > 6", "action": "log", "note": "recovered by step 70", "judged_at": 70})
+    run = write_run(tmp_path / "run", rows)
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(parameters=1_891_608, session_seconds=75.0, model_config={"d_model": 128, "n_layers": 2})
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "checkpoints.json").write_text(json.dumps({
+        "best": {"path": "step-00000050.pt", "step": 50, "val_loss": 3.21},
+        "checkpoints": ["step-00000050.pt", "step-00000100.pt"], "latest": "step-00000100.pt"}))
+    page = render_report(run)
+    assert "step 100 of 400 planned (25.0 %)" in page
+    # 300 updates x 512 tokens at 100 tokens/s
+    assert "ETA at the recent tokens/s" in page and "0 h" not in page and "25 min 36 s for 300 updates at 100 tokens/s" in page
+    assert "training time (logged windows)" in page and "wall time of the last session</td><td>1 min 15 s" in page
+    assert "adamw 0.001" in page and "1,891,608" in page
+    assert "0.77 GiB" in page and "824139776" not in page
+    assert "<td>step-00000050.pt</td><td>best</td><td>3.21</td>" in page and "<td>step-00000100.pt</td><td></td><td></td><td>latest</td>" in page
+    assert "id='schedule'" in page and "id='recipe'" in page and "train.max_steps" in page and "model.d_model" in page
+    assert "recovered by step 70" in page and "No alert fired." in page
