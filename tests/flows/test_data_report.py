@@ -32,12 +32,24 @@ def data_run(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> Path:
 
 @pytest.fixture(scope="module")
 def page(data_run: Path) -> Path:
+    (data_run / "report.html").unlink()  # the flow wrote one (test_the_flow_run_links_the_page_from_its_artifacts): the CLI writes it again
     assert main(["report", str(data_run)]) == 0
     path = data_run / "report.html"
     text = path.read_text(encoding="utf-8")
     assert "http://" not in text.split('id="data"')[0] and "https://" not in text.split('id="data"')[0]  # no CDN, no server: offline
     assert "<script src" not in text and "<link" not in text
     return path
+
+
+def test_the_flow_run_links_the_page_from_its_artifacts(data_run: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    page = data_run / "report.html"
+    with get_client(sync_client=True) as client:
+        links = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hymo-data-report"])))
+    assert any(f"({page.resolve().as_uri()})" in link.data for link in links)
+    assert 'id="data"' in page.read_text(encoding="utf-8")
 
 
 def opened(browser, page: Path):
