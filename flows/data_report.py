@@ -38,6 +38,8 @@ MAX_CLUSTERS = 40  # near-duplicate clusters shown
 CLUSTER_ROWS = 2000  # near-duplicate audit rows read to find them (the first audit files)
 MEMBERS_PER_CLUSTER = 12
 SNIPPET_CHARS = 600
+SPANS_PER_EXAMPLE = 64  # highlighted spans an example carries (a rule counting every newline would carry hundreds)
+SEARCH_BYTES = 6_000_000  # the search's documents stop here (JSON bytes), however long their audit trails
 TEXT_SHARDS = 8  # shards whose text is measured for the tokens-in estimate
 
 
@@ -276,7 +278,7 @@ def snippet_with_spans(text: str, rule: str, config: QualityConfig) -> tuple[str
     """The opening SNIPPET_CHARS of the text and the spans in it that made the rule's statistic."""
     snippet = text[:SNIPPET_CHARS]
     spans = [[start, min(end, len(snippet)), label] for start, end, label in triggering_spans(rule, text, config) if start < len(snippet)]
-    return snippet, spans
+    return snippet, spans[:SPANS_PER_EXAMPLE]
 
 
 # ------------------------------------------------------------------ near duplicates
@@ -337,7 +339,15 @@ def searchable(run: Path, stages: list, shown: set[str], rules: list[dict[str, A
     ids = list(dict.fromkeys(ids))
     keys = document_keys(first, ids)
     trails = decisions_for_many(run, ids)
-    return [{**keys.get(doc_id, {"id": doc_id}), "why": trails[doc_id]} for doc_id in ids if doc_id in trails], note
+    entries, size = [], 0
+    for doc_id in (i for i in ids if i in trails):
+        entry = {**keys.get(doc_id, {"id": doc_id}), "why": trails[doc_id]}
+        size += len(json.dumps(entry, ensure_ascii=False))
+        if size > SEARCH_BYTES:
+            note += f"; the page's search stops at {SEARCH_BYTES / 1e6:g} MB of audit trails ({len(entries):,} documents)"
+            break
+        entries.append(entry)
+    return entries, note
 
 
 def document_keys(first: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
