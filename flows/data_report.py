@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests.audit_query import _texts_before, decisions_for_many, funnel
+from manifests.audit_query import _texts_before, decisions_for_many, funnel, sample_by_rule
 from manifests.corpus import ingested_by_source, source_counts
 from manifests.run_dir import completed_stages
 from manifests.staleness import stale_stages
@@ -40,7 +40,9 @@ MEMBERS_PER_CLUSTER = 12
 SNIPPET_CHARS = 600
 SPANS_PER_EXAMPLE = 64  # highlighted spans an example carries (a rule counting every newline would carry hundreds)
 SEARCH_BYTES = 6_000_000  # the search's documents stop here (JSON bytes), however long their audit trails
-TEXT_SHARDS = 8  # shards whose text is measured for the tokens-in estimate
+TEXT_SHARDS = 8
+MODIFIED_PER_RULE = 2  # examples of each modifying rule (C4 lines, PII masks, ...), with their recorded edits
+MODIFIED_CHARS = 1500  # shards whose text is measured for the tokens-in estimate
 
 
 def is_data_run(run: Path) -> bool:
@@ -74,6 +76,7 @@ def gather(run: Path) -> dict[str, Any]:
         "by_lang": per_language(run, stages),
         "rules": rules,
         "clusters": clusters,
+        "modified": modification_examples(run, stages),
         "search": search,
         "search_note": search_note,
         "bounds": {"values_per_rule": VALUES_PER_RULE, "sample_per_group": SAMPLE_PER_GROUP, "max_sources": MAX_SOURCES,
@@ -279,6 +282,29 @@ def snippet_with_spans(text: str, rule: str, config: QualityConfig) -> tuple[str
     snippet = text[:SNIPPET_CHARS]
     spans = [[start, min(end, len(snippet)), label] for start, end, label in triggering_spans(rule, text, config) if start < len(snippet)]
     return snippet, spans[:SPANS_PER_EXAMPLE]
+
+
+# ------------------------------------------------------------------ modifications
+def modification_examples(run: Path, stages: list) -> list[dict[str, Any]]:
+    """A few documents of each modifying rule, as they entered the stage, with the audit row's `edits` (the lines it
+    removed, the spans it masked) to highlight; rows written before edits were recorded show their detail only."""
+    shown = []
+    for stage_dir, manifest in stages:
+        rules = sorted(manifest.counts.get("modified", {}))
+        if not rules:
+            continue
+        rows = sample_by_rule(run, stage_dir.stage, rules, MODIFIED_PER_RULE, with_text=False)
+        texts = _texts_before(run, stage_dir.position, {row["id"]: "" for row in rows})
+        for row in rows:
+            text, edits = texts.get(row["id"], ""), row["detail"].get("edits") or []
+            start = max(0, min((e[0] for e in edits), default=0) - 200)
+            window = text[start:start + MODIFIED_CHARS]
+            spans = [[max(0, a - start), min(b - start, len(window)), label] for a, b, label in edits if b > start and a < start + len(window)]
+            detail = {k: v for k, v in row["detail"].items() if k != "edits"}
+            shown.append({"stage": stage_dir.stage, "rule": row["rule"], "id": row["id"], "count": manifest.counts["modified"][row["rule"]],
+                          "offset": start, "text": window, "spans": spans, "recorded_edits": "edits" in row["detail"],
+                          "detail": json.dumps(detail, ensure_ascii=False)[:400]})
+    return shown
 
 
 # ------------------------------------------------------------------ near duplicates

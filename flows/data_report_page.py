@@ -185,6 +185,16 @@ function clusters() {
   }
 }
 
+function modified() {
+  const box = $('#modified');
+  if (!D.modified.length) { box.append(el('p', {}, 'no stage of this run modified a document')); return; }
+  for (const m of D.modified) {
+    box.append(el('div', {'class': 'modified', 'data-rule': m.rule}, el('b', {}, `${m.stage} · ${m.rule}`), ` (${fmt(m.count)} documents) — ${m.id}` +
+      (m.offset ? ` from character ${fmt(m.offset)}` : '') + (m.recorded_edits ? '' : ' — this audit row predates recorded edits: ' + m.detail),
+      highlighted(m.text, m.spans, 'edit')));
+  }
+}
+
 function search() {
   const index = new Map();
   D.search.forEach((doc, i) => { for (const key of [doc.id, doc.url, doc.record_id]) if (key) { if (!index.has(key)) index.set(key, []); index.get(key).push(i); } });
@@ -214,7 +224,7 @@ function search() {
 funnel();
 table($('#by-source'), ['source', 'documents in', 'documents out', 'tokens in (≈)', 'tokens out'], D.by_source.map(r => [r.source, fmt(r.docs_in), fmt(r.docs_out), fmt(r.tokens_in), fmt(r.tokens_out)]));
 table($('#by-lang'), ['language', 'documents in (after langid)', 'documents out', 'tokens out'], D.by_lang.map(r => [r.lang, fmt(r.docs_in), fmt(r.docs_out), fmt(r.tokens_out)]));
-rules(); clusters(); search();
+rules(); modified(); clusters(); search();
 document.body.setAttribute('data-ready', '1');
 """
 
@@ -242,6 +252,10 @@ Bounded at any corpus size: the stage keeps, per rule and source, the documents 
 ({bounds['max_sources'] - 1} sources apart, the rest pooled), scaled to those exact counts. A rule marked "every document" is exact,
 and so is its what-if. Moving a threshold shows how many documents that rule would remove; the printed command applies it.</p>
 <div id="rules"></div>
+<h2>Modified documents</h2>
+<p class="note">A few documents of each rule that changed text rather than removing it, as they entered the stage; the audit row's
+recorded edits (lines removed, spans masked) are highlighted.</p>
+<div id="modified"></div>
 <h2>Near-duplicate clusters</h2>
 <p class="note">Up to {bounds['max_clusters']} clusters of the fuzzy dedup stage (largest first among its first audit rows): the document kept,
 and the removed members with the Jaccard similarity that removed them.</p>
