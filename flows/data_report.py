@@ -61,13 +61,6 @@ def gather(run: Path) -> dict[str, Any]:
     clusters = near_duplicate_clusters(run, stages)
     shown = {doc_id for doc_id in examples} | {m["id"] for c in clusters for m in [c["keeper"], *c["members"]]}
     search, search_note = searchable(run, stages, shown, rules)
-    texts = texts_at_entry(run, examples)
-    for rule in rules:
-        for example in rule["examples"]:
-            text = texts.get(example["id"], "")
-            example["text"], example["spans"] = snippet_with_spans(text, rule["rule"], rule["config"])
-    for rule in rules:
-        del rule["config"]
     return {
         "run": str(run),
         "funnel": funnel(run),
@@ -191,6 +184,20 @@ def threshold_paths(rule: str, config: QualityConfig, stage: str) -> dict[str, d
     return paths
 
 
+# Stages other than quality whose rule compares a statistic with one config field: rule -> field.
+STAGE_THRESHOLD_FIELDS = {"langid": {"langid_low_score": "min_score"}}
+
+
+def field_paths(rule: str, config: dict[str, Any], stage: str) -> dict[str, dict[str, Any]]:
+    """threshold_paths for a stage without profiles: one path, its field in the stage's config."""
+    name = STAGE_THRESHOLD_FIELDS.get(stage, {}).get(rule)
+    if name is None or name not in config:
+        return {"": {"key": None, "report_only": False}}
+    value = config[name]
+    return {"": {"key": f"{stage}.{name}", "n": None, "field": value, "current": value, "report_only": False,
+                 "integer": isinstance(value, int) and not isinstance(value, bool)}}
+
+
 def rule_distributions(run: Path, stages: list) -> tuple[list[dict[str, Any]], list[str]]:
     """Per rule of each stage that records statistics: its groups of sampled values (weights that scale them to the
     documents that reached it), its threshold controls, its removal count, and examples. Also the example ids."""
@@ -199,21 +206,30 @@ def rule_distributions(run: Path, stages: list) -> tuple[list[dict[str, Any]], l
         if not manifest.files("stats"):
             continue
         sample, reached = merged_stats(manifest)
-        config = quality_config_of(manifest)
+        quality = stage_dir.stage == "quality"
+        config = quality_config_of(manifest) if quality else QualityConfig()  # QualityConfig: the spans' word lists
         by_rule: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in sample.to_pylist():
             by_rule[row["rule"]].append(row)
+        stage_rules = []
         for rule_name in sorted(by_rule, key=lambda r: (-manifest.counts.get("removed", {}).get(r, 0), r)):
             rows = by_rule[rule_name]
-            entry = rule_entry(stage_dir.stage, rule_name, rows, reached, config, manifest.counts.get("removed", {}).get(rule_name, 0))
-            rules.append(entry)
-            example_ids += [e["id"] for e in entry["examples"]]
+            paths = threshold_paths(rule_name, config, stage_dir.stage) if quality else field_paths(rule_name, manifest.config or {}, stage_dir.stage)
+            entry = rule_entry(stage_dir.stage, rule_name, rows, reached, paths, config.default_profile if quality else "",
+                               manifest.counts.get("removed", {}).get(rule_name, 0))
+            stage_rules.append(entry)
+        ids = [e["id"] for entry in stage_rules for e in entry["examples"]]
+        texts = _texts_before(run, stage_dir.position, {doc_id: "" for doc_id in ids}) if ids else {}  # as they entered the stage
+        for entry in stage_rules:
+            for example in entry["examples"]:
+                example["text"], example["spans"] = snippet_with_spans(texts.get(example["id"], ""), entry["rule"], config)
+        rules += stage_rules
+        example_ids += ids
     return rules, example_ids
 
 
-def rule_entry(stage: str, rule: str, rows: list[dict[str, Any]], reached: dict[tuple[str, str], int], config: QualityConfig,
-               removed: int) -> dict[str, Any]:
-    paths = threshold_paths(rule, config, stage)
+def rule_entry(stage: str, rule: str, rows: list[dict[str, Any]], reached: dict[tuple[str, str], int],
+               paths: dict[str, dict[str, Any]], default_profile: str, removed: int) -> dict[str, Any]:
     keys = sorted({p["key"] for p in paths.values() if p["key"] is not None})
     sources = sorted({r["source"] for r in rows}, key=lambda s: (-reached.get((rule, s), 0), s))
     shown, pooled = sources[:MAX_SOURCES - 1], sources[MAX_SOURCES - 1:]
@@ -230,7 +246,7 @@ def rule_entry(stage: str, rule: str, rows: list[dict[str, Any]], reached: dict[
         weight = count / len(members) if members else 0.0
         split: dict[tuple[int, bool], list[float]] = defaultdict(list)
         for r in members:
-            path = paths.get(r["profile"]) or paths[config.default_profile]
+            path = paths.get(r["profile"]) or paths[default_profile]
             split[(keys.index(path["key"]) if path["key"] in keys else -1, path["report_only"])].append(round(r["value"], 6))
         entries += [{"source": label, "path": path_index, "report_only": report_only, "weight": weight, "values": sorted(values)}
                     for (path_index, report_only), values in sorted(split.items())]
@@ -246,7 +262,7 @@ def rule_entry(stage: str, rule: str, rows: list[dict[str, Any]], reached: dict[
     return {"stage": stage, "rule": rule, "reached": sum(reached.get((rule, s), 0) for s in sources), "removed": removed,
             "fires_when": fires, "threshold": main, "controls": controls, "entries": entries,
             "sampled": len(sampled) < sum(reached.get((rule, s), 0) for s in sources),
-            "examples": pick_examples(sampled, main, fires), "config": config,
+            "examples": pick_examples(sampled, main, fires),
             "report_only_profiles": sorted(p for p, v in paths.items() if v["report_only"])}
 
 
@@ -267,14 +283,6 @@ def pick_examples(rows: list[dict[str, Any]], threshold: float | None, fires: st
         chosen.setdefault(r["id"], r)
     return [{"id": r["id"], "source": r["source"], "value": r["value"], "fired": r["fired"], "profile": r["profile"]}
             for r in sorted(chosen.values(), key=lambda r: (r["value"], r["rank"]))]
-
-
-def texts_at_entry(run: Path, ids: list[str]) -> dict[str, str]:
-    """The example documents' texts as they entered the quality stage."""
-    stages = [(s, m) for s, m in document_stages(run) if m.files("stats")]
-    if not stages or not ids:
-        return {}
-    return _texts_before(run, stages[0][0].position, {doc_id: "" for doc_id in ids})
 
 
 def snippet_with_spans(text: str, rule: str, config: QualityConfig) -> tuple[str, list[list[Any]]]:

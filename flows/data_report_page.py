@@ -74,7 +74,7 @@ function highlighted(text, spans, cls) {
   box.append(text.slice(at)); return box;
 }
 
-const fires = (v, t, when) => when === '<' ? v < t : v > t;
+const fires = (v, t, when) => when === '<' ? v < t : when === '<=' ? v <= t : when === '>=' ? v >= t : v > t;
 
 function predict(rule, ci, t) {
   let total = 0;

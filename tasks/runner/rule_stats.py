@@ -30,7 +30,7 @@ STATS_SCHEMA = pa.schema([
     ("value", pa.float64()),  # the rule's statistic (for the n-gram duplicate rules, possibly the upper bound that kept it)
     ("threshold", pa.float64()),  # the threshold in effect for this document (its profile's)
     ("fired", pa.bool_()),  # the rule failed: removed the document, or flagged it when report-only
-    ("fires_when", pa.string()),  # "<" (fires below the threshold), ">" (above), "" (value == threshold: not told)
+    ("fires_when", pa.string()),  # "<" / "<=" (fires below the threshold), ">" / ">=" (above), "" (value == threshold: not told)
     ("profile", pa.string()),
     ("reached", pa.int64()),  # documents of this source that reached this rule in this shard (exact, not sampled)
 ])

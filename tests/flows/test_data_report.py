@@ -89,6 +89,9 @@ def test_a_rules_histogram_counts_the_documents_that_reached_it(data_run: Path, 
     reached = len(entering) - sum(lang in QualityConfig().spaceless_langs for lang in entering) - removed.get("quality_empty_text", 0)
     assert int(histogram.get_attribute("data-total")) == bars == reached > removed["gopher_too_few_words"] > 0
     assert section.find_elements(by.CSS_SELECTOR, ".fired") and section.find_elements(by.CSS_SELECTOR, ".passed")  # both sides shown
+    langid = browser.find_element(by.CSS_SELECTOR, "section.rule[data-rule='langid_low_score'] svg.histogram")
+    counts = find_stage(data_run, "langid")[1].counts
+    assert int(langid.get_attribute("data-total")) == counts["in"] - counts["removed"].get("langid_empty_text", 0)
 
 
 def test_the_search_finds_a_document_by_url_with_audit_whys_answer(data_run: Path, page: Path, browser, capsys) -> None:
