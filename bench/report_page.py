@@ -80,11 +80,14 @@ def main() -> int:
           kib(result["parts"]["rules"]), kib(result["parts"]["search"]), f"{result['gather_s']:.2f} + {result['render_s']:.2f}",
           f"{result['first_s']:.2f}", kib(result["stats_bytes"]))])
     print(table)
+    note = ("Build time is `hymo report`'s work without the interpreter start. The 1M-document size run's page is not in this table: "
+            "`python bench/report_page.py --run RUN` on bench/scale.py's run directory measures it.") if not args.run else ""
     if args.write:
         if load >= 1.5 and args.loaded_ok:
-            write_section(TITLE, table, f"1-minute load {load:.1f} at start: measured at load {load:.1f}, not quiet; times are upper bounds.")
+            write_section(TITLE, table, f"1-minute load {load:.1f} at start: measured at load {load:.1f}, not quiet (the times include waiting for "
+                                        f"the CPU). {note}")
         elif not refuse_if_loaded(load):
-            write_section(TITLE, table, f"1-minute load {load:.1f} at start.")
+            write_section(TITLE, table, f"1-minute load {load:.1f} at start. {note}")
     return 0
 
 

@@ -40,9 +40,9 @@ MEMBERS_PER_CLUSTER = 12
 SNIPPET_CHARS = 600
 SPANS_PER_EXAMPLE = 64  # highlighted spans an example carries (a rule counting every newline would carry hundreds)
 SEARCH_BYTES = 6_000_000  # the search's documents stop here (JSON bytes), however long their audit trails
-TEXT_SHARDS = 8
+TEXT_SHARDS = 8  # shards whose text is measured for the tokens-in estimate
 MODIFIED_PER_RULE = 2  # examples of each modifying rule (C4 lines, PII masks, ...), with their recorded edits
-MODIFIED_CHARS = 1500  # shards whose text is measured for the tokens-in estimate
+MODIFIED_CHARS = 1500
 
 
 def is_data_run(run: Path) -> bool:
@@ -256,17 +256,17 @@ def rule_entry(stage: str, rule: str, rows: list[dict[str, Any]], reached: dict[
         controls.append({"key": key, "current": path["current"], "integer": path["integer"], "n": path["n"], "field": path["field"],
                          "profiles": sorted(p for p, v in paths.items() if v["key"] == key)})
     fires = next((r["fires_when"] for r in rows if r["fires_when"]), "")
-    if not fires and keys:  # every sampled value sat on the threshold: the field's name says the side
-        fires = "<" if keys[0].rsplit(".", 1)[-1].startswith(("min_", "c4_min_", "cjk_min_")) else ">"
+    if not fires:  # every sampled value sat on the threshold: the field's name says the side (a yes/no rule fires at 1 > 0)
+        fires = "<" if keys and keys[0].rsplit(".", 1)[-1].startswith(("min_", "c4_min_", "cjk_min_")) else ">"
     main = controls[0]["current"] if controls else (rows[0]["threshold"] if rows else None)
     return {"stage": stage, "rule": rule, "reached": sum(reached.get((rule, s), 0) for s in sources), "removed": removed,
             "fires_when": fires, "threshold": main, "controls": controls, "entries": entries,
             "sampled": len(sampled) < sum(reached.get((rule, s), 0) for s in sources),
-            "examples": pick_examples(sampled, main, fires),
+            "examples": pick_examples(sampled, main),
             "report_only_profiles": sorted(p for p, v in paths.items() if v["report_only"])}
 
 
-def pick_examples(rows: list[dict[str, Any]], threshold: float | None, fires: str) -> list[dict[str, Any]]:
+def pick_examples(rows: list[dict[str, Any]], threshold: float | None) -> list[dict[str, Any]]:
     """The documents nearest the threshold on each side, and a spread over the values (for the what-if)."""
     if not rows:
         return []

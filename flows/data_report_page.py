@@ -165,8 +165,8 @@ function rules() {
     sec.append(hist.svg);
     if (rule.threshold !== null) {
       const nearest = side => rule.examples.filter(e => e.fired === side).sort((a, b) => Math.abs(a.value - rule.threshold) - Math.abs(b.value - rule.threshold)).slice(0, 3);
-      const cols = el('div', {'class': 'cols'}, el('div', {}, el('b', {}, 'removed (nearest the threshold)'), ...nearest(true).map(e => example(rule, e))),
-        el('div', {}, el('b', {}, 'kept (nearest the threshold)'), ...nearest(false).map(e => example(rule, e))));
+      const cols = el('div', {'class': 'cols'}, el('div', {}, el('b', {}, 'fails the rule: removed, or flagged where report-only (nearest the threshold)'), ...nearest(true).map(e => example(rule, e))),
+        el('div', {}, el('b', {}, 'passes the rule (nearest the threshold)'), ...nearest(false).map(e => example(rule, e))));
       sec.append(cols);
     }
     whatIf(rule, hist, sec);
