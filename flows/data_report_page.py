@@ -215,7 +215,8 @@ function search() {
           ' ' + JSON.stringify(e.detail).slice(0, 300) + (edits.length ? ` (${edits.length} edits${e.detail.edits_total > edits.length ? ' of ' + e.detail.edits_total : ''})` : '')));
       }
     }
-    result.append(el('pre', {id: 'why-json'}, JSON.stringify(why, null, 2)));
+    if (D.stale.length) result.append(el('p', {'class': 'warn'}, '! this run has stale stages: they, and the shards after them, still describe the corpus from before an upstream rerun (see the top of the page)'));
+    result.append(el('pre', {id: 'why-json'}, JSON.stringify({...why, stale: D.stale}, null, 2)));  // what `audit why --json` prints
   };
   $('#search-go').addEventListener('click', show);
   input.addEventListener('keydown', ev => { if (ev.key === 'Enter') show(); });
