@@ -114,9 +114,9 @@ function histogram(rule) {
   return {svg, xOf, moved};
 }
 
-function example(rule, ex) {
-  const side = ex.fired ? 'fired' : 'passed';
-  return el('div', {}, el('span', {'class': side}, `${ex.fired ? 'fails' : 'passes'}: value ${num(ex.value)}`), ` — ${ex.id} (${ex.source}, ${ex.profile})`,
+function example(rule, ex, fails, said) {
+  fails = fails === undefined ? ex.fired : fails;
+  return el('div', {}, el('span', {'class': fails ? 'fired' : 'passed'}, `${said || (fails ? 'fails' : 'passes')}: value ${num(ex.value)}`), ` — ${ex.id} (${ex.source}, ${ex.profile})`,
     highlighted(ex.text || '', ex.spans || []));
 }
 
@@ -142,7 +142,7 @@ function whatIf(rule, hist, box) {
       hist.moved.setAttribute('x1', hist.xOf(t)); hist.moved.setAttribute('x2', hist.xOf(t));
       flips.replaceChildren();
       const changed = rule.examples.filter(ex => c.profiles.includes(ex.profile) && fires(ex.value, t, rule.fires_when) !== fires(ex.value, c.current, rule.fires_when));
-      for (const ex of changed.slice(0, 4)) flips.append(el('div', {}, `${fires(ex.value, t, rule.fires_when) ? 'newly removed' : 'newly kept'}: `, example(rule, ex)));
+      for (const ex of changed.slice(0, 4)) { const now = fires(ex.value, t, rule.fires_when); flips.append(example(rule, ex, now, now ? 'would fail' : 'would pass')); }
     };
     slider.addEventListener('input', () => { exact.value = slider.value; update(+slider.value); });
     exact.addEventListener('input', () => { if (exact.value !== '') { slider.value = exact.value; update(+exact.value); } });
