@@ -34,7 +34,7 @@ from tasks.filters.gopher_repetition import gopher_duplicate_line_chars, gopher_
 from tasks.filters.profiles import C4_LINE_FILTER
 from tasks.filters.quality_config import QualityConfig, Verdict
 from tasks.filters.text_view import LETTER, SCRIPT_SAMPLE_CHARS, SPACELESS_SCRIPT, TextView
-from tasks.runner.rule_stats import doc_rank, fires_when, stats_rows
+from tasks.runner.rule_stats import measured_rows
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
 
 STAGE = "quality"
@@ -156,26 +156,6 @@ def evaluate(text: str, lang: str | None, config: QualityConfig) -> QualityDecis
     return QualityDecision(not failures, failures, "spaceless" if spaceless else "whitespace", plan.skipped, c4, flags, measured)
 
 
-def rule_stats_columns() -> dict[str, list]:
-    return {name: [] for name in ("rule", "source", "id", "rank", "value", "threshold", "fired", "fires_when", "profile")}
-
-
-def add_measured(columns: dict[str, list], doc_id: str, source: str, profile: str, measured: list[Verdict]) -> None:
-    """One stats row per rule the document reached (tasks.runner.rule_stats): the page's histograms and "what if"."""
-    rank = doc_rank(doc_id)
-    for verdict in measured:
-        columns["rule"].append(verdict.rule)
-        columns["value"].append(verdict.value)
-        columns["threshold"].append(verdict.threshold)
-        columns["fired"].append(not verdict.keep)
-        columns["fires_when"].append(fires_when(not verdict.keep, verdict.value, verdict.threshold))
-    n = len(measured)
-    columns["source"] += [source] * n
-    columns["id"] += [doc_id] * n
-    columns["rank"] += [rank] * n
-    columns["profile"] += [profile] * n
-
-
 def profile_configs(config: QualityConfig) -> dict[str, QualityConfig]:
     """The effective config of each profile: the base with that profile's overrides applied."""
     known = {f.name for f in fields(QualityConfig)} - {"profiles"}
@@ -199,7 +179,8 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
     keep_mask: list[bool] = []
     texts, metas = docs.column("text").to_pylist(), docs.column("meta").to_pylist()
     audit: list[dict[str, Any]] = []
-    measured = rule_stats_columns()
+    verdicts: list[Verdict] = []  # every rule each document reached, in document order (tasks.runner.rule_stats)
+    reached_counts, profiles = [], []
     columns = zip(docs.column("id").to_pylist(), docs.column("source").to_pylist(), docs.column("lang").to_pylist(), texts, metas)
     for i, (doc_id, source, lang, text, meta_json) in enumerate(columns):
         meta = json.loads(meta_json)
@@ -209,7 +190,9 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
         effective = by_profile[profile]
         decision = evaluate(text, lang, effective)
         keep_mask.append(decision.keep)
-        add_measured(measured, doc_id, source, profile, decision.measured)
+        verdicts += decision.measured
+        reached_counts.append(len(decision.measured))
+        profiles.append(profile)
         detail: dict[str, Any] = {"profile": profile, "rule_set": decision.rule_set, "lang": lang}
         if decision.skipped:
             detail["skipped_rules"] = decision.skipped
@@ -237,7 +220,8 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
     kept = docs.filter(mask)
     kept = kept.set_column(kept.schema.get_field_index("text"), kept.schema.field("text"), pa.array(texts, pa.string()).filter(mask))
     kept = kept.set_column(kept.schema.get_field_index("meta"), kept.schema.field("meta"), pa.array(metas, pa.string()).filter(mask))
-    return ShardOutcome(kept, audit, stats_rows(measured))
+    stats = measured_rows(docs.column("id").to_pylist(), docs.column("source").to_pylist(), profiles, reached_counts, verdicts)
+    return ShardOutcome(kept, audit, stats)
 
 
 QUALITY = StageDef(STAGE, VERSION, quality_shard)
