@@ -210,3 +210,20 @@ def publish_run_summary(run: Path, extra_images: list[Path] | None = None, drawn
             parts.append(embedded_png(image, image.stem) + "\n\n" + file_link(run, image))
     create_markdown_artifact("\n\n".join(parts), key="hymo-run-summary", description="funnel of the run")
     return png
+
+
+def publish_data_report(run: Path) -> Path | None:
+    """The run's data report page (`hymo report RUN`), rewritten when a flow ends and linked from its artifacts;
+    None for a run with no document stage."""
+    from prefect.artifacts import LinkArtifact
+
+    from flows.data_report import is_data_run
+    from flows.data_report_page import write_data_report
+
+    if not is_data_run(Path(run)):
+        return None
+    page = write_data_report(run)
+    LinkArtifact(link=page.resolve().as_uri(), link_text=f"{Path(run).name}/{page.name}", key="hymo-data-report",
+                 description="the data report: funnel, each rule's distribution with its threshold and a what-if, near-duplicate "
+                             "clusters, search by id or URL (one offline HTML page; `hymo report RUN` rewrites it)").create()
+    return page

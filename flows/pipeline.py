@@ -30,7 +30,7 @@ from tasks.runner.shared_paths import check_shared_paths
 from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan, start_worker
 from tasks.runner.worker_threads import PARALLELISM, parallelism_record, worker_choice, worker_environment
 
-from flows.artifacts import BackgroundPublisher, draw_funnel, made_line, publish_run_summary, publish_stage_artifacts
+from flows.artifacts import BackgroundPublisher, draw_funnel, made_line, publish_data_report, publish_run_summary, publish_stage_artifacts
 from flows.cluster import require_api_for_workers, worker_paths
 from flows.config import RUN_CONFIG, PipelineConfig, default_run, load_config, load_run_config  # noqa: F401 (RUN_CONFIG, load_run_config: re-exported)
 from flows.errors import may_pass_on_retry
@@ -285,6 +285,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
         restore_environ(environ_before)
     extra_images = [p for p in [stage_path(run, "pretrain", config) / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
     publish_run_summary(run, extra_images, drawn=funnel_drawn)
+    publish_data_report(run)
     return summary
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -40,41 +41,56 @@ def _filter_file(path: Path, column: str, value: str, columns: list[str] | None 
 
 def decisions_for(run: Path, doc_id: str) -> dict[str, Any]:
     """Every stage's decision about one document, in pipeline order, stopping where it was removed."""
-    trail: list[dict[str, Any]] = []
-    seen_anywhere = False
-    final = "unknown"
+    found = decisions_for_many(run, [doc_id])
+    if doc_id not in found:
+        raise KeyError(f"{run}: no stage has a document with id {doc_id!r}")
+    return found[doc_id]
+
+
+def decisions_for_many(run: Path, doc_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """`decisions_for` of several documents, each stage's files read once for all of them (the data report's search).
+    Ids no stage has are left out."""
+    wanted = pa.array(list(dict.fromkeys(doc_ids)), pa.string())
+    trails: dict[str, list[dict[str, Any]]] = {doc_id: [] for doc_id in wanted.to_pylist()}
+    final: dict[str, str] = {}
+    done: set[str] = set()
     for stage_dir, manifest in completed_stages(run):
         if not manifest.files("data") and not manifest.files("audit"):
             continue  # not a document stage (tokenizer, mixture, ...)
-        rows = []
+        open_ids = [doc_id for doc_id in trails if doc_id not in done]
+        if not open_ids:
+            break
+        open_set = pa.array(open_ids, pa.string())
+        rows_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for audit_file in manifest.files("audit"):
-            table = _filter_file(manifest.path_of(audit_file), "id", doc_id)
-            rows.extend(table.to_pylist())
-        removed = [r for r in rows if r["action"] == "removed"]
-        in_data = any(_filter_file(manifest.path_of(f), "id", doc_id, ["id"]).num_rows for f in manifest.files("data")) if not removed else False
-        entries = [
-            {"action": r["action"], "rule": r["rule"], "value": r["value"], "threshold": r["threshold"], "detail": json.loads(r["detail"])}
-            for r in rows
-        ]
-        if removed:
-            seen_anywhere = True
-            trail.append({"stage": stage_dir.stage, "decision": "removed", "entries": entries})
-            final = f"removed at {stage_dir.stage} ({removed[0]['rule']})"
-            break
-        if in_data:
-            seen_anywhere = True
-            decision = "kept (modified)" if any(r["action"] == "modified" for r in rows) else "kept"
-            if any(r["action"] == "routed" for r in rows):
-                decision = "kept (routed: " + ", ".join(r["rule"] for r in rows if r["action"] == "routed") + ")"
-            trail.append({"stage": stage_dir.stage, "decision": decision, "entries": entries})
-            final = "kept"
-        elif seen_anywhere:
-            trail.append({"stage": stage_dir.stage, "decision": "absent", "entries": entries})
-            final = f"absent from {stage_dir.stage}"
-            break
-    if not seen_anywhere:
-        raise KeyError(f"{run}: no stage has a document with id {doc_id!r}")
-    return {"id": doc_id, "final": final, "stages": trail}
+            table = pq.read_table(manifest.path_of(audit_file))
+            for row in table.filter(pc.is_in(table.column("id"), value_set=open_set)).to_pylist():
+                rows_of[row["id"]].append(row)
+        in_data: set[str] = set()
+        for data_file in manifest.files("data"):
+            ids = pq.read_table(manifest.path_of(data_file), columns=["id"]).column("id")
+            in_data.update(ids.filter(pc.is_in(ids, value_set=open_set)).to_pylist())
+        for doc_id in open_ids:
+            rows = rows_of.get(doc_id, [])
+            entries = [{"action": r["action"], "rule": r["rule"], "value": r["value"], "threshold": r["threshold"], "detail": json.loads(r["detail"])}
+                       for r in rows]
+            removed = [r for r in rows if r["action"] == "removed"]
+            seen = bool(trails[doc_id])
+            if removed:
+                trails[doc_id].append({"stage": stage_dir.stage, "decision": "removed", "entries": entries})
+                final[doc_id] = f"removed at {stage_dir.stage} ({removed[0]['rule']})"
+                done.add(doc_id)
+            elif doc_id in in_data:
+                decision = "kept (modified)" if any(r["action"] == "modified" for r in rows) else "kept"
+                if any(r["action"] == "routed" for r in rows):
+                    decision = "kept (routed: " + ", ".join(r["rule"] for r in rows if r["action"] == "routed") + ")"
+                trails[doc_id].append({"stage": stage_dir.stage, "decision": decision, "entries": entries})
+                final[doc_id] = "kept"
+            elif seen:
+                trails[doc_id].append({"stage": stage_dir.stage, "decision": "absent", "entries": entries})
+                final[doc_id] = f"absent from {stage_dir.stage}"
+                done.add(doc_id)
+    return {doc_id: {"id": doc_id, "final": final[doc_id], "stages": trail} for doc_id, trail in trails.items() if trail}
 
 
 def quarantined_files(run: Path) -> list[dict[str, str]]:

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import textwrap
+import shutil
 import signal
 import subprocess
 import sys
@@ -227,6 +228,27 @@ def write_pipeline_config(root: Path, extra: str = "") -> Path:
 @pytest.fixture(scope="session")
 def tiny_config(tmp_path_factory) -> Path:
     return write_pipeline_config(tmp_path_factory.mktemp("tiny-pipeline"))
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser():
+    """Debian's Chromium, headless, driven by its chromedriver: what a person sees of the UI or of a report page."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.binary_location = CHROMIUM
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(20)
+    yield driver
+    driver.quit()
 
 
 @contextlib.contextmanager

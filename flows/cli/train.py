@@ -168,8 +168,20 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """A training directory (metrics.jsonl) gets the training page; a run directory with document stages, the data page."""
+    from pathlib import Path
+
     from hymo_core.train.run_report import write_report
 
+    if not (Path(args.run) / "metrics.jsonl").exists():
+        from flows.data_report import is_data_run
+
+        if Path(args.run).is_dir() and is_data_run(Path(args.run)):
+            from flows.data_report_page import write_data_report
+
+            path = write_data_report(args.run, args.out)
+            console.print(f"wrote {path}: funnel, rules with their thresholds and what-ifs, clusters, search (open it in a browser)", markup=False)
+            return 0
     path = write_report(args.run, args.out)
     console.print(f"wrote {path}", markup=False)
     return 0
@@ -262,8 +274,10 @@ def add_commands(sub: Any) -> None:
     average.add_argument("--decay", type=float, default=0.9, help="EMA: checkpoint i of n weighs decay^(n-1-i)")
     average.set_defaults(func=cmd_average)
 
-    report = sub.add_parser("report", help="one HTML page of a training run: curves per source and language, forecast, signals, alerts")
-    report.add_argument("run", help="a training output directory (metrics.jsonl, summary.json), e.g. RUN/NN_pretrain or --out of hymo train")
+    report = sub.add_parser("report", help="one HTML page of a run: for a data run, funnel, rule distributions with what-ifs, clusters and "
+                                           "search; for a training run, curves per source and language, forecast, signals, alerts")
+    report.add_argument("run", help="a run directory (RUN, from hymo run) or a training output directory (metrics.jsonl, summary.json), "
+                                    "e.g. RUN/NN_pretrain or --out of hymo train")
     report.add_argument("--out", help="where to write the page (default: RUN/report.html)")
     report.set_defaults(func=cmd_report)
 

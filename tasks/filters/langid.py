@@ -18,10 +18,11 @@ import pyarrow as pa
 from manifests.sources import PACKAGE_DIR
 from manifests.stage_manifest import StageManifest
 from tasks.filters.fasttext_model import LABEL_PREFIX, ModelFileMissing, load_fasttext, model_sha256, one_line
+from tasks.runner.rule_stats import doc_rank, stats_rows
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
 
 STAGE = "langid"
-VERSION = "1"
+VERSION = "2"  # 2: stats/ holds langid_low_score's score on a sample of the documents it measured
 BUNDLED_MODEL = PACKAGE_DIR / "models" / "lid.176.ftz"
 
 
@@ -87,18 +88,23 @@ def langid_shard(docs: pa.Table, config: LangIdConfig, context: Any = None) -> S
     scores: list[float | None] = []
     audit: list[dict[str, Any]] = []
     wanted_by_source: dict[str, tuple[str, ...]] = {}
+    measured: dict[str, list] = {name: [] for name in ("rule", "source", "id", "rank", "value", "threshold", "fired", "fires_when", "profile")}
     for doc_id, text, source in zip(docs.column("id").to_pylist(), docs.column("text").to_pylist(), docs.column("source").to_pylist()):
         wanted = wanted_by_source.get(source) or wanted_by_source.setdefault(source, config.wanted(source))
         decision = langid_decision(text, model, config, wanted)
         keep_mask.append(decision["keep"])
         langs.append(decision["lang"])
         scores.append(decision["score"])
+        if decision["rule"] != "langid_empty_text":  # every other document had its score compared with min_score
+            for name, value in (("rule", "langid_low_score"), ("source", source), ("id", doc_id), ("rank", doc_rank(doc_id)), ("value", decision["score"]),
+                                ("threshold", config.min_score), ("fired", decision["rule"] == "langid_low_score"), ("fires_when", "<="), ("profile", "")):
+                measured[name].append(value)
         if not decision["keep"]:
             detail = {"lang": decision["lang"], "top": [[lang, round(score, 4)] for lang, score in decision["top"]], "wanted": list(wanted)}
             audit.append({"id": doc_id, "action": "removed", "rule": decision["rule"], "value": decision["score"], "threshold": config.min_score, "detail": detail})
     labelled = docs.set_column(docs.schema.get_field_index("lang"), "lang", pa.array(langs, pa.string()))
     labelled = labelled.set_column(labelled.schema.get_field_index("lang_score"), "lang_score", pa.array(scores, pa.float32()))
-    return ShardOutcome(labelled.filter(pa.array(keep_mask, pa.bool_())), audit)
+    return ShardOutcome(labelled.filter(pa.array(keep_mask, pa.bool_())), audit, stats_rows(measured))
 
 
 def model_digest(config: LangIdConfig) -> list[tuple[str, str]]:

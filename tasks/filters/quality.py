@@ -34,10 +34,11 @@ from tasks.filters.gopher_repetition import gopher_duplicate_line_chars, gopher_
 from tasks.filters.profiles import C4_LINE_FILTER
 from tasks.filters.quality_config import QualityConfig, Verdict
 from tasks.filters.text_view import LETTER, SCRIPT_SAMPLE_CHARS, SPACELESS_SCRIPT, TextView
+from tasks.runner.rule_stats import measured_rows
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
 
 STAGE = "quality"
-VERSION = "1"
+VERSION = "2"  # 2: stats/ holds each rule's statistic on a sample of the documents that reached it
 
 
 # ---------------------------------------------------------------- rules: any language
@@ -92,6 +93,7 @@ class QualityDecision:
     skipped: list[str]
     c4: C4Cleaning | None
     flags: list[Verdict] = field(default_factory=list)  # report-only rules that failed; they removed nothing
+    measured: list[Verdict] = field(default_factory=list)  # every rule this document reached, in order (rule_stats)
 
 
 @dataclass(frozen=True)
@@ -133,21 +135,25 @@ def evaluate(text: str, lang: str | None, config: QualityConfig) -> QualityDecis
     view = TextView(text)
     empty = quality_empty_text(view, config)
     if not empty.keep:
-        return QualityDecision(False, [empty], "none", [], None)
+        return QualityDecision(False, [empty], "none", [], None, measured=[empty])
     spaceless = uses_spaceless_rules(view, lang, config)
     plan = rule_plan(config, lang, spaceless)
     failures: list[Verdict] = []
+    measured = [empty]
     for rule in plan.removing:
         verdict = rule(view, config)
+        measured.append(verdict)
         if not verdict.keep:
             failures.append(verdict)
             if not config.all_rules:
                 break
-    flags = [verdict for verdict in (rule(view, config) for rule in plan.reporting) if not verdict.keep]
+    reported = [rule(view, config) for rule in plan.reporting]
+    measured += reported
+    flags = [verdict for verdict in reported if not verdict.keep]
     c4 = None
     if not failures and not spaceless and C4_LINE_FILTER not in plan.skipped:
         c4 = _c4(view, config)
-    return QualityDecision(not failures, failures, "spaceless" if spaceless else "whitespace", plan.skipped, c4, flags)
+    return QualityDecision(not failures, failures, "spaceless" if spaceless else "whitespace", plan.skipped, c4, flags, measured)
 
 
 def profile_configs(config: QualityConfig) -> dict[str, QualityConfig]:
@@ -173,6 +179,8 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
     keep_mask: list[bool] = []
     texts, metas = docs.column("text").to_pylist(), docs.column("meta").to_pylist()
     audit: list[dict[str, Any]] = []
+    verdicts: list[Verdict] = []  # every rule each document reached, in document order (tasks.runner.rule_stats)
+    reached_counts, profiles = [], []
     columns = zip(docs.column("id").to_pylist(), docs.column("source").to_pylist(), docs.column("lang").to_pylist(), texts, metas)
     for i, (doc_id, source, lang, text, meta_json) in enumerate(columns):
         meta = json.loads(meta_json)
@@ -182,6 +190,9 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
         effective = by_profile[profile]
         decision = evaluate(text, lang, effective)
         keep_mask.append(decision.keep)
+        verdicts += decision.measured
+        reached_counts.append(len(decision.measured))
+        profiles.append(profile)
         detail: dict[str, Any] = {"profile": profile, "rule_set": decision.rule_set, "lang": lang}
         if decision.skipped:
             detail["skipped_rules"] = decision.skipped
@@ -209,7 +220,8 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
     kept = docs.filter(mask)
     kept = kept.set_column(kept.schema.get_field_index("text"), kept.schema.field("text"), pa.array(texts, pa.string()).filter(mask))
     kept = kept.set_column(kept.schema.get_field_index("meta"), kept.schema.field("meta"), pa.array(metas, pa.string()).filter(mask))
-    return ShardOutcome(kept, audit)
+    stats = measured_rows(docs.column("id").to_pylist(), docs.column("source").to_pylist(), profiles, reached_counts, verdicts)
+    return ShardOutcome(kept, audit, stats)
 
 
 QUALITY = StageDef(STAGE, VERSION, quality_shard)

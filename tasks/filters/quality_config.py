@@ -133,3 +133,43 @@ def compiled_pattern(pattern: str) -> re.Pattern[str]:
 
 def rule_skipped(name: str, skip_rules: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in skip_rules)
+
+
+# The QualityConfig field each rule compares against: what a "what if" on the report page moves, and the key of
+# the `--set quality.KEY=VALUE` that applies it. An n-gram rule's threshold is one entry of a (n, threshold) list.
+RULE_THRESHOLD_FIELDS: dict[str, str] = {
+    "gopher_too_few_words": "min_words", "gopher_too_many_words": "max_words",
+    "gopher_mean_word_length_too_short": "min_mean_word_length", "gopher_mean_word_length_too_long": "max_mean_word_length",
+    "gopher_too_many_hash_symbols": "max_hash_per_word", "gopher_too_many_ellipses": "max_ellipsis_per_word",
+    "gopher_too_many_bullet_lines": "max_bullet_line_fraction", "gopher_too_many_ellipsis_lines": "max_ellipsis_line_fraction",
+    "gopher_too_few_alphabetic_words": "min_alphabetic_word_fraction", "gopher_too_few_stop_words": "min_stop_words",
+    "gopher_duplicate_lines": "max_duplicate_line_fraction", "gopher_duplicate_paragraphs": "max_duplicate_paragraph_fraction",
+    "gopher_duplicate_line_chars": "max_duplicate_line_char_fraction", "gopher_duplicate_paragraph_chars": "max_duplicate_paragraph_char_fraction",
+    "c4_too_few_sentences": "c4_min_sentences",
+    "fineweb_too_few_terminal_punct_lines": "min_terminal_punct_line_fraction", "fineweb_too_many_short_lines": "max_short_line_fraction",
+    "fineweb_duplicate_line_chars": "max_fineweb_duplicate_line_char_fraction", "fineweb_too_many_newlines_per_word": "max_newlines_per_word",
+    "cjk_too_few_chars": "cjk_min_chars", "cjk_too_many_chars": "cjk_max_chars",
+    "zh_too_few_han_chars": "min_han_fraction", "zh_too_few_function_words": "min_zh_function_words",
+}
+NGRAM_THRESHOLD_FIELDS = ((re.compile(r"gopher_top_(\d+)gram_coverage"), "max_top_ngram_char_fraction"),
+                          (re.compile(r"gopher_duplicate_(\d+)gram_coverage"), "max_duplicate_ngram_char_fraction"),
+                          (re.compile(r"cjk_duplicate_(\d+)char_coverage"), "max_duplicate_char_ngram_fraction"))
+FIXED_RULES = ("quality_empty_text", "c4_lorem_ipsum", "c4_curly_bracket")  # yes/no rules: no threshold to move
+
+
+def threshold_field(rule: str) -> tuple[str, int | None] | None:
+    """(QualityConfig field, n for an n-gram list's entry or None) of a rule's threshold; None for a yes/no rule."""
+    if rule in RULE_THRESHOLD_FIELDS:
+        return RULE_THRESHOLD_FIELDS[rule], None
+    for pattern, name in NGRAM_THRESHOLD_FIELDS:
+        match = pattern.fullmatch(rule)
+        if match:
+            return name, int(match.group(1))
+    return None
+
+
+def with_threshold(current: Any, n: int | None, value: float) -> Any:
+    """A field's new value with one rule's threshold changed: the number itself, or the n-gram list with entry n replaced."""
+    if n is None:
+        return type(current)(value) if isinstance(current, (int, float)) and not isinstance(current, bool) else value
+    return [[size, value if size == n else limit] for size, limit in current]

@@ -44,6 +44,7 @@ from manifests.stage_manifest import DigestMismatch, OutputFile, StageManifest, 
 from tasks.runner import host_traffic
 from tasks.runner.code_version import code_version
 from tasks.runner.rule_digest import rule_digest
+from tasks.runner.rule_stats import ShardStats
 from tasks.runner.worker_threads import PARALLELISM, apply_worker_environment, worker_choice, worker_environment
 
 
@@ -57,6 +58,9 @@ class ShardOutcome:
 
     kept: pa.Table
     audit: list[dict[str, Any]] | pa.Table = field(default_factory=list)
+    # Rows of rule_stats.STATS_SCHEMA (without `reached`): each rule's statistic on every document that reached
+    # it; the runner keeps a bounded sample of them per shard in stats/part-XXXXX.parquet (tasks.runner.rule_stats).
+    stats: pa.Table | None = None
 
 
 @dataclass(frozen=True)
@@ -236,7 +240,8 @@ def swap_into_place(work_dir: Path, out_dir: Path) -> None:
         shutil.rmtree(old)
 
 
-def write_shard_files(work_dir: Path, stage: str, shard: str, kept: pa.Table, audit: list[dict[str, Any]] | pa.Table, ids_in: pa.Array | None) -> ShardResult:
+def write_shard_files(work_dir: Path, stage: str, shard: str, kept: pa.Table, audit: list[dict[str, Any]] | pa.Table, ids_in: pa.Array | None,
+                      stats: pa.Table | None = None) -> ShardResult:
     kept = kept.cast(DOC_SCHEMA) if kept.schema != DOC_SCHEMA else kept
     if not isinstance(audit, pa.Table):
         audit = audit_table([{**row, "stage": stage} for row in audit])
@@ -251,12 +256,18 @@ def write_shard_files(work_dir: Path, stage: str, shard: str, kept: pa.Table, au
     for action, rule in zip(audit.column("action").to_pylist(), audit.column("rule").to_pylist()):
         bucket = actions.setdefault(action, {})
         bucket[rule] = bucket.get(rule, 0) + 1
+    outputs = [
+        OutputFile(f"data/{shard}.parquet", sha256_file(data_path), kept.num_rows, "data"),
+        OutputFile(f"audit/{shard}.parquet", sha256_file(audit_path), audit.num_rows, "audit"),
+    ]
+    if stats is not None:
+        stats_path = work_dir / "stats" / f"{shard}.parquet"
+        stats_path.parent.mkdir(exist_ok=True)
+        atomic_write_parquet(stats_path, stats)
+        outputs.append(OutputFile(f"stats/{shard}.parquet", sha256_file(stats_path), stats.num_rows, "stats"))
     return ShardResult(
         shard=shard,
-        outputs=[
-            OutputFile(f"data/{shard}.parquet", sha256_file(data_path), kept.num_rows, "data"),
-            OutputFile(f"audit/{shard}.parquet", sha256_file(audit_path), audit.num_rows, "audit"),
-        ],
+        outputs=outputs,
         docs_in=kept.num_rows + sum(actions.get("removed", {}).values()),
         kept=kept.num_rows,
         actions=actions,
@@ -274,6 +285,7 @@ def _run_one_shard(stage: StageDef, config: Any, context: Any, in_path: str, sha
     tables, concatenated and written once (the same bytes as one call would give).
     """
     kept, audits, ids = [], [], []
+    stats = ShardStats()
     for batch in pq.ParquetFile(in_path).iter_batches(batch_size=SHARD_BATCH_DOCS):
         docs = pa.Table.from_batches([batch])
         docs = docs.cast(DOC_SCHEMA) if docs.schema != DOC_SCHEMA else docs
@@ -282,10 +294,12 @@ def _run_one_shard(stage: StageDef, config: Any, context: Any, in_path: str, sha
         kept.append(outcome.kept.cast(DOC_SCHEMA) if outcome.kept.schema != DOC_SCHEMA else outcome.kept)
         audits.append(audit.cast(AUDIT_SCHEMA) if audit.schema != AUDIT_SCHEMA else audit)
         ids.append(docs.column("id").combine_chunks())
+        if outcome.stats is not None:
+            stats.add(outcome.stats)
     kept_table = pa.concat_tables([DOC_SCHEMA.empty_table(), *kept]).combine_chunks()
     audit_rows = pa.concat_tables([AUDIT_SCHEMA.empty_table(), *audits]).combine_chunks()
     ids_in = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
-    return write_shard_files(Path(work_dir), stage.name, shard, kept_table, audit_rows, ids_in)
+    return write_shard_files(Path(work_dir), stage.name, shard, kept_table, audit_rows, ids_in, stats.table())
 
 
 _DASK_CLIENT: list[Any] = []  # the cluster this process maps onto while a flow runs with the Dask runner

@@ -618,3 +618,22 @@ def test_words_without_a_letter_counted_by_translate_on_ascii_equal_the_regex_co
     texts += ["x1 2 ... __ a_b 3.14 -- é 漢 ²", "1 2 3", "", "   "]
     for text in texts:
         assert words_without_letter(TextView(text)) == len(NON_ALPHABETIC_WORD.findall(text)), repr(text)
+
+
+def test_every_rule_names_the_config_field_its_threshold_comes_from():
+    """The report's "what if" prints `--set quality.FIELD=VALUE`; a wrong field would change another rule, or nothing."""
+    from dataclasses import replace as with_field
+
+    text = "\n".join(" ".join(words(12, start=20 * i)) + "." for i in range(8))
+    for spaceless, lang, sample in ((False, "en", text), (True, "zh", han(400))):
+        for rule in (q.spaceless_rules(CONFIG, lang) if spaceless else q.whitespace_rules(CONFIG, lang)):
+            found = quality_config.threshold_field(rule.__name__)
+            if found is None:
+                assert rule.__name__ in quality_config.FIXED_RULES
+                continue
+            name, n = found
+            moved = 0.37 if n is not None or isinstance(getattr(CONFIG, name), float) else 7
+            config = with_field(CONFIG, **{name: tuple(tuple(x) for x in quality_config.with_threshold(getattr(CONFIG, name), n, moved))
+                                           if n is not None else quality_config.with_threshold(getattr(CONFIG, name), n, moved)})
+            rebuilt = next(r for r in (q.spaceless_rules(config, lang) if spaceless else q.whitespace_rules(config, lang)) if r.__name__ == rule.__name__)
+            assert rebuilt(TextView(sample), config).threshold == moved, rule.__name__
