@@ -58,9 +58,8 @@ from hymo_core.planner.planner import (FLOP_CONVENTION, count_parameters, mixer_
 from hymo_core.train.monitor import PEAK_FLOPS  # noqa: E402
 from hymo_core.train.optim_config import NorMuonConfig, resolve_ns_dtype  # noqa: E402
 
-# A GPT-2-small-sized dense decoder (~124 M parameters with the tied 50,304-token table).
-DENSE_125M = ModelConfig(vocab_size=50_304, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048,
-                         max_seq_len=2048, tie_embeddings=True)
+# A GPT-2-small-sized dense decoder (~124 M parameters with the tied 50,304-token table): the preset `hymo train` uses.
+DENSE_125M = PRESETS["dense-125m"]
 GDN_SHAPE = dict(B=4, T=4096, H=7, K=128, V=256)  # hymo-750m: 7 heads of 128, values 2x wide; 16k tokens a call
 KERNEL_SLACK = 2.0  # a Triton kernel may be at most this much less accurate than the eager bf16 code it replaces
 KERNEL_FLOOR = 1e-2  # ... or this max-relative error, whichever is larger
