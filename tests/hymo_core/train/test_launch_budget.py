@@ -5,10 +5,16 @@ optimizer of one dense-125m step at 8 x 2048, and the hybrids' optimizer step. T
 place, `LAUNCH_BUDGET`; a change that launches more kernels fails here until it raises them on purpose.
 docs/benchmarks.md ("Training step launch budget") has the before and after of bench/launch_budget.py.
 """
+import sys
+from pathlib import Path
+
 import pytest
 
+from hymo_core.models.configs import SAMPLE_MODEL
 from hymo_core.models.presets import PRESETS
-from hymo_core.train.launch_budget import BUDGET_SHAPES, LAUNCH_BUDGET, MODEL_PHASES, count_step
+from hymo_core.train.launch_budget import BUDGET_SHAPES, LAUNCH_BUDGET, LOGGING_BUDGET, MODEL_PHASES, count_step
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # bench/
 
 
 @pytest.mark.parametrize("name", sorted(LAUNCH_BUDGET))
@@ -18,3 +24,15 @@ def test_step_launches_stay_within_the_budget(name):
     assert not over, f"{name}: launches over the budget (counted, budget): {over}"
     assert set(counted.launches) == set(LAUNCH_BUDGET[name])  # every budgeted phase was counted
 
+
+
+@pytest.mark.parametrize("name", sorted(LOGGING_BUDGET))
+def test_a_logging_step_launches_a_few_kernels_more_than_an_ordinary_one(name, one_torch_thread):
+    """The weights' snapshot and the update ratios run as foreach ops per group, not a few ops per parameter
+    (issue 53, part 7): a logging step's extra launches stay within LOGGING_BUDGET, whatever the depth."""
+    from bench.trainer_step import logging_step_launches
+
+    config = SAMPLE_MODEL if name == "sample-dense" else PRESETS[name]
+    counted = logging_step_launches(config, "dense-125m" if name == "sample-dense" else name)
+    assert counted["logging_extra"] <= LOGGING_BUDGET[name], counted
+    assert counted["log_phase_ordinary"] <= 2  # an ordinary update: the monitor only takes its hooks off
