@@ -175,3 +175,119 @@ def validate(summary: dict) -> None:
         times = [k["gpu_ms_per_step"] for k in row["top_kernels"]]
         if len(times) > TOP_KERNELS or times != sorted(times, reverse=True):
             raise ValueError(f"{where}: top_kernels must be at most {TOP_KERNELS}, by GPU time descending")
+
+
+# ---------------------------------------------------------------- the rows: plan on the CPU, measure on the GPU
+
+WARM_UPDATES = 2  # before the profile: compiles, autotuning, the optimizer's state
+PROFILED_UPDATES = 2
+SDPA_BACKEND_NAMES = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+_LAUNCHES: dict[str, dict] = {}
+
+
+def plan(variant: ProfileVariant) -> dict:
+    """The row's variant and the meta-device launch count of its step (once per model: no CUDA)."""
+    from hymo_core.models.presets import PRESETS
+    from hymo_core.train.launch_budget import MODEL_PHASES, count_step
+
+    if variant.model not in _LAUNCHES:
+        _LAUNCHES[variant.model] = count_step(variant.model, PRESETS[variant.model], variant.batch, variant.seq_len,
+                                              MODEL_PHASES.get(variant.model, PHASES[1:3] + ("clip", "optimizer"))).launches
+    return {"model": variant.model, "variant": variant.to_json(), "schema": PROFILE_SCHEMA,
+            "launch_budget": dict(_LAUNCHES[variant.model])}
+
+
+def _synced_range(name: str, synchronize):
+    """A trainer step range as a record_function range that ends once the device has finished its work."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def scope():
+        with torch.profiler.record_function(RANGE_PREFIX.rstrip(".") if name == "step" else RANGE_PREFIX + name):
+            yield
+            synchronize()
+    return scope()
+
+
+def trace_events(profiler, device_type: str = "cuda") -> list[Event]:
+    """Kernels (with memcpy / memset) and host ranges of a finished torch.profiler run, as summarise reads them.
+    On the CPU (the tests' smoke run) the top-level aten ops stand for kernels."""
+    from torch.autograd import DeviceType
+
+    events = []
+    for e in profiler.events():
+        if e.name.startswith(RANGE_PREFIX.rstrip(".")):
+            events.append(Event(e.name, "range", e.time_range.start, e.time_range.elapsed_us()))
+        elif (e.device_type == DeviceType.CUDA if device_type == "cuda" else
+              e.name.startswith("aten::") and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))):
+            events.append(Event(e.name, "kernel", e.time_range.start, e.time_range.elapsed_us()))
+    return events
+
+
+def measure(variant: ProfileVariant, distributed, device_type: str = "cuda", model_config=None) -> dict:
+    """Two profiled updates of the trainer's own step (after WARM_UPDATES), summarised. `distributed`: starts
+    the one-rank process group FSDP2 needs. `device_type` "cpu" and a small `model_config`: the tests' smoke run
+    of the same code (fp32, host ops for kernels)."""
+    import contextlib
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.trainer_step import build, preset_train_config, run_steps
+    from hymo_core.models.presets import PRESETS
+    from hymo_core.train.step_ranges import observing
+
+    cuda = device_type == "cuda"
+    device = torch.device(device_type)
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    model_config = model_config or PRESETS[variant.model]
+    config = preset_train_config(variant.model, variant.batch, variant.seq_len, variant.accumulation,
+                                 max_steps=WARM_UPDATES + PROFILED_UPDATES + 1, compile=variant.compile,
+                                 precision="bf16" if cuda else "fp32")
+    if variant.fsdp:
+        distributed()
+    model, optimizer = build(model_config, config, device, fsdp=variant.fsdp)
+    active = [False]
+    profiler = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+
+    def on_update(step: int) -> None:
+        if step == WARM_UPDATES:  # inside this update's (unrecorded) range: the next two are recorded whole
+            synchronize()
+            profiler.start()
+            active[0] = True
+        elif step == WARM_UPDATES + PROFILED_UPDATES:
+            active[0] = False  # this update's ranges were opened while active: they still close
+        elif step == WARM_UPDATES + PROFILED_UPDATES + 1:
+            synchronize()
+            profiler.stop()
+
+    observer = lambda name: _synced_range(name, synchronize) if active[0] else contextlib.nullcontext()  # noqa: E731
+    try:
+        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKEND_NAMES[variant.sdpa])), observing(observer):
+            run_steps(model, optimizer, config, device, model_config.vocab_size, on_update)
+        measured = summarise(trace_events(profiler, device_type), PROFILED_UPDATES)
+        if cuda:
+            measured["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        return measured
+    finally:
+        model = optimizer = None
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+def write_summary(entries: list[dict], device: str, torch_version: str, commit: str, started: str) -> dict:
+    """The gpu_profile.json object from gpu_check's profile-group entries (validated). An entry whose plan
+    failed still names its model and variant (from its row name)."""
+    by_row = {variant.row: variant for variant in PROFILE_VARIANTS}
+    keys = ROW_KEYS + MEASURED_KEYS + ("launch_budget", "peak_memory_gib", "error", "seconds")
+    rows = []
+    for entry in entries:
+        variant = by_row[entry["row"]]
+        rows.append({"model": variant.model, "variant": variant.to_json(), **{k: entry[k] for k in keys if k in entry}})
+    summary = {"schema": PROFILE_SCHEMA, "device": device, "torch": torch_version, "commit": commit, "started": started,
+               "rows": rows}
+    validate(summary)
+    return summary

@@ -29,7 +29,18 @@ def test_dry_run_plans_every_row_without_touching_cuda(tmp_path):
     assert [row.name for row in gpu_check.rows()] == list(rows)
     assert all(row["status"] == "planned" for row in rows.values())
     assert {row["group"] for row in rows.values()} == set(gpu_check.GROUPS)
-    assert sum(row["expected_min"] for row in rows.values()) <= 8  # the whole check fits in 8 minutes
+    for group in gpu_check.GROUPS:  # each group fits one lease command of 8 minutes (`--only GROUP`)
+        assert sum(row["expected_min"] for row in rows.values() if row["group"] == group) <= 8, group
+    profile = json.loads((tmp_path / "gpu_profile.json").read_text())
+    from bench.gpu_profile import PROFILE_VARIANTS, validate
+
+    validate(profile)
+    assert [r["row"] for r in profile["rows"]] == [v.row for v in PROFILE_VARIANTS]
+    variants = [r["variant"] for r in profile["rows"]]
+    assert {v["sdpa"] for v in variants} == {"flash", "cudnn", "efficient"}
+    assert {(v["fsdp"], v["compile"]) for v in variants} >= {(False, False), (True, False), (False, True)}
+    assert {v["accumulation"] for v in variants} == {1, 8}
+    assert profile["rows"][0]["launch_budget"]["optimizer"] < 200  # the meta count of the same step, planned on the CPU
     gdn = rows["gdn ours"]
     assert gdn["tokens_per_call"] == 4 * 4096 and gdn["shape"]["V"] == 256
     mfu = {(row["model"], row["compile"]): row for row in rows.values() if "model" in row and row["group"] == "mfu"}
@@ -250,3 +261,18 @@ def test_profile_summary_refuses_a_trace_without_its_steps():
 
     with pytest.raises(ValueError, match="expected 3"):
         summarise(synthetic_trace(steps=2), steps=3)
+
+
+def test_a_profile_row_runs_the_trainers_step_and_its_phases_sum_to_the_update(one_torch_thread):
+    """The GPU row's code on the CPU (host ops stand for kernels): two recorded updates of `train`, every
+    phase range inside them, the schema's sums hold."""
+    from bench.gpu_profile import PHASES, ProfileVariant, measure, summarise
+    from hymo_core.models.configs import SAMPLE_MODEL
+
+    variant = ProfileVariant("dense-125m", fsdp=False, compile=False, sdpa="flash", batch=2, seq_len=16, accumulation=2)
+    measured = measure(variant, None, "cpu", SAMPLE_MODEL)
+    assert measured["steps"] == 2 and measured["kernels_per_step"] > 100
+    phases = measured["phases_ms"]
+    assert list(phases) == list(PHASES) + ["other"] and sum(phases.values()) == pytest.approx(measured["step_ms"])
+    assert all(phases[p] > 0 for p in ("forward", "backward", "clip", "optimizer"))
+    assert 0 <= phases["other"] < 0.2 * measured["step_ms"]  # the named ranges cover the update
