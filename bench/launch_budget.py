@@ -35,14 +35,19 @@ HOST_MODELS = ("sample-dense", "hymo-tiny")
 HOST_BATCH, HOST_SEQ = 2, 32  # small enough that host work, not arithmetic, is most of a step
 
 
-def _budget_module():
-    """This tree's launch_budget.py, loaded by path (the child's hymo_core may be the base's)."""
-    if "launch_budget_counter" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("launch_budget_counter", REPO_ROOT / "hymo_core/train/launch_budget.py")
+def _by_path(name: str, relative: str):
+    """One of this tree's modules, loaded by path (the child's hymo_core may be the base's): both trees are
+    counted by the same counting code."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / relative)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
-    return sys.modules["launch_budget_counter"]
+    return sys.modules[name]
+
+
+def _budget_module():
+    return _by_path("launch_budget_counter", "hymo_core/train/launch_budget.py")
 
 
 def _host_step_ms(config, wrapped: bool, steps: int) -> tuple[float, float]:
@@ -93,13 +98,18 @@ def child(configs: dict[str, dict], steps: int) -> dict:
         counted = budget.count_step(name, ModelConfig(**values), *budget.BUDGET_SHAPES[name], budget.MODEL_PHASES[name])
         counts[name] = counted.launches
     torch.set_num_threads(1)
+    trainer_step = _by_path("trainer_step_counter", "bench/trainer_step.py")
+    logging = {name: trainer_step.logging_step_launches(config, "hymo-tiny")  # the presets' [train] defaults
+               for name, config in (("sample-dense", SAMPLE_MODEL),
+                                    ("hymo-tiny", ModelConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                                                  for k, v in configs["hymo-tiny"].items()})))}
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     models = {"sample-dense": SAMPLE_MODEL,
               "hymo-tiny": ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in configs["hymo-tiny"].items()})}
     host = {name: {layout: _host_step_ms(models[name], layout == "fsdp2", steps) for layout in ("unwrapped", "fsdp2")}
             for name in HOST_MODELS}
     dist.destroy_process_group()
-    return {"launches": counts, "host_ms": host}
+    return {"launches": counts, "host_ms": host, "logging": logging}
 
 
 def measure(tree: Path, configs: dict, steps: int) -> dict:
@@ -137,6 +147,10 @@ def report(before: dict, after: dict, base: str, steps: int, load: float) -> lis
             for name in HOST_MODELS for layout in ("unwrapped", "fsdp2")]
     host += [(name, "fsdp2 / unwrapped", *(f"{tree['host_ms'][name]['fsdp2'][part] / tree['host_ms'][name]['unwrapped'][part]:.2f}x"
                                            for tree in (before, after) for part in (0, 1))) for name in HOST_MODELS]
+    logging = [(name, f"{before['logging'][name]['ordinary']:,}", f"{before['logging'][name]['logging_extra']:,}",
+                f"{before['logging'][name]['amortised_per_update']:.1f}", f"{after['logging'][name]['ordinary']:,}",
+                f"{after['logging'][name]['logging_extra']:,}", f"{after['logging'][name]['amortised_per_update']:.1f}",
+                f"{budget.LOGGING_BUDGET[name]:,}") for name in HOST_MODELS]
     shapes = ", ".join(f"{name} {b} x {t}" for name, (b, t) in budget.BUDGET_SHAPES.items())
     return [HEADING, "",
             f"{run_stamp()} 1-minute load {load:.2f} at the start" + (" (not quiet: host times are indicative)" if load >= 1.5 else "")
@@ -148,7 +162,12 @@ def report(before: dict, after: dict, base: str, steps: int, load: float) -> lis
             markdown_table(["preset", "phase", f"before ({base})", "after", "budget"], rows), "",
             f"Host time of one step on the CPU, ms (median of {steps}; {HOST_BATCH} x {HOST_SEQ} tokens, fp32, one thread, "
             "forward + backward + clip + NorMuon step; fsdp2 = the trainer's FSDP2 wrapping on one gloo rank):", "",
-            markdown_table(["model", "layout", f"step, before ({base})", "optimizer, before", "step, after", "optimizer, after"], host)]
+            markdown_table(["model", "layout", f"step, before ({base})", "optimizer, before", "step, after", "optimizer, after"], host),
+            "", "What a logging update (every log_interval = 10: the weights' snapshot, the fp64 update ratios, the record) "
+            "launches beyond an ordinary one, counted through the trainer's own loop on the CPU (2 x 32 tokens, "
+            "2 micro-batches, fp32; bench/trainer_step.py), and that extra amortised per update:", "",
+            markdown_table(["model", f"ordinary update, before ({base})", "logging extra, before", "amortised, before",
+                            "ordinary update, after", "logging extra, after", "amortised, after", "budget (extra)"], logging)]
 
 
 def main(argv: list[str] | None = None) -> int:
