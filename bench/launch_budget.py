@@ -50,8 +50,11 @@ def _budget_module():
     return _by_path("launch_budget_counter", "hymo_core/train/launch_budget.py")
 
 
-def _host_step_ms(config, wrapped: bool, steps: int) -> tuple[float, float]:
-    """Median ms of a whole step and of its optimizer step."""
+def _host_step_ms(config, wrapped: bool, steps: int) -> tuple[float, float, int]:
+    """Median ms of a whole step and of its optimizer step, and the launches of one (warm) step: the count
+    does not depend on the machine's load, the times do."""
+    from hymo_core.train.launch_count import LaunchCounter
+
     import torch
 
     from hymo_core.distributed.process_group import Runtime, clip_grad_norm_
@@ -70,7 +73,10 @@ def _host_step_ms(config, wrapped: bool, steps: int) -> tuple[float, float]:
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (HOST_BATCH, HOST_SEQ + 1), generator=generator)
     times, optimizer_times = [], []
+    counter = LaunchCounter(sdpa_as_flash=False)
     for step in range(3 + steps):
+        if step == 2:
+            counter.__enter__()
         started = time.perf_counter()
         _, loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
@@ -78,10 +84,12 @@ def _host_step_ms(config, wrapped: bool, steps: int) -> tuple[float, float]:
         stepping = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if step == 2:
+            counter.__exit__(None, None, None)
         if step >= 3:
             times.append((time.perf_counter() - started) * 1e3)
             optimizer_times.append((time.perf_counter() - stepping) * 1e3)
-    return statistics.median(times), statistics.median(optimizer_times)
+    return statistics.median(times), statistics.median(optimizer_times), counter.launches()
 
 
 def child(configs: dict[str, dict], steps: int) -> dict:
@@ -143,10 +151,11 @@ def report(before: dict, after: dict, base: str, steps: int, load: float) -> lis
                          f"{budget.LAUNCH_BUDGET[name][phase]:,}"))
         rows.append((name, "**step**", f"{sum(before['launches'][name].values()):,}", f"{sum(phases.values()):,}",
                      f"{sum(budget.LAUNCH_BUDGET[name].values()):,}"))
-    host = [(name, layout, *(f"{tree['host_ms'][name][layout][part]:.1f}" for tree in (before, after) for part in (0, 1)))
+    host = [(name, layout, *(f"{tree['host_ms'][name][layout][part]:,.1f}" if part < 2 else f"{tree['host_ms'][name][layout][part]:,}"
+                             for tree in (before, after) for part in (0, 1, 2)))
             for name in HOST_MODELS for layout in ("unwrapped", "fsdp2")]
     host += [(name, "fsdp2 / unwrapped", *(f"{tree['host_ms'][name]['fsdp2'][part] / tree['host_ms'][name]['unwrapped'][part]:.2f}x"
-                                           for tree in (before, after) for part in (0, 1))) for name in HOST_MODELS]
+                                           for tree in (before, after) for part in (0, 1, 2))) for name in HOST_MODELS]
     logging = [(name, f"{before['logging'][name]['ordinary']:,}", f"{before['logging'][name]['logging_extra']:,}",
                 f"{before['logging'][name]['amortised_per_update']:.1f}", f"{after['logging'][name]['ordinary']:,}",
                 f"{after['logging'][name]['logging_extra']:,}", f"{after['logging'][name]['amortised_per_update']:.1f}",
@@ -161,8 +170,10 @@ def report(before: dict, after: dict, base: str, steps: int, load: float) -> lis
             "routing counts on the host).", "",
             markdown_table(["preset", "phase", f"before ({base})", "after", "budget"], rows), "",
             f"Host time of one step on the CPU, ms (median of {steps}; {HOST_BATCH} x {HOST_SEQ} tokens, fp32, one thread, "
-            "forward + backward + clip + NorMuon step; fsdp2 = the trainer's FSDP2 wrapping on one gloo rank):", "",
-            markdown_table(["model", "layout", f"step, before ({base})", "optimizer, before", "step, after", "optimizer, after"], host),
+            "forward + backward + clip + NorMuon step; fsdp2 = the trainer's FSDP2 wrapping on one gloo rank), and the "
+            "launches of one warm step (CPU ops, attention by the math backend):", "",
+            markdown_table(["model", "layout", f"step ms, before ({base})", "optimizer ms, before", "launches, before",
+                            "step ms, after", "optimizer ms, after", "launches, after"], host),
             "", "What a logging update (every log_interval = 10: the weights' snapshot, the fp64 update ratios, the record) "
             "launches beyond an ordinary one, counted through the trainer's own loop on the CPU (2 x 32 tokens, "
             "2 micro-batches, fp32; bench/trainer_step.py), and that extra amortised per update:", "",
