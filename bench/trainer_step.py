@@ -49,8 +49,10 @@ class SyntheticTokens:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.randint(0, self.vocab_size, (self.batch, self.seq_len + 1), generator=self.generator)
         self.position += self.batch
-        pinned = tokens.pin_memory() if torch.cuda.is_available() else tokens
-        return pinned[:, :-1], pinned[:, 1:]
+        x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        if torch.cuda.is_available():  # pinned, so the trainer's non_blocking copies are asynchronous
+            x, y = x.pin_memory(), y.pin_memory()
+        return x, y
 
     def start_next_epoch(self) -> None:
         self.epoch, self.position = self.epoch + 1, 0
