@@ -1,7 +1,8 @@
 """The one prepared GPU check: kernels, GDN against fla, host syncs, MFU under FSDP2. One command.
 
     python bench/gpu_check.py --budget 450          # on one H100/H200: the rows that fit in 450 s (all: ~7 min)
-    python bench/gpu_check.py --only kernels,gdn    # some groups: kernels | gdn | sync | mfu
+    python bench/gpu_check.py --only kernels,gdn    # some groups: kernels | gdn | sync | mfu | profile
+    python bench/gpu_check.py --only profile --budget 450   # where the step's time goes: gpu_profile.json
     python bench/gpu_check.py --dry-run             # on CPU: every row's plan, no CUDA call (CI runs it)
     python bench/gpu_check.py --preflight [--triton-env PY]   # every CPU-side check of the first GPU lease
     python bench/gpu_check.py --write               # also replace the "GPU check" section of docs/benchmarks.md
@@ -25,8 +26,16 @@ gdn     - our chunked GDN forward + backward at hymo-750m's shapes, then fla's c
           under triton 3.4-3.7.0 because it computes wrong gradients there: that figure is timing only);
 sync    - one training step of the sample-sized hybrid under torch.cuda.set_sync_debug_mode("error");
 mfu     - one bf16 matmul's TFLOP/s beside the stated peak; then tokens/s x training FLOPs per token (planner.training_flops_per_token, the convention named
-          in the output) / the bf16 dense peak, dense ~125 M and hymo-750m, FSDP2 on one rank, compile
-          off and on; with the optimizer's Newton-Schulz FLOPs per step and its dtype.
+          in the output) / the bf16 dense peak, dense-125m and hymo-750m, compile off and on, through the
+          trainer's own step (bench/trainer_step.py: `train` with the preset's [train] defaults, bf16
+          autocast, the logit probe, QK-Clip, the trainer's clip and wrapping, ACCUMULATION micro-batches
+          per update); ordinary updates and a logging one timed apart, the step amortised over
+          LOG_INTERVAL; with the optimizer's Newton-Schulz FLOPs per update and its dtype;
+profile - two profiled updates of the trainer's step per variant (bench/gpu_profile.py: one process
+          without FSDP, FSDP2, compile on and off, SDPA flash / cuDNN / efficient, accumulation 8 and 1):
+          top 25 kernels by GPU time, kernels per update, GPU idle share, phases that sum to the update,
+          written to gpu_profile.json (schema hymo.gpu_profile/1, described in bench/gpu_profile.py). It
+          replaces bench/gpu_step_breakdown.py, whose phases did not sum to its step.
 """
 from __future__ import annotations
 
@@ -58,15 +67,14 @@ from hymo_core.planner.planner import (FLOP_CONVENTION, count_parameters, mixer_
 from hymo_core.train.monitor import PEAK_FLOPS  # noqa: E402
 from hymo_core.train.optim_config import NorMuonConfig, resolve_ns_dtype  # noqa: E402
 
-# A GPT-2-small-sized dense decoder (~124 M parameters with the tied 50,304-token table).
-DENSE_125M = ModelConfig(vocab_size=50_304, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048,
-                         max_seq_len=2048, tie_embeddings=True)
+# A GPT-2-small-sized dense decoder (~124 M parameters with the tied 50,304-token table): the preset `hymo train` uses.
+DENSE_125M = PRESETS["dense-125m"]
 GDN_SHAPE = dict(B=4, T=4096, H=7, K=128, V=256)  # hymo-750m: 7 heads of 128, values 2x wide; 16k tokens a call
 KERNEL_SLACK = 2.0  # a Triton kernel may be at most this much less accurate than the eager bf16 code it replaces
 KERNEL_FLOOR = 1e-2  # ... or this max-relative error, whichever is larger
 MFU_GOALS = {"dense": 0.40, "hybrid": 0.30}
 GDN_GOAL = 0.8
-GROUPS = ("kernels", "gdn", "sync", "mfu")
+GROUPS = ("kernels", "gdn", "sync", "mfu", "profile")
 SYNC_MODEL = "hymo-tiny"  # the sample recipe's hybrid: GDN, MLA, MoE and MTP, all the code a step runs
 SYNC_BATCH = 8
 TEST_FILES = (  # the CPU-side checks of the first GPU lease (issue 42), run by --preflight
@@ -77,6 +85,8 @@ TEST_FILES = (  # the CPU-side checks of the first GPU lease (issue 42), run by 
     "tests/hymo_core/models/test_moe_flops.py",
     "tests/hymo_core/models/test_mla_flash_layout.py",
     "tests/hymo_core/train/test_host_sync_dispatch.py",
+    "tests/hymo_core/train/test_launch_budget.py",  # issue 53: the step's launches at the preset shapes
+    "tests/hymo_core/train/test_optimizer_launches.py",
 )
 _clock = time.monotonic  # the budget's clock (a test replaces it)
 
@@ -161,11 +171,14 @@ class MFUCase:
     name: str
     kind: str  # dense | hybrid
     config: ModelConfig
-    batch: int
+    batch: int  # micro-batch
     seq_len: int
     compile: bool
+    accumulation: int = 8  # micro-batches per update: Newton-Schulz is charged to an update, as in a real run
 
 
+LOG_INTERVAL = 10  # TrainConfig's default: one logging update (weights' snapshot, fp64 update ratios) in ten
+WARM_UPDATES = 2
 MFU_CASES = [MFUCase(name, kind, config, batch, seq, compiled)  # compile off first: if the budget runs out,
              for compiled in (False, True)                        # the slowest row (750m compiled) goes
              for name, kind, config, batch, seq in (("dense-125m", "dense", DENSE_125M, 8, 2048),
@@ -195,10 +208,12 @@ def mfu_plan(case: MFUCase) -> Callable[[], dict]:
             raise ValueError(f"{case.name}: the planner counts {parameters:,} parameters, the model has {built:,}")
         flops = float(training_flops_per_token(shape, case.seq_len))
         row = {"model": case.name, "kind": case.kind, "compile": case.compile, "batch": case.batch,
-               "seq_len": case.seq_len, "parameters": parameters, "flops_per_token": flops,
-               "model_flops_per_step": flops * case.batch * case.seq_len,
+               "seq_len": case.seq_len, "accumulation": case.accumulation, "log_interval": LOG_INTERVAL,
+               "parameters": parameters, "flops_per_token": flops,
+               "model_flops_per_step": flops * case.batch * case.seq_len,  # one micro-batch
+               "model_flops_per_update": flops * case.batch * case.seq_len * case.accumulation,
                **optimizer_plan(case.config, NorMuonConfig(lr=1e-4, muon_lr=1e-4))}
-        row["ns_share_of_model_flops"] = row["ns_flops_per_step"] / row["model_flops_per_step"]
+        row["ns_share_of_model_flops"] = row["ns_flops_per_step"] / row["model_flops_per_update"]
         return row
     return plan
 
@@ -232,9 +247,9 @@ def rows() -> list[Row]:
                    matmul_plan, measure_matmul))
     out += [Row(f"mfu {c.name} compile {'on' if c.compile else 'off'}", "mfu",
                 {("dense", False): 0.4, ("dense", True): 1.0, ("hybrid", False): 0.8, ("hybrid", True): 1.8}[(c.kind, c.compile)],
-                "tokens/s x FLOPs/token / bf16 peak, under FSDP2 (one rank)", mfu_plan(c),
+                "tokens/s x FLOPs/token / bf16 peak, the trainer's step (one process: no FSDP)", mfu_plan(c),
                 lambda plan, ctx, c=c: measure_mfu(c, plan, ctx)) for c in MFU_CASES]
-    return out
+    return out + profile_rows()
 
 
 def fla_available() -> str | None:
@@ -467,36 +482,55 @@ def measure_sync(plan: dict, ctx: Context) -> dict:
 
 
 def measure_mfu(case: MFUCase, plan: dict, ctx: Context) -> dict:
-    """Synthetic-token training steps (forward, backward, clip, NorMuon step, MoE bookkeeping) under FSDP2."""
-    from hymo_core.train.optim import build_optimizer
-
+    """The trainer's own updates on synthetic tokens (bench/trainer_step.py): ordinary ones and the logging one
+    timed apart (the device synchronised only at the window's ends), the update amortised over LOG_INTERVAL."""
     import gc
+
+    from bench.trainer_step import build, preset_train_config, run_steps
 
     gc.collect()  # the previous row's model (or an error's frames) gone before this one allocates
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     model = optimizer = None
     try:
-        torch.manual_seed(0)
-        model = _fsdp_model(case.config, case.compile)
-        optimizer = build_optimizer(model, NorMuonConfig(lr=1e-4, muon_lr=1e-4))
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        tokens = torch.randint(0, case.config.vocab_size, (case.batch, case.seq_len + 1), device="cuda", generator=gen)
-        step = _train_step(model, optimizer, tokens[:, :-1], tokens[:, 1:])
+        device = torch.device("cuda")
+        last = WARM_UPDATES + ctx.steps + 1  # the last update is a logging one (the trainer logs its final update)
+        config = preset_train_config(case.name, case.batch, case.seq_len, case.accumulation, max_steps=last,
+                                     compile=case.compile, log_interval=LOG_INTERVAL)
+        model, optimizer = build(case.config, config, device)
+        marks: dict[int, float] = {}
+
+        def on_update(step: int) -> None:
+            if step in (1, WARM_UPDATES, last - 1, last):
+                torch.cuda.synchronize()
+                marks[step] = time.perf_counter()
+
         started = time.perf_counter()
-        step()  # the first step compiles (with compile on) and allocates optimizer state
-        torch.cuda.synchronize()
-        row: dict[str, Any] = {"first_step_s": time.perf_counter() - started, "ns_dtype": ns_dtypes(optimizer)}
-        ms = cuda_time(step, warmup=1, repeats=ctx.steps)
-        tokens_per_s = case.batch * case.seq_len / (ms / 1e3)
-        row.update(step_ms=ms, tokens_per_s=tokens_per_s, mfu=tokens_per_s * plan["flops_per_token"] / ctx.peak,
-                   ns_tflops_per_s=plan["ns_flops_per_step"] / (ms / 1e3) / 1e12,
-                   peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30)
+        run_steps(model, optimizer, config, device, case.config.vocab_size, on_update)
+        ordinary_ms = (marks[last - 1] - marks[WARM_UPDATES]) / ctx.steps * 1e3
+        logged_ms = (marks[last] - marks[last - 1]) * 1e3
+        ms = ((LOG_INTERVAL - 1) * ordinary_ms + logged_ms) / LOG_INTERVAL
+        tokens_per_s = case.batch * case.seq_len * case.accumulation / (ms / 1e3)
+        row: dict[str, Any] = {"first_step_s": marks[1] - started, "ns_dtype": ns_dtypes(optimizer), "step_ms": ms,
+                               "ordinary_update_ms": ordinary_ms, "logging_update_ms": logged_ms,
+                               "tokens_per_s": tokens_per_s, "mfu": tokens_per_s * plan["flops_per_token"] / ctx.peak,
+                               "ns_tflops_per_s": plan["ns_flops_per_step"] / (ms / 1e3) / 1e12,
+                               "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
         row["goal_met"] = bool(row["mfu"] >= MFU_GOALS[case.kind])
         return row
     finally:
         model = optimizer = None  # the row's model and optimizer state go before the next row builds its own
         torch.cuda.empty_cache()
+
+
+def profile_rows() -> list[Row]:
+    """bench/gpu_profile.py's variants, each a row (eager about half a minute, compiled a minute more)."""
+    import bench.gpu_profile as gpu_profile
+
+    return [Row(v.row, "profile", 1.2 if v.compile else 0.6,
+                "two profiled updates of the trainer's step: top kernels, kernels/update, GPU idle, phases",
+                lambda v=v: gpu_profile.plan(v), lambda plan, ctx, v=v: gpu_profile.measure(v, _distributed))
+            for v in gpu_profile.PROFILE_VARIANTS]
 
 
 # ---------------------------------------------------------------- the resilient runner
@@ -516,6 +550,12 @@ def _write_atomic(path: Path, text: str) -> None:
 def save(report: Report, out: Path) -> None:
     """JSON first (the record), then the markdown; a formatting bug costs the table, never the record or the run."""
     _write_atomic(out / "gpu_check.json", json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    profiled = [r for r in report.rows if r["group"] == "profile"]
+    if profiled:
+        from bench.gpu_profile import write_summary
+
+        summary = write_summary(profiled, report.device, torch.__version__, commit(), report.started)
+        _write_atomic(out / "gpu_profile.json", json.dumps(summary, indent=2, default=str) + "\n")
     try:
         text = markdown(report)
     except Exception as error:  # noqa: BLE001
@@ -583,6 +623,12 @@ def _summary(entry: dict) -> str:
         return f"bf16 matmul {entry['matmul_tflops']:.0f} TFLOP/s; stated peak {entry['stated_peak_tflops']:.0f}"
     if "synced_at" in entry:
         return "no host sync" if entry["synced_at"] is None else f"synced at {entry['synced_at']}"[:160]
+    if "kernels_per_step" in entry:
+        top = entry["top_kernels"][0]["name"][:40] if entry["top_kernels"] else "-"
+        return (f"update {entry['step_ms']:.0f} ms, {entry['kernels_per_step']:,.0f} kernels, GPU idle "
+                f"{entry['gpu_idle_share']:.0%}; top: {top}")
+    if "launch_budget" in entry:
+        return "launches (meta): " + ", ".join(f"{k} {v:,}" for k, v in entry["launch_budget"].items())
     if "mfu" in entry:
         return (f"MFU {entry['mfu']:.1%} (goal {MFU_GOALS[entry['kind']]:.0%}), {entry['tokens_per_s']:,.0f} tokens/s, "
                 f"step {entry['step_ms']:.0f} ms")
@@ -607,9 +653,9 @@ def markdown(report: Report) -> str:
     mfu = [r for r in report.rows if r["group"] == "mfu" and "flops_per_token" in r]
     if mfu:
         lines += [markdown_table(
-            ["model", "compile", "batch x T", "params", "model FLOPs/token", "NorMuon NS TFLOP/step", "NS / model FLOPs",
+            ["model", "compile", "batch x T x accumulation", "params", "model FLOPs/token", "NorMuon NS TFLOP/update", "NS / model FLOPs",
              "NS dtype", "step ms", "tokens/s", "MFU", "goal", "peak GiB"],
-            [(r["model"], "on" if r["compile"] else "off", f"{r['batch']} x {r['seq_len']}", f"{r['parameters'] / 1e6:,.0f} M",
+            [(r["model"], "on" if r["compile"] else "off", f"{r['batch']} x {r['seq_len']} x {r.get('accumulation', 1)}", f"{r['parameters'] / 1e6:,.0f} M",
               f"{r['flops_per_token'] / 1e9:.2f} G", f"{r['ns_flops_per_step'] / 1e12:.2f}",
               f"{r['ns_share_of_model_flops']:.1%}", _dtype_cell(r.get("ns_dtype")), _fmt(r.get("step_ms")),
               _fmt(r.get("tokens_per_s"), "{:,.0f}"), _fmt(r.get("mfu"), "{:.1%}"), f"{MFU_GOALS[r['kind']]:.0%}",
@@ -712,8 +758,10 @@ def doc_section(report: Report, table: str) -> tuple[str, str]:
 each row is independent (an exception is recorded with its traceback tail and the next row runs), each is
 printed as it finishes, and `gpu_check.json` / `gpu_check.md` are rewritten after every row into `$OUT` (else
 `--out`). A row that would start with less `--budget` left than its expected minutes is recorded as
-"skipped: budget". `--only kernels,gdn,sync,mfu` picks groups. Expected minutes on one H200 are estimates,
-{total:.1f} in all (not measured). `python bench/gpu_check.py --preflight [--triton-env PY]` runs every CPU-side
+"skipped: budget". `--only kernels,gdn,sync,mfu,profile` picks groups; each group fits 8 minutes, all of
+them together do not (the budget skips the last rows). Expected minutes on one H200 are estimates,
+{total:.1f} in all (not measured). The MFU and profile rows run the trainer's own step (bench/trainer_step.py);
+`--only profile` also writes `gpu_profile.json` (schema in bench/gpu_profile.py). `python bench/gpu_check.py --preflight [--triton-env PY]` runs every CPU-side
 check of issue 42 first, one line per check.
 
 The rows, in run order (expected minutes; what each compares):
@@ -756,8 +804,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton-env", help="with --preflight: a python whose triton compiles every kernel for sm_90")
     parser.add_argument("--out", default=str(REPO_ROOT / "bench" / "out" / "gpu_check"),
                         help="directory for the JSON and markdown ($OUT wins when set)")
-    parser.add_argument("--only", help="comma list of groups: kernels, gdn, sync, mfu (default: all)")
-    parser.add_argument("--steps", type=int, default=3, help="timed training steps per MFU row")
+    parser.add_argument("--only", help="comma list of groups: kernels, gdn, sync, mfu, profile (default: all)")
+    parser.add_argument("--steps", type=int, default=3, help="timed ordinary updates per MFU row (then one logging update)")
     parser.add_argument("--budget", type=float, default=450.0,
                         help="seconds; a row is skipped when less than its expected minutes are left")
     parser.add_argument("--write", action="store_true", help="replace the GPU check section of docs/benchmarks.md")

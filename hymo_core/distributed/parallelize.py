@@ -10,7 +10,7 @@ the checkpoints and the state dicts read the same with and without them.
   a block's activations are recomputed in the backward instead of stored;
 - compile (`nn.Module.compile`, in place): each block is its own graph, so a
   compile covers the repeated unit once and graph breaks stay local;
-- FSDP2 (`fully_shard`): parameters sharded along dim 0 across ranks,
+- FSDP2 (`fully_shard`), from two ranks on (`wraps_in_fsdp`): parameters sharded along dim 0 across ranks,
   all-gathered per block in forward and backward, gradients reduce-scattered.
   With `[parallel] replicate = R, shard = S` the mesh is (R, S) and `fully_shard`
   over it is HSDP: each replica group of S ranks shards the model, the R groups
@@ -96,9 +96,20 @@ def parallelize(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.M
         apply_activation_checkpointing(model)
     if config.compile:
         apply_compile(model)
-    if runtime.launched:
+    if wraps_in_fsdp(runtime):
         apply_fsdp(model, runtime, config, experts=apply_expert_parallel(model, runtime, config))
     return model
+
+
+def wraps_in_fsdp(runtime: Runtime) -> bool:
+    """FSDP2 only where there is something to shard: two ranks or more.
+
+    One process on one device (also under torchrun) keeps the plain model: per-unit hooks, resharding after
+    forward and the re-gather in backward buy nothing there (bench/launch_budget.py measures the cost on one
+    gloo rank), and the optimizer steps plain tensors. Checkpoints are the same either way: a launched run
+    still writes DCP (plain tensors save and load under DCP as shards of one), which any world size reads.
+    """
+    return runtime.launched and runtime.world_size > 1
 
 
 def build_parallel_model(model_config: ModelConfig, runtime: Runtime, config: TrainConfig,

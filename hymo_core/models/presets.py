@@ -31,12 +31,17 @@ PRESETS: dict[str, ModelConfig] = {
         mla_v_head_dim=128, moe_on="M", moe_n_routed_experts=16, moe_n_activated_experts=1, moe_n_shared_experts=1,
         moe_expert_dim=2304, moe_score_function="softmax", mtp_depth=2,
     ),
+    # The dense speed reference: GPT-2 small's shape (llm.c's GPT-2 124M, modded-nanogpt), ~124 M parameters
+    # with the tied 50,304-token table; T = 2048. What bench/gpu_check.py's dense MFU and profile rows train,
+    # and the launch budget (hymo_core/train/launch_budget.py) counts.
+    "dense-125m": ModelConfig(vocab_size=50_304, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048,
+                              max_seq_len=2048, tie_embeddings=True),
 }
 
 # The [train] defaults a preset brings (a recipe's own [train] keys still win): seed 000's dual
 # optimizer, NorMuon + CautiousAdamW with cautious weight decay. `optimizer = "muon_adamw"` turns it off.
 PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    name: {"optimizer": "normuon", "cautious_weight_decay": True} for name in ("hymo-tiny", "hymo-750m")
+    name: {"optimizer": "normuon", "cautious_weight_decay": True} for name in ("hymo-tiny", "hymo-750m", "dense-125m")
 }
 
 

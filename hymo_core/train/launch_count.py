@@ -77,6 +77,7 @@ def launches_of(func, args) -> int:
 @dataclass
 class PhaseCount:
     launches: Counter = field(default_factory=Counter)  # op name -> launches
+    calls: Counter = field(default_factory=Counter)  # op name -> calls that launch (a foreach call is one, whatever its list)
     bytes_by_op: Counter = field(default_factory=Counter)  # op name -> bytes read + written
     bytes_read: int = 0
     bytes_written: int = 0
@@ -101,6 +102,7 @@ class _Mode(TorchDispatchMode):
             name = str(func) if custom else str(func.overloadpacket)
             read, written = _tensor_bytes((args, kwargs)), _tensor_bytes(out)
             count.launches[name] += n
+            count.calls[name] += 1
             count.bytes_by_op[name] += read + written
             count.bytes_read += read
             count.bytes_written += written
@@ -159,6 +161,12 @@ class LaunchCounter:
             return self.phases.get(phase, PhaseCount()).total
         return sum(p.total for p in self.phases.values())
 
+    def calls(self, phase: str | None = None) -> int:
+        """Launching op calls in one phase, or in all: what the host dispatches. Launches minus calls is what
+        foreach lists longer than one launch's tensors add (a count that grows with the tensors, not the code)."""
+        chosen = [self.phases.get(phase, PhaseCount())] if phase is not None else list(self.phases.values())
+        return sum(sum(p.calls.values()) for p in chosen)
+
     def bytes_moved(self, phase: str | None = None) -> int:
         chosen = [self.phases.get(phase, PhaseCount())] if phase is not None else list(self.phases.values())
         return sum(p.bytes_read + p.bytes_written for p in chosen)
@@ -172,5 +180,5 @@ class LaunchCounter:
 
     def summary(self) -> dict:
         """JSON-ready: per phase, launches, bytes read and written, and the ten most launched ops."""
-        return {name: {"launches": p.total, "bytes_read": p.bytes_read, "bytes_written": p.bytes_written,
+        return {name: {"launches": p.total, "calls": sum(p.calls.values()), "bytes_read": p.bytes_read, "bytes_written": p.bytes_written,
                        "top": p.launches.most_common(10)} for name, p in self.phases.items()}

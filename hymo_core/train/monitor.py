@@ -262,8 +262,14 @@ class RunMonitor:
     def before_step(self, logging: bool) -> None:
         self._remove_hooks()  # backward and the optimizer run without them
         self.snapshot = None
-        if logging:
-            self.snapshot = [[_local(p.detach()).clone() for p in group["params"]] for group in self.optimizer.param_groups]
+        if logging:  # one foreach copy per group, not a clone per parameter
+            self.snapshot = []
+            for group in self.optimizer.param_groups:
+                weights = [_local(p.detach()) for p in group["params"]]
+                copies = [torch.empty_like(w) for w in weights]
+                if copies:
+                    torch._foreach_copy_(copies, weights)
+                self.snapshot.append(copies)
 
     def after_step(self, grad_norm: torch.Tensor | float, applied: bool) -> None:
         """`applied`: the update happened (not an fp16 overflow or a skipped batch)."""
@@ -279,12 +285,13 @@ class RunMonitor:
 
         sums = []
         for group, before in zip(self.optimizer.param_groups, self.snapshot):
-            update_sq = torch.zeros((), dtype=torch.float64, device=self.device)
-            weight_sq = torch.zeros((), dtype=torch.float64, device=self.device)
-            for param, old in zip(group["params"], before):
-                new = _local(param.detach())
-                update_sq += (new - old).double().pow(2).sum()
-                weight_sq += new.double().pow(2).sum()
+            if not before:
+                sums += [torch.zeros((), dtype=torch.float64, device=self.device)] * 2
+                continue
+            # foreach over the group (a few launches, not a few per parameter); the norms accumulate in fp64
+            new = [_local(param.detach()) for param in group["params"]]
+            update_sq = torch.stack(torch._foreach_norm(torch._foreach_sub(new, before), 2, dtype=torch.float64)).square().sum()
+            weight_sq = torch.stack(torch._foreach_norm(new, 2, dtype=torch.float64)).square().sum()
             sums += [update_sq, weight_sq]
         totals = all_reduce_sum_(torch.stack(sums)).tolist() if sums else []
         self.update_ratio = {}

@@ -90,32 +90,33 @@ def ns_dtype_of(group: dict, device: torch.device) -> torch.dtype:
     return NS_DTYPES[resolve_ns_dtype(group["ns_dtype"], device)]
 
 
-def _stack_function(group: dict, per_matrix: bool, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Newton-Schulz of a stack (N, A, B) with the group's settings: one bmm chain, or the per-matrix addmm loop."""
+def _stack_function(group: dict, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Newton-Schulz of a stack (N, A, B) with the group's settings: one bmm chain for the whole stack."""
     steps, coefficients, eps = group["ns_steps"], tuple(group["ns_coefficients"]), group["ns_eps"]
-    if per_matrix:  # MuonAdamW: held bit for bit to torch.optim.Muon's addmm chain
-        return lambda x_NAB: torch.stack([newton_schulz(m, steps, coefficients, eps, dtype) for m in x_NAB.unbind(0)])
     return lambda x_NAB: newton_schulz_batched(x_NAB, steps, coefficients, eps, dtype)
 
 
-def orthogonalise(updates: list[torch.Tensor], group: dict, per_matrix: bool) -> list[torch.Tensor]:
-    """Newton-Schulz of every update, same-shape matrices stacked; row shards go whole to one owner rank each.
-
-    Never a shard: a shard's Newton-Schulz is not a shard of the matrix's. Under FSDP2 each
-    matrix is orthogonalised once, by the rank that owns it (hymo_core.train.owned_newton_schulz).
-    """
+def shape_groups(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """Indices of same-shape tensors, in first-seen order: the unit every optimizer op works on at once."""
     by_shape: dict[tuple[int, ...], list[int]] = {}
-    for index, update in enumerate(updates):
-        by_shape.setdefault(tuple(update.shape), []).append(index)
-    order = list(by_shape.values())
+    for index, tensor in enumerate(tensors):
+        by_shape.setdefault(tuple(tensor.shape), []).append(index)
+    return list(by_shape.values())
+
+
+def orthogonalise(updates: list[torch.Tensor], layouts: list[torch.Tensor], group: dict) -> list[tuple[list[int], torch.Tensor]]:
+    """Newton-Schulz of every update, per shape group: (indices, this rank's rows of their directions, stacked).
+
+    `updates` are this rank's rows (plain tensors), `layouts` the parameters they belong to (DTensors
+    under FSDP2). Never a shard's Newton-Schulz (it is not a shard of the matrix's): under FSDP2 with
+    more than one rank each matrix is orthogonalised once, by the rank that owns it
+    (hymo_core.train.owned_newton_schulz); a rank that holds the whole matrix works on it where it is.
+    """
+    order = shape_groups(layouts)
     dtype = ns_dtype_of(group, updates[0].device)
-    results = orthogonalise_groups([[updates[i] for i in indices] for indices in order], _stack_function(group, per_matrix, dtype),
-                                   dtype)
-    directions: list[torch.Tensor | None] = [None] * len(updates)
-    for indices, stack in zip(order, results):
-        for index, direction in zip(indices, stack):
-            directions[index] = direction
-    return directions  # type: ignore[return-value]
+    stacks = orthogonalise_groups([[updates[i] for i in indices] for indices in order], [layouts[i[0]] for i in order],
+                                  _stack_function(group, dtype), dtype)
+    return list(zip(order, stacks))
 
 
 @dataclass(frozen=True)
@@ -245,33 +246,27 @@ class MuonAdamW(PartitionedOptimizer):
                 self._adamw_step(group)
         return loss
 
-    def _decay(self, param: torch.Tensor, update: torch.Tensor, group: dict) -> None:
-        factor = group["lr"] * group["weight_decay"]
-        if factor == 0.0:
-            return
-        if group["cautious_weight_decay"]:
-            param.mul_(1.0 - factor * update_sign_mask(update, param))
-        else:
-            param.mul_(1.0 - factor)
-
     def _muon_step(self, group: dict) -> None:
+        """All the group's matrices at once: foreach momentum, Newton-Schulz per shape, foreach decay and update."""
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
         momentum = group["momentum"]
-        params, updates = [], []
-        for param in group["params"]:
-            if param.grad is None:
-                continue
-            grad = param.grad
+        for param in params:
             state = self.state[param]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            buffer = state["momentum_buffer"]
-            buffer.lerp_(grad, 1.0 - momentum)
-            params.append(param)
-            updates.append(grad.lerp(buffer, momentum) if group["nesterov"] else buffer)
-        for param, direction in zip(params, orthogonalise(updates, group, per_matrix=True)):
-            self._decay(param, direction, group)
-            scale = muon_lr_scale(tuple(param.shape), group["lr_adjustment"])
-            param.add_(direction, alpha=-group["lr"] * scale)
+        # This rank's rows only (plain tensors): elementwise work needs no communication, and spares DTensor dispatch.
+        locals_ = [local_part(p) for p in params]
+        grads = [local_part(p.grad) for p in params]
+        buffers = [local_part(self.state[p]["momentum_buffer"]) for p in params]
+        torch._foreach_lerp_(buffers, grads, 1.0 - momentum)
+        updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
+        for indices, directions_NAB in orthogonalise(updates, params, group):
+            chosen, directions = [locals_[i] for i in indices], list(directions_NAB.unbind(0))
+            decay_(chosen, directions, group["lr"] * group["weight_decay"], group["cautious_weight_decay"])
+            scale = muon_lr_scale(tuple(params[indices[0]].shape), group["lr_adjustment"])
+            torch._foreach_add_(chosen, directions, alpha=-group["lr"] * scale)
 
     def _adamw_step(self, group: dict) -> None:
         params = [p for p in group["params"] if p.grad is not None]
@@ -350,8 +345,9 @@ def newton_schulz_batched(
 ) -> torch.Tensor:
     """Newton-Schulz on a stack of same-shape matrices: one bmm chain instead of a loop per matrix.
 
-    `newton_schulz` above stays the per-matrix form: MuonAdamW is held bit for bit to
-    torch.optim.Muon, whose addmm chain a bmm does not reproduce exactly.
+    Both optimizers run it. `newton_schulz` above is the per-matrix form (torch.optim.Muon's addmm
+    chain); on the CPU the two agree bit for bit (tests/hymo_core/train/test_optim.py holds MuonAdamW
+    to torch.optim.Muon), on a GPU a batched GEMM may round differently from a single one.
 
     X <- aX + (bA + cA^2)X with A = XX^T, from each matrix's Frobenius-normalised start. The
     default is Muon's quintic; (1.5, -0.5, 0.0) is seed 000 §3.1's cubic X <- 1.5X - 0.5XX^TX.
@@ -445,51 +441,62 @@ class NorMuonAdamW(PartitionedOptimizer):
         return loss
 
     def _normuon_step(self, params: list[torch.Tensor], group: dict) -> None:
-        """Every NorMuon matrix of the group at once: one exchange per shape, one norm reduction for all."""
+        """Every NorMuon matrix of the group at once: foreach ops over the group, one stack per shape for
+        Newton-Schulz, the row statistics and the update, one norm reduction (and all-reduce) for all.
+
+        A launch count that does not grow with the number of matrices (tests/hymo_core/train/
+        test_optimizer_launches.py); per-element arithmetic as the per-matrix form had it.
+        """
         masters = [self._master(p) for p in params]
-        grads = [p.grad.to(m.dtype) for p, m in zip(params, masters)]
-        momenta = []
-        for param, master, grad in zip(params, masters, grads):
+        for param, master in zip(params, masters):
             state = self.state[param]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(master, memory_format=torch.preserve_format)
-            momenta.append(state["momentum_buffer"].mul_(group["momentum"]).add_(grad))
+            if group["row_normalisation"] and "row_second_moment" not in state:
+                state["row_second_moment"] = rows_like(state["momentum_buffer"])
         # From here on this rank's rows only (plain tensors): FSDP2 shards by row, so rows are whole on
         # every rank; the per-row work needs no communication and the norms one all-reduce for all matrices.
-        directions = [local_part(d).to(m.dtype) for d, m in zip(orthogonalise(momenta, group, per_matrix=False), momenta)]
-        if group["row_normalisation"]:
-            # Published NorMuon: v <- b2 v + (1 - b2) mean_j O_ij^2 per row (neuron), O <- O / (sqrt(v) + eps).
-            rows = []
-            for param, direction in zip(params, directions):
-                state = self.state[param]
-                if "row_second_moment" not in state:
-                    state["row_second_moment"] = rows_like(state["momentum_buffer"])
-                second = local_part(state["row_second_moment"])
-                second.lerp_(direction.square().mean(dim=1), 1.0 - group["row_beta2"])
-                rows.append(direction / (second.sqrt() + group["row_eps"]).unsqueeze(1))
-            directions = rows
-        scales_N = self._update_scales([local_part(m) for m in momenta], directions, group, shard_group(momenta[0]))
-        for param, master, grad, direction, scale in zip(params, masters, grads, directions, scales_N.unbind(0)):
-            self._decay_([master], [grad], group)
+        local_masters = [local_part(m) for m in masters]
+        grads = [local_part(p.grad).to(m.dtype) for p, m in zip(params, local_masters)]
+        momenta = [local_part(self.state[p]["momentum_buffer"]) for p in params]
+        torch._foreach_mul_(momenta, group["momentum"])
+        torch._foreach_add_(momenta, grads)
+        stacks = []
+        for indices, directions_NAB in orthogonalise(momenta, params, group):
+            directions_NAB = directions_NAB.to(local_masters[indices[0]].dtype)
+            if group["row_normalisation"]:
+                # Published NorMuon: v <- b2 v + (1 - b2) mean_j O_ij^2 per row (neuron), O <- O / (sqrt(v) + eps).
+                seconds = [local_part(self.state[params[i]]["row_second_moment"]) for i in indices]
+                torch._foreach_lerp_(seconds, list(directions_NAB.square().mean(dim=2).unbind(0)), 1.0 - group["row_beta2"])
+                directions_NAB = directions_NAB / (torch.stack(seconds).sqrt() + group["row_eps"]).unsqueeze(2)
+            stacks.append((indices, directions_NAB))
+        scales = self._update_scales(momenta, stacks, group, shard_group(masters[0]))
+        self._decay_(local_masters, grads, group)
+        for (indices, directions_NAB), scale_N in zip(stacks, scales):
             # The scale stays on the device: no host read per matrix.
-            factor = 0.2 * math.sqrt(param.numel()) if group["update_scale"] == "match_rms_adamw" else 1.0
-            local_part(master).addcmul_(direction, scale, value=-group["lr"] * factor)
-            if master is not param:
-                param.copy_(master)
+            factor = 0.2 * math.sqrt(params[indices[0]].numel()) if group["update_scale"] == "match_rms_adamw" else 1.0
+            # (value * direction) * scale, then added: addcmul's order of operations, batched
+            steps_NAB = (directions_NAB * (-group["lr"] * factor)).mul_(scale_N.view(-1, 1, 1))
+            torch._foreach_add_([local_masters[i] for i in indices], list(steps_NAB.unbind(0)))
+        self._copy_back(params, masters)
 
     @staticmethod
-    def _update_scales(momenta: list[torch.Tensor], directions: list[torch.Tensor], group: dict,
-                       shards: "torch.distributed.ProcessGroup | None") -> torch.Tensor:
-        """1 / ||direction||_F per matrix (times ||momentum||_F for "momentum_norm"), norms of whole matrices.
+    def _update_scales(momenta: list[torch.Tensor], stacks: list[tuple[list[int], torch.Tensor]], group: dict,
+                       shards: "torch.distributed.ProcessGroup | None") -> list[torch.Tensor]:
+        """1 / ||direction||_F per matrix (times ||momentum||_F for "momentum_norm"), norms of whole matrices,
+        one vector per shape group.
 
         Each rank sums the squares of its rows; one all-reduce over the shard group serves every matrix.
         """
         by_momentum = group["update_scale"] == "momentum_norm"
-        squares = [d.square().sum() for d in directions] + ([m.square().sum() for m in momenta] if by_momentum else [])
-        norms = sum_over_shards_(torch.stack(squares), shards).sqrt()
-        count = len(directions)
+        squares = [directions_NAB.square().sum(dim=(1, 2)) for _, directions_NAB in stacks]
+        if by_momentum:
+            squares += [torch.stack([momenta[i] for i in indices]).square().sum(dim=(1, 2)) for indices, _ in stacks]
+        norms = sum_over_shards_(torch.cat(squares), shards).sqrt()
+        count = sum(len(indices) for indices, _ in stacks)
         inverse = 1.0 / norms[:count].clamp(min=group["ns_eps"])
-        return norms[count:] * inverse if by_momentum else inverse
+        scales = norms[count:] * inverse if by_momentum else inverse
+        return list(scales.split([len(indices) for indices, _ in stacks]))
 
     def _cautious_adamw_step(self, params: list[torch.Tensor], group: dict) -> None:
         masters = [self._master(p) for p in params]

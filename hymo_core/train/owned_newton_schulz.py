@@ -22,8 +22,9 @@ Groups are pipelined: every group's first all-to-all is started before any
 Newton-Schulz runs, and a group's way back is started as soon as its
 iteration is done, so communication overlaps with the other groups' compute.
 
-A matrix that is not row-sharded (one process, or a replicated DTensor) is
-orthogonalised where it is; any other placement is gathered whole first.
+A matrix this rank holds whole (a plain tensor, FSDP2 on one process, a replicated DTensor) is
+orthogonalised where it is, from its local tensor: no gather, no copy per matrix; any other
+placement is gathered whole first.
 """
 from __future__ import annotations
 
@@ -71,19 +72,19 @@ class _Exchange:
         return [i for i, o in enumerate(self.owners) if o == owner]
 
 
-def _start_gather(updates: list[torch.Tensor], dtype: torch.dtype, offset: int) -> _Exchange:
-    """Post the all-to-all that brings every matrix whole to its owner."""
-    dim = shard_dimension(updates[0])
-    mesh = updates[0].device_mesh
+def _start_gather(updates: list[torch.Tensor], layout: torch.Tensor, dtype: torch.dtype, offset: int) -> _Exchange:
+    """Post the all-to-all that brings every matrix whole to its owner (`updates`: this rank's rows, `layout`'s split)."""
+    dim = shard_dimension(layout)
+    mesh = layout.device_mesh
     group, ranks = mesh.get_group(dim), mesh.size(dim)
     rank = mesh.get_local_rank(dim)
-    rows, columns = updates[0].shape
+    rows, columns = layout.shape
     exchange = _Exchange(updates, group, rank, ranks, row_counts(rows, ranks), owners(len(updates), ranks, offset), columns)
-    local = [u.to_local() for u in updates]
+    local = updates
     if local[0].shape[0] != exchange.counts[rank]:
         raise RuntimeError(f"rank {rank} holds {local[0].shape[0]} rows of a {rows}-row matrix; Shard(0) gives {exchange.counts[rank]}")
-    send = torch.cat([local[i].reshape(-1).to(dtype) for owner in range(ranks) for i in exchange.owned_by(owner)]
-                     or [local[0].new_empty(0, dtype=dtype)])
+    by_owner = [i for owner in range(ranks) for i in exchange.owned_by(owner)]
+    send = torch.stack([local[i] for i in by_owner]).reshape(-1).to(dtype)  # one copy and one cast for the group
     send_sizes = [len(exchange.owned_by(owner)) * exchange.counts[rank] * columns for owner in range(ranks)]
     mine = len(exchange.owned_by(rank))
     receive_sizes = [mine * exchange.counts[source] * columns for source in range(ranks)]
@@ -111,8 +112,8 @@ def _orthogonalise_owned(exchange: _Exchange, stack_function: StackFunction) -> 
                                              group=exchange.group, async_op=True)
 
 
-def _finish(exchange: _Exchange) -> list[torch.Tensor]:
-    """This rank's rows of every result, as DTensors laid out like the updates."""
+def _finish(exchange: _Exchange) -> torch.Tensor:
+    """This rank's rows of every result, stacked in the updates' order and dtype: (N, rows, B)."""
     exchange.handle.wait()
     ranks, rows = exchange.ranks, exchange.counts[exchange.rank]
     pieces = exchange.received.split([len(exchange.owned_by(o)) * rows * exchange.columns for o in range(ranks)])
@@ -121,27 +122,28 @@ def _finish(exchange: _Exchange) -> list[torch.Tensor]:
         owned = exchange.owned_by(owner)
         for index, rows_CB in zip(owned, piece.view(len(owned), rows, exchange.columns).unbind(0)):
             local[index] = rows_CB
-    return [DTensor.from_local(part.to(u.dtype), u.device_mesh, u.placements, run_check=False, shape=u.shape, stride=u.stride())
-            for part, u in zip(local, exchange.updates)]
+    return torch.stack(local).to(exchange.updates[0].dtype)  # type: ignore[arg-type]
 
 
-def orthogonalise_groups(groups: Sequence[list[torch.Tensor]], stack_function: StackFunction,
-                         dtype: torch.dtype) -> list[list[torch.Tensor]]:
+def orthogonalise_groups(groups: Sequence[list[torch.Tensor]], layouts: Sequence[torch.Tensor], stack_function: StackFunction,
+                         dtype: torch.dtype) -> list[torch.Tensor]:
     """Newton-Schulz (`stack_function` on a stack in `dtype`) of every matrix, each computed once over the ranks.
 
-    `groups`: lists of same-shape updates (plain tensors or DTensors). Returns the
-    directions in the same nesting, each laid out like its update and in its dtype.
+    `groups`: lists of same-shape updates, each this rank's rows as a plain tensor; `layouts[i]`: a tensor
+    laid out as group i's matrices are (its parameter: a DTensor under FSDP2, else plain). Returns, per
+    group, this rank's rows of the directions stacked (N, rows, B) in the updates' dtype: the optimizer
+    goes on with one tensor per shape group, not one per matrix.
     """
-    results: list[list[torch.Tensor] | None] = [None] * len(groups)
+    results: list[torch.Tensor | None] = [None] * len(groups)
     exchanges: list[tuple[int, _Exchange]] = []
     offset = 0
-    for index, updates in enumerate(groups):
-        if shard_dimension(updates[0]) is not None:
-            exchanges.append((index, _start_gather(updates, dtype, offset)))
+    for index, (updates, layout) in enumerate(zip(groups, layouts)):
+        if shard_dimension(layout) is not None:
+            exchanges.append((index, _start_gather(updates, layout, dtype, offset)))
             offset += len(updates)
-    for index, updates in enumerate(groups):  # while the exchanges travel: what needs no communication
-        if results[index] is None and shard_dimension(updates[0]) is None:
-            results[index] = _orthogonalise_in_place(updates, stack_function, dtype)
+    for index, (updates, layout) in enumerate(zip(groups, layouts)):  # while the exchanges travel: what needs none
+        if results[index] is None and shard_dimension(layout) is None:
+            results[index] = _orthogonalise_in_place(updates, layout, stack_function, dtype)
     for _, exchange in exchanges:
         _orthogonalise_owned(exchange, stack_function)
     for index, exchange in exchanges:
@@ -149,13 +151,25 @@ def orthogonalise_groups(groups: Sequence[list[torch.Tensor]], stack_function: S
     return results  # type: ignore[return-value]
 
 
-def _orthogonalise_in_place(updates: list[torch.Tensor], stack_function: StackFunction, dtype: torch.dtype) -> list[torch.Tensor]:
-    """Plain tensors and replicated DTensors as they are; other layouts gathered whole (every rank computes)."""
-    if DTensor is None or not isinstance(updates[0], DTensor):
-        return [d.to(u.dtype) for d, u in zip(stack_function(torch.stack(updates).to(dtype)).unbind(0), updates)]
-    whole = [u.full_tensor() for u in updates]
-    directions = stack_function(torch.stack(whole).to(dtype)).unbind(0)
-    return [distribute_tensor(d.to(u.dtype), u.device_mesh, u.placements, src_data_rank=None) for d, u in zip(directions, updates)]
+def holds_whole(layout: torch.Tensor) -> bool:
+    """True when this rank's local tensor is the whole matrix: a plain tensor, or a DTensor split only over
+    mesh dimensions of one rank (FSDP2 on one process) or replicated."""
+    if DTensor is None or not isinstance(layout, DTensor):
+        return True
+    mesh = layout.device_mesh
+    return all(p.is_replicate() or mesh.size(dim) == 1 for dim, p in enumerate(layout.placements))
+
+
+def _orthogonalise_in_place(updates: list[torch.Tensor], layout: torch.Tensor, stack_function: StackFunction,
+                            dtype: torch.dtype) -> torch.Tensor:
+    """Whole local matrices as they are, one stack; other layouts gathered whole (every rank computes)."""
+    if holds_whole(layout):
+        return stack_function(torch.stack(updates).to(dtype)).to(updates[0].dtype)
+    mesh, placements = layout.device_mesh, layout.placements
+    whole = [DTensor.from_local(u, mesh, placements, run_check=False, shape=layout.shape, stride=layout.stride()).full_tensor()
+             for u in updates]
+    directions = stack_function(torch.stack(whole).to(dtype)).to(updates[0].dtype).unbind(0)
+    return torch.stack([distribute_tensor(d, mesh, placements, src_data_rank=None).to_local() for d in directions])
 
 
 def shard_group(tensor: torch.Tensor) -> dist.ProcessGroup | None:

@@ -49,7 +49,7 @@ from hymo_core.distributed.process_group import Runtime, broadcast_object, close
 from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.models.model import ModelConfig
 from hymo_core.train.optim import build_optimizer
-from hymo_core.distributed.parallelize import build_parallel_model
+from hymo_core.distributed.parallelize import build_parallel_model, wraps_in_fsdp
 from hymo_core.checkpoint.background import BackgroundCheckpoints
 from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards
 from hymo_core.train.config import TrainConfig
@@ -278,7 +278,9 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
 
     seed_everything(config.seed)
     model = build_parallel_model(model_config, runtime, config)  # meta -> sharded -> this rank's shards only
-    if runtime.launched:
+    if runtime.launched and not wraps_in_fsdp(runtime):
+        log("one rank: the model is not wrapped in FSDP2 (nothing to shard)")
+    elif runtime.launched:
         replicate, shard = config.mesh_shape(runtime.world_size)
         groups, experts = config.expert_mesh_shape(runtime.world_size)
         log(f"mesh: {replicate} replica group(s) x {shard} shards" + (" (HSDP)" if replicate > 1 else " (FSDP)")

@@ -38,6 +38,7 @@ import torch.nn as nn
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.data import EndOfEpoch, TokenLoader, ValidationLoader
 from hymo_core.train.noise_scale import NoiseScale, gradient_square_norm
+from hymo_core.train.step_ranges import step_range
 from hymo_core.distributed.process_group import (Runtime, all_gather_objects, all_reduce_max_, all_reduce_sum_, clip_grad_norm_,
                                                 reduce_expert_load_)
 from hymo_core.train.alerts import AlertBook, Firing, parse_alerts
@@ -446,191 +447,200 @@ def train(
     noise_scale = NoiseScale()  # the gradient noise scale, measured on logged steps that accumulate
     try:
         while state.step < config.max_steps:
-            started = time.perf_counter()
-            step = state.step + 1  # the candidate successful update
-            # Host reads (loss, grad norm, QK-Clip's finiteness, MoE figures) happen on steps whose
-            # result leaves the loop (logged, evaluated, checkpointed, the last) and on every fp16 step
-            # (GradScaler reads its overflow flag); every other step only queues device work.
-            # A skip-batch alert judges every step's loss and gradient norm before the update: it reads both each step.
-            host_step = (scaler.is_enabled() or alerts.checks_every_step
-                         or reads_host(config, step, val_loader is not None, hooks.on_checkpoint is not None))
-            logged = step % config.log_interval == 0 or step == config.max_steps
-            if host_step:
-                checks.raise_if_failed()  # a failure a non-reading step recorded on the device stops here
-            lr = learning_rate_at_step(schedule, step) * state.lr_scale
-            optimizer.set_learning_rate(lr)
-            qk_clip.reset()
-            monitor.start_update(logged)  # activation / log-Z hooks exist on logging steps only
-            # The probe costs a chunked q.k pass per layer: only when QK-Clip acts or this step is logged.
-            probing = config.qk_clip or logged
-            model.set_attention_probe(probing)
-            update_loss, update_tokens, update_mtp_ce = None, 0, []
-            # Noise scale (hymo_core/train/noise_scale.py): the first micro-batch's |grad|^2 vs the update's, logged steps only.
-            small_sq, small_tokens = None, 0
-            bad_batch = False
-            reserve = getattr(train_loader, "reserve_update", None)  # a mixing loader (cpt replay) rolls its sides itself
-            if reserve is not None and not config.overfit_one_batch:
-                reserve(config.batch_size * config.gradient_accumulation_steps)  # epochs turn here, between updates
-            for _ in range(accumulation):
-                waiting = time.perf_counter()
-                x_BT, y_BT = next_training_batch(train_loader, config, state, fixed_batch)
-                monitor.waited_for_data(time.perf_counter() - waiting)  # the host clock: no device sync
-                x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
-                with autocast(device, config.precision):
-                    _, loss = model(x_BT, y_BT)
+            with step_range("step"):  # the whole update (hymo_core/train/step_ranges.py: free unless measured)
+                started = time.perf_counter()
+                step = state.step + 1  # the candidate successful update
+                # Host reads (loss, grad norm, QK-Clip's finiteness, MoE figures) happen on steps whose
+                # result leaves the loop (logged, evaluated, checkpointed, the last) and on every fp16 step
+                # (GradScaler reads its overflow flag); every other step only queues device work.
+                # A skip-batch alert judges every step's loss and gradient norm before the update: it reads both each step.
+                host_step = (scaler.is_enabled() or alerts.checks_every_step
+                             or reads_host(config, step, val_loader is not None, hooks.on_checkpoint is not None))
+                logged = step % config.log_interval == 0 or step == config.max_steps
                 if host_step:
-                    value = loss.item()
-                    if not math.isfinite(value):
-                        if not alerts.checks_every_step:
-                            raise NonFiniteTraining(f"non-finite training loss {value} at step {step}; nothing was back-propagated",
-                                                    step, "last_loss", value)
-                        # A skip-batch alert judges it below, before anything is mutated. One process stops reading now;
-                        # several ranks carry on, so that every rank makes the same collectives: the all-reduced loss
-                        # is then non-finite on all of them, and they skip (or raise) together.
-                        if runtime.world_size == 1:
-                            update_loss, bad_batch = loss.detach().float(), True
-                            state.tokens_seen += y_BT.numel()  # consumed, though never learned from
-                            break
-                else:
-                    checks.require(torch.isfinite(loss.detach()), "loss", step)
-                if probing:
-                    qk_clip.observe()
-                scaler.scale(loss / accumulation).backward()
-                if logged and accumulation > 1 and small_sq is None:  # .grad holds micro-batch 1 / accumulation x scale
-                    unscale = accumulation / (scaler.get_scale() if scaler.is_enabled() else 1.0)
-                    small_sq, small_tokens = gradient_square_norm(model) * unscale**2, y_BT.numel() * runtime.world_size
-                ce = getattr(model, "last_ce", None)
-                micro = (ce if ce is not None else loss).detach().float() / accumulation
-                update_loss = micro if update_loss is None else update_loss + micro
-                mtp_ce = [c.detach().float() / accumulation for c in getattr(model, "last_mtp_ce", [])]
-                update_mtp_ce = [a + b for a, b in zip(update_mtp_ce, mtp_ce)] if update_mtp_ce else mtp_ce
-                update_tokens += y_BT.numel() * runtime.world_size  # every rank reads as many
-                state.tokens_seen += y_BT.numel() * runtime.world_size
-            # The global batch's loss, the same on every rank (device tensors: one collective, no host read).
-            update_loss = all_reduce_sum_(update_loss) / runtime.world_size
-            update_mtp_ce = [all_reduce_sum_(value) / runtime.world_size for value in update_mtp_ce]
-            qk_clip.reduce()
-
-            scaler.unscale_(optimizer)
-            if bad_batch:
-                grad_norm_t = torch.full((), math.nan, device=device)
-            else:
-                grad_norm_t = clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"))
-                if host_step and not (scaler.is_enabled() or alerts.checks_every_step):  # the read error_if_nonfinite made
-                    norm = float(grad_norm_t)
-                    if not math.isfinite(norm):
-                        raise NonFiniteTraining(f"non-finite gradient norm {norm} at step {step}; nothing was applied", step,
-                                                "grad_norm_pre_clip", norm)
-            firing = None
-            if alerts.checks_every_step:  # the recipe asked for skip-batch: this step's two numbers, read now
-                step_loss, step_grad_norm = torch.stack([update_loss.float(), grad_norm_t.detach().float()]).tolist()
-                firing = alerts.check_step(step, step_loss, step_grad_norm)
-                if firing is None and not (math.isfinite(step_loss) and (scaler.is_enabled() or math.isfinite(step_grad_norm))):
-                    what = f"loss {step_loss}" if not math.isfinite(step_loss) else f"gradient norm {step_grad_norm}"
-                    metric, bad = ("last_loss", step_loss) if not math.isfinite(step_loss) else ("grad_norm_pre_clip", step_grad_norm)
-                    raise NonFiniteTraining(f"non-finite training {what} at step {step} and no skip-batch alert took it; "
-                                            "nothing was applied", step, metric, bad)
-            if firing is not None:  # skip-batch: this batch's gradients are dropped, the same step is tried on the next one
-                optimizer.zero_grad(set_to_none=True)
+                    checks.raise_if_failed()  # a failure a non-reading step recorded on the device stops here
+                lr = learning_rate_at_step(schedule, step) * state.lr_scale
+                optimizer.set_learning_rate(lr)
                 qk_clip.reset()
-                model.discard_routing_counts()
-                if scaler.is_enabled():
-                    scaler.update()  # unscale_ ran: the scaler's per-update state must close
-                monitor.after_step(grad_norm_t, applied=False)
-                state.skipped_updates += 1
-                act([firing], state, hooks, alerts)
-                continue
-            if not host_step:
-                checks.require(torch.isfinite(grad_norm_t), "gradient norm", step)
-                finite_logits = qk_clip.finite()
-                if finite_logits is not None:
-                    checks.require(finite_logits, "attention logit", step)
-            monitor.before_step(logged)  # hooks off; on a logging step, the weights before the update
-            previous_scale = scaler.get_scale() if scaler.is_enabled() else None
-            if host_step:
-                qk_clip.validate(step)
-            scaler.step(optimizer)
-            scaler.update()
-            state.grad_scaler_state = scaler.state_dict() if scaler.is_enabled() else None
-            skipped = scaler.is_enabled() and scaler.get_scale() < previous_scale
-            # A host read of the maxima only when the record is written (QK-Clip's own read is its clipped count).
-            max_logit = qk_clip.max_logit() if logged else None
-            clipped_heads, expert_load = 0, {}
-            if skipped:
-                qk_clip.reset()  # observations of a discarded update must not rescale weights
-                model.discard_routing_counts()  # nor its MoE token counts move a gate bias
-            else:
-                clipped_heads = qk_clip.apply()
-                # Per-block bookkeeping: MoE gate-bias step on the token counts of every rank; figures when logged.
-                expert_load = model.after_optimizer_step(reduce_expert_load_, read=logged)
-            optimizer.zero_grad(set_to_none=True)
-            monitor.after_step(grad_norm_t, applied=not skipped)  # clip count on the device; update RMS when logged
+                monitor.start_update(logged)  # activation / log-Z hooks exist on logging steps only
+                # The probe costs a chunked q.k pass per layer: only when QK-Clip acts or this step is logged.
+                probing = config.qk_clip or logged
+                model.set_attention_probe(probing)
+                update_loss, update_tokens, update_mtp_ce = None, 0, []
+                # Noise scale (hymo_core/train/noise_scale.py): the first micro-batch's |grad|^2 vs the update's, logged steps only.
+                small_sq, small_tokens = None, 0
+                bad_batch = False
+                reserve = getattr(train_loader, "reserve_update", None)  # a mixing loader (cpt replay) rolls its sides itself
+                if reserve is not None and not config.overfit_one_batch:
+                    reserve(config.batch_size * config.gradient_accumulation_steps)  # epochs turn here, between updates
+                for _ in range(accumulation):
+                    with step_range("data"):
+                        waiting = time.perf_counter()
+                        x_BT, y_BT = next_training_batch(train_loader, config, state, fixed_batch)
+                        monitor.waited_for_data(time.perf_counter() - waiting)  # the host clock: no device sync
+                        x_BT, y_BT = x_BT.to(device, non_blocking=True), y_BT.to(device, non_blocking=True)
+                    with step_range("forward"), autocast(device, config.precision):
+                        _, loss = model(x_BT, y_BT)
+                    if host_step:
+                        value = loss.item()
+                        if not math.isfinite(value):
+                            if not alerts.checks_every_step:
+                                raise NonFiniteTraining(f"non-finite training loss {value} at step {step}; nothing was back-propagated",
+                                                        step, "last_loss", value)
+                            # A skip-batch alert judges it below, before anything is mutated. One process stops reading now;
+                            # several ranks carry on, so that every rank makes the same collectives: the all-reduced loss
+                            # is then non-finite on all of them, and they skip (or raise) together.
+                            if runtime.world_size == 1:
+                                update_loss, bad_batch = loss.detach().float(), True
+                                state.tokens_seen += y_BT.numel()  # consumed, though never learned from
+                                break
+                    else:
+                        checks.require(torch.isfinite(loss.detach()), "loss", step)
+                    if probing:
+                        qk_clip.observe()
+                    with step_range("backward"):
+                        scaler.scale(loss / accumulation).backward()
+                    if logged and accumulation > 1 and small_sq is None:  # .grad holds micro-batch 1 / accumulation x scale
+                        unscale = accumulation / (scaler.get_scale() if scaler.is_enabled() else 1.0)
+                        small_sq, small_tokens = gradient_square_norm(model) * unscale**2, y_BT.numel() * runtime.world_size
+                    ce = getattr(model, "last_ce", None)
+                    micro = (ce if ce is not None else loss).detach().float() / accumulation
+                    update_loss = micro if update_loss is None else update_loss + micro
+                    mtp_ce = [c.detach().float() / accumulation for c in getattr(model, "last_mtp_ce", [])]
+                    update_mtp_ce = [a + b for a, b in zip(update_mtp_ce, mtp_ce)] if update_mtp_ce else mtp_ce
+                    update_tokens += y_BT.numel() * runtime.world_size  # every rank reads as many
+                    state.tokens_seen += y_BT.numel() * runtime.world_size
+                # The global batch's loss, the same on every rank (device tensors: one collective, no host read).
+                update_loss = all_reduce_sum_(update_loss) / runtime.world_size
+                update_mtp_ce = [all_reduce_sum_(value) / runtime.world_size for value in update_mtp_ce]
+                qk_clip.reduce()
 
-            if skipped:
-                state.skipped_updates += 1
-                consecutive_skips += 1
-                if hooks.on_event:
-                    hooks.on_event({"event": "fp16_overflow_skip", "step": step, "scale": scaler.get_scale(),
-                                    "consecutive": consecutive_skips, "tokens_seen": state.tokens_seen})
-                if consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
-                    raise FloatingPointError(f"{consecutive_skips} consecutive fp16 updates overflowed at step {step}; giving up")
-                continue
-            consecutive_skips = 0
-            state.step = step
-            if ema is not None:
-                ema.update()  # one fused device op over the weights after the update (and QK-Clip's rescale)
-            window.add(update_loss, update_tokens, time.perf_counter() - started)
-            if hooks.on_update:
-                hooks.on_update(state, update_loss, lr)  # a 0-dim device tensor: reading it is the hook's choice
+                with step_range("clip"):
+                    scaler.unscale_(optimizer)
+                    if bad_batch:
+                        grad_norm_t = torch.full((), math.nan, device=device)
+                    else:
+                        grad_norm_t = clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"))
+                    if host_step and not (scaler.is_enabled() or alerts.checks_every_step):  # the read error_if_nonfinite made
+                        norm = float(grad_norm_t)
+                        if not math.isfinite(norm):
+                            raise NonFiniteTraining(f"non-finite gradient norm {norm} at step {step}; nothing was applied", step,
+                                                    "grad_norm_pre_clip", norm)
+                firing = None
+                if alerts.checks_every_step:  # the recipe asked for skip-batch: this step's two numbers, read now
+                    step_loss, step_grad_norm = torch.stack([update_loss.float(), grad_norm_t.detach().float()]).tolist()
+                    firing = alerts.check_step(step, step_loss, step_grad_norm)
+                    if firing is None and not (math.isfinite(step_loss) and (scaler.is_enabled() or math.isfinite(step_grad_norm))):
+                        what = f"loss {step_loss}" if not math.isfinite(step_loss) else f"gradient norm {step_grad_norm}"
+                        metric, bad = ("last_loss", step_loss) if not math.isfinite(step_loss) else ("grad_norm_pre_clip", step_grad_norm)
+                        raise NonFiniteTraining(f"non-finite training {what} at step {step} and no skip-batch alert took it; "
+                                                "nothing was applied", step, metric, bad)
+                if firing is not None:  # skip-batch: this batch's gradients are dropped, the same step is tried on the next one
+                    optimizer.zero_grad(set_to_none=True)
+                    qk_clip.reset()
+                    model.discard_routing_counts()
+                    if scaler.is_enabled():
+                        scaler.update()  # unscale_ ran: the scaler's per-update state must close
+                    monitor.after_step(grad_norm_t, applied=False)
+                    state.skipped_updates += 1
+                    act([firing], state, hooks, alerts)
+                    continue
+                if not host_step:
+                    checks.require(torch.isfinite(grad_norm_t), "gradient norm", step)
+                    finite_logits = qk_clip.finite()
+                    if finite_logits is not None:
+                        checks.require(finite_logits, "attention logit", step)
+                with step_range("log"):
+                    monitor.before_step(logged)  # hooks off; on a logging step, the weights before the update
+                previous_scale = scaler.get_scale() if scaler.is_enabled() else None
+                if host_step:
+                    qk_clip.validate(step)
+                with step_range("optimizer"):
+                    scaler.step(optimizer)
+                    scaler.update()
+                state.grad_scaler_state = scaler.state_dict() if scaler.is_enabled() else None
+                skipped = scaler.is_enabled() and scaler.get_scale() < previous_scale
+                # A host read of the maxima only when the record is written (QK-Clip's own read is its clipped count).
+                max_logit = qk_clip.max_logit() if logged else None
+                clipped_heads, expert_load = 0, {}
+                with step_range("after_step"):
+                    if skipped:
+                        qk_clip.reset()  # observations of a discarded update must not rescale weights
+                        model.discard_routing_counts()  # nor its MoE token counts move a gate bias
+                    else:
+                        clipped_heads = qk_clip.apply()
+                        # Per-block bookkeeping: MoE gate-bias step on the token counts of every rank; figures when logged.
+                        expert_load = model.after_optimizer_step(reduce_expert_load_, read=logged)
+                    optimizer.zero_grad(set_to_none=True)
+                with step_range("log"):
+                    monitor.after_step(grad_norm_t, applied=not skipped)  # clip count on the device; update RMS when logged
 
-            final = state.step == config.max_steps
-            if host_step:
-                checks.raise_if_failed()  # nothing is logged, evaluated or saved after a recorded failure
-            firings: list[Firing] = []
-            if logged:
-                loss_mean, last_loss, grad_norm, clipped, small_sq_value, *mtp_values = torch.stack(
-                    [window.mean_loss(), update_loss, grad_norm_t.detach().float(), torch.as_tensor(clipped_heads).to(update_loss),
-                     (small_sq if small_sq is not None else torch.zeros(())).to(update_loss),
-                     *update_mtp_ce]).tolist()  # the logging step's one host read
-                tokens_per_s = window.tokens / max(window.seconds, 1e-9)
-                record = {
-                    "step": state.step, "loss": loss_mean, "last_loss": last_loss,
-                    "grad_norm_pre_clip": grad_norm,
-                    "lr": {group["group"]: group["lr"] for group in optimizer.param_groups},
-                    "tokens_per_s": tokens_per_s, "tokens_seen": state.tokens_seen,
-                    "skipped_updates": state.skipped_updates, "max_attention_logit": max_logit, "qk_clipped_heads": int(clipped),
-                    **monitor.record_fields(window.seconds, window.tokens),  # the seed's other signals (monitor.py)
-                }
-                if mtp_values:
-                    record["mtp_ce"] = mtp_values  # per depth, this update's micro-batch mean
-                if expert_load:
-                    record["moe"] = expert_load  # per MoE layer: this update's loads, bias norm, drops
-                if small_sq is not None:
-                    record["noise_scale"] = noise_scale.add(small_sq_value, grad_norm**2, small_tokens, update_tokens)
-                if hooks.on_log:
-                    hooks.on_log(record)
-                window = Window()
-                firings += alerts.check_record(record)
-            if val_loader is not None and (final or state.step % config.eval_interval == 0):
-                val = validate(model, val_loader, device, config.precision, runtime)
-                val["tokens_seen"] = state.tokens_seen
-                if ema is not None:  # the EMA weights on the same windows: the same protocol
-                    with ema.swapped_in():
-                        averaged = validate(model, val_loader, device, config.precision, runtime)
-                    val.update({"ema_val_loss": averaged["val_loss"], "ema_val_bpb": averaged.get("val_bpb")})
-                if state.best_val_loss is None or val["val_loss"] < state.best_val_loss:
-                    state.best_val_loss = val["val_loss"]
-                if hooks.on_eval:
-                    hooks.on_eval(state.step, val)
-                firings += alerts.check_record(val, step=state.step)
-            if final:
-                firings += alerts.unresolved(state.step)  # spikes held for a next log that will not come are warnings
-            checkpoint_due = final or state.step % config.checkpoint_interval == 0
-            if checkpoint_due or any(f.action == "checkpoint" for f in firings):
-                state.monitor = monitor_state(alerts, monitor)  # after this step's alerts: a resume continues from here
-            act(firings, state, hooks, alerts, checkpoint_due)
-            if hooks.on_checkpoint and checkpoint_due:
-                hooks.on_checkpoint(state)
+                if skipped:
+                    state.skipped_updates += 1
+                    consecutive_skips += 1
+                    if hooks.on_event:
+                        hooks.on_event({"event": "fp16_overflow_skip", "step": step, "scale": scaler.get_scale(),
+                                        "consecutive": consecutive_skips, "tokens_seen": state.tokens_seen})
+                    if consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
+                        raise FloatingPointError(f"{consecutive_skips} consecutive fp16 updates overflowed at step {step}; giving up")
+                    continue
+                consecutive_skips = 0
+                state.step = step
+                if ema is not None:
+                    ema.update()  # one fused device op over the weights after the update (and QK-Clip's rescale)
+                window.add(update_loss, update_tokens, time.perf_counter() - started)
+                if hooks.on_update:
+                    hooks.on_update(state, update_loss, lr)  # a 0-dim device tensor: reading it is the hook's choice
+
+                final = state.step == config.max_steps
+                if host_step:
+                    checks.raise_if_failed()  # nothing is logged, evaluated or saved after a recorded failure
+                firings: list[Firing] = []
+                with step_range("log"):
+                    if logged:
+                        loss_mean, last_loss, grad_norm, clipped, small_sq_value, *mtp_values = torch.stack(
+                            [window.mean_loss(), update_loss, grad_norm_t.detach().float(), torch.as_tensor(clipped_heads).to(update_loss),
+                             (small_sq if small_sq is not None else torch.zeros(())).to(update_loss),
+                             *update_mtp_ce]).tolist()  # the logging step's one host read
+                        tokens_per_s = window.tokens / max(window.seconds, 1e-9)
+                        record = {
+                            "step": state.step, "loss": loss_mean, "last_loss": last_loss,
+                            "grad_norm_pre_clip": grad_norm,
+                            "lr": {group["group"]: group["lr"] for group in optimizer.param_groups},
+                            "tokens_per_s": tokens_per_s, "tokens_seen": state.tokens_seen,
+                            "skipped_updates": state.skipped_updates, "max_attention_logit": max_logit, "qk_clipped_heads": int(clipped),
+                            **monitor.record_fields(window.seconds, window.tokens),  # the seed's other signals (monitor.py)
+                        }
+                        if mtp_values:
+                            record["mtp_ce"] = mtp_values  # per depth, this update's micro-batch mean
+                        if expert_load:
+                            record["moe"] = expert_load  # per MoE layer: this update's loads, bias norm, drops
+                        if small_sq is not None:
+                            record["noise_scale"] = noise_scale.add(small_sq_value, grad_norm**2, small_tokens, update_tokens)
+                        if hooks.on_log:
+                            hooks.on_log(record)
+                        window = Window()
+                        firings += alerts.check_record(record)
+                if val_loader is not None and (final or state.step % config.eval_interval == 0):
+                    val = validate(model, val_loader, device, config.precision, runtime)
+                    val["tokens_seen"] = state.tokens_seen
+                    if ema is not None:  # the EMA weights on the same windows: the same protocol
+                        with ema.swapped_in():
+                            averaged = validate(model, val_loader, device, config.precision, runtime)
+                        val.update({"ema_val_loss": averaged["val_loss"], "ema_val_bpb": averaged.get("val_bpb")})
+                    if state.best_val_loss is None or val["val_loss"] < state.best_val_loss:
+                        state.best_val_loss = val["val_loss"]
+                    if hooks.on_eval:
+                        hooks.on_eval(state.step, val)
+                    firings += alerts.check_record(val, step=state.step)
+                if final:
+                    firings += alerts.unresolved(state.step)  # spikes held for a next log that will not come are warnings
+                checkpoint_due = final or state.step % config.checkpoint_interval == 0
+                if checkpoint_due or any(f.action == "checkpoint" for f in firings):
+                    state.monitor = monitor_state(alerts, monitor)  # after this step's alerts: a resume continues from here
+                act(firings, state, hooks, alerts, checkpoint_due)
+                if hooks.on_checkpoint and checkpoint_due:
+                    hooks.on_checkpoint(state)
     except NonFiniteTraining as exc:  # the nonfinite alert's row first, so the records say what ended the run
         firing = alerts.fire_nonfinite(exc.step, exc.metric, exc.value)
         if firing is None:

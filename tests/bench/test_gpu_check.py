@@ -29,7 +29,18 @@ def test_dry_run_plans_every_row_without_touching_cuda(tmp_path):
     assert [row.name for row in gpu_check.rows()] == list(rows)
     assert all(row["status"] == "planned" for row in rows.values())
     assert {row["group"] for row in rows.values()} == set(gpu_check.GROUPS)
-    assert sum(row["expected_min"] for row in rows.values()) <= 8  # the whole check fits in 8 minutes
+    for group in gpu_check.GROUPS:  # each group fits one lease command of 8 minutes (`--only GROUP`)
+        assert sum(row["expected_min"] for row in rows.values() if row["group"] == group) <= 8, group
+    profile = json.loads((tmp_path / "gpu_profile.json").read_text())
+    from bench.gpu_profile import PROFILE_VARIANTS, validate
+
+    validate(profile)
+    assert [r["row"] for r in profile["rows"]] == [v.row for v in PROFILE_VARIANTS]
+    variants = [r["variant"] for r in profile["rows"]]
+    assert {v["sdpa"] for v in variants} == {"flash", "cudnn", "efficient"}
+    assert {(v["fsdp"], v["compile"]) for v in variants} >= {(False, False), (True, False), (False, True)}
+    assert {v["accumulation"] for v in variants} == {1, 8}
+    assert profile["rows"][0]["launch_budget"]["optimizer"] < 200  # the meta count of the same step, planned on the CPU
     gdn = rows["gdn ours"]
     assert gdn["tokens_per_call"] == 4 * 4096 and gdn["shape"]["V"] == 256
     mfu = {(row["model"], row["compile"]): row for row in rows.values() if "model" in row and row["group"] == "mfu"}
@@ -191,3 +202,77 @@ def test_without_fla_its_row_says_so_and_with_ours_timed_the_ratio_is_computed(t
     report = gpu_check.Report(device="test", dry_run=False, started="now", budget_s=600)
     gpu_check.run_rows([ours, fla], report, tmp_path, 600, gpu_check.Context())
     assert report.rows[1]["fla_over_ours"] == 1.5 and "(timing only)" in gpu_check.summary(report.rows[1])
+
+
+# ---------------------------------------------------------------- the profile rows' JSON (bench/gpu_profile.py)
+
+
+def synthetic_trace(steps: int = 2, kernels_per_step: int = 30):
+    """Two 100 ms updates: 20 ms forward, 50 ms backward, 10 ms optimizer ranges; kernels of 30 names, 2 ms
+    apart, each 1 ms long (so the GPU is busy kernels_per_step ms of every 100)."""
+    from bench.gpu_profile import RANGE_PREFIX, Event
+
+    events = []
+    for step in range(steps):
+        t0 = step * 150_000.0  # a gap between updates: outside every update, not counted
+        events.append(Event("hymo.step", "range", t0, 100_000.0))
+        for phase, start, length in (("forward", 0, 20_000), ("backward", 20_000, 50_000), ("optimizer", 75_000, 10_000)):
+            events.append(Event(RANGE_PREFIX + phase, "range", t0 + start, length))
+        events += [Event(f"kernel_{i % 30}", "kernel", t0 + 2_000.0 * i, 1_000.0 + i) for i in range(kernels_per_step)]
+        events.append(Event("kernel_between_steps", "kernel", t0 + 120_000.0, 5_000.0))
+    return events
+
+
+def test_profile_summary_phases_sum_to_the_step_and_kernels_are_attributed():
+    from bench.gpu_profile import PHASES, summarise
+
+    summary = summarise(synthetic_trace(kernels_per_step=20), steps=2)
+    assert summary["step_ms"] == 100.0 and summary["kernels_per_step"] == 20
+    assert list(summary["phases_ms"]) == list(PHASES) + ["other"]
+    assert summary["phases_ms"]["backward"] == 50.0 and summary["phases_ms"]["other"] == 20.0
+    assert sum(summary["phases_ms"].values()) == pytest.approx(summary["step_ms"])
+    busy = sum(1.0 + i / 1000 for i in range(20))  # ms: the kernels do not overlap
+    assert summary["gpu_busy_ms_per_step"] == pytest.approx(busy)
+    assert summary["gpu_idle_share"] == pytest.approx(1 - busy / 100)
+    top = summary["top_kernels"]
+    assert top[0]["name"] == "kernel_19" and all(k["calls_per_step"] == 1 for k in top)
+    assert sum(k["share"] for k in top) == pytest.approx(1.0)
+
+
+def test_profile_summary_keeps_25_kernels_and_the_schema_holds_it():
+    from bench.gpu_profile import PROFILE_SCHEMA, TOP_KERNELS, summarise, validate
+
+    measured = summarise(synthetic_trace(kernels_per_step=40), steps=2)
+    assert len(measured["top_kernels"]) == TOP_KERNELS == 25
+    row = {"row": "profile dense-125m eager flash", "model": "dense-125m", "status": "ok",
+           "variant": {"fsdp": False, "compile": False, "sdpa": "flash", "batch": 8, "seq_len": 2048, "accumulation": 8},
+           **measured}
+    summary = {"schema": PROFILE_SCHEMA, "device": "test", "torch": "x", "commit": "x", "started": "x", "rows": [row]}
+    validate(summary)
+    broken = dict(row, phases_ms={**row["phases_ms"], "other": row["phases_ms"]["other"] + 1.0})
+    with pytest.raises(ValueError, match="phases sum to"):
+        validate(dict(summary, rows=[broken]))
+    with pytest.raises(ValueError, match="schema"):
+        validate(dict(summary, schema="hymo.gpu_profile/0"))
+
+
+def test_profile_summary_refuses_a_trace_without_its_steps():
+    from bench.gpu_profile import summarise
+
+    with pytest.raises(ValueError, match="expected 3"):
+        summarise(synthetic_trace(steps=2), steps=3)
+
+
+def test_a_profile_row_runs_the_trainers_step_and_its_phases_sum_to_the_update(one_torch_thread):
+    """The GPU row's code on the CPU (host ops stand for kernels): two recorded updates of `train`, every
+    phase range inside them, the schema's sums hold."""
+    from bench.gpu_profile import PHASES, ProfileVariant, measure, summarise
+    from hymo_core.models.configs import SAMPLE_MODEL
+
+    variant = ProfileVariant("dense-125m", fsdp=False, compile=False, sdpa="flash", batch=2, seq_len=16, accumulation=2)
+    measured = measure(variant, None, "cpu", SAMPLE_MODEL)
+    assert measured["steps"] == 2 and measured["kernels_per_step"] > 100
+    phases = measured["phases_ms"]
+    assert list(phases) == list(PHASES) + ["other"] and sum(phases.values()) == pytest.approx(measured["step_ms"])
+    assert all(phases[p] > 0 for p in ("forward", "backward", "clip", "optimizer"))
+    assert 0 <= phases["other"] < 0.2 * measured["step_ms"]  # the named ranges cover the update

@@ -347,3 +347,19 @@ def test_process_group_is_taken_down_when_the_caller_stops_reading():
         time.sleep(0.1)
     else:
         pytest.fail(f"sleep {started[0]} outlived its process group")
+
+
+def test_one_rank_under_torchrun_trains_the_plain_model_and_its_dcp_checkpoint_resumes(setup, one_rank):
+    """torchrun with one rank: no FSDP wrapping (the log says so), the one-process run's losses bit for bit,
+    and its DCP checkpoint (what a launched run writes) resumes in one process (issue 53)."""
+    out = setup["root"] / "torchrun_one"
+    lines: list[str] = []
+    launch_training(1, train_arguments(setup["corpus"], out, setup["recipe"]), on_line=lines.append)
+    assert any("one rank: the model is not wrapped in FSDP2" in line for line in lines)
+    assert train_losses(out) == train_losses(one_rank)
+    resumed = setup["root"] / "torchrun_one_resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(out / "checkpoints" / "step-00000005", resumed / "checkpoints" / "step-00000005")
+    run_training(setup["corpus"], resumed, *load_run_config(setup["recipe"]), resume=True, progress=False, log=lambda m: None)
+    for step in range(6, STEPS + 1):
+        assert train_losses(resumed)[step] == train_losses(one_rank)[step]

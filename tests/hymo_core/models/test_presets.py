@@ -64,3 +64,14 @@ def test_gdn_cost_and_state_do_not_grow_with_context_but_attention_does():
     cache_short, cache_long = planner.decode_cache_bytes(shape, 1024), planner.decode_cache_bytes(shape, 4096)
     assert cache_short["G: recurrent state"] == cache_long["G: recurrent state"]
     assert cache_long["M: latent cache"] == 4 * cache_short["M: latent cache"]
+
+
+def test_dense_125m_is_a_preset_a_recipe_trains_and_the_gpu_check_measures(tmp_path):
+    from bench.gpu_check import DENSE_125M
+
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('[model]\npreset = "dense-125m"\n[train]\nmax_steps = 300\n')
+    train, model = load_run_config(recipe)
+    assert model == PRESETS["dense-125m"] and DENSE_125M is PRESETS["dense-125m"]
+    assert train.optimizer == "normuon" and train.cautious_weight_decay  # the preset's optimizer, as the MFU rows run
+    assert 120e6 < planner.count_parameters(planner.model_shape(model)).total < 130e6  # GPT-2 small's size
