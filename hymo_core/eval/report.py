@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import torch
 
 from hymo_core.checkpoint.load import load_model
+from hymo_core.checkpoint.tokenizer_identity import check_corpus_tokenizer
 from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
 from hymo_core.train.data import CorpusError, CorpusReader
 from hymo_core.eval.sandbox import memory_bound, require_isolation
@@ -105,6 +106,7 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
         torch.manual_seed(0)  # nothing here samples; fixed anyway so a future sampled metric is reproducible
         model, payload = load_model(checkpoint, device)
         reader = CorpusReader(corpus) if corpus else find_corpus(checkpoint, payload["manifest_digest"])
+        check_corpus_tokenizer(payload, checkpoint, reader)
         if reader.vocab_size != model.config.vocab_size:
             raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
         tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
