@@ -22,11 +22,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc:
         from hymo_core.distributed.launch import LaunchError
 
+        from hymo_core.exit_codes import REFUSED, STOPPED
+
         try:
             summary = launch_from_args(args)
         except (LaunchError, ValueError) as exc:  # the first error of any rank (or of the batch plan), one line
+            if getattr(exc, "stopped", False):  # rank 0's stop line, naming the summary: 3, as in one process
+                print(exc, file=sys.stderr)
+                return STOPPED
             print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return REFUSED
     else:
         summary = train_from_args(args)  # errors: one line from flows.cli.main
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "

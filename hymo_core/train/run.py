@@ -57,7 +57,7 @@ from hymo_core.distributed.process_group import Runtime, broadcast_object, close
 from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.models.model import ModelConfig
 from hymo_core.train.optim import build_optimizer
-from hymo_core.distributed.parallelize import build_parallel_model
+from hymo_core.distributed.parallelize import build_parallel_model, reshard
 from hymo_core.checkpoint.background import BackgroundCheckpoints
 from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards
 from hymo_core.train.config import TrainConfig
@@ -392,6 +392,7 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
             train(model, optimizer, train_loader, val_loader, config, state, device, hooks, runtime, ema)
         except TrainingStopped as exc:  # an alert's `stop`: the summary and pictures are still written, then it is raised
             stopped = exc
+            reshard(model)  # the stop may come mid-step, with the blocks gathered
         if background is not None:
             background.close()  # the final checkpoint is published before anything reports it
     finally:
