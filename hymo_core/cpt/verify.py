@@ -25,6 +25,7 @@ never an exception: a verifier (another person, a CI job) gets "verified" or "no
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,7 +68,7 @@ def corpus_candidates(run: Path, entry: dict[str, Any], recorded_run: str | None
     typed = Path(entry["corpus"])
     places = [Path(given)] if given else []
     if entry.get("corpus_from_run"):
-        places.append(run / entry["corpus_from_run"])
+        places.append(Path(os.path.normpath(run / entry["corpus_from_run"])))
     if entry.get("corpus_absolute"):
         places.append(Path(entry["corpus_absolute"]))
     places.append(typed)  # absolute as recorded, or relative to this working directory
