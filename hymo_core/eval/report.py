@@ -34,13 +34,26 @@ EVAL_MD = "eval.md"
 
 
 def find_corpus(checkpoint: Path, digest: str) -> CorpusReader:
-    """The corpus of the run directory above `checkpoint` whose manifest digest is `digest`."""
+    """The corpus whose manifest digest is `digest`: the one a training directory above `checkpoint` recorded in its
+    summary.json (`hymo train --out`), else the one in a run directory above it."""
     for directory in Path(checkpoint).resolve().parents:
+        recorded = recorded_corpus(directory)
+        if recorded is not None and recorded.get("digest") == digest and Path(recorded["path"]).is_file():
+            return CorpusReader(recorded["path"])
         for manifest in sorted(directory.glob("[0-9][0-9]_shards/corpus.json")):
             reader = CorpusReader(manifest, verify=False)
             if reader.digest == digest:
                 return CorpusReader(manifest)
     raise CorpusError(f"{checkpoint}: no run directory above it holds the corpus {digest[:12]}… it was trained on; pass --corpus")
+
+
+def recorded_corpus(directory: Path) -> dict[str, Any] | None:
+    """The corpus a training directory's summary.json records ({"path", "digest", "tokenizer_sha256"}), if any."""
+    summary = Path(directory) / "summary.json"
+    try:
+        return json.loads(summary.read_text(encoding="utf-8")).get("corpus") if summary.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def default_out(checkpoint: str | Path) -> Path:

@@ -10,7 +10,8 @@ flow call; `python -m hymo_core.train` runs it without Prefect. It writes into
     loss.png                       train and validation loss, and the LR (as Lab 2 plots them)
     heldout.png                    held-out loss per source and per language (hymo_core.eval.heldout)
     ema.pt                         with ema_decay > 0: the EMA weights as a checkpoint, for `hymo eval` (not for resuming)
-    summary.json                   final step, final train / validation loss, sha256 of the final weights
+    summary.json                   final step, final train / validation loss, sha256 of the final weights, the corpus
+                                   (absolute path, digest, tokenizer sha256)
 
 `resume` says what to do with `out`'s checkpoints (RESUME_MODES): "never" refuses a directory
 that holds some, "required" (`--resume`) refuses one that holds none (a typo in `--out` is not a
@@ -47,6 +48,7 @@ from hymo_core.train.config import (CHECKPOINT_DIR, EMA_CHECKPOINT, EXPERT_LOAD_
                                     SUMMARY_FILE)
 from hymo_core.checkpoint.common import CheckpointError, list_checkpoints, weights_sha256
 from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint, save_checkpoint
+from hymo_core.checkpoint.tokenizer_identity import corpus_tokenizer_sha256
 from hymo_core.train.ema import WeightEMA
 from hymo_core.train.event_files import EventFiles
 from hymo_core.eval.heldout import HeldOutSet
@@ -440,6 +442,8 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
         "checkpoint": str(checkpoints.latest()) if checkpoints.latest() else None,
         "best_checkpoint": (checkpoints.index.get("best") or {}).get("path"),
         "corpus_digest": reader.digest,
+        # Where the corpus is: `hymo trace OUT` and `hymo export` of OUT's checkpoints find it from here.
+        "corpus": {"path": str(reader.path.resolve()), "digest": reader.digest, "tokenizer_sha256": corpus_tokenizer_sha256(reader)},
         "train_config": config.to_dict(),
         "model_config": asdict(model_config),
         "device": device.type,
