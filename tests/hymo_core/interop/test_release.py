@@ -200,9 +200,10 @@ def test_the_licence_section_names_share_alike_sources(tmp_path: Path):
 
 def test_bundle_is_readable_by_others(bundle: Path):
     """Issue 58: mkdtemp made model/ 0700 and model.safetensors 0600; a release is meant to be read by others."""
-    from hymo_core.interop.atomic_dir import current_umask
+    import os
 
-    umask = current_umask()
+    umask = os.umask(0o022)  # read, then put back
+    os.umask(umask)
     assert umask & 0o044 == 0, f"this check needs a umask that lets others read (got {umask:03o})"
     for path in [bundle, *bundle.rglob("*")]:
         mode = path.stat().st_mode & 0o777
