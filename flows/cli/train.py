@@ -22,7 +22,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc:
         from hymo_core.distributed.launch import LaunchError
 
-        from hymo_core.exit_codes import REFUSED, STOPPED
+        from hymo_core.exit_codes import CRASHED, REFUSED, STOPPED
 
         try:
             summary = launch_from_args(args)
@@ -31,7 +31,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 print(exc, file=sys.stderr)
                 return STOPPED
             print(f"error: {exc}", file=sys.stderr)
-            return REFUSED
+            return CRASHED if isinstance(exc, LaunchError) and not exc.refused else REFUSED  # a rank's traceback is a crash
     else:
         summary = train_from_args(args)  # errors: one line from flows.cli.main
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "

@@ -51,10 +51,11 @@ class LaunchError(RuntimeError):
     or, from `launch_training`, the first error line of the rank that failed first."""
 
     def __init__(self, message: str, rank: int | None = None, log: Path | None = None, code: int | None = None,
-                 stopped: bool = False):
+                 stopped: bool = False, refused: bool = False):
         super().__init__(message)
         self.rank, self.log, self.code = rank, log, code
         self.stopped = stopped  # a rank ended on an alert's `stop` (exit 3), not on an error: hymo_core.exit_codes
+        self.refused = refused  # a rank refused its inputs in one `error:` line (exit 2), rather than crashing
 
 
 def torchrun_command(nproc: int, train_args: Sequence[str], module: str = "hymo_core.train", max_restarts: int = 0,
@@ -135,6 +136,7 @@ class RankLogs:
         if self.stop is not None and self.first_error is None and not killed and set(self.exit_codes.values()) <= {STOPPED}:
             rank, line = self.stop  # an alert stopped the run: the rank's own line, which names the summary
             return LaunchError(line, rank, self.path(rank), code, stopped=True)
+        refused = self.first_error is not None and not killed
         if self.first_error is not None:
             rank, message = self.first_error
         elif killed:  # killed from outside (OOM killer, SIGKILL): the others' errors are only its consequences
@@ -149,7 +151,7 @@ class RankLogs:
         else:
             return LaunchError(f"torchrun exited with status {code} before any rank failed (see {self.path(None)})", None,
                                self.path(None), code)
-        return LaunchError(f"rank {rank}: {message} (full output: {self.path(rank)})", rank, self.path(rank), code)
+        return LaunchError(f"rank {rank}: {message} (full output: {self.path(rank)})", rank, self.path(rank), code, refused=refused)
 
     def close(self) -> None:
         for handle in self.files.values():

@@ -120,6 +120,8 @@ def test_train_nproc_2_under_torchrun_then_eval_the_dcp_checkpoint(trained: Path
         assert summary["cloze"][key] == alone["cloze"][key], key
     checkpoint = out / "checkpoints" / "step-00000003"
     assert (checkpoint / "metadata.json").is_file()
+    corpus = json.loads((tiny_run / "07_shards" / "corpus.json").read_text())  # DCP checkpoints name their tokenizer too
+    assert json.loads((checkpoint / "metadata.json").read_text())["tokenizer_sha256"] == corpus["tokenizer"]["sha256"]
     assert main(["eval", str(checkpoint), "--corpus", str(tiny_run), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["step"] == 3 and result["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-5)
