@@ -99,6 +99,32 @@ def explain(exc: BaseException) -> str:
     return f"hymo: {where}{type(exc).__name__}: {message} — fix: {fix}"
 
 
+# Commands whose refusals (a bad recipe, corpus or checkpoint) exit 2, as `python -m hymo_core.train` does.
+TRAINING_COMMANDS = {"train"}
+
+
+def failure_line_and_code(exc: BaseException, command: str | None = None) -> tuple[str, int]:
+    """The last line a failed command prints, and its exit status (hymo_core.exit_codes' table): an alert's stop
+    is 3 and names the run's summary.json; a refusal of the inputs 2; anything else 1 (a crash)."""
+    from hymo_core.exit_codes import CRASHED, REFUSED, STOPPED, stop_line, stopped_by_alert
+
+    stop = stopped_by_alert(exc)
+    if stop is not None:  # a TrainingStopped knows its summary; a torchrun launch's message is its rank's stop line
+        return (stop_line(stop, stop.summary_path) if hasattr(stop, "summary_path") else str(stop)), STOPPED
+    return explain(exc), REFUSED if is_refusal(exc, command) else CRASHED
+
+
+def is_refusal(exc: BaseException, command: str | None) -> bool:
+    """Inputs refused before any work: another tokenizer, a held lock, --resume with nothing to resume; for
+    training commands also a recipe, corpus or checkpoint that does not fit (ValueError) or a used --out."""
+    from manifests.run_lock import RunLocked
+
+    # By name: importing their modules would import torch into commands that never trained.
+    if isinstance(exc, RunLocked) or type(exc).__name__ in ("TokenizerMismatch", "ResumeRefused"):
+        return True
+    return command in TRAINING_COMMANDS and isinstance(exc, (ValueError, FileExistsError))
+
+
 def quiet_console_tracebacks() -> None:
     """Prefect's console log lines keep coming, without tracebacks; its API handler still sends them in full.
 

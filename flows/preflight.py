@@ -360,7 +360,7 @@ def recipe_key_errors(raw: dict[str, Any]) -> list[tuple[str, str, str | None]]:
 def check_train(args: argparse.Namespace) -> None:
     from hymo_core.train.recipe import load_run_config, read_recipe_tables
 
-    check_run_directory(args.out, "--out")
+    check_unlocked(check_run_directory(args.out, "--out"))  # another training run holds --out: refused before torch loads
     if URL_RE.match(args.corpus) or not Path(args.corpus).exists():
         raise PreflightError(f"--corpus {args.corpus}: no such run directory, shards directory or corpus.json",
                              "pass a run directory `hymo run` wrote (or its NN_shards directory)")

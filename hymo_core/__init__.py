@@ -8,6 +8,7 @@
     eval/         validation, cloze, the benchmark suite, the code sandbox, reports
     cpt/          continued pretraining: the gate, replay, the run
     planner/      parameter, FLOP and memory arithmetic (and `hymo plan`)
+    exit_codes    the one exit-code table of every training and judging entry point
 
 `python -m hymo_core.train` trains from a recipe (also under torchrun).
 

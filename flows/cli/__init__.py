@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     route_prefect_logs()  # Prefect's log lines above the live progress bar, not over it
     if debug:
         return args.func(args)
-    from flows.errors import explain, quiet_console_tracebacks
+    from flows.errors import failure_line_and_code, quiet_console_tracebacks
 
     quiet_console_tracebacks()
     try:
@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         print("hymo: interrupted; published stages stay, a re-run continues from them", file=sys.stderr)
         return 130
     except Exception as exc:  # every failure a user can meet ends in one line; --debug shows the traceback
-        print(explain(exc), file=sys.stderr)
-        return 1
+        line, code = failure_line_and_code(exc, args.command)
+        print(line, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

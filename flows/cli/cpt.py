@@ -6,6 +6,8 @@ from typing import Any
 
 from rich.console import Console
 
+from hymo_core.exit_codes import VERDICT_FAILED
+
 console = Console()
 
 
@@ -22,25 +24,29 @@ def gate_from_args(args: argparse.Namespace):
 
 
 def cmd_cpt_verify(args: argparse.Namespace) -> int:
-    """`hymo cpt verify RUN`: exit 0 when every check holds, 4 otherwise; the verdict printed is recomputed."""
+    """`hymo cpt verify RUN`: exit 0 when every check holds, 4 otherwise (also when RUN is missing or damaged:
+    a verifier answers verified or not); the verdict printed is recomputed."""
     from hymo_core.cpt.run import verdict_lines
     from hymo_core.cpt.verify import verify_run
     from hymo_core.train.run import default_device
 
     from flows.cpt_flow import artifact_records
 
-    report = verify_run(args.run, args.ledger, default_device(), artifact_records)
+    report = verify_run(args.run, args.ledger, default_device(), artifact_records, {"domain": args.domain, "general": args.general})
     for row in report["checks"]:
         console.print(f"{'ok  ' if row['ok'] else 'FAIL'} {row['check']}: {row['detail']}", markup=False)
+    if report["verdict"] is None:
+        console.print("recomputed verdict: none (the run could not be re-measured); NOT VERIFIED", markup=False)
+        return VERDICT_FAILED
     for line in verdict_lines({"verdict": report["verdict"], "gate": {"sha256": "recomputed"}})[:-1]:
         console.print(line, markup=False)
     console.print(f"recomputed verdict: {'PASS' if report['verdict']['passed'] else 'FAIL'}; "
                   f"{'verified' if report['verified'] else 'NOT VERIFIED: a check failed, so this verdict is refused'}", markup=False)
-    return 0 if report["verified"] else 4
+    return 0 if report["verified"] else VERDICT_FAILED
 
 
 def cmd_cpt(args: argparse.Namespace) -> int:
-    """`hymo cpt run BASE --domain D --general G --out OUT`: exit 0 on pass, 3 on fail."""
+    """`hymo cpt run BASE --domain D --general G --out OUT`: exit 0 on pass, 4 on fail (hymo_core.exit_codes)."""
     from hymo_core.cpt.run import CptConfig, run_cpt, verdict_lines
     from hymo_core.train.run import default_device
 
@@ -52,7 +58,7 @@ def cmd_cpt(args: argparse.Namespace) -> int:
         console.print(line, markup=False)
     console.print(f"wrote {args.out}/summary.json (lineage: base {summary['lineage']['base_checkpoint_sha256'][:12]}… -> "
                   f"{summary['lineage']['cpt_checkpoint']} -> {summary['lineage']['verdict']})", markup=False)
-    return 0 if summary["verdict"]["passed"] else 3
+    return 0 if summary["verdict"]["passed"] else VERDICT_FAILED
 
 
 def cmd_retokenize(args: argparse.Namespace) -> int:
@@ -72,7 +78,7 @@ def add_commands(sub: Any) -> None:
                                description="Continued pretraining on a domain corpus with general replay, judged by a gate written before training.")
     cpt_commands = cpt_group.add_subparsers(dest="cpt_command", required=True, metavar="{run,verify}")
     cpt = cpt_commands.add_parser("run", help="continue BASE on a domain corpus with general replay; the verdict comes from the gate "
-                                              "(exit 0 pass, 3 fail)")
+                                              "(exit 0 pass, 4 fail)")
     cpt.add_argument("base", help="base checkpoint (.pt file or DCP directory)")
     cpt.add_argument("--domain", required=True, help="domain corpus: run directory, shards directory or corpus.json (the base's tokenizer)")
     cpt.add_argument("--general", required=True, help="general corpus replayed (usually the base's own)")
@@ -100,6 +106,9 @@ def add_commands(sub: Any) -> None:
                                                    "RUN (exit 0 verified, 4 otherwise)")
     verify.add_argument("run", help="the CPT run directory (`hymo cpt run --out`)")
     verify.add_argument("--ledger", help="the ledger the run recorded into (default: RUN/../cpt_ledger.jsonl)")
+    verify.add_argument("--domain", help="where the domain corpus is now, if not where the run recorded it (accepted only with "
+                                         "the recorded digest)")
+    verify.add_argument("--general", help="likewise for the general corpus")
     verify.set_defaults(func=cmd_cpt_verify)
 
     retok = sub.add_parser("retokenize", help="mixture + shards of a run's split with another run's tokenizer (a CPT domain corpus)")

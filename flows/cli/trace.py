@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from bisect import bisect_right
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,49 @@ def trace(run: Path, shard: int, offset: int, split: str, window: int) -> dict[s
     found.update({"source": document["source"], "url": document["url"], "document_chars": len(document["text"])})
     found["audit"] = decisions_for(run, found["doc_id"])
     return found
+
+
+class TraceRefused(ValueError):
+    """The trace cannot answer truthfully: a training directory without its corpus, a changed corpus, a step never trained."""
+
+
+def training_directory(path: Path) -> dict[str, Any] | None:
+    """summary.json of a `hymo train --out` directory (which records its corpus), else None (a pipeline run)."""
+    summary = path / "summary.json"
+    if not path.is_dir() or not summary.is_file() or (path / "config.json").is_file():
+        return None
+    return json.loads(summary.read_text(encoding="utf-8"))
+
+
+def corpus_run_of(path: Path, summary: dict[str, Any]) -> Path:
+    """The run directory holding the corpus a training directory recorded, after checking it is still that corpus
+    (digest) with that tokenizer."""
+    recorded = summary.get("corpus")
+    if not recorded:
+        raise TraceRefused(f"{path / 'summary.json'}: written before summaries recorded the corpus; trace the run directory the "
+                           "corpus came from, with --config (as given to `hymo train`)")
+    manifest_path = Path(recorded["path"])
+    if not manifest_path.is_file():
+        raise TraceRefused(f"{path / 'summary.json'}: the corpus it trained on, {manifest_path}, is not there any more")
+    corpus = read_corpus_manifest(manifest_path)
+    if corpus["digest"] != recorded["digest"]:
+        raise TraceRefused(f"{manifest_path}: digest {corpus['digest'][:12]}…, but {path} trained on {recorded['digest'][:12]}…")
+    now = (corpus.get("tokenizer") or {}).get("sha256")
+    if recorded.get("tokenizer_sha256") and now != recorded["tokenizer_sha256"]:
+        raise TraceRefused(f"{path}: trained with tokenizer sha256 {recorded['tokenizer_sha256']}, but {manifest_path} has {now}")
+    return manifest_path.parent.parent  # RUN/NN_shards/corpus.json -> RUN
+
+
+def last_trained_step(run: Path, summary: dict[str, Any] | None) -> tuple[int, str] | None:
+    """The last update the training run made, and where that is recorded: a training directory's summary or the
+    run's pretrain stage; None while training has not finished (nothing says how far it will go)."""
+    if summary is not None:
+        return summary["final_step"], "summary.json"
+    try:
+        stage_dir, _ = find_stage(run, "pretrain")
+        return json.loads((stage_dir.path / "summary.json").read_text(encoding="utf-8"))["final_step"], str(stage_dir.path / "summary.json")
+    except (KeyError, FileNotFoundError):
+        return None
 
 
 def training_recipe(run: Path, config: str | None, overrides: list[str]) -> tuple[dict[str, Any], str]:
@@ -121,11 +165,26 @@ def print_step(found: dict[str, Any], recipe_from: str) -> None:
 def cmd_trace(args: argparse.Namespace) -> int:
     from flows.console import console
 
+    given = Path(args.run)
+    try:
+        trained = training_directory(given)
+        run = corpus_run_of(given, trained) if trained is not None else given
+    except TraceRefused as exc:
+        print(f"hymo trace: {exc}", file=sys.stderr)
+        return 2
     if args.step is not None:
         if args.shard is not None or args.offset is not None:
             raise SystemExit("hymo trace: --step, or --shard with --offset, not both")
-        recipe, recipe_from = training_recipe(Path(args.run), args.config, args.set)
-        found = step_documents(Path(args.run), args.step, recipe)
+        if trained is not None and not (args.config or args.set):
+            recipe, recipe_from = trained["train_config"], str(given / "summary.json")
+        else:
+            recipe, recipe_from = training_recipe(run, args.config, args.set)
+        last = None if args.config or args.set else last_trained_step(run, trained)  # another recipe: another run's steps
+        if last is not None and args.step > last[0]:
+            print(f"hymo trace: update {args.step} is past the run's last update, {last[0]} ({last[1]}): training never read "
+                  "that batch", file=sys.stderr)
+            return 2
+        found = step_documents(run, args.step, recipe)
         if args.json:
             print(json.dumps(found, indent=2, ensure_ascii=False))
         else:
@@ -134,7 +193,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.shard is None or args.offset is None:
         raise SystemExit("hymo trace: give --shard and --offset (one token), or --step N (one update's batch)")
     try:
-        found = trace(Path(args.run), args.shard, args.offset, args.split, args.window)
+        found = trace(run, args.shard, args.offset, args.split, args.window)
     except (KeyError, IndexError, CorpusManifestError) as exc:
         console.print(f"[red]{exc}[/red]")
         return 1
@@ -191,7 +250,8 @@ def print_corpus_table(run: Path) -> None:
 def add_commands(sub: Any) -> None:
     parser = sub.add_parser("trace", help="which document (and audit trail) a token of a shard comes from; --step N: the documents "
                                           "of training update N's batch")
-    parser.add_argument("run", help="run directory (with a shards stage)")
+    parser.add_argument("run", help="run directory (with a shards stage), or a `hymo train --out` directory (its summary.json names "
+                                    "the corpus and the recipe)")
     parser.add_argument("--shard", type=int, help="shard number in the corpus manifest's list (with --offset)")
     parser.add_argument("--offset", type=int, help="token offset inside that shard")
     parser.add_argument("--step", type=int, help="list the documents training update N read (N as metrics.jsonl and alerts count)")

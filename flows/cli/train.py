@@ -22,11 +22,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc:
         from hymo_core.distributed.launch import LaunchError
 
+        from hymo_core.exit_codes import CRASHED, REFUSED, STOPPED
+
         try:
             summary = launch_from_args(args)
         except (LaunchError, ValueError) as exc:  # the first error of any rank (or of the batch plan), one line
+            if getattr(exc, "stopped", False):  # rank 0's stop line, naming the summary: 3, as in one process
+                print(exc, file=sys.stderr)
+                return STOPPED
             print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return CRASHED if isinstance(exc, LaunchError) and not exc.refused else REFUSED  # a rank's traceback is a crash
     else:
         summary = train_from_args(args)  # errors: one line from flows.cli.main
     console.print(f"step {summary['final_step']}: train loss {summary['final_train_loss']:.4f}, "
@@ -45,10 +50,11 @@ def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     from hymo_core.distributed.launch import check_batch_plan, launch_training, train_arguments
     from hymo_core.train.config import SUMMARY_FILE
-    from hymo_core.train.run import _configs
+    from hymo_core.train.run import _configs, resume_of_args
 
     check_batch_plan(_configs(args)[0], args.nproc)
-    train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, args.resume, args.strict_resume)
+    train_args = train_arguments(args.corpus, args.out, args.config, args.max_steps, args.horizon, resume_of_args(args),
+                                 args.strict_resume)
     train_args += [f"--set={override}" for override in getattr(args, "set", [])]  # each rank reads the same recipe
     launch_training(args.nproc, train_args + (["--cloze", args.cloze] if args.cloze else []), on_line=lambda line: print(line, flush=True),
                     max_restarts=args.max_restarts, threads=args.threads)
@@ -58,6 +64,7 @@ def launch_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None, cloze: str | None = None) -> dict[str, Any]:
     """Held-out loss / perplexity on the windows training evaluated (per source and language too), and cloze accuracy."""
     from hymo_core.checkpoint.load import load_model
+    from hymo_core.checkpoint.tokenizer_identity import check_corpus_tokenizer
     from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
     from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
     from hymo_core.train.data import CorpusReader
@@ -66,6 +73,7 @@ def evaluate_checkpoint(checkpoint: str, corpus: str, batches: int | None = None
     device = default_device()
     model, payload = load_model(checkpoint, device)
     reader = CorpusReader(corpus)
+    check_corpus_tokenizer(payload, checkpoint, reader)
     if reader.vocab_size != model.config.vocab_size:
         raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
     train_config = payload["train_config"]
@@ -189,13 +197,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from hymo_core.checkpoint.load import load_model
+    from hymo_core.checkpoint.tokenizer_identity import check_corpus_tokenizer
     from hymo_core.train.data import CorpusReader
     from hymo_core.eval.evaluation import generate, load_tokenizer
     from hymo_core.train.run import default_device
 
     device = default_device()
-    model, _ = load_model(args.checkpoint, device)
+    model, payload = load_model(args.checkpoint, device)
     reader = CorpusReader(args.corpus)
+    check_corpus_tokenizer(payload, args.checkpoint, reader)  # another tokenizer of the same size decodes garbage
+    if reader.vocab_size != model.config.vocab_size:
+        raise ValueError(f"{args.checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
     tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])
     text = generate(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed, device, reader.eos_id)
     print(args.prompt + text)

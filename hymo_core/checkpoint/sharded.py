@@ -44,6 +44,7 @@ from hymo_core.checkpoint.common import (CheckpointError, check_compatible, fsyn
                                         runtime_signature, validation_cursor)
 from hymo_core.checkpoint.single import read_checkpoint
 from hymo_core.checkpoint.hashing_writer import hashing_writer
+from hymo_core.checkpoint.tokenizer_identity import TOKENIZER_KEY, corpus_tokenizer_sha256
 from hymo_core.train.data import TokenLoader, ValidationLoader, _sha256_file
 from hymo_core.distributed.process_group import Runtime, all_gather_objects, any_rank, barrier
 from hymo_core.train.config import TrainConfig
@@ -149,6 +150,7 @@ def start_sharded_checkpoint(
             "optimizer_layout": optimizer_layout(optimizer),
             "qk_clip": {"enabled": config.qk_clip, "threshold": config.qk_clip_threshold},
             "manifest_digest": digest,
+            TOKENIZER_KEY: corpus_tokenizer_sha256(train_loader.corpus),
             "loaders": {"train": cursors[0], "train_per_rank": cursors, "validation": validation_cursor(val_loader, digest)},
             "rng_per_rank": rngs,
             "runtime": runtime_signature(model),

@@ -29,6 +29,7 @@ import torch.nn as nn
 from hymo_core.checkpoint.common import (FORMAT_VERSION, INDEX_FILE, PAYLOAD_KEYS, CheckpointError, check_compatible, checkpoint_path,
                                        fsync_dir, interned_strings, list_checkpoints, monitor_entry, optimizer_layout, optimizer_type,
                                        previous_checkpoint, rng_from_payload, rng_payload, runtime_signature, validation_cursor)
+from hymo_core.checkpoint.tokenizer_identity import TOKENIZER_KEY, corpus_tokenizer_sha256
 from hymo_core.train.data import TokenLoader, ValidationLoader
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.ema import WeightEMA
@@ -65,6 +66,7 @@ def save_checkpoint(
         "optimizer_layout": optimizer_layout(optimizer),
         "qk_clip": {"enabled": config.qk_clip, "threshold": config.qk_clip_threshold},
         "manifest_digest": digest,
+        TOKENIZER_KEY: corpus_tokenizer_sha256(train_loader.corpus),  # eval, generate, export... refuse another tokenizer
         "loaders": {"train": train_loader.state_dict(), "validation": validation_cursor(val_loader, digest)},
         "rng": rng_payload(),
         "runtime": runtime_signature(model),

@@ -38,6 +38,7 @@ import torch.nn as nn
 from hymo_core.checkpoint.common import weights_sha256
 from hymo_core.cpt.config import CptConfig  # noqa: F401 (re-exported: the recipe beside its runner)
 from hymo_core.checkpoint.load import load_model
+from hymo_core.checkpoint.tokenizer_identity import check_corpus_tokenizer
 from hymo_core.checkpoint.single import save_checkpoint
 from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
@@ -154,6 +155,15 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
+def corpus_entry(reader: CorpusReader, out: Path) -> dict[str, Any]:
+    """Where a corpus is, three ways, and what it is: the path as given, absolute, and relative to the run directory
+    (a run copied with its corpora beside it), and the digest that says which of them is still this corpus
+    (`hymo cpt verify` tries them all, from any working directory)."""
+    absolute = reader.path.resolve()
+    return {"corpus": str(reader.path), "corpus_absolute": str(absolute),
+            "corpus_from_run": os.path.relpath(absolute, out.resolve()), "digest": reader.digest}
+
+
 def tokenizer_identity(reader: CorpusReader) -> tuple[Any, ...]:
     """What makes two corpora's token ids mean the same thing: the tokenizer file's hash, V and EOS."""
     entry = reader.manifest.get("tokenizer", {})
@@ -229,6 +239,7 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
     model, payload = load_model(base_checkpoint, device)
     readers = {"domain": CorpusReader(domain), "general": CorpusReader(general)}
     for name, reader in readers.items():
+        check_corpus_tokenizer(payload, base_checkpoint, reader)
         if reader.vocab_size != model.config.vocab_size:
             raise CorpusError(f"{reader.path}: vocab_size {reader.vocab_size}, but the base {base_checkpoint} has {model.config.vocab_size}")
     if tokenizer_identity(readers["domain"]) != tokenizer_identity(readers["general"]):
@@ -261,9 +272,8 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
         "gate": {"path": GATE_FILE, "sha256": gate_sha256},
         "base": {"checkpoint": str(base_checkpoint.resolve()), "sha256": sha256_file(base_checkpoint), "weights_sha256": weights_sha256(model),
                  "step": payload["state"]["step"], "corpus_digest": payload["manifest_digest"]},
-        "domain": {"corpus": str(readers["domain"].path), "digest": readers["domain"].digest},
-        "general": {"corpus": str(readers["general"].path), "digest": readers["general"].digest,
-                    "is_base_corpus": readers["general"].digest == payload["manifest_digest"]},
+        "domain": {**corpus_entry(readers["domain"], out)},
+        "general": {**corpus_entry(readers["general"], out), "is_base_corpus": readers["general"].digest == payload["manifest_digest"]},
         "recipe": {**asdict(config), "train_config": train_config.to_dict()},
         "written_at_step": 0,  # the optimizer has made no update yet: the ledger's start record proves the order
     }

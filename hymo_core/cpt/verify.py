@@ -14,13 +14,18 @@ is one of them, so editing RUN alone cannot pass:
   same records in the run's Prefect artifacts (`artifact_records`, passed in by the CLI).
 
 Paths inside the run (the final checkpoint) are resolved against RUN, so verifying a copy measures
-the copy's files; the run's records are found by the manifest's `run_id`.
+the copy's files; the run's records are found by the manifest's `run_id`. The two corpora are found
+by their recorded digest among the places the manifest names (relative to RUN, absolute, as typed,
+and as typed from the directory the run was written in), from any working directory; `corpora`
+(`--domain` / `--general`) adds a place, and is accepted only if it holds the recorded digest.
 
-The verdict reported is the recomputed one.
+The verdict reported is the recomputed one. Whatever is missing or unreadable is a failed check,
+never an exception: a verifier (another person, a CI job) gets "verified" or "not verified".
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +35,8 @@ from hymo_core.checkpoint.load import load_model
 from hymo_core.cpt.gate import GATE_FILE, judge, parse_gate
 from hymo_core.cpt.ledger import LedgerError, default_ledger, run_records
 from hymo_core.cpt.run import MANIFEST_FILE, MEASUREMENTS_FILE, SUMMARY_FILE, held_out_set, measure, paired_differences
-from hymo_core.train.data import CorpusReader
+from hymo_core.checkpoint.tokenizer_identity import TOKENIZER_KEY, corpus_tokenizer_sha256
+from hymo_core.train.data import CorpusError, CorpusReader
 from manifests.digest import sha256_file
 
 TOLERANCE = 1e-4
@@ -57,17 +63,65 @@ def in_run(run: Path, recorded: str, recorded_run: str | None) -> Path:
     return path
 
 
+def corpus_candidates(run: Path, entry: dict[str, Any], recorded_run: str | None, given: str | Path | None = None) -> list[Path]:
+    """Where the manifest's corpus may be now, most specific first, each once."""
+    typed = Path(entry["corpus"])
+    places = [Path(given)] if given else []
+    if entry.get("corpus_from_run"):
+        places.append(Path(os.path.normpath(run / entry["corpus_from_run"])))
+    if entry.get("corpus_absolute"):
+        places.append(Path(entry["corpus_absolute"]))
+    places.append(typed)  # absolute as recorded, or relative to this working directory
+    if not typed.is_absolute():  # typed relative to the directory `hymo cpt run` ran in: usually the run's parent
+        places += [Path(recorded_run).parent / typed] if recorded_run else []
+        places.append(run.parent / typed)
+    unique: list[Path] = []
+    for place in places:
+        if place not in unique:
+            unique.append(place)
+    return unique
+
+
+def find_recorded_corpus(run: Path, entry: dict[str, Any], recorded_run: str | None,
+                         given: str | Path | None = None) -> tuple[CorpusReader | None, str]:
+    """The corpus among `corpus_candidates` whose digest is the recorded one (shards re-hashed), and the detail line."""
+    tried = []
+    for place in corpus_candidates(run, entry, recorded_run, given):
+        try:
+            if CorpusReader(place, verify=False).digest != entry["digest"]:
+                tried.append(f"{place} (another corpus)")
+                continue
+            reader = CorpusReader(place)
+            reader.open_all("validation")  # the held-out windows re-measured: their shards' digests checked now
+            return reader, f"{reader.path}: digest {reader.digest[:12]}… as recorded"
+        except (CorpusError, OSError, KeyError, ValueError) as exc:
+            tried.append(f"{place} ({' '.join(str(exc).split())[:160]})")
+    return None, f"no corpus with the recorded digest {entry['digest'][:12]}…; tried {'; '.join(tried)}"
+
+
 def _same_record(ledger_record: dict[str, Any], artifact: dict[str, str]) -> bool:
     return {k: str(v) for k, v in ledger_record.items()} == artifact
 
 
 def verify_run(run: str | Path, ledger: str | Path | None = None, device: torch.device | str = "cpu",
-               artifact_records: Callable[[str], dict[str, list[dict[str, str]]] | None] | None = None) -> dict[str, Any]:
-    """{"verified", "checks": [{"check", "ok", "detail"}], "verdict"}: the recomputed verdict and every comparison.
-    `artifact_records(run_id)`: the run's start/end records as Prefect artifacts hold them, None without a server."""
-    run, device = Path(run), torch.device(device)
-    ledger = Path(ledger) if ledger else default_ledger(run)
+               artifact_records: Callable[[str], dict[str, list[dict[str, str]]] | None] | None = None,
+               corpora: dict[str, str | Path | None] | None = None) -> dict[str, Any]:
+    """{"verified", "checks": [{"check", "ok", "detail"}], "verdict"}: the recomputed verdict (None when it could
+    not be recomputed) and every comparison. Never raises for what RUN holds or lacks: that is a failed check.
+    `artifact_records(run_id)`: the run's start/end records as Prefect artifacts hold them, None without a server.
+    `corpora`: {"domain": PATH, "general": PATH}, places to look first (a verifier's own copies)."""
     checks: list[dict[str, Any]] = []
+    try:
+        return _verify_run(Path(run), ledger, torch.device(device), artifact_records, corpora or {}, checks)
+    except Exception as exc:  # noqa: BLE001 - a verifier answers verified or not; what broke is the failed check
+        checks.append({"check": "run", "ok": False, "detail": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"})
+        return {"verified": False, "checks": checks, "verdict": None}
+
+
+def _verify_run(run: Path, ledger: str | Path | None, device: torch.device,
+                artifact_records: Callable[[str], dict[str, list[dict[str, str]]] | None] | None,
+                corpora: dict[str, str | Path | None], checks: list[dict[str, Any]]) -> dict[str, Any]:
+    ledger = Path(ledger) if ledger else default_ledger(run)
 
     def check(name: str, ok: bool, detail: str) -> None:
         checks.append({"check": name, "ok": bool(ok), "detail": detail})
@@ -112,9 +166,14 @@ def verify_run(run: str | Path, ledger: str | Path | None = None, device: torch.
     criteria = parse_gate((run / GATE_FILE).read_text(encoding="utf-8"), str(run / GATE_FILE))
     tasks = [c for c in criteria if c.metric == "task_accuracy_drop"]
     recipe = manifest["recipe"]["train_config"]
-    readers = {name: CorpusReader(manifest[name]["corpus"]) for name in ("domain", "general")}
-    for name, reader in readers.items():
-        check(f"{name} corpus", reader.digest == manifest[name]["digest"], f"{reader.path}: digest {reader.digest[:12]}…")
+    readers = {}
+    for name in ("domain", "general"):
+        reader, detail = find_recorded_corpus(run, manifest[name], recorded_run, corpora.get(name))
+        check(f"{name} corpus", reader is not None, detail)
+        if reader is not None:
+            readers[name] = reader
+    if len(readers) < 2:  # nothing to re-measure on: the verdict cannot be recomputed, so it is not verified
+        return {"verified": False, "checks": checks, "verdict": None}
     held_out = {name: held_out_set(reader, recipe["seq_len"], recipe["batch_size"], manifest["recipe"]["eval_batches"])
                 for name, reader in readers.items()}
     tokenizer = None
@@ -124,7 +183,11 @@ def verify_run(run: str | Path, ledger: str | Path | None = None, device: torch.
         tokenizer = load_tokenizer(readers["domain"].root / readers["domain"].manifest["tokenizer"]["path"])
     fresh = {}
     for side, path in (("base", base_path), ("cpt", final_path)):
-        model, _ = load_model(path, device)
+        model, payload = load_model(path, device)
+        if side == "base":  # the corpora's tokenizer must be the one the base was trained with
+            recorded, corpus = payload.get(TOKENIZER_KEY), corpus_tokenizer_sha256(readers["domain"])
+            check("tokenizer", recorded in (None, corpus),
+                  f"base checkpoint {recorded or 'records none (written before checkpoints did)'}, domain corpus {corpus}")
         fresh[side] = measure(model, held_out, tasks, tokenizer, readers["domain"].eos_id, device)
         worst = _max_difference(measurements[side], fresh[side])
         check(f"{side} measurements", worst <= TOLERANCE, f"re-measured {path.name}: largest difference from measurements.json {worst:.2e}")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hymo_core.distributed.process_group import Runtime
+from hymo_core.exit_codes import STOP_PREFIX, STOPPED
 from hymo_core.threads import child_environment, choose_threads
 from hymo_core.train.config import METRICS_FILE, TrainConfig
 
@@ -49,9 +50,12 @@ class LaunchError(RuntimeError):
     """The process group exited with a non-zero status; the message holds its last output lines,
     or, from `launch_training`, the first error line of the rank that failed first."""
 
-    def __init__(self, message: str, rank: int | None = None, log: Path | None = None, code: int | None = None):
+    def __init__(self, message: str, rank: int | None = None, log: Path | None = None, code: int | None = None,
+                 stopped: bool = False, refused: bool = False):
         super().__init__(message)
         self.rank, self.log, self.code = rank, log, code
+        self.stopped = stopped  # a rank ended on an alert's `stop` (exit 3), not on an error: hymo_core.exit_codes
+        self.refused = refused  # a rank refused its inputs in one `error:` line (exit 2), rather than crashing
 
 
 def torchrun_command(nproc: int, train_args: Sequence[str], module: str = "hymo_core.train", max_restarts: int = 0,
@@ -84,6 +88,7 @@ class RankLogs:
         for rank in range(ranks):  # a rank that prints nothing still has its (empty) log
             self._open(rank)
         self.first_error: tuple[int, str] | None = None
+        self.stop: tuple[int, str] | None = None  # a rank's `stopped: ...` line (hymo_core.exit_codes.stop_line)
         self.in_traceback: set[int] = set()
         self.exception: dict[int, str] = {}
         self.exit_codes: dict[int, int] = {}
@@ -114,6 +119,8 @@ class RankLogs:
         self._write(rank, text)
         if ERROR_LINE.match(text) and self.first_error is None:
             self.first_error = (rank, text.removeprefix("error: "))
+        if text.startswith(STOP_PREFIX) and self.stop is None:
+            self.stop = (rank, text)
         if text.startswith("Traceback (most recent call last)"):
             self.in_traceback.add(rank)
         elif rank in self.in_traceback and EXCEPTION_LINE.match(text):
@@ -126,6 +133,10 @@ class RankLogs:
         """The error a failed launch raises: the first `error:` line of any rank, else a rank killed by a signal,
         else the first exception, else the first non-zero exit torchrun reported."""
         killed = {rank: status for rank, status in self.exit_codes.items() if status < 0 and -status != signal.SIGTERM}
+        if self.stop is not None and self.first_error is None and not killed and set(self.exit_codes.values()) <= {STOPPED}:
+            rank, line = self.stop  # an alert stopped the run: the rank's own line, which names the summary
+            return LaunchError(line, rank, self.path(rank), code, stopped=True)
+        refused = self.first_error is not None and not killed
         if self.first_error is not None:
             rank, message = self.first_error
         elif killed:  # killed from outside (OOM killer, SIGKILL): the others' errors are only its consequences
@@ -140,7 +151,7 @@ class RankLogs:
         else:
             return LaunchError(f"torchrun exited with status {code} before any rank failed (see {self.path(None)})", None,
                                self.path(None), code)
-        return LaunchError(f"rank {rank}: {message} (full output: {self.path(rank)})", rank, self.path(rank), code)
+        return LaunchError(f"rank {rank}: {message} (full output: {self.path(rank)})", rank, self.path(rank), code, refused=refused)
 
     def close(self) -> None:
         for handle in self.files.values():
@@ -158,8 +169,9 @@ def _describe_status(status: int) -> str:
 
 
 def train_arguments(corpus: str | Path, out: str | Path, config: str | Path | None = None, max_steps: int | None = None,
-                    horizon: int | None = None, resume: bool = False, strict_resume: bool = False) -> list[str]:
-    """The `python -m hymo_core.train` arguments for one run (the same flags as `hymo train`)."""
+                    horizon: int | None = None, resume: bool | str = False, strict_resume: bool = False) -> list[str]:
+    """The `python -m hymo_core.train` arguments for one run (the same flags as `hymo train`).
+    `resume`: a hymo_core.train.run.RESUME_MODES entry, or True ("if-any": the pipeline's) / False ("never")."""
     args = ["--corpus", str(corpus), "--out", str(out)]
     if config:
         args += ["--config", str(config)]
@@ -167,8 +179,8 @@ def train_arguments(corpus: str | Path, out: str | Path, config: str | Path | No
         args += ["--max-steps", str(max_steps)]
     if horizon is not None:
         args += ["--horizon", str(horizon)]
-    if resume:
-        args.append("--resume")
+    mode = {True: "if-any", False: "never"}.get(resume, resume) if isinstance(resume, bool) else resume
+    args += {"never": [], "required": ["--resume"], "if-any": ["--resume-or-start"]}[mode]
     if strict_resume:
         args.append("--strict-resume")
     return args

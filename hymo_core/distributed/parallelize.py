@@ -122,6 +122,16 @@ def build_parallel_model(model_config: ModelConfig, runtime: Runtime, config: Tr
     return materialise_(model, runtime.device)
 
 
+def reshard(model: nn.Module) -> None:
+    """Put every FSDP2 block back into its sharded state. A step left midway (an alert's stop between forward and
+    backward) leaves the blocks gathered, and the summary's full-weight digest then reads plain tensors."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from hymo_core.checkpoint.load import load_model
+from hymo_core.checkpoint.tokenizer_identity import check_corpus_tokenizer
 from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
 from hymo_core.train.data import CorpusReader
@@ -54,6 +55,7 @@ def labels(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def score_checkpoint(path: str | Path, held: HeldOutSet, reader: CorpusReader, cloze_items, device: torch.device) -> dict[str, Any]:
     model, payload = load_model(path, device)
+    check_corpus_tokenizer(payload, path, reader)
     if model.config.vocab_size != reader.vocab_size:
         raise ValueError(f"{path}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
     result = evaluate_heldout(model, held, device)

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import torch
 
 from hymo_core.checkpoint.load import load_model
+from hymo_core.checkpoint.tokenizer_identity import check_corpus_tokenizer
 from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
 from hymo_core.train.data import CorpusError, CorpusReader
 from hymo_core.eval.sandbox import memory_bound, require_isolation
@@ -33,13 +34,26 @@ EVAL_MD = "eval.md"
 
 
 def find_corpus(checkpoint: Path, digest: str) -> CorpusReader:
-    """The corpus of the run directory above `checkpoint` whose manifest digest is `digest`."""
+    """The corpus whose manifest digest is `digest`: the one a training directory above `checkpoint` recorded in its
+    summary.json (`hymo train --out`), else the one in a run directory above it."""
     for directory in Path(checkpoint).resolve().parents:
+        recorded = recorded_corpus(directory)
+        if recorded is not None and recorded.get("digest") == digest and Path(recorded["path"]).is_file():
+            return CorpusReader(recorded["path"])
         for manifest in sorted(directory.glob("[0-9][0-9]_shards/corpus.json")):
             reader = CorpusReader(manifest, verify=False)
             if reader.digest == digest:
                 return CorpusReader(manifest)
     raise CorpusError(f"{checkpoint}: no run directory above it holds the corpus {digest[:12]}… it was trained on; pass --corpus")
+
+
+def recorded_corpus(directory: Path) -> dict[str, Any] | None:
+    """The corpus a training directory's summary.json records ({"path", "digest", "tokenizer_sha256"}), if any."""
+    summary = Path(directory) / "summary.json"
+    try:
+        return json.loads(summary.read_text(encoding="utf-8")).get("corpus") if summary.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def default_out(checkpoint: str | Path) -> Path:
@@ -105,6 +119,7 @@ def run_suite(checkpoint: str | Path, suite: str = "default", corpus: str | Path
         torch.manual_seed(0)  # nothing here samples; fixed anyway so a future sampled metric is reproducible
         model, payload = load_model(checkpoint, device)
         reader = CorpusReader(corpus) if corpus else find_corpus(checkpoint, payload["manifest_digest"])
+        check_corpus_tokenizer(payload, checkpoint, reader)
         if reader.vocab_size != model.config.vocab_size:
             raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but {reader.path} has {reader.vocab_size}")
         tokenizer = load_tokenizer(reader.root / reader.manifest["tokenizer"]["path"])

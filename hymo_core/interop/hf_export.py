@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hymo_core.checkpoint.load import load_model
+from hymo_core.checkpoint.tokenizer_identity import check_corpus_tokenizer
 from hymo_core.interop.atomic_dir import new_directory
 from hymo_core.interop.hf_layout import HYBRID, REMOTE_CODE_FILES, architecture, hf_config, hf_state_dict
 from hymo_core.interop.hf_tokenizer import write_hf_tokenizer
@@ -46,6 +47,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, corpus: str | Path | None
     checkpoint, out = Path(checkpoint), Path(out)
     model, payload = load_model(checkpoint)
     reader = corpus_of(checkpoint, payload, corpus)
+    check_corpus_tokenizer(payload, checkpoint, reader)  # the export ships this tokenizer as the model's
     if reader.vocab_size > model.config.vocab_size:
         raise ValueError(f"{checkpoint}: vocab_size {model.config.vocab_size}, but the tokenizer of {reader.path} has {reader.vocab_size} ids")
     config = model.config

@@ -11,7 +11,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output directory (checkpoints, metrics.jsonl, loss.png, summary.json)")
     parser.add_argument("--max-steps", type=int, help="stop after this many updates; the LR schedule keeps the recipe's horizon")
     parser.add_argument("--horizon", type=int, help="move the LR schedule's horizon (where decay ends) to this step")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints; refused when "
+                                                               "there is none (a mistyped --out is not a fresh run)")
+    resume.add_argument("--resume-or-start", action="store_true",
+                        help="continue from the newest checkpoint when there is one, else start at step 0 (a requeued job's choice)")
     parser.add_argument("--strict-resume", action="store_true",
                         help="refuse a resume across a torch version or device change (default: warn and continue)")
     parser.add_argument("--cloze", help="cloze JSONL scored into summary.json (default: the bundled sample set)")

@@ -10,16 +10,25 @@ flow call; `python -m hymo_core.train` runs it without Prefect. It writes into
     loss.png                       train and validation loss, and the LR (as Lab 2 plots them)
     heldout.png                    held-out loss per source and per language (hymo_core.eval.heldout)
     ema.pt                         with ema_decay > 0: the EMA weights as a checkpoint, for `hymo eval` (not for resuming)
-    summary.json                   final step, final train / validation loss, sha256 of the final weights
+    summary.json                   final step, final train / validation loss, sha256 of the final weights, the corpus
+                                   (absolute path, digest, tokenizer sha256)
 
-With `resume=True` it continues from the newest readable checkpoint (an
-unreadable newest one is reported and the previous one is used); metrics
-logged after that checkpoint by a killed session are dropped, so the file
-reads as one uninterrupted run.
+`resume` says what to do with `out`'s checkpoints (RESUME_MODES): "never" refuses a directory
+that holds some, "required" (`--resume`) refuses one that holds none (a typo in `--out` is not a
+fresh run), "if-any" (`--resume-or-start`, and `True` for callers in code: the pipeline, a requeue)
+continues when there is one and starts at step 0 when there is none. A resume continues from the
+newest readable checkpoint (an unreadable newest one is reported and the previous one is used);
+metrics logged after that checkpoint by a killed session are dropped, so the file reads as one
+uninterrupted run.
+
+One writer per `out`: the run holds `out/.lock` (manifests.run_lock: an OS lock that names its
+holder's host, pid and start time and dies with the process), so a second run on the same
+directory (a requeue beside a manual relaunch) is refused at once naming the first.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -39,6 +48,7 @@ from hymo_core.train.config import (CHECKPOINT_DIR, EMA_CHECKPOINT, EXPERT_LOAD_
                                     SUMMARY_FILE)
 from hymo_core.checkpoint.common import CheckpointError, list_checkpoints, weights_sha256
 from hymo_core.checkpoint.single import CheckpointDirectory, load_checkpoint, save_checkpoint
+from hymo_core.checkpoint.tokenizer_identity import corpus_tokenizer_sha256
 from hymo_core.train.ema import WeightEMA
 from hymo_core.train.event_files import EventFiles
 from hymo_core.eval.heldout import HeldOutSet
@@ -49,13 +59,15 @@ from hymo_core.distributed.process_group import Runtime, broadcast_object, close
 from hymo_core.eval.evaluation import SAMPLE_CLOZE, load_cloze, load_tokenizer, score_cloze
 from hymo_core.models.model import ModelConfig
 from hymo_core.train.optim import build_optimizer
-from hymo_core.distributed.parallelize import build_parallel_model, wraps_in_fsdp
+from hymo_core.distributed.parallelize import build_parallel_model, reshard, wraps_in_fsdp
 from hymo_core.checkpoint.background import BackgroundCheckpoints
 from hymo_core.checkpoint.sharded import load_sharded_checkpoint, load_single_file_into_shards
 from hymo_core.train.config import TrainConfig
 from hymo_core.train.arguments import add_train_arguments  # noqa: F401 (re-exported: the trainer's arguments)
 from hymo_core.train.recipe import PARALLEL_KEYS, load_run_config  # noqa: F401 (re-exported: read without torch by the CLI)
 from hymo_core.train.trainer import TrainHooks, TrainingStopped, TrainState, continuations_over_ranks, seed_training_rng, train
+from hymo_core.exit_codes import REFUSED, STOPPED, stop_line
+from manifests.run_lock import RunLocked, run_lock
 
 
 def seed_everything(seed: int) -> None:
@@ -189,6 +201,31 @@ class ProgressLine:
             self.progress.stop()
 
 
+RESUME_MODES = ("never", "required", "if-any")
+
+
+def resume_mode(resume: bool | str) -> str:
+    """A RESUME_MODES entry; True (what code has always passed: the pipeline, a requeue) is "if-any", False "never"."""
+    mode = {True: "if-any", False: "never"}.get(resume, resume) if isinstance(resume, bool) else resume
+    if mode not in RESUME_MODES:
+        raise ValueError(f"resume {resume!r}: one of {', '.join(RESUME_MODES)} (or True / False)")
+    return mode
+
+
+def resume_of_args(args: argparse.Namespace) -> str:
+    """--resume: a checkpoint must be there; --resume-or-start: continue or start; neither: a fresh directory."""
+    return "required" if args.resume else "if-any" if getattr(args, "resume_or_start", False) else "never"
+
+
+class ResumeRefused(CheckpointError):
+    """--resume on a directory with no (readable) checkpoint."""
+
+
+def refuse_missing_resume(directory: Path, found: str) -> ResumeRefused:
+    return ResumeRefused(f"{directory}: --resume, but {found}; check --out, or pass --resume-or-start to start at step 0 "
+                         "when there is no checkpoint (what a requeued job wants)")
+
+
 def _resume(directory: CheckpointDirectory, load: Any, log: Any) -> tuple[TrainState, Path | None]:
     """Newest readable checkpoint; an unreadable one is reported and the previous one offered and used."""
     for path in reversed(list_checkpoints(directory.directory)):
@@ -227,7 +264,7 @@ def run_training(
     train_config: TrainConfig | None = None,
     model_config: ModelConfig | None = None,
     *,
-    resume: bool = True,
+    resume: bool | str = True,
     checkpoint_dir: str | Path | None = None,
     cloze_path: str | Path | None = SAMPLE_CLOZE,
     device: torch.device | None = None,
@@ -254,9 +291,14 @@ def run_training(
     runtime = runtime or init_runtime(device)
     if not runtime.is_writer:
         log, progress = (lambda *args, **kwargs: None), False
+    resume = resume_mode(resume)
+    directory = Path(checkpoint_dir or Path(out) / CHECKPOINT_DIR)
+    if resume == "required" and not list_checkpoints(directory):  # before anything is created: a mistyped --out stays absent
+        raise refuse_missing_resume(directory, "it holds no checkpoint" if directory.is_dir() else "it does not exist")
     choice = choose_threads(threads, ranks=local_ranks())
     log(f"threads: {choice.describe()}")
-    with using_threads(choice):
+    # Rank 0 alone holds the lock: the other ranks are its own processes, not a second writer.
+    with (run_lock(Path(out)) if runtime.is_writer else contextlib.nullcontext()), using_threads(choice):
         return _run_training(corpus, out, train_config, model_config, resume=resume, checkpoint_dir=checkpoint_dir,
                              cloze_path=cloze_path, progress=progress, log=log, report=report, runtime=runtime,
                              strict_resume=strict_resume, threads=choice)
@@ -273,8 +315,9 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     checkpoints = CheckpointDirectory(checkpoint_dir or out / CHECKPOINT_DIR, config.keep_checkpoints, writer=runtime.is_writer)
-    if not resume and list_checkpoints(checkpoints.directory):
-        raise FileExistsError(f"{checkpoints.directory} already holds checkpoints; pass --resume or choose another --out")
+    if resume == "never" and list_checkpoints(checkpoints.directory):
+        raise FileExistsError(f"{checkpoints.directory} already holds checkpoints; pass --resume (or --resume-or-start) "
+                              "or choose another --out")
 
     seed_everything(config.seed)
     model = build_parallel_model(model_config, runtime, config)  # meta -> sharded -> this rank's shards only
@@ -295,9 +338,11 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
         log(f"warning: {reader.path}: the validation split has no full batch of {config.batch_size} x {config.seq_len + 1} tokens; no validation")
         val_loader = None
     state, resumed_from = TrainState(), None
-    if resume:
+    if resume != "never":
         state, resumed_from = _resume(checkpoints, lambda p: _load_any(p, model, optimizer, config, train_loader, runtime, log, strict_resume, ema),
                                        log)
+        if resumed_from is None and resume == "required":
+            raise refuse_missing_resume(checkpoints.directory, "no checkpoint in it is readable")
         if resumed_from:
             log(f"resumed from {resumed_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
 
@@ -356,6 +401,7 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
             train(model, optimizer, train_loader, val_loader, config, state, device, hooks, runtime, ema)
         except TrainingStopped as exc:  # an alert's `stop`: the summary and pictures are still written, then it is raised
             stopped = exc
+            reshard(model)  # the stop may come mid-step, with the blocks gathered
         if background is not None:
             background.close()  # the final checkpoint is published before anything reports it
     finally:
@@ -404,6 +450,8 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
         "checkpoint": str(checkpoints.latest()) if checkpoints.latest() else None,
         "best_checkpoint": (checkpoints.index.get("best") or {}).get("path"),
         "corpus_digest": reader.digest,
+        # Where the corpus is: `hymo trace OUT` and `hymo export` of OUT's checkpoints find it from here.
+        "corpus": {"path": str(reader.path.resolve()), "digest": reader.digest, "tokenizer_sha256": corpus_tokenizer_sha256(reader)},
         "train_config": config.to_dict(),
         "model_config": asdict(model_config),
         "device": device.type,
@@ -419,6 +467,7 @@ def _run_training(corpus, out, train_config, model_config, *, resume, checkpoint
         summary["final_ema_val_loss"] = val_rows[-1].get("ema_val_loss") if val_rows else None
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     if stopped is not None:
+        stopped.summary_path = str((out / SUMMARY_FILE).resolve())  # what every entry point's stop line names
         raise stopped
     return summary
 
@@ -471,7 +520,7 @@ def session_config(train_config: TrainConfig, max_steps: int | None = None, hori
 
 
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    return run_training(args.corpus, args.out, *_configs(args), resume=args.resume, cloze_path=args.cloze or SAMPLE_CLOZE,
+    return run_training(args.corpus, args.out, *_configs(args), resume=resume_of_args(args), cloze_path=args.cloze or SAMPLE_CLOZE,
                         strict_resume=args.strict_resume, threads=getattr(args, "threads", None))
 
 
@@ -480,15 +529,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runtime = init_runtime()
     try:
-        summary = run_training(args.corpus, args.out, *_configs(args), resume=args.resume or restarted_by_torchrun(),
+        summary = run_training(args.corpus, args.out, *_configs(args), resume="if-any" if restarted_by_torchrun() else resume_of_args(args),
                                cloze_path=args.cloze or SAMPLE_CLOZE, runtime=runtime, strict_resume=args.strict_resume,
                                threads=args.threads)
-    except (ValueError, FileExistsError) as exc:  # configuration, corpus and checkpoint errors: one line, no traceback
+    except (ValueError, FileExistsError, RunLocked) as exc:  # configuration, corpus, checkpoint, lock: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return REFUSED
     except TrainingStopped as exc:  # an alert's `stop`: its row and summary.json (stopped_by) are written already
-        print(f"stopped: {exc}; see {args.out}/summary.json", file=sys.stderr)
-        return 3
+        print(stop_line(exc, getattr(exc, "summary_path", Path(args.out).resolve() / SUMMARY_FILE)), file=sys.stderr)
+        return STOPPED
     finally:
         close_runtime(runtime)
     if runtime.is_writer:

@@ -41,7 +41,7 @@ def test_train_writes_summary_metrics_picture_checkpoint(trained: Path, tiny_run
     assert {"loss", "grad_norm_pre_clip", "lr", "tokens_per_s", "mfu", "clip_fraction", "update_rms_ratio", "skipped_updates", "max_attention_logit"} <= set(record)
     # a second plain `train` into the same directory would silently discard the checkpoints: refused, in one line
     capsys.readouterr()
-    assert main(["train", "--corpus", str(tiny_run), "--out", str(trained)]) == 1
+    assert main(["train", "--corpus", str(tiny_run), "--out", str(trained)]) == 2  # refused: hymo_core.exit_codes
     err = capsys.readouterr().err
     assert "FileExistsError" in err and "--resume" in err
     with pytest.raises(FileExistsError, match="--resume"):
@@ -92,10 +92,10 @@ def test_max_steps_stops_early_without_moving_the_schedule(tiny_run: Path, tmp_p
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4]
     assert lrs == pytest.approx([4e-3 * step / 5 for step in (1, 2, 3, 4)])  # still warming up towards step 5 of 8
     capsys.readouterr()
-    assert main(common + ["--max-steps", "6", "--horizon", "20", "--resume"]) == 1  # another schedule: refused
+    assert main(common + ["--max-steps", "6", "--horizon", "20", "--resume"]) == 2  # another schedule: refused
     error = capsys.readouterr().err.strip()
     assert "LR schedule differs" in error and "\n" not in error and "Traceback" not in error
-    assert main(common + ["--horizon", "3"]) == 1  # a horizon inside the warmup
+    assert main(common + ["--horizon", "3"]) == 2  # a horizon inside the warmup
     assert "horizon_steps must exceed warmup_steps" in capsys.readouterr().err
 
 
@@ -120,8 +120,9 @@ def test_train_nproc_2_under_torchrun_then_eval_the_dcp_checkpoint(trained: Path
         assert summary["cloze"][key] == alone["cloze"][key], key
     checkpoint = out / "checkpoints" / "step-00000003"
     assert (checkpoint / "metadata.json").is_file()
-    # --batches = the recipe's eval_batches: the windows training validated on (the default is the corpus's fixed set)
-    assert main(["eval", str(checkpoint), "--corpus", str(tiny_run), "--json", "--batches", "2"]) == 0
+    corpus = json.loads((tiny_run / "07_shards" / "corpus.json").read_text())  # DCP checkpoints name their tokenizer too
+    assert json.loads((checkpoint / "metadata.json").read_text())["tokenizer_sha256"] == corpus["tokenizer"]["sha256"]
+    assert main(["eval", str(checkpoint), "--corpus", str(tiny_run), "--json", "--batches", "2"]) == 0  # --batches = the recipe's eval_batches: the windows training validated on
     result = json.loads(capsys.readouterr().out)
     assert result["step"] == 3 and result["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-5)
 
@@ -230,7 +231,7 @@ def test_hymo_cpt_end_to_end_with_a_task_gate(trained: Path, tiny_run: Path, tmp
     status = main(["cpt", "run", checkpoint, "--domain", str(tmp_path / "domain"), "--general", str(tiny_run), "--out", str(tmp_path / "cpt"),
                    "--steps", "4", "--warmup", "1", "--eval-interval", "2", "--eval-batches", "2", "--task", "arc_easy", "--paired-items", "30"])
     summary = json.loads((tmp_path / "cpt" / "summary.json").read_text())
-    assert status == (0 if summary["verdict"]["passed"] else 3)
+    assert status == (0 if summary["verdict"]["passed"] else 4)  # hymo_core.exit_codes: a failed verdict is 4
     assert [row["metric"] for row in summary["verdict"]["criteria"]] == ["domain_loss_reduction", "general_loss_rise", "task_accuracy_drop:arc_easy"]
     assert summary["verdict"]["criteria"][2]["n"] == 30 and 'task = "arc_easy"' in (tmp_path / "cpt" / "gate.toml").read_text()
     assert summary["lineage"]["base_checkpoint"].endswith("step-00000003.pt") and Path(summary["lineage"]["cpt_checkpoint"]).is_file()

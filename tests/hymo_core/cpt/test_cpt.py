@@ -290,3 +290,37 @@ def test_a_ledger_line_without_a_link_is_named(tmp_path):
         handle.write(json.dumps({"run": "/b", "run_id": "b", "stage": "start"}) + "\n")
     with pytest.raises(LedgerError, match=r"cpt_ledger.jsonl:3: no prev_sha256"):
         append_record(ledger, {"run": "/c", "run_id": "c", "stage": "start"})
+
+
+def test_verify_a_copied_run_from_another_directory_finds_its_corpora_by_digest(corpora, tmp_path, monkeypatch, capsys):
+    """Issue 58, part 2: corpora typed as relative paths; the run, its corpora and its ledger copied elsewhere;
+    `hymo cpt verify` run from an unrelated directory exits 0, and 4 (never 1) when a corpus cannot be found."""
+    import shutil
+
+    from flows.cli import main
+
+    written = tmp_path / "written"
+    for name in ("general", "domain"):
+        shutil.copytree(corpora[name], written / name)
+    monkeypatch.chdir(written)
+    run_cpt(corpora["base"], Path("domain"), Path("general"), Path("cpt"), CONFIG, log=lambda *_: None)
+    assert json.loads((written / "cpt" / "cpt_manifest.json").read_text())["domain"]["corpus"] == "domain/corpus.json"
+    copied = tmp_path / "copied"
+    shutil.copytree(written, copied)
+    shutil.rmtree(written)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["cpt", "verify", str(copied / "cpt")]) == 0, capsys.readouterr().out
+    printed = capsys.readouterr().out.replace("\n", "")  # rich wraps long lines at the terminal's width
+    assert f"ok   domain corpus: {copied / 'domain' / 'corpus.json'}" in printed and "ok   tokenizer" in printed
+    moved = tmp_path / "moved"
+    (copied / "domain").rename(moved)  # the domain corpus is no longer where anything recorded it
+    assert main(["cpt", "verify", str(copied / "cpt")]) == 4
+    printed = capsys.readouterr().out.replace("\n", "")
+    assert "FAIL domain corpus: no corpus with the recorded digest" in printed and "NOT VERIFIED" in printed
+    assert main(["cpt", "verify", str(copied / "cpt"), "--domain", str(moved)]) == 0  # the verifier says where it is now
+    assert main(["cpt", "verify", str(copied / "cpt"), "--domain", str(copied / "general")]) == 4  # not the recorded corpus
+    (copied / "cpt" / "measurements.json").unlink()
+    assert main(["cpt", "verify", str(copied / "cpt"), "--domain", str(moved)]) == 4  # a damaged run: not verified, no crash
+    assert "FAIL run: FileNotFoundError" in capsys.readouterr().out.replace("\n", "")

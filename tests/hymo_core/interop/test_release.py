@@ -196,3 +196,16 @@ def test_the_licence_section_names_share_alike_sources(tmp_path: Path):
     assert front["source_licenses"] == ["GPL-3.0", "CC-BY-SA-4.0", "ODC-By-1.0"]
     section = _licence_section(facts)
     assert "Share-alike or copyleft among them: GPL-3.0, CC-BY-SA-4.0;" in section and "ODC-By-1.0" in section
+
+
+def test_bundle_is_readable_by_others(bundle: Path):
+    """Issue 58: mkdtemp made model/ 0700 and model.safetensors 0600; a release is meant to be read by others."""
+    import os
+
+    umask = os.umask(0o022)  # read, then put back
+    os.umask(umask)
+    assert umask & 0o044 == 0, f"this check needs a umask that lets others read (got {umask:03o})"
+    for path in [bundle, *bundle.rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o777 if path.is_dir() else 0o666) & ~umask, (path, oct(mode))
+    assert (bundle / "model").stat().st_mode & 0o777 == 0o755 if umask == 0o022 else True
