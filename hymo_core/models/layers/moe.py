@@ -46,6 +46,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hymo_core.kernels.grouped_mm import grouped_mm
 from hymo_core.models.configs import MoEConfig
 
 GROUP_ALIGN = 16  # rows of each grouped_mm group are padded to a multiple of this (16-byte TMA alignment, bf16 and fp32)
@@ -86,8 +87,9 @@ _register_grouped_mm_flops()
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype matmuls on `x` run in: autocast's when it is on for x's device, else x's own."""
-    if torch.is_autocast_enabled(x.device.type):
+    """The dtype matmuls on `x` run in: autocast's when it is on for x's device, else x's own (the meta device
+    has no autocast: counting there runs in the model's own dtype)."""
+    if torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype
 
@@ -146,8 +148,8 @@ def grouped_rows(assignments: SortedAssignments, n_experts: int) -> tuple[int, t
 
 def grouped_swiglu(x_PD: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
     """Each expert's SwiGLU on its group of rows: three `torch._grouped_mm` calls, no padding beyond the groups'."""
-    hidden_PF = F.silu(torch._grouped_mm(x_PD, w1.mT, offs=ends_E)) * torch._grouped_mm(x_PD, w3.mT, offs=ends_E)
-    return torch._grouped_mm(hidden_PF, w2.mT, offs=ends_E)
+    hidden_PF = F.silu(grouped_mm(x_PD, w1.mT, ends_E)) * grouped_mm(x_PD, w3.mT, ends_E)
+    return grouped_mm(hidden_PF, w2.mT, ends_E)
 
 
 def stacked_swiglu(stack_ECD: torch.Tensor, w1_EFD: torch.Tensor, w2_EDF: torch.Tensor, w3_EFD: torch.Tensor) -> torch.Tensor:
