@@ -293,9 +293,12 @@ class Transformer(nn.Module):
         """
         return [block.attn for block in self.blocks() if block.is_softmax]
 
-    def set_attention_probe(self, enabled: bool) -> None:
+    def set_attention_probe(self, enabled: bool, skip_below: float | None = None) -> None:
+        """`skip_below`: heads whose maxima stay at or under this logit may report any value up to it (the probe
+        then skips the query blocks a norm bound clears: QK-Clip's threshold on steps that are not logged)."""
         for attn in self.softmax_mixers():
             attn.probe = enabled
+            attn.probe_skip_below = skip_below
             if not enabled:
                 attn.max_logit_H = None
 

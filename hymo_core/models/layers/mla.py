@@ -100,6 +100,7 @@ class MultiHeadLatentAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.probe = False
+        self.probe_skip_below: float | None = None  # QK-Clip's threshold on steps that only clip (logit_probe.py)
         self.max_logit_H: torch.Tensor | None = None
 
     def residual_weights(self) -> list[nn.Parameter]:
@@ -139,7 +140,7 @@ class MultiHeadLatentAttention(nn.Module):
         k_BSHX = self.rotate(k_BSHX, ctx, from_zero=True)  # keys always start at position 0
         q_BHTX, k_BHSX, v_BHSV = (t.transpose(1, 2) for t in (q_BTHX, k_BSHX, v_BSHV))
         if ctx.cache is None and self.probe:
-            self.max_logit_H = causal_max_logits(q_BHTX, k_BHSX, math.sqrt(self.qk_dim))
+            self.max_logit_H = causal_max_logits(q_BHTX, k_BHSX, math.sqrt(self.qk_dim), skip_below=self.probe_skip_below)
         y_BHTV = attend_padded(q_BHTX, k_BHSX, v_BHSV, ctx)
         return self.wo(y_BHTV.transpose(1, 2).reshape(B, T, H * self.v_dim))
 
@@ -175,14 +176,21 @@ class MultiHeadLatentAttention(nn.Module):
 
     @torch.no_grad()
     def qk_clip_(self, scale_H) -> None:
-        """Shrink head h's logits by scale_H[h] (<= 1): q_nope, k_nope by sqrt, q_rope by the full scale.
+        """Shrink head h's logits by scale_H[h] (<= 1): q_nope, k_nope by sqrt, q_rope by the full scale."""
+        self.qk_clip_all_([self], torch.as_tensor(scale_H, dtype=torch.float32).reshape(1, -1))
 
-        One row factor per projection, applied in one multiply (no per-head host reads; FSDP2 shards too).
-        """
-        scale_H1 = torch.as_tensor(scale_H, dtype=torch.float32).reshape(-1, 1)
-        H = scale_H1.shape[0]
-        root_HN = scale_H1.sqrt().expand(H, self.nope_dim)
-        q_factor = torch.cat((root_HN, scale_H1.expand(H, self.rope_dim)), dim=1)
-        kv_factor = torch.cat((root_HN, torch.ones(H, self.v_dim, device=scale_H1.device)), dim=1)
-        scale_rows_(self.q_b_proj.weight, q_factor.reshape(-1))
-        scale_rows_(self.kv_b_proj.weight, kv_factor.reshape(-1))
+    @staticmethod
+    @torch.no_grad()
+    def qk_clip_all_(mixers: list["MultiHeadLatentAttention"], scale_LH: torch.Tensor) -> None:
+        """`qk_clip_` for L mixers of one shape at once: every row factor built in four launches, then one multiply
+        per projection (2 L + 4 launches, whether or not a head is clipped: no host read decides it; FSDP2 shards too)."""
+        first = mixers[0]
+        L, H = scale_LH.shape
+        scale_LH1 = scale_LH.to(torch.float32).unsqueeze(2)
+        root_LHN = scale_LH1.sqrt().expand(L, H, first.nope_dim)
+        q_factor_LR = torch.cat((root_LHN, scale_LH1.expand(L, H, first.rope_dim)), dim=2).reshape(L, -1)
+        ones_LHV = scale_LH1.new_ones(()).expand(L, H, first.v_dim)
+        kv_factor_LR = torch.cat((root_LHN, ones_LHV), dim=2).reshape(L, -1)
+        for mixer, q_factor_R, kv_factor_R in zip(mixers, q_factor_LR, kv_factor_LR):
+            scale_rows_(mixer.q_b_proj.weight, q_factor_R)
+            scale_rows_(mixer.kv_b_proj.weight, kv_factor_R)
