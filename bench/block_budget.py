@@ -35,11 +35,11 @@ spec = importlib.util.spec_from_file_location("block_budget_counting", sys.argv[
 counting = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = counting  # dataclasses look their module up there
 spec.loader.exec_module(counting)
-print(json.dumps([vars(u) for u in counting.count_units()]))
+print(json.dumps({"units": [vars(u) for u in counting.count_units()], "optimizer": counting.count_optimizer_step()}))
 """
 
 
-def count_at(rev: str) -> list[dict]:
+def count_at(rev: str) -> dict:
     """The units counted on commit `rev`, in a temporary worktree of this repository."""
     with tempfile.TemporaryDirectory(prefix="block_budget_") as scratch:
         tree = Path(scratch) / "tree"
@@ -59,17 +59,22 @@ def main() -> None:
     parser.add_argument("--before", metavar="REV", help="also count this commit (a temporary git worktree)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from hymo_core.train.block_budget import BUDGET, BUDGET_BATCH, BUDGET_PRESET, BUDGET_SEQ, UnitCount, count_units, format_table
+    from hymo_core.train.block_budget import (BUDGET, BUDGET_BATCH, BUDGET_PRESET, BUDGET_SEQ, UnitCount, count_optimizer_step,
+                                              count_units, format_table)
 
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"{BUDGET_PRESET}, {BUDGET_BATCH} x {BUDGET_SEQ}, forward + backward on the meta device (bf16 weights, grouped experts)")
     if args.before:
-        before = [UnitCount(**u) for u in count_at(args.before)]
+        counted = count_at(args.before)
+        before = [UnitCount(**u) for u in counted["units"]]
         print(f"\nbefore ({args.before}):\n")
         print(format_table(before))
+        print(f"\noptimizer step (steady state): {counted['optimizer'][0]:,} launches, {counted['optimizer'][1] / 1e9:.1f} GB")
     after = count_units()
     print(f"\nafter ({head}{', uncommitted changes' if _dirty() else ''}):\n")
     print(format_table(after, BUDGET))
+    optimizer = count_optimizer_step()
+    print(f"\noptimizer step (steady state): {optimizer[0]:,} launches, {optimizer[1] / 1e9:.1f} GB")
     if args.before:
         old = {u.name: u for u in before}
         print("\n| unit | launches before -> after | GB moved before -> after (in model) |\n|---|---|---|")

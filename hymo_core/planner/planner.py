@@ -181,9 +181,11 @@ def block_parameters(shape: ModelShape, kind: str, active: bool = False) -> int:
 
 
 def dense_matrix_parameters(shape: ModelShape, kind: str) -> int:
-    """The NorMuon part of one block: mixer matrices and, when not MoE, the dense FFN."""
+    """The NorMuon part of one block: mixer matrices and, when not MoE, the dense FFN (GDN's H x d gate projections
+    a_proj / b_proj are AdamW's: hymo_core/train/partition.py)."""
     ffn = 0 if kind in shape.moe_on else 3 * shape.d_model * shape.ffn_dim
-    return mixer_parameters(shape, kind) - mixer_vectors(shape, kind) + ffn
+    gates = 2 * shape.gdn_heads * shape.d_model if kind == "G" else 0
+    return mixer_parameters(shape, kind) - mixer_vectors(shape, kind) - gates + ffn
 
 
 def mtp_block_shape(shape: ModelShape) -> ModelShape:

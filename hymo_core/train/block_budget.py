@@ -137,3 +137,23 @@ def format_table(units: list[UnitCount], budget: dict[str, tuple[int, int]] | No
             row += f" {limit[0]:,} / {limit[1] / 1e9:.2f} GB |" if limit else " |"
         lines.append(row)
     return "\n".join(lines)
+
+
+def count_optimizer_step(preset: str = BUDGET_PRESET) -> tuple[int, int]:
+    """(launches, bytes) of one steady-state step of the preset's optimizer (NorMuon + CautiousAdamW, its state
+    already made by a first step), fp32 master weights on the meta device. The batching is issue 53's."""
+    from hymo_core.models.model import Transformer
+    from hymo_core.models.presets import PRESETS
+    from hymo_core.train.optim import build_optimizer
+    from hymo_core.train.optim_config import NorMuonConfig
+
+    with torch.device("meta"):
+        model = Transformer(PRESETS[preset], init_seed=0)
+    optimizer = build_optimizer(model, NorMuonConfig())  # the preset's: NorMuon + CautiousAdamW, cautious decay
+    for param in model.parameters():
+        param.grad = torch.empty_like(param)
+    optimizer.step()
+    counter = LaunchCounter()
+    with counter, counter.phase("optimizer"):
+        optimizer.step()
+    return counter.launches("optimizer"), counter.bytes_moved("optimizer")
