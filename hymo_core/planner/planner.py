@@ -233,7 +233,8 @@ def mixer_sequence_flops(shape: ModelShape, kind: str, seq_len: int) -> int:
     """Forward FLOPs per token beyond the mixer's weight matmuls, at training length seq_len.
 
     A / M: scores and values over the causally visible half of the keys,
-    2 x (T / 2) x H x (qk + v). G: per head, one 64-token chunk's matmuls spread
+    2 x (T / 2) x H x (qk + v); MLA's call runs at these widths (qk 192 / v 128 at hymo-750m: cuDNN's kernel
+    on sm_90, layers/mla.py), not with v padded to qk's width for FlashAttention. G: per head, one 64-token chunk's matmuls spread
     over its tokens, 2 C (3 K + 2 V) (decays x k k^T, the UT solve applied to k
     and v, masked q k^T and its product with U), plus 6 K V for the three
     state products (W h, q h, k^T U): linear in T, so independent of seq_len.

@@ -6,11 +6,18 @@
     k            = [k_nope | RoPE(k_r)], the rotated part shared by every head
     y            = wo(SDPA(q, k, v, causal))
 
-SDPA's FlashAttention backend wants one head dim for q, k and v, a multiple of 8, at most 256; MLA's
-are nope + rope (192 at hymo-750m) for q and k and v_dim (128) for v, so v is zero-padded to the
-shared width (q and k too when that is not a multiple of 8) and the output sliced back: zero value
+MLA's heads are nope + rope wide (192 at hymo-750m) for q and k and v_dim (128) for v. The attention
+runs at those widths (`attention_layout`): on the CPU and the meta device SDPA takes them as they are,
+and on CUDA its cuDNN backend does (sm_90: qk 192 / v 128, a flash-attention kernel) when
+`can_use_cudnn_attention` says so. Only where it does not does the call fall back to the FlashAttention
+backend, which wants one head dim for q, k and v (a multiple of 8, at most 256): v is zero-padded to the
+shared width (q and k too when that is not a multiple of 8) and the output sliced back. Zero value
 columns give zero output columns and zero q/k columns add nothing to a score, so the result is the
-unpadded one; the softmax scale is passed as 1 / sqrt(nope + rope) explicitly.
+unpadded one, at (qk + qk) / (qk + v) = 1.2x the attention FLOPs the planner counts (hymo-750m) plus
+the pad and slice copies; the softmax scale is passed as 1 / sqrt(nope + rope) explicitly.
+
+RoPE runs on the shared rotary key (B, S, 1, rope) before it is expanded over the heads, not on the
+expanded keys (H times the work), except with QK-norm, which normalises whole expanded keys first.
 
 The cache stores only c_kv and the unrotated k_r per position (kv_lora_rank +
 qk_rope_head_dim numbers per token and layer, whatever the head count). Cached
@@ -56,6 +63,38 @@ def attend_padded(q_BHTX: torch.Tensor, k_BHSX: torch.Tensor, v_BHSV: torch.Tens
     q_BHTX, k_BHSX = (F.pad(t, (0, width - qk_dim)) if width > qk_dim else t for t in (q_BHTX, k_BHSX))
     v_BHSV = F.pad(v_BHSV, (0, width - v_dim)) if width > v_dim else v_BHSV
     return attend(q_BHTX, k_BHSX, v_BHSV, ctx, scale=1.0 / math.sqrt(qk_dim))[..., :v_dim]
+
+
+def cudnn_takes(q_BHTX: torch.Tensor, k_BHSX: torch.Tensor, v_BHSV: torch.Tensor) -> bool:
+    """Whether SDPA's cuDNN backend runs this causal, maskless call at its own head widths (CUDA only)."""
+    if not q_BHTX.is_cuda:
+        return False
+    from torch.backends.cuda import SDPAParams, can_use_cudnn_attention
+
+    return bool(can_use_cudnn_attention(SDPAParams(q_BHTX, k_BHSX, v_BHSV, None, 0.0, True, False)))
+
+
+def attention_layout(q_BHTX: torch.Tensor, k_BHSX: torch.Tensor, v_BHSV: torch.Tensor, ctx: MixerContext) -> str:
+    """"unpadded" (any backend takes the widths: equal, or not CUDA), "cudnn" (CUDA, cuDNN takes them) or "padded"."""
+    if q_BHTX.shape[-1] == v_BHSV.shape[-1] or not q_BHTX.is_cuda:
+        return "unpadded"
+    if ctx.start == 0 and ctx.rows is None and cudnn_takes(q_BHTX, k_BHSX, v_BHSV):
+        return "cudnn"
+    return "padded"
+
+
+def attend_mla(q_BHTX: torch.Tensor, k_BHSX: torch.Tensor, v_BHSV: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
+    """Causal SDPA of MLA's heads at their true widths where a fast backend takes them, else `attend_padded`."""
+    layout = attention_layout(q_BHTX, k_BHSX, v_BHSV, ctx)
+    scale = 1.0 / math.sqrt(q_BHTX.shape[-1])
+    if layout == "unpadded":
+        return attend(q_BHTX, k_BHSX, v_BHSV, ctx, scale=scale)
+    if layout == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return attend(q_BHTX, k_BHSX, v_BHSV, ctx, scale=scale)
+    return attend_padded(q_BHTX, k_BHSX, v_BHSV, ctx)
 
 
 @dataclass
@@ -133,15 +172,18 @@ class MultiHeadLatentAttention(nn.Module):
         S = latent_BTR.shape[1]  # key positions: 0 .. start + T - 1
         k_nope_BSHN, v_BSHV = self.kv_b_proj(latent_BTR).view(B, S, H, self.nope_dim + self.v_dim).split(
             (self.nope_dim, self.v_dim), dim=-1)
-        k_BSHX = torch.cat((k_nope_BSHN, k_rope_BTD[:, :, None, :].expand(B, S, H, self.rope_dim)), dim=-1)
-        if self.q_norm is not None:
+        if self.q_norm is None:  # RoPE once on the shared rotary key, then expanded over the heads (keys start at 0)
+            k_rope_BS1D = self.rotate_from_zero(k_rope_BTD[:, :, None, :], ctx)
+            k_BSHX = torch.cat((k_nope_BSHN, k_rope_BS1D.expand(B, S, H, self.rope_dim)), dim=-1)
+        else:  # QK-norm normalises whole expanded keys before RoPE
+            k_BSHX = torch.cat((k_nope_BSHN, k_rope_BTD[:, :, None, :].expand(B, S, H, self.rope_dim)), dim=-1)
             q_BTHX, k_BSHX = self.q_norm(q_BTHX), self.k_norm(k_BSHX)
+            k_BSHX = self.rotate(k_BSHX, ctx, from_zero=True)
         q_BTHX = self.rotate(q_BTHX, ctx)
-        k_BSHX = self.rotate(k_BSHX, ctx, from_zero=True)  # keys always start at position 0
         q_BHTX, k_BHSX, v_BHSV = (t.transpose(1, 2) for t in (q_BTHX, k_BSHX, v_BSHV))
         if ctx.cache is None and self.probe:
             self.max_logit_H = causal_max_logits(q_BHTX, k_BHSX, math.sqrt(self.qk_dim), skip_below=self.probe_skip_below)
-        y_BHTV = attend_padded(q_BHTX, k_BHSX, v_BHSV, ctx)
+        y_BHTV = attend_mla(q_BHTX, k_BHSX, v_BHSV, ctx)
         return self.wo(y_BHTV.transpose(1, 2).reshape(B, T, H * self.v_dim))
 
     def decode_absorbed(self, q_BTHX: torch.Tensor, latent_BSR: torch.Tensor, k_rope_BSD: torch.Tensor,
