@@ -28,13 +28,13 @@ from hymo_core.train.launch_count import LaunchCounter
 BUDGET_PRESET, BUDGET_BATCH, BUDGET_SEQ = "hymo-750m", 2, 4096
 # bench/block_budget.py prints the counts these were set from (docs/benchmarks.md, "Block budget").
 BUDGET: dict[str, tuple[int, int]] = {
-    "gdn": (90, 4_200_000_000),
-    "mla": (40, 1_280_000_000),
+    "gdn": (70, 4_250_000_000),
+    "mla": (34, 980_000_000),
     "ffn": (10, 940_000_000),
-    "moe": (107, 3_630_000_000),
-    "mtp": (184, 60_700_000_000),
+    "moe": (88, 3_480_000_000),
+    "mtp": (304, 86_600_000_000),  # chunked head loss: more launches and traffic (the recompute), no full logits held
     "rest": (338, 38_200_000_000),
-    "model": (4_098, 261_000_000_000),
+    "model": (3_538, 285_000_000_000),
 }
 
 
