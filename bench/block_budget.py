@@ -35,7 +35,8 @@ spec = importlib.util.spec_from_file_location("block_budget_counting", sys.argv[
 counting = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = counting  # dataclasses look their module up there
 spec.loader.exec_module(counting)
-print(json.dumps({"units": [vars(u) for u in counting.count_units()], "optimizer": counting.count_optimizer_step()}))
+print(json.dumps({"units": [vars(u) for u in counting.count_units()], "optimizer": counting.count_optimizer_step(),
+                  "qk_clip": counting.count_qk_clip()}))
 """
 
 
@@ -60,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from hymo_core.train.block_budget import (BUDGET, BUDGET_BATCH, BUDGET_PRESET, BUDGET_SEQ, UnitCount, count_optimizer_step,
-                                              count_units, format_table)
+                                              count_qk_clip, count_units, format_table)
 
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"{BUDGET_PRESET}, {BUDGET_BATCH} x {BUDGET_SEQ}, forward + backward on the meta device (bf16 weights, grouped experts)")
@@ -70,11 +71,13 @@ def main() -> None:
         print(f"\nbefore ({args.before}):\n")
         print(format_table(before))
         print(f"\noptimizer step (steady state): {counted['optimizer'][0]:,} launches, {counted['optimizer'][1] / 1e9:.1f} GB")
+        print(f"QK-Clip rescale, every softmax layer: {counted['qk_clip']} launches")
     after = count_units()
     print(f"\nafter ({head}{', uncommitted changes' if _dirty() else ''}):\n")
     print(format_table(after, BUDGET))
     optimizer = count_optimizer_step()
     print(f"\noptimizer step (steady state): {optimizer[0]:,} launches, {optimizer[1] / 1e9:.1f} GB")
+    print(f"QK-Clip rescale, every softmax layer: {count_qk_clip()} launches")
     if args.before:
         old = {u.name: u for u in before}
         print("\n| unit | launches before -> after | GB moved before -> after (in model) |\n|---|---|---|")

@@ -157,3 +157,20 @@ def count_optimizer_step(preset: str = BUDGET_PRESET) -> tuple[int, int]:
     with counter, counter.phase("optimizer"):
         optimizer.step()
     return counter.launches("optimizer"), counter.bytes_moved("optimizer")
+
+
+def count_qk_clip(preset: str = BUDGET_PRESET) -> dict[str, int]:
+    """Launches of QK-Clip's rescale over every softmax layer of the preset, with every head over the threshold and
+    with none (the trainer's `QKClip.apply` after an update; the probe is the attention unit's)."""
+    from hymo_core.train.trainer import QKClip
+
+    model = meta_model(preset).float()  # fp32 master weights, as the optimizer holds them
+    counts = {}
+    for label, maximum in (("clipped", 150.0), ("none clipped", 50.0)):
+        clip = QKClip(model, threshold=100.0, enabled=True)
+        clip.maxima_LH = torch.full((len(model.softmax_mixers()), model.config.n_heads), maximum, device="meta")
+        counter = LaunchCounter()
+        with counter:
+            clip.apply()
+        counts[label] = counter.launches()
+    return counts
