@@ -251,7 +251,7 @@ def row_kernel_launches(model: ModelKernelShapes, capability: int) -> list[Launc
                      ELEMENTWISE, capability)
     for D in model.probe_dims:
         out += _launches("hymo_core.kernels.logit_probe._causal_max_logit_kernel", preset, f"qk dim {D}",
-                         dict(q_ptr=bf16, k_ptr=bf16, out_ptr=fp32, T=WAVE_T, H=heads, G=1, D=D, NQ=WAVE_T // 64,
+                         dict(q_ptr=bf16, k_ptr=bf16, key_norm_ptr=fp32, out_ptr=fp32, skip_below=100.0, T=WAVE_T, H=heads, G=1, D=D, NQ=WAVE_T // 64,
                               sq_b=WAVE_T * heads * D, sq_h=D, sq_t=heads * D, sk_b=WAVE_T * heads * D, sk_h=D,
                               sk_t=heads * D),
                          dict(BD=max(16, triton.next_power_of_2(D))),

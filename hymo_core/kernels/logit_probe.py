@@ -20,6 +20,8 @@ import torch
 from hymo_core.kernels.backend import HAVE_TRITON, resolve_backend
 
 PROBE_CHUNK_ELEMENTS = 1 << 26  # 256 MB of fp32 scores per chunk at most
+NEVER_SKIP = -1.0  # `skip_below` that makes every query block exact (|q.k| >= 0 > -1)
+BOUND_SLACK = 1.0 + 1e-3  # the Cauchy-Schwarz bound, widened past fp32 rounding of the norms and the dot
 
 if HAVE_TRITON:
     import triton
@@ -31,13 +33,17 @@ if HAVE_TRITON:
 
     @autotuned(PROBE_CONFIGS, key=["D"])
     @triton.jit
-    def _causal_max_logit_kernel(q_ptr, k_ptr, out_ptr, T, H, G, D, NQ, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t,
-                                 BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    def _causal_max_logit_kernel(q_ptr, k_ptr, key_norm_ptr, out_ptr, skip_below, T, H, G, D, NQ, sq_b, sq_h, sq_t,
+                                 sk_b, sk_h, sk_t, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
         """max |q.k| over one block of BM queries and every key at or before each query (one number per program).
 
         Scores live one (BM, BN) tile at a time, never in memory. The dot multiplies the inputs as
         they are (bf16 MMA with fp32 accumulation on bf16 activations, IEEE fp32 on fp32): the probe
         reads the logits attention itself computes from those operands.
+
+        Cauchy-Schwarz first: |q.k| <= max |q| over the block x max |k| of the (batch, key head)
+        (`key_norm_ptr`). When that bound is at most `skip_below` the block runs no key tile and
+        stores the bound instead (QK-Clip's threshold: no logit of the block can be clipped).
         """
         i_m, i_bh = tl.program_id(0), tl.program_id(1)
         i_b, i_h = i_bh // H, i_bh % H
@@ -47,8 +53,12 @@ if HAVE_TRITON:
         k_base = k_ptr + i_b.to(tl.int64) * sk_b + (i_h // G).to(tl.int64) * sk_h
         q = tl.load(q_base + rows[:, None].to(tl.int64) * sq_t + d[None, :],
                     mask=(rows < T)[:, None] & (d < D)[None, :], other=0.0)
+        q32 = q.to(tl.float32)
+        key_norm = tl.load(key_norm_ptr + i_b * (H // G) + i_h // G)
+        bound = tl.sqrt(tl.max(tl.sum(q32 * q32, 1), 0)) * key_norm * 1.001  # BOUND_SLACK
+        skipped = bound <= skip_below
         peak = tl.zeros([BM], dtype=tl.float32)
-        for n0 in range(0, tl.minimum(T, i_m * BM + BM), BN):
+        for n0 in range(0, tl.where(skipped, 0, tl.minimum(T, i_m * BM + BM)), BN):
             cols = n0 + tl.arange(0, BN)
             k = tl.load(k_base + cols[:, None].to(tl.int64) * sk_t + d[None, :],
                         mask=(cols < T)[:, None] & (d < D)[None, :], other=0.0)
@@ -58,16 +68,19 @@ if HAVE_TRITON:
                 scores = tl.dot(q, tl.trans(k))
             visible = (cols[None, :] <= rows[:, None]) & (cols < T)[None, :]
             peak = tl.maximum(peak, tl.max(tl.where(visible, tl.abs(scores), 0.0), 1))
-        tl.store(out_ptr + i_bh.to(tl.int64) * NQ + i_m, tl.max(peak, 0))
+        tl.store(out_ptr + i_bh.to(tl.int64) * NQ + i_m, tl.where(skipped, bound, tl.max(peak, 0)))
 
 
-def causal_max_logits_triton(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor) -> torch.Tensor:
-    """(H,) max |q.k| (not yet divided by sqrt d): one partial maximum per (query block, batch, head)."""
+def causal_max_logits_triton(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, skip_below: float = NEVER_SKIP) -> torch.Tensor:
+    """(H,) max |q.k| (not yet divided by sqrt d): one partial maximum per (query block, batch, head).
+
+    A query block whose Cauchy-Schwarz bound is at most `skip_below` stores the bound (see the kernel)."""
     B, H, T, D = q_BHTD.shape
     q_BHTD, k_BKTD = (x if x.stride(-1) == 1 else x.contiguous() for x in (q_BHTD, k_BKTD))
     NQ = triton.cdiv(T, 64)  # every config uses BM = 64
+    key_norm_BK = torch.linalg.vector_norm(k_BKTD, dim=-1, dtype=torch.float32).amax(dim=-1)
     partial_BHN = torch.empty(B, H, NQ, device=q_BHTD.device, dtype=torch.float32)
-    launch(_causal_max_logit_kernel, lambda meta: (NQ, B * H), q_BHTD, k_BKTD, partial_BHN, T, H,
+    launch(_causal_max_logit_kernel, lambda meta: (NQ, B * H), q_BHTD, k_BKTD, key_norm_BK, partial_BHN, float(skip_below), T, H,
            H // k_BKTD.shape[1], D, NQ, *q_BHTD.stride()[:3], *k_BKTD.stride()[:3],
            BD=max(16, triton.next_power_of_2(D)))
     return partial_BHN.amax(dim=(0, 2))
@@ -94,28 +107,38 @@ def causal_max_logits_reference(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor,
 
 
 @torch.library.custom_op("hymo::causal_max_logits", mutates_args=())
-def causal_max_logits_op(q: torch.Tensor, k: torch.Tensor, chunk_elements: int, backend: str) -> torch.Tensor:
-    """(H,) fp32 max |q.k|. A read-only probe: no autograd rule (it runs under no_grad)."""
+def causal_max_logits_op(q: torch.Tensor, k: torch.Tensor, chunk_elements: int, backend: str,
+                         skip_below: float = NEVER_SKIP) -> torch.Tensor:
+    """(H,) fp32 max |q.k|. A read-only probe: no autograd rule (it runs under no_grad).
+
+    Where a head's maximum is above `skip_below` it is exact; elsewhere the value lies between the exact
+    maximum and `skip_below` (Triton skips the blocks a norm bound clears; the reference is always exact)."""
     if backend == "triton":
-        return causal_max_logits_triton(q, k)
+        return causal_max_logits_triton(q, k) if skip_below == NEVER_SKIP else causal_max_logits_triton(q, k, skip_below)
     return causal_max_logits_reference(q, k, chunk_elements)
 
 
 @causal_max_logits_op.register_fake
-def _(q, k, chunk_elements, backend):
+def _(q, k, chunk_elements, backend, skip_below=NEVER_SKIP):
     return q.new_empty(q.shape[1], dtype=torch.float32)
 
 
 @torch.no_grad()
 def causal_max_logits(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, sqrt_d: float,
-                      chunk_elements: int = PROBE_CHUNK_ELEMENTS, backend: str | None = None) -> torch.Tensor:
-    """(H,) fp32: max over batch and visible pairs of |q.k| / sqrt_d; key head k serves query heads k*G .. k*G+G-1."""
-    return causal_max_logits_op(q_BHTD, k_BKTD, chunk_elements, resolve_backend(q_BHTD, backend)) / sqrt_d
+                      chunk_elements: int = PROBE_CHUNK_ELEMENTS, backend: str | None = None,
+                      skip_below: float | None = None) -> torch.Tensor:
+    """(H,) fp32: max over batch and visible pairs of |q.k| / sqrt_d; key head k serves query heads k*G .. k*G+G-1.
+
+    `skip_below` (a logit, e.g. QK-Clip's threshold): heads whose maximum is at most it may return any value in
+    [their maximum, skip_below] instead, so the kernel skips the query blocks a norm bound clears. None: exact."""
+    skip = NEVER_SKIP if skip_below is None else skip_below * sqrt_d
+    return causal_max_logits_op(q_BHTD, k_BKTD, chunk_elements, resolve_backend(q_BHTD, backend), skip) / sqrt_d
 
 
 @torch.no_grad()
 def scale_rows_(weight_RD: torch.Tensor, factor_R: torch.Tensor) -> None:
-    """weight[r] *= factor_R[r] in one broadcast multiply (a DTensor shard scales only its own rows)."""
+    """weight[r] *= factor_R[r] in one broadcast multiply (a DTensor shard scales only its own rows). The fp32
+    factor multiplies in place without a cast of its own (the in-place multiply converts as it goes)."""
     factor_R1 = factor_R.to(torch.float32).reshape(-1, 1)
     if hasattr(weight_RD, "to_local"):
         from torch.distributed.tensor import distribute_tensor
@@ -123,7 +146,7 @@ def scale_rows_(weight_RD: torch.Tensor, factor_R: torch.Tensor) -> None:
         local = distribute_tensor(factor_R1.to(weight_RD.device), weight_RD.device_mesh, weight_RD.placements, src_data_rank=None)
         weight_RD.to_local().mul_(local.to_local().to(weight_RD.dtype))
         return
-    weight_RD.mul_(factor_R1.to(weight_RD.device, weight_RD.dtype))
+    weight_RD.mul_(factor_R1.to(weight_RD.device))
 
 
 @torch.no_grad()

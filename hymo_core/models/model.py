@@ -34,6 +34,7 @@ from hymo_core.models.layers.block import Block
 from hymo_core.models.layers.context import MixerContext, RowPositions
 from hymo_core.models.layers.ffn import FeedForward  # noqa: F401  (re-exported)
 from hymo_core.models.layers.moe import MoE, Reduce, moe_after_optimizer_step
+from hymo_core.models.head_loss import chunked_head_loss
 from hymo_core.models.layers.mtp import MultiTokenPrediction
 from hymo_core.models.layers.norm import RMSNorm
 from hymo_core.models.materialise import draw_init_seed, initialise_, materialise_, residual_std
@@ -239,8 +240,8 @@ class Transformer(nn.Module):
         if self.mtp is not None:
             ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2)
             mtp_loss, per_depth = self.mtp(
-                hidden_BTD, targets_BT, self.tok_embeddings, self.head,
-                lambda logits, targets: kernels.cross_entropy_loss(logits, targets, z_loss=0.0, backend=self.kernel_backend)[0],
+                hidden_BTD, targets_BT, self.tok_embeddings,
+                lambda hidden_ND, targets_N: chunked_head_loss(hidden_ND, self.head, targets_N, backend=self.kernel_backend)[0],
                 lambda block, x_BTD: block(x_BTD, ctx))
             self.last_mtp_ce = [ce.detach() for ce in per_depth]
             extra = extra + mtp_loss
@@ -293,9 +294,12 @@ class Transformer(nn.Module):
         """
         return [block.attn for block in self.blocks() if block.is_softmax]
 
-    def set_attention_probe(self, enabled: bool) -> None:
+    def set_attention_probe(self, enabled: bool, skip_below: float | None = None) -> None:
+        """`skip_below`: heads whose maxima stay at or under this logit may report any value up to it (the probe
+        then skips the query blocks a norm bound clears: QK-Clip's threshold on steps that are not logged)."""
         for attn in self.softmax_mixers():
             attn.probe = enabled
+            attn.probe_skip_below = skip_below
             if not enabled:
                 attn.max_logit_H = None
 

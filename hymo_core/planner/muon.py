@@ -24,14 +24,15 @@ SCHEMES = ("gather", "owned")
 
 
 def mixer_matrix_shapes(shape: ModelShape, kind: str) -> list[tuple[int, int]]:
-    """(out, in) of a token mixer's 2-D weights, in the layer's parameter order."""
+    """(out, in) of a token mixer's Muon / NorMuon weights, in the layer's parameter order (GDN's H x d gate
+    projections a_proj / b_proj are AdamW's: hymo_core/train/partition.py)."""
     d, H = shape.d_model, shape.n_heads
     if kind == "A":
         kv = shape.n_kv_heads * shape.head_dim
         return [(d, d), (kv, d), (kv, d), (d, d)]  # q, k, v, o
     if kind == "G":
         key, value, heads = shape.gdn_heads * shape.gdn_key_head_dim, shape.gdn_heads * shape.gdn_value_head_dim, shape.gdn_heads
-        return [(key, d), (key, d), (value, d), (heads, d), (heads, d), (value, d), (d, value)]  # q k v a b g o
+        return [(key, d), (key, d), (value, d), (value, d), (d, value)]  # q k v g o
     if kind == "M":
         qk = shape.mla_nope_dim + shape.mla_rope_dim
         return [(shape.mla_q_rank, d), (H * qk, shape.mla_q_rank), (shape.mla_kv_rank + shape.mla_rope_dim, d),

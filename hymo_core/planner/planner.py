@@ -181,9 +181,11 @@ def block_parameters(shape: ModelShape, kind: str, active: bool = False) -> int:
 
 
 def dense_matrix_parameters(shape: ModelShape, kind: str) -> int:
-    """The NorMuon part of one block: mixer matrices and, when not MoE, the dense FFN."""
+    """The NorMuon part of one block: mixer matrices and, when not MoE, the dense FFN (GDN's H x d gate projections
+    a_proj / b_proj are AdamW's: hymo_core/train/partition.py)."""
     ffn = 0 if kind in shape.moe_on else 3 * shape.d_model * shape.ffn_dim
-    return mixer_parameters(shape, kind) - mixer_vectors(shape, kind) + ffn
+    gates = 2 * shape.gdn_heads * shape.d_model if kind == "G" else 0
+    return mixer_parameters(shape, kind) - mixer_vectors(shape, kind) - gates + ffn
 
 
 def mtp_block_shape(shape: ModelShape) -> ModelShape:
@@ -231,7 +233,8 @@ def mixer_sequence_flops(shape: ModelShape, kind: str, seq_len: int) -> int:
     """Forward FLOPs per token beyond the mixer's weight matmuls, at training length seq_len.
 
     A / M: scores and values over the causally visible half of the keys,
-    2 x (T / 2) x H x (qk + v). G: per head, one 64-token chunk's matmuls spread
+    2 x (T / 2) x H x (qk + v); MLA's call runs at these widths (qk 192 / v 128 at hymo-750m: cuDNN's kernel
+    on sm_90, layers/mla.py), not with v padded to qk's width for FlashAttention. G: per head, one 64-token chunk's matmuls spread
     over its tokens, 2 C (3 K + 2 V) (decays x k k^T, the UT solve applied to k
     and v, masked q k^T and its product with U), plus 6 K V for the three
     state products (W h, q h, k^T U): linear in T, so independent of seq_len.

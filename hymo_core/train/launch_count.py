@@ -24,7 +24,8 @@ count is the same on the meta device (real preset shapes, no memory), on the CPU
 
 Attention on the meta device or the CPU would decompose into the math backend (bmm, softmax, masks);
 with `sdpa_as_flash` (the default) a causal, maskless `F.scaled_dot_product_attention` call runs as
-`aten._scaled_dot_product_flash_attention` instead, one kernel forward and one backward, as on the GPU.
+`aten._scaled_dot_product_flash_attention` instead, one kernel forward and one backward, as on the GPU
+(`aten._scaled_dot_product_cudnn_attention` where v is narrower than q and k, as MLA's call runs on sm_90).
 """
 from __future__ import annotations
 
@@ -124,6 +125,9 @@ class _FlashAttention(TorchFunctionMode):
 def _as_flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if attn_mask is not None or (enable_gqa and query.shape[-3] != key.shape[-3]):
         return None
+    if value.shape[-1] != query.shape[-1]:  # flash wants one head width: cuDNN's kernel takes these (MLA on sm_90)
+        return aten._scaled_dot_product_cudnn_attention(query, key, value, None, True, dropout_p, is_causal, False,
+                                                        scale=scale)[0]
     return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
 
 

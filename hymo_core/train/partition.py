@@ -21,6 +21,11 @@ optimizers:
                   that load balancing sees experts whose size only the data sets;
                 - GDN's A_log / dt_bias: they parametrise decay rates, so shrinking them moves the
                   state's memory horizon;
+                - GDN's gate projections a_proj / b_proj (H x d: 7 x 896 at hymo-750m, 48 of them):
+                  they write one number per head (the decay's and beta's pre-activations), a
+                  router-like signal whose scale is the gate's sharpness, and a 7-row matrix gains
+                  nothing from Newton-Schulz. A departure from seed 000 §2.1, whose table leaves
+                  every 2-D mixer matrix to NorMuon (issue 54; docs/training.md says why);
                 - stacked (3-D+) weights and the GDN short-convolution kernels.
 
 Each optimizer maps the kinds to its own group names (kept as they were, so existing checkpoints
@@ -43,7 +48,7 @@ UNNAMED_MATRIX_RULE = "unnamed_matrix"  # the seed's fall-through to the matrix 
 DENSE_MATRIX_MODULES = frozenset({
     "q_proj", "k_proj", "v_proj", "o_proj",
     "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "wq", "wk", "wv", "wo",
-    "in_proj", "out_proj", "a_proj", "b_proj", "g_proj",  # GDN: its in_proj split by output (fla's names)
+    "in_proj", "out_proj", "g_proj",  # GDN: its in_proj split by output (fla's names); a_proj / b_proj are gates
     "gate_proj", "up_proj", "down_proj",
     "proj",
 })
@@ -88,6 +93,7 @@ PARTITION_RULES: tuple[PartitionRule, ...] = (
     PartitionRule("routed_experts", "no_decay", _inside("experts")),
     PartitionRule("shared_expert", "no_decay", _inside("shared_expert", "shared_experts")),
     PartitionRule("gdn_scalars", "no_decay", _called("A_log", "dt_bias")),
+    PartitionRule("gdn_gates", "no_decay", lambda name, param: param.ndim == 2 and _owner_is("a_proj", "b_proj")(name, param)),
     PartitionRule("norm_gain", "no_decay", _norm_gain),
     PartitionRule("vector", "no_decay", lambda name, param: param.ndim < 2),
     PartitionRule("tensor_3d_or_more", "no_decay", lambda name, param: param.ndim > 2),

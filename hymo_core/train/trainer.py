@@ -201,8 +201,13 @@ class QKClip:
             return 0
         over_LH = self.maxima_LH > self.threshold
         gamma_LH = torch.where(over_LH, self.threshold / self.maxima_LH, torch.ones_like(self.maxima_LH))
-        for mixer, gamma_H in zip(self.model.softmax_mixers(), gamma_LH):
-            mixer.qk_clip_(gamma_H)  # the mixer knows which projection rows make a head's logits
+        mixers = self.model.softmax_mixers()
+        batched = getattr(type(mixers[0]), "qk_clip_all_", None) if mixers else None
+        if batched is not None and all(type(m) is type(mixers[0]) for m in mixers):
+            batched(mixers, gamma_LH)  # every layer's row factors at once (MLA: 2 L + 4 launches)
+        else:
+            for mixer, gamma_H in zip(mixers, gamma_LH):
+                mixer.qk_clip_(gamma_H)  # the mixer knows which projection rows make a head's logits
         self.maxima_LH = None
         return over_LH.sum()
 
@@ -465,7 +470,8 @@ def train(
                 monitor.start_update(logged)  # activation / log-Z hooks exist on logging steps only
                 # The probe costs a chunked q.k pass per layer: only when QK-Clip acts or this step is logged.
                 probing = config.qk_clip or logged
-                model.set_attention_probe(probing)
+                # A step that only clips needs exact maxima only above tau: the probe skips blocks a norm bound clears.
+                model.set_attention_probe(probing, skip_below=None if logged else config.qk_clip_threshold)
                 update_loss, update_tokens, update_mtp_ce = None, 0, []
                 # Noise scale (hymo_core/train/noise_scale.py): the first micro-batch's |grad|^2 vs the update's, logged steps only.
                 small_sq, small_tokens = None, 0

@@ -74,6 +74,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.probe = False
+        self.probe_skip_below: float | None = None  # QK-Clip's threshold on steps that only clip (logit_probe.py)
         self.max_logit_H: torch.Tensor | None = None
 
     def residual_weights(self) -> list[nn.Parameter]:
@@ -103,7 +104,7 @@ class Attention(nn.Module):
         if ctx.cache is not None:
             k_BKTD, v_BKTD = ctx.cache.append(ctx, k_BKTD, v_BKTD)
         elif self.probe:  # chunked, never a full B*H*T*T score tensor beside SDPA
-            self.max_logit_H = causal_max_logits(q_BHTD, k_BKTD, math.sqrt(self.head_dim))
+            self.max_logit_H = causal_max_logits(q_BHTD, k_BKTD, math.sqrt(self.head_dim), skip_below=self.probe_skip_below)
         y_BHTD = attend(q_BHTD, k_BKTD, v_BKTD, ctx)
         return self.o_proj(y_BHTD.transpose(1, 2).reshape(B, T, -1))
 

@@ -96,16 +96,17 @@ class GatedDeltaNet(nn.Module):
         w_in = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj.weight,
                           self.a_proj.weight, self.b_proj.weight))
         qkv_BTC, gate_BTX, a_BTH, b_BTH = F.linear(x_BTD, w_in).split((2 * H * K + H * V, H * V, H, H), dim=-1)
-        q_BTX, k_BTX, v_BTX = self.short_conv(qkv_BTC, ctx.cache).split((H * K, H * K, H * V), dim=-1)
-        q_BTHK = F.normalize(q_BTX.view(B, T, H, K).float(), dim=-1)
-        k_BTHK = F.normalize(k_BTX.view(B, T, H, K).float(), dim=-1)
+        qk_BTX, v_BTX = self.short_conv(qkv_BTC, ctx.cache).split((2 * H * K, H * V), dim=-1)
+        # q and k side by side: one fp32 L2 normalisation over 2 H heads (half the launches of two), then split
+        qk_BTGK = F.normalize(qk_BTX.reshape(B, T, 2 * H, K).float(), dim=-1).to(v_BTX.dtype)
+        q_BTHK, k_BTHK = qk_BTGK.split((H, H), dim=2)
         v_BTHV = v_BTX.reshape(B, T, H, V)
         g_BTH = -self.A_log.float().exp() * F.softplus(a_BTH.float() + self.dt_bias.float())
         beta_BTH = torch.sigmoid(b_BTH.float())
         initial = ctx.cache.state_BHKV if ctx.cache is not None else None
         # One new token (decoding): the recurrent step itself, not a chunked pass padded to a whole chunk.
         backend = "recurrent" if ctx.cache is not None and T == 1 else self.kernel_backend
-        o_BTHV, state_BHKV = gated_delta_rule(q_BTHK.to(v_BTHV.dtype), k_BTHK.to(v_BTHV.dtype), v_BTHV, g_BTH,
+        o_BTHV, state_BHKV = gated_delta_rule(q_BTHK, k_BTHK, v_BTHV, g_BTH,
                                               beta_BTH, initial_state_BHKV=initial, backend=backend)
         if ctx.cache is not None:
             ctx.cache.state_BHKV = state_BHKV.detach()

@@ -6,11 +6,18 @@
     k            = [k_nope | RoPE(k_r)], the rotated part shared by every head
     y            = wo(SDPA(q, k, v, causal))
 
-SDPA's FlashAttention backend wants one head dim for q, k and v, a multiple of 8, at most 256; MLA's
-are nope + rope (192 at hymo-750m) for q and k and v_dim (128) for v, so v is zero-padded to the
-shared width (q and k too when that is not a multiple of 8) and the output sliced back: zero value
+MLA's heads are nope + rope wide (192 at hymo-750m) for q and k and v_dim (128) for v. The attention
+runs at those widths (`attention_layout`): on the CPU and the meta device SDPA takes them as they are,
+and on CUDA its cuDNN backend does (sm_90: qk 192 / v 128, a flash-attention kernel) when
+`can_use_cudnn_attention` says so. Only where it does not does the call fall back to the FlashAttention
+backend, which wants one head dim for q, k and v (a multiple of 8, at most 256): v is zero-padded to the
+shared width (q and k too when that is not a multiple of 8) and the output sliced back. Zero value
 columns give zero output columns and zero q/k columns add nothing to a score, so the result is the
-unpadded one; the softmax scale is passed as 1 / sqrt(nope + rope) explicitly.
+unpadded one, at (qk + qk) / (qk + v) = 1.2x the attention FLOPs the planner counts (hymo-750m) plus
+the pad and slice copies; the softmax scale is passed as 1 / sqrt(nope + rope) explicitly.
+
+RoPE runs on the shared rotary key (B, S, 1, rope) before it is expanded over the heads, not on the
+expanded keys (H times the work), except with QK-norm, which normalises whole expanded keys first.
 
 The cache stores only c_kv and the unrotated k_r per position (kv_lora_rank +
 qk_rope_head_dim numbers per token and layer, whatever the head count). Cached
@@ -58,6 +65,38 @@ def attend_padded(q_BHTX: torch.Tensor, k_BHSX: torch.Tensor, v_BHSV: torch.Tens
     return attend(q_BHTX, k_BHSX, v_BHSV, ctx, scale=1.0 / math.sqrt(qk_dim))[..., :v_dim]
 
 
+def cudnn_takes(q_BHTX: torch.Tensor, k_BHSX: torch.Tensor, v_BHSV: torch.Tensor) -> bool:
+    """Whether SDPA's cuDNN backend runs this causal, maskless call at its own head widths (CUDA only)."""
+    if not q_BHTX.is_cuda:
+        return False
+    from torch.backends.cuda import SDPAParams, can_use_cudnn_attention
+
+    return bool(can_use_cudnn_attention(SDPAParams(q_BHTX, k_BHSX, v_BHSV, None, 0.0, True, False)))
+
+
+def attention_layout(q_BHTX: torch.Tensor, k_BHSX: torch.Tensor, v_BHSV: torch.Tensor, ctx: MixerContext) -> str:
+    """"unpadded" (any backend takes the widths: equal, or not CUDA), "cudnn" (CUDA, cuDNN takes them) or "padded"."""
+    if q_BHTX.shape[-1] == v_BHSV.shape[-1] or not q_BHTX.is_cuda:
+        return "unpadded"
+    if ctx.start == 0 and ctx.rows is None and cudnn_takes(q_BHTX, k_BHSX, v_BHSV):
+        return "cudnn"
+    return "padded"
+
+
+def attend_mla(q_BHTX: torch.Tensor, k_BHSX: torch.Tensor, v_BHSV: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
+    """Causal SDPA of MLA's heads at their true widths where a fast backend takes them, else `attend_padded`."""
+    layout = attention_layout(q_BHTX, k_BHSX, v_BHSV, ctx)
+    scale = 1.0 / math.sqrt(q_BHTX.shape[-1])
+    if layout == "unpadded":
+        return attend(q_BHTX, k_BHSX, v_BHSV, ctx, scale=scale)
+    if layout == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return attend(q_BHTX, k_BHSX, v_BHSV, ctx, scale=scale)
+    return attend_padded(q_BHTX, k_BHSX, v_BHSV, ctx)
+
+
 @dataclass
 class LatentCache:
     latent_BSR: torch.Tensor  # normalised c_kv
@@ -100,6 +139,7 @@ class MultiHeadLatentAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.probe = False
+        self.probe_skip_below: float | None = None  # QK-Clip's threshold on steps that only clip (logit_probe.py)
         self.max_logit_H: torch.Tensor | None = None
 
     def residual_weights(self) -> list[nn.Parameter]:
@@ -132,15 +172,18 @@ class MultiHeadLatentAttention(nn.Module):
         S = latent_BTR.shape[1]  # key positions: 0 .. start + T - 1
         k_nope_BSHN, v_BSHV = self.kv_b_proj(latent_BTR).view(B, S, H, self.nope_dim + self.v_dim).split(
             (self.nope_dim, self.v_dim), dim=-1)
-        k_BSHX = torch.cat((k_nope_BSHN, k_rope_BTD[:, :, None, :].expand(B, S, H, self.rope_dim)), dim=-1)
-        if self.q_norm is not None:
+        if self.q_norm is None:  # RoPE once on the shared rotary key, then expanded over the heads (keys start at 0)
+            k_rope_BS1D = self.rotate_from_zero(k_rope_BTD[:, :, None, :], ctx)
+            k_BSHX = torch.cat((k_nope_BSHN, k_rope_BS1D.expand(B, S, H, self.rope_dim)), dim=-1)
+        else:  # QK-norm normalises whole expanded keys before RoPE
+            k_BSHX = torch.cat((k_nope_BSHN, k_rope_BTD[:, :, None, :].expand(B, S, H, self.rope_dim)), dim=-1)
             q_BTHX, k_BSHX = self.q_norm(q_BTHX), self.k_norm(k_BSHX)
+            k_BSHX = self.rotate(k_BSHX, ctx, from_zero=True)
         q_BTHX = self.rotate(q_BTHX, ctx)
-        k_BSHX = self.rotate(k_BSHX, ctx, from_zero=True)  # keys always start at position 0
         q_BHTX, k_BHSX, v_BHSV = (t.transpose(1, 2) for t in (q_BTHX, k_BSHX, v_BSHV))
         if ctx.cache is None and self.probe:
-            self.max_logit_H = causal_max_logits(q_BHTX, k_BHSX, math.sqrt(self.qk_dim))
-        y_BHTV = attend_padded(q_BHTX, k_BHSX, v_BHSV, ctx)
+            self.max_logit_H = causal_max_logits(q_BHTX, k_BHSX, math.sqrt(self.qk_dim), skip_below=self.probe_skip_below)
+        y_BHTV = attend_mla(q_BHTX, k_BHSX, v_BHSV, ctx)
         return self.wo(y_BHTV.transpose(1, 2).reshape(B, T, H * self.v_dim))
 
     def decode_absorbed(self, q_BTHX: torch.Tensor, latent_BSR: torch.Tensor, k_rope_BSD: torch.Tensor,
@@ -175,14 +218,21 @@ class MultiHeadLatentAttention(nn.Module):
 
     @torch.no_grad()
     def qk_clip_(self, scale_H) -> None:
-        """Shrink head h's logits by scale_H[h] (<= 1): q_nope, k_nope by sqrt, q_rope by the full scale.
+        """Shrink head h's logits by scale_H[h] (<= 1): q_nope, k_nope by sqrt, q_rope by the full scale."""
+        self.qk_clip_all_([self], torch.as_tensor(scale_H, dtype=torch.float32).reshape(1, -1))
 
-        One row factor per projection, applied in one multiply (no per-head host reads; FSDP2 shards too).
-        """
-        scale_H1 = torch.as_tensor(scale_H, dtype=torch.float32).reshape(-1, 1)
-        H = scale_H1.shape[0]
-        root_HN = scale_H1.sqrt().expand(H, self.nope_dim)
-        q_factor = torch.cat((root_HN, scale_H1.expand(H, self.rope_dim)), dim=1)
-        kv_factor = torch.cat((root_HN, torch.ones(H, self.v_dim, device=scale_H1.device)), dim=1)
-        scale_rows_(self.q_b_proj.weight, q_factor.reshape(-1))
-        scale_rows_(self.kv_b_proj.weight, kv_factor.reshape(-1))
+    @staticmethod
+    @torch.no_grad()
+    def qk_clip_all_(mixers: list["MultiHeadLatentAttention"], scale_LH: torch.Tensor) -> None:
+        """`qk_clip_` for L mixers of one shape at once: every row factor built in four launches, then one multiply
+        per projection (2 L + 4 launches, whether or not a head is clipped: no host read decides it; FSDP2 shards too)."""
+        first = mixers[0]
+        L, H = scale_LH.shape
+        scale_LH1 = scale_LH.to(torch.float32).unsqueeze(2)
+        root_LHN = scale_LH1.sqrt().expand(L, H, first.nope_dim)
+        q_factor_LR = torch.cat((root_LHN, scale_LH1.expand(L, H, first.rope_dim)), dim=2).reshape(L, -1)
+        ones_LHV = scale_LH1.new_ones(()).expand(L, H, first.v_dim)
+        kv_factor_LR = torch.cat((root_LHN, ones_LHV), dim=2).reshape(L, -1)
+        for mixer, q_factor_R, kv_factor_R in zip(mixers, q_factor_LR, kv_factor_LR):
+            scale_rows_(mixer.q_b_proj.weight, q_factor_R)
+            scale_rows_(mixer.kv_b_proj.weight, kv_factor_R)

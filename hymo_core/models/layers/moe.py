@@ -46,6 +46,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hymo_core.kernels.grouped_mm import grouped_mm
 from hymo_core.models.configs import MoEConfig
 
 GROUP_ALIGN = 16  # rows of each grouped_mm group are padded to a multiple of this (16-byte TMA alignment, bf16 and fp32)
@@ -86,8 +87,9 @@ _register_grouped_mm_flops()
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype matmuls on `x` run in: autocast's when it is on for x's device, else x's own."""
-    if torch.is_autocast_enabled(x.device.type):
+    """The dtype matmuls on `x` run in: autocast's when it is on for x's device, else x's own (the meta device
+    has no autocast: counting there runs in the model's own dtype)."""
+    if torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype
 
@@ -108,6 +110,8 @@ class SortedAssignments:
 
     `rank_A` is an assignment's place among its expert's; it is kept when that is below `capacity` (the most one
     expert keeps: a shape-only bound); `counts_E` counts each expert's assignments, `kept_E` its kept ones.
+    `can_drop` is False when the capacity is at least the token count (dropless: a token picks k distinct experts,
+    so no expert receives more): a static fact, so the masks that only matter for drops are not launched.
     """
 
     experts_A: torch.Tensor
@@ -116,16 +120,18 @@ class SortedAssignments:
     counts_E: torch.Tensor
     kept_E: torch.Tensor
     capacity: int
+    can_drop: bool = True
 
     @staticmethod
-    def of(experts_A: torch.Tensor, n_experts: int, capacity: int) -> tuple["SortedAssignments", torch.Tensor]:
+    def of(experts_A: torch.Tensor, n_experts: int, capacity: int, can_drop: bool = True) -> tuple["SortedAssignments", torch.Tensor]:
         """Sort flat expert ids (a stable argsort); returns the assignments and the sorting order."""
         order_A = torch.argsort(experts_A, stable=True)
         sorted_A = experts_A[order_A]
         bounds_E1 = torch.searchsorted(sorted_A, torch.arange(n_experts + 1, device=experts_A.device))
         rank_A = torch.arange(sorted_A.numel(), device=experts_A.device) - bounds_E1[:-1][sorted_A]
         counts_E = bounds_E1.diff()
-        return SortedAssignments(sorted_A, rank_A, rank_A < capacity, counts_E, counts_E.clamp(max=capacity), capacity), order_A
+        kept_E = counts_E.clamp(max=capacity) if can_drop else counts_E
+        return SortedAssignments(sorted_A, rank_A, rank_A < capacity, counts_E, kept_E, capacity, can_drop), order_A
 
 
 def grouped_rows(assignments: SortedAssignments, n_experts: int) -> tuple[int, torch.Tensor, torch.Tensor]:
@@ -139,15 +145,17 @@ def grouped_rows(assignments: SortedAssignments, n_experts: int) -> tuple[int, t
     rows = -(-(kept_bound + n_experts * (GROUP_ALIGN - 1) + 1) // GROUP_ALIGN) * GROUP_ALIGN
     padded_E = (assignments.kept_E + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
     ends_E = torch.cumsum(padded_E, 0)
-    position_A = torch.where(assignments.kept_A, (ends_E - padded_E)[assignments.experts_A] + assignments.rank_A, rows - 1)
+    position_A = (ends_E - padded_E)[assignments.experts_A] + assignments.rank_A
+    if assignments.can_drop:
+        position_A = torch.where(assignments.kept_A, position_A, rows - 1)
     ends_E = torch.cat((ends_E[:-1], ends_E.new_full((1,), rows)))
     return rows, position_A, ends_E.to(torch.int32)
 
 
 def grouped_swiglu(x_PD: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
     """Each expert's SwiGLU on its group of rows: three `torch._grouped_mm` calls, no padding beyond the groups'."""
-    hidden_PF = F.silu(torch._grouped_mm(x_PD, w1.mT, offs=ends_E)) * torch._grouped_mm(x_PD, w3.mT, offs=ends_E)
-    return torch._grouped_mm(hidden_PF, w2.mT, offs=ends_E)
+    hidden_PF = F.silu(grouped_mm(x_PD, w1.mT, ends_E)) * grouped_mm(x_PD, w3.mT, ends_E)
+    return grouped_mm(hidden_PF, w2.mT, ends_E)
 
 
 def stacked_swiglu(stack_ECD: torch.Tensor, w1_EFD: torch.Tensor, w2_EDF: torch.Tensor, w3_EFD: torch.Tensor) -> torch.Tensor:
@@ -166,7 +174,8 @@ def expert_swiglu(layout: str, x_AD: torch.Tensor, assignments: SortedAssignment
     padded: an (E, C, D) stack, C = the capacity (N without one): E / k times the work; the reference.
     """
     E, D = w1.shape[0], x_AD.shape[1]
-    x_AD = torch.where(assignments.kept_A.unsqueeze(1), x_AD, 0.0)
+    if assignments.can_drop:
+        x_AD = torch.where(assignments.kept_A.unsqueeze(1), x_AD, 0.0)
     if layout == "padded":
         C = assignments.capacity
         position_A = torch.where(assignments.kept_A, assignments.experts_A * C + assignments.rank_A, E * C)
@@ -301,7 +310,8 @@ class MoE(nn.Module):
             # DeepSeek-V3 normalises the chosen sigmoid scores. With one expert that would be the
             # constant 1 and the router would get no gradient, so top-1 keeps the raw score.
             weights_NK = weights_NK / weights_NK.sum(dim=-1, keepdim=True)
-        return Routing(experts_NK, weights_NK * self.config.route_scale, scores_NE)
+        scale = self.config.route_scale
+        return Routing(experts_NK, weights_NK * scale if scale != 1.0 else weights_NK, scores_NE)
 
     def capacity(self, n_tokens: int) -> int:
         """Most assignments one expert keeps per forward: ceil(cf * N * k / E) with a capacity factor,
@@ -317,20 +327,23 @@ class MoE(nn.Module):
         x_ND = x_BTD.reshape(N, D)
         routing = self.route(x_ND)
         E, K = self.config.n_routed_experts, self.config.n_activated_experts
-        assignments, order_A = SortedAssignments.of(routing.experts_NK.reshape(-1), E, self.capacity(N))
-        y_AD = self.experts(x_ND[order_A // K], assignments)
+        capacity = self.capacity(N)
+        assignments, order_A = SortedAssignments.of(routing.experts_NK.reshape(-1), E, capacity, can_drop=capacity < N)
+        y_AD = self.experts(x_ND[order_A // K] if K > 1 else x_ND[order_A], assignments)
         y_AD = y_AD * routing.weights_NK.reshape(-1)[order_A].unsqueeze(1).to(y_AD.dtype)
-        y_AD = torch.where(assignments.kept_A.unsqueeze(1), y_AD, 0.0)  # a dropped assignment adds nothing, not even a NaN
+        if assignments.can_drop:
+            y_AD = torch.where(assignments.kept_A.unsqueeze(1), y_AD, 0.0)  # a dropped assignment adds nothing, not even a NaN
         # Un-sort into one row per (token, slot) and sum the k slots: no atomic scatter-add, so the
         # sum's order (and a resumed run's bits) does not depend on the device's thread schedule.
         slots_AD = x_ND.new_zeros(N * K, D).index_copy(0, order_A, y_AD.to(x_ND.dtype))
-        out_ND = slots_AD.view(N, K, D).sum(dim=1)
+        out_ND = slots_AD.view(N, K, D).sum(dim=1) if K > 1 else slots_AD
         if self.shared_expert is not None:
             out_ND = out_ND + self.shared_expert(x_ND)
         if self.training:
             with torch.no_grad():
                 self.tokens_per_expert_E += assignments.counts_E.to(torch.float64)
-                self.dropped_assignments += (~assignments.kept_A).sum().to(torch.float64)
+                if assignments.can_drop:  # dropless: nothing to add
+                    self.dropped_assignments += (~assignments.kept_A).sum().to(torch.float64)
             self.aux_loss = self._sequence_aux_loss(routing, B, T) if self.config.aux_loss_weight > 0 else None
         return out_ND.reshape(B, T, D)
 

@@ -43,10 +43,10 @@ class MultiTokenPrediction(nn.Module):
         self.loss_weights = tuple(float(w) for w in loss_weights)
         self.depths = nn.ModuleList(MTPDepth(d_model, make_block(), make_norm) for _ in self.loss_weights)
 
-    def forward(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor, embed: nn.Module, head: Callable,
-                cross_entropy: Callable, run_block: Callable) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """(sum_k w_k CE_k, [CE_1, ..., CE_D]); `head` maps hidden states to logits, `cross_entropy`
-        maps (logits_NV, targets_N) to a mean CE, `run_block(block, x_BTD)` runs one block."""
+    def forward(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor, embed: nn.Module, head_loss: Callable,
+                run_block: Callable) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(sum_k w_k CE_k, [CE_1, ..., CE_D]); `head_loss` maps (normed hidden_ND, targets_N) to the head's mean CE
+        (the model's chunked head loss: no depth materialises its full logits), `run_block(block, x_BTD)` runs one block."""
         T = targets_BT.shape[1]
         if T <= len(self.depths):
             raise ValueError(f"sequence length {T} leaves no position for MTP depth {len(self.depths)}")
@@ -54,8 +54,8 @@ class MultiTokenPrediction(nn.Module):
         for k, (depth, weight) in enumerate(zip(self.depths, self.loss_weights), start=1):
             embedded_BTD = embed(targets_BT[:, k - 1: T - 1])
             hidden_BTD = depth(hidden_BTD[:, : T - k], embedded_BTD, run_block)
-            logits_BTV = head(depth.out_norm(hidden_BTD))
-            ce = cross_entropy(logits_BTV.reshape(-1, logits_BTV.shape[-1]), targets_BT[:, k:].reshape(-1))
+            normed_BTD = depth.out_norm(hidden_BTD)
+            ce = head_loss(normed_BTD.reshape(-1, normed_BTD.shape[-1]), targets_BT[:, k:].reshape(-1))
             per_depth.append(ce)
             weighted = weighted + weight * ce
         return weighted, per_depth

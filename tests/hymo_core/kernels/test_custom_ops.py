@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from hymo_core import kernels
 from hymo_core.kernels.gdn import gated_delta_rule_op
+from hymo_core.kernels.grouped_mm import grouped_mm_op  # noqa: F401 (registers hymo::grouped_mm)
 from hymo_core.kernels.logit_probe import causal_max_logits_op
 from hymo_core.models.layers.block import Block
 from hymo_core.models.layers.context import MixerContext
@@ -38,6 +39,7 @@ def op_cases():
         "cross_entropy_rows": (torch.ops.hymo.cross_entropy_rows.default,
                                (r(6, 11), torch.tensor([0, 3, -100, 10, 2, 5]), -100, 16, "reference")),
         "gated_delta_rule": (gated_delta_rule_op._opoverload, gdn),
+        "grouped_mm": (torch.ops.hymo.grouped_mm.default, (r(32, 16), r(3, 16, 8), torch.tensor([16, 16, 32], dtype=torch.int32))),
         "causal_max_logits": (causal_max_logits_op._opoverload,
                               (torch.randn(1, 4, 9, 8, generator=g), torch.randn(1, 2, 9, 8, generator=g), 1 << 20,
                                "reference")),
@@ -65,7 +67,7 @@ def test_op_fake_and_autograd_registrations(name, layout):
 
 
 def block_and_input(kind: str, moe: bool):
-    config = PRESETS["hymo-tiny"] if moe else replace(PRESETS["hymo-tiny"], moe_on="")
+    config = replace(PRESETS["hymo-tiny"], moe_on=kind if moe else "")
     torch.manual_seed(0)
     block = Block(config, kind)
     cos, sin = kernels.rope_tables(config.max_seq_len, config.rope_dim, config.rope_base)
@@ -80,10 +82,15 @@ def forward_backward(block, x, ctx):
     return [y.detach(), x.grad] + [p.grad.clone() for p in block.parameters() if p.grad is not None]
 
 
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 @pytest.mark.parametrize("kind", ["G", "M"])
-def test_hymo_tiny_block_compiles_fullgraph_on_cpu(kind):
-    """G: short conv, L2 norms, the GDN op, gated RMSNorm, SwiGLU. M: MLA with RoPE and the RMSNorm ops."""
-    block, x, ctx = block_and_input(kind, moe=False)
+def test_hymo_tiny_block_compiles_fullgraph_on_cpu(kind, moe):
+    """G: short conv, L2 norms, the GDN op, gated RMSNorm, SwiGLU. M: MLA with RoPE and the RMSNorm ops. With MoE:
+    routing, the sort-based dispatch and the grouped expert matmuls in fp32 (the layout "auto" picks on the CPU)."""
+    block, x, ctx = block_and_input(kind, moe=moe)
+    if moe:
+        block.ffn.experts.layout = "auto"
+        assert block.ffn.experts.resolved_layout(x) == "grouped"
     eager = forward_backward(block, x, ctx)
     block.zero_grad()
     torch._dynamo.reset()

@@ -257,6 +257,26 @@ def test_causal_max_logits_triton(device, dtype):
     torch.testing.assert_close(got, want, **TOLERANCE[dtype])
 
 
+def test_causal_max_logits_skips_blocks_a_norm_bound_clears(device):
+    """QK-Clip's threshold as `skip_below` (issue 54): the head over it (head 1, scaled 30x) is exact; the others
+    report a value between their exact maximum and the threshold (the Cauchy-Schwarz bound of a block that ran
+    no key tile), so they are not clipped either way."""
+    from hymo_core.kernels.logit_probe import causal_max_logits
+
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 70, 24, generator=generator)
+    k = torch.randn(2, 2, 70, 24, generator=generator)
+    q[:, 1] *= 30
+    q, k, tau = q.to(device), k.to(device), 20.0
+    exact = causal_max_logits(q, k, 24 ** 0.5, backend="reference")
+    got = causal_max_logits(q, k, 24 ** 0.5, backend="triton", skip_below=tau)
+    above = exact > tau
+    assert above.tolist() == [False, True, False, False]
+    torch.testing.assert_close(got[above], exact[above], **TOLERANCE[torch.float32])
+    assert (got[~above] >= exact[~above] * (1 - 1e-5)).all() and (got[~above] <= tau).all()
+    assert (got[~above] > exact[~above] * 1.01).all()  # the bound, not the exact maximum: no key tile ran
+
+
 if kernels.HAVE_TRITON:
     import triton
     import triton.language as tl

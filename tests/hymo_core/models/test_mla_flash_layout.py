@@ -1,4 +1,5 @@
-"""MLA's SDPA call fits the FlashAttention backend (issue 42, part 8), with the output unchanged.
+"""MLA's SDPA call at its true widths (issue 54), or fitted to the FlashAttention backend (issue 42, part 8), with
+the output unchanged.
 
 Flash needs one head dim for q, k and v, a multiple of 8, at most 256. MLA's q/k heads are nope + rope
 wide (192 at hymo-750m) and its values v_dim (128): v is zero-padded to 192 and the output sliced back.
@@ -48,6 +49,7 @@ def test_sdpa_sees_flash_shapes_and_the_output_is_unchanged(monkeypatch, heads, 
     model = Transformer(ModelConfig(**BASE, **heads)).double()
     tokens = torch.randint(0, 61, (2, 17), generator=torch.Generator().manual_seed(1))
     calls = captured_sdpa_calls(monkeypatch)
+    monkeypatch.setattr(mla, "attention_layout", lambda q, k, v, ctx: "padded")  # CUDA without cuDNN for these widths
     padded, padded_grads = run(model, tokens)
     qk_dim = heads["mla_qk_nope_head_dim"] + heads["mla_qk_rope_head_dim"]
     assert calls, "MLA did not call SDPA"
@@ -56,7 +58,8 @@ def test_sdpa_sees_flash_shapes_and_the_output_is_unchanged(monkeypatch, heads, 
         assert call["q"] % 8 == 0 and call["q"] <= mla.FLASH_MAX_HEAD_DIM
         assert call["scale"] == pytest.approx(1.0 / math.sqrt(qk_dim))  # the real qk dim, not the padded one
     calls.clear()
-    monkeypatch.setattr(mla, "flash_head_dim", lambda qk, v: None)  # the unpadded call, as before
+    monkeypatch.undo()
+    calls = captured_sdpa_calls(monkeypatch)  # the default here (CPU): the true widths
     plain, plain_grads = run(model, tokens)
     assert {(c["q"], c["v"]) for c in calls} == {(qk_dim, heads["mla_v_head_dim"])}
     torch.testing.assert_close(padded, plain, rtol=1e-12, atol=1e-12)
@@ -84,3 +87,25 @@ def test_head_dims_flash_cannot_take_are_left_alone():
     assert mla.flash_head_dim(26, 12) == 32
     assert mla.flash_head_dim(256, 256) == 256
     assert mla.flash_head_dim(320, 128) is None  # over 256: padding cannot help, SDPA picks another backend
+
+
+def test_mla_runs_at_its_true_widths_with_rope_on_the_shared_key():
+    """Counted on the meta device at hymo-750m's shapes (issue 54): no pad or slice around the attention, whose v is
+    128 wide (cuDNN's kernel on sm_90, what the planner counts), and RoPE on the (B, S, 1, 64) shared rotary key
+    (one head's worth), not on the keys expanded over 7 heads."""
+    from hymo_core.models.layers.context import MixerContext
+    from hymo_core.train.block_budget import meta_model
+    from hymo_core.train.launch_count import LaunchCounter
+
+    model = meta_model()
+    attn = next(b.attn for b in model.layers if b.kind == "M")
+    x = torch.empty(2, 4096, 896, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    counter = LaunchCounter()
+    with counter, counter.phase("forward"):
+        attn(x, MixerContext(model.rope_cos_TD2, model.rope_sin_TD2))
+    ops = dict(counter.top(50, phase="forward"))
+    assert "aten.constant_pad_nd" not in ops and "aten._scaled_dot_product_flash_attention" not in ops, ops
+    assert ops["aten._scaled_dot_product_cudnn_attention"] == 1
+    rope_bytes = counter.phases["forward"].bytes_by_op["hymo.rope.default"]
+    q_rope_bytes = 2 * (2 * 4096 * 7 * 64 * 2)  # the queries' rotation: read + write, bf16 (tables aside)
+    assert rope_bytes < q_rope_bytes * 1.5, rope_bytes  # the key's rotation adds a seventh, not 100 %

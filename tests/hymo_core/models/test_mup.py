@@ -118,7 +118,8 @@ def test_mup_lr_groups_scale_by_role(optimizer):
     assert groups[matrix]["lr"] == pytest.approx(0.5)  # RMS-matched update: 1/sqrt(m)
     hidden = [g for name, g in groups.items() if name.endswith("_mup_hidden")]
     assert hidden and all(g["lr"] == pytest.approx(0.25) for g in hidden)  # AdamW on router / experts: 1/m
-    assert all(".ffn." in n for g in hidden for n in g["param_names"])  # router, routed and shared experts
+    # router, routed and shared experts, and GDN's gate projections (AdamW since issue 54; fan-in d: hidden)
+    assert all(".ffn." in n or n.endswith((".a_proj.weight", ".b_proj.weight")) for g in hidden for n in g["param_names"])
     plain = [g for g in groups.values() if g["group"] != matrix and g not in hidden]
     assert plain and all(g["lr"] == 1.0 for g in plain)  # embedding, head, gains: Theta(1)
     standard = build_optimizer(Transformer(HYBRID), opt_config)

@@ -258,3 +258,15 @@ def test_normuon_on_fsdp2_style_dtensor_parameters_matches_plain_tensors(single_
             optimizer.step()
     for s, p in zip(sharded, plain):
         torch.testing.assert_close(s.full_tensor(), p.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_gdn_gate_projections_go_to_adamw():
+    """hymo-750m's 48 GDN gate projections (a_proj, b_proj: 7 x 896) gain nothing from Newton-Schulz: AdamW, undecayed,
+    by their own rule (issue 54; a departure from seed 000's table, documented in partition.py and docs/training.md)."""
+    with torch.device("meta"):
+        model = Transformer(PRESETS["hymo-750m"])
+    optimizer = build_optimizer(model, NorMuonConfig())
+    gates = [a for a in optimizer.assignments if a.name.endswith((".a_proj.weight", ".b_proj.weight"))]
+    assert len(gates) == 48 and {(a.group, a.rule, a.shape) for a in gates} == {("adamw", "gdn_gates", (7, 896))}
+    assert sum(a.group == "normuon" for a in optimizer.assignments) == 250
+    assert min(min(a.shape) for a in optimizer.assignments if a.group == "normuon") >= 128
