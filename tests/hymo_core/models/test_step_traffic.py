@@ -19,7 +19,6 @@ from hymo_core.models.init import build_on_meta
 from hymo_core.models.model import ModelConfig, Transformer
 from hymo_core.train.launch_count import LaunchCounter, PeakBytes
 
-lce = importlib.import_module("hymo_core.kernels.linear_cross_entropy")  # the module (the package exports the function)
 DENSE = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=64)
 
 
@@ -56,6 +55,7 @@ def test_the_loss_never_holds_the_full_logits():
 
 @pytest.mark.parametrize("z_loss, parametrisation", [(0.0, "standard"), (1e-3, "mup")])
 def test_chunked_loss_equals_the_full_logits_loss(monkeypatch, z_loss, parametrisation):
+    lce = importlib.import_module("hymo_core.kernels.linear_cross_entropy")  # the module (the package exports the function)
     monkeypatch.setattr(lce, "CHUNK_ELEMENTS", 4 * 101)  # 4 rows a chunk: 5 chunks, the last ragged
     config = ModelConfig(vocab_size=101, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=48, max_seq_len=32,
                          z_loss=z_loss, tie_embeddings=parametrisation == "standard", parametrisation=parametrisation,

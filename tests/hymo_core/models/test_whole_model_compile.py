@@ -11,13 +11,12 @@ The trainer compiles the whole model on one process and per block under torchrun
 import torch
 from torch._dynamo.utils import counters
 
-from hymo_core.distributed.parallelize import compile_scope, parallelize
+from hymo_core.distributed.parallelize import parallelize
 from hymo_core.distributed.process_group import Runtime
 from hymo_core.models.model import ModelConfig, Transformer
 from hymo_core.train.config import TrainConfig
 
-CONFIG = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, max_seq_len=16,
-                     z_loss=1e-4)
+CONFIG = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, max_seq_len=16)  # z_loss 0: the failing case
 
 
 def loss_and_grads(model, tokens, run=None):
@@ -70,6 +69,8 @@ def test_under_compile_the_pointwise_ops_are_plain_torch_for_inductor():
 
 
 def test_the_trainer_compiles_the_whole_model_on_one_process_and_blocks_under_torchrun():
+    from hymo_core.distributed.parallelize import compile_scope
+
     config = TrainConfig(compile=True)
     assert compile_scope(config, Runtime()) == "model"
     assert compile_scope(config, Runtime(launched=True)) == "blocks"
