@@ -10,8 +10,9 @@ No GPU needed. Four measurements, one table each (issue 53, parts 2, 4, 5, 6):
 * RoPE's programs at the preset shapes (hymo_core/kernels/aot.py's launches; waves on 132 SMs);
 * host time per call on the CPU of each `hymo::*` op against the plain PyTorch it replaces, at a
   tiny width (2 x 64 rows of 64): the dispatcher's fixed cost, which the GPU pays too;
-* `torch.compile(model, fullgraph=True)` of a 2-layer dense model on the CPU (Inductor's C++):
-  graph breaks, kernels Inductor generated, whether the loss has a gradient.
+* `torch.compile(model, fullgraph=True)` of a 2-layer dense model on the CPU (Inductor's C++), with the
+  row ops traced as plain torch (`auto`) and kept as custom ops (`reference`): graph breaks, whether the
+  loss has a gradient, and the launches in Inductor's generated code (its kernels, the hymo:: ops, the rest).
 
     python bench/dense_step_counts.py [--skip-compile]
 
@@ -137,26 +138,37 @@ def _swiglu_takes_fused() -> bool:
     return "gate_up" in inspect.signature(kernels.swiglu).parameters
 
 
-def whole_model_compile() -> dict:
+def whole_model_compile(kernel_backend: str | None = None) -> dict:
+    """Compile a 2-layer dense model whole; count what the Inductor code launches, forward and backward:
+    its generated kernels, the hymo:: custom ops it calls, and everything else it calls (mm, attention)."""
+    import re
+
     from torch._dynamo.utils import counters
-    from torch._inductor import metrics
+    from torch._inductor.utils import run_and_get_code
 
     config = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
     torch.manual_seed(0)
-    model = Transformer(config)
+    model = Transformer(config, kernel_backend=kernel_backend)
     tokens = torch.randint(0, 256, (2, 32))
     torch._dynamo.reset()
     counters.clear()
-    metrics.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    outcome = {}
+
+    def step():
+        _, loss = compiled(tokens, tokens)
+        outcome["has_grad"] = loss.requires_grad
+        if loss.requires_grad:
+            loss.backward()
+
     start = time.perf_counter()
-    _, loss = torch.compile(model, fullgraph=True)(tokens, tokens)
-    forward_kernels = metrics.generated_kernel_count
-    has_grad = loss.requires_grad
-    if has_grad:
-        loss.backward()
-    return {"graph_breaks": sum(counters["graph_break"].values()), "loss_has_grad": has_grad,
-            "forward_kernels": forward_kernels, "all_kernels": metrics.generated_kernel_count,
-            "seconds": time.perf_counter() - start}
+    _, codes = run_and_get_code(step)
+    code = "\n".join(codes)
+    generated = len(re.findall(r"^\s+cpp_fused_\w+\(", code, re.M))
+    custom = len(re.findall(r"torch\.ops\.hymo\.\w+\.default\(", code))
+    other = len(re.findall(r"(?:extern_kernels\.\w+|torch\.ops\.aten\.\w+\.default)\(", code))
+    return {"graph_breaks": sum(counters["graph_break"].values()), "loss_has_grad": outcome["has_grad"],
+            "generated": generated, "custom": custom, "other": other, "seconds": time.perf_counter() - start}
 
 
 def main() -> None:
@@ -186,11 +198,15 @@ def main() -> None:
     print(markdown_table(["op", "hymo::", "plain torch"],
                          [[r["op"], f"{r['hymo_us']:.1f}", f"{r['torch_us']:.1f}"] for r in host_times()]), "\n")
     if not args.skip_compile:
-        result = whole_model_compile()
-        print("torch.compile(model, fullgraph=True), 2 layers, CPU (Inductor C++)")
-        print(markdown_table(["graph breaks", "loss has grad", "kernels (forward)", "kernels (all)", "seconds"],
-                             [[result["graph_breaks"], result["loss_has_grad"], result["forward_kernels"],
-                               result["all_kernels"], f"{result['seconds']:.0f}"]]))
+        rows = []
+        for label, backend in (("auto (row ops traced as plain torch)", None), ("reference (custom ops kept)", "reference")):
+            r = whole_model_compile(backend)
+            rows.append([label, r["graph_breaks"], r["loss_has_grad"], r["generated"], r["custom"], r["other"],
+                         r["generated"] + r["custom"] + r["other"], f"{r['seconds']:.0f}"])
+        print("torch.compile(model, fullgraph=True), 2 layers, CPU (Inductor C++): launches in the generated code, "
+              "forward + backward")
+        print(markdown_table(["kernel backend", "graph breaks", "loss has grad", "Inductor kernels", "hymo:: ops",
+                              "mm / attention / other", "launches", "seconds"], rows))
 
 
 if __name__ == "__main__":
