@@ -35,7 +35,7 @@ INDEX_FILE = "checkpoints.json"
 
 # TrainConfig fields a continuation may change: they steer this session, not the recipe.
 SESSION_FIELDS = frozenset({"alerts", "max_steps", "log_interval", "eval_interval", "checkpoint_interval", "eval_batches", "keep_checkpoints",
-                            "activation_checkpointing", "compile", "bitwise_resume", "replicate", "shard", "expert"})
+                            "activation_checkpointing", "compile", "compile_scope", "bitwise_resume", "replicate", "shard", "expert"})
 
 
 class CheckpointError(ValueError):

@@ -8,8 +8,11 @@ the checkpoints and the state dicts read the same with and without them.
 
 - activation checkpointing (`torch.distributed._composable.checkpoint`):
   a block's activations are recomputed in the backward instead of stored;
-- compile (`nn.Module.compile`, in place): each block is its own graph, so a
-  compile covers the repeated unit once and graph breaks stay local;
+- compile (`nn.Module.compile`, in place), over `compile_scope(config, runtime)`: the whole model as one
+  graph (one process: Inductor fuses across blocks and into the fused head + loss, as nanoGPT and
+  torchtitan users compile), or each block as its own graph (under torchrun, where FSDP2's per-block
+  hooks sit between blocks, and with activation checkpointing): the repeated unit compiles once and
+  graph breaks stay local;
 - FSDP2 (`fully_shard`), from two ranks on (`wraps_in_fsdp`): parameters sharded along dim 0 across ranks,
   all-gathered per block in forward and backward, gradients reduce-scattered.
   With `[parallel] replicate = R, shard = S` the mesh is (R, S) and `fully_shard`
@@ -59,7 +62,18 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
 COMPILE_BACKEND = "inductor"  # torch.compile's default: generated Triton (GPU) or C++ (CPU) kernels
 
 
-def apply_compile(model: nn.Module) -> None:
+def compile_scope(config: TrainConfig, runtime: Runtime) -> str:
+    """"model" or "blocks": the config's choice, or for "auto" blocks under FSDP2 (two ranks or more) or
+    activation checkpointing."""
+    if config.compile_scope != "auto":
+        return config.compile_scope
+    return "blocks" if wraps_in_fsdp(runtime) or config.activation_checkpointing else "model"
+
+
+def apply_compile(model: nn.Module, scope: str = "blocks") -> None:
+    if scope == "model":
+        model.compile(backend=COMPILE_BACKEND)
+        return
     for block in model.layers:
         block.compile(backend=COMPILE_BACKEND)
 
@@ -95,7 +109,7 @@ def parallelize(model: nn.Module, runtime: Runtime, config: TrainConfig) -> nn.M
     if config.activation_checkpointing:
         apply_activation_checkpointing(model)
     if config.compile:
-        apply_compile(model)
+        apply_compile(model, compile_scope(config, runtime))
     if wraps_in_fsdp(runtime):
         apply_fsdp(model, runtime, config, experts=apply_expert_parallel(model, runtime, config))
     return model

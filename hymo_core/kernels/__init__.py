@@ -13,6 +13,7 @@ May import: nothing else of HyMo (layers call kernels, never the reverse).
 
 from hymo_core.kernels.backend import BACKENDS, HAVE_TRITON, resolve_backend
 from hymo_core.kernels.cross_entropy import cross_entropy_loss, cross_entropy_rows
+from hymo_core.kernels.linear_cross_entropy import linear_cross_entropy
 from hymo_core.kernels.norm import rms_norm
 from hymo_core.kernels.rotary import apply_rope, rope_tables
 from hymo_core.kernels.activation import swiglu
@@ -23,6 +24,7 @@ __all__ = [
     "apply_rope",
     "cross_entropy_loss",
     "cross_entropy_rows",
+    "linear_cross_entropy",
     "resolve_backend",
     "rms_norm",
     "rope_tables",

@@ -29,6 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from hymo_core.kernels.rotary import rope_grid
 from hymo_core.kernels.tuning import configs_for
 
 # The runtime shape the grids (and so the waves) are counted at: hymo-750m's batch x heads.
@@ -229,16 +230,23 @@ def row_kernel_launches(model: ModelKernelShapes, capability: int) -> list[Launc
                          dict(BLOCK_D=block), programs, ELEMENTWISE, capability)
     heads = model.heads
     half = model.rope_dim // 2
+    # attention's call: queries, keys and values of the fused projection (keys and values: one per query head
+    # here, the most a preset has), q and k rotated; strides of the (B, T, 3 heads, D) projection output
+    block_t, tiles, token_programs = rope_grid(rows, 3 * heads, half)
     out += _launches("hymo_core.kernels.rotary._rope_kernel", preset, f"rope dim {model.rope_dim}",
-                     dict(x_ptr=bf16, cos_ptr=fp32, sin_ptr=fp32, y_ptr=bf16, T=WAVE_T, H=heads, HALF=half),
-                     dict(SIN_SIGN=1.0, BLOCK_HALF=triton.next_power_of_2(half)), rows * heads, ELEMENTWISE,
-                     capability)
+                     dict(x_ptr=bf16, cos_ptr=fp32, sin_ptr=fp32, y_ptr=bf16, N=rows, T=WAVE_T, X=3 * heads,
+                          ROTATED=2 * heads, HALF=half, stride_b=WAVE_T * 3 * heads * 2 * half,
+                          stride_t=3 * heads * 2 * half, stride_h=2 * half, TILES=tiles),
+                     dict(SIN_SIGN=1.0, BLOCK_T=block_t, BLOCK_HALF=triton.next_power_of_2(half)),
+                     token_programs * 3 * heads, ELEMENTWISE, capability)
     n = rows * model.ffn_dim
     out += _launches("hymo_core.kernels.activation._swiglu_forward_kernel", preset, "1024 elements/program",
-                     dict(gate_ptr=bf16, up_ptr=bf16, h_ptr=bf16, n=n), dict(BLOCK=1024), math.ceil(n / 1024),
+                     dict(gate_ptr=bf16, up_ptr=bf16, h_ptr=bf16, n=n, F=model.ffn_dim, row_stride=2 * model.ffn_dim),
+                     dict(BLOCK=1024), math.ceil(n / 1024),
                      ELEMENTWISE, capability)
     out += _launches("hymo_core.kernels.activation._swiglu_backward_kernel", preset, "1024 elements/program",
-                     dict(dh_ptr=bf16, gate_ptr=bf16, up_ptr=bf16, dgate_ptr=bf16, dup_ptr=bf16, n=n),
+                     dict(dh_ptr=bf16, gate_ptr=bf16, up_ptr=bf16, dgate_ptr=bf16, dup_ptr=bf16, n=n, F=model.ffn_dim,
+                          row_stride=2 * model.ffn_dim),
                      dict(BLOCK=1024), math.ceil(n / 1024), ELEMENTWISE, capability)
     V = model.vocab_size
     block_v = min(4096, triton.next_power_of_2(V))

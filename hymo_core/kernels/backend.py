@@ -52,6 +52,17 @@ def resolve_backend(tensor: torch.Tensor, backend: str | None = None) -> str:
     return choice
 
 
+def inductor_generates(backend: str | None = None) -> bool:
+    """True while torch.compile traces and the backend is `auto`: the op is then traced as plain PyTorch.
+
+    Measured on the dense block (bench/dense_step_counts.py, docs/benchmarks.md): Inductor cannot fuse
+    into a custom op, nor into a `torch.library.triton_op`'s user kernel (it only schedules around it), so
+    an opaque norm costs the residual add its own kernel and a round trip of the residual stream; traced
+    as plain PyTorch the add, norm, SwiGLU and RoPE become fused Inductor kernels.
+    """
+    return torch.compiler.is_compiling() and (backend or os.environ.get(ENV_VAR, "auto")) == "auto"
+
+
 def program_count(device: torch.device, rows: int) -> int:
     """Programs for kernels that reduce over rows (one partial sum per program)."""
     if device.type == "cuda":

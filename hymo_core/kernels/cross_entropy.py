@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hymo_core.kernels.backend import HAVE_TRITON, reference_vjp, resolve_backend
+from hymo_core.kernels.backend import HAVE_TRITON, resolve_backend
 
 MAX_BLOCK_V = 4096
 
@@ -31,6 +31,17 @@ def cross_entropy_rows_reference(
     target_logit_N = logits_NV32.gather(1, safe_targets_N[:, None]).squeeze(1)
     ce_N = torch.where(valid_N, lse_N - target_logit_N, 0.0)
     return ce_N, lse_N
+
+
+def cross_entropy_rows_backward_reference(dce_N, dlse_N, logits_NV, targets_N, lse_N, ignore_index: int = -100):
+    """d/dlogits of sum(dce * ce + dlse * lse), the kernel's formula: softmax * (dce + dlse) - onehot * dce, with dce
+    0 on ignored rows (written out rather than through torch.func.vjp: the loss calls it inside compiled forwards)."""
+    valid_N = targets_N != ignore_index
+    dce_N = torch.where(valid_N, dce_N.float(), 0.0)
+    softmax_NV = torch.exp(logits_NV.float() - lse_N[:, None])
+    dlogits_NV = softmax_NV * (dce_N + dlse_N.float())[:, None]
+    dlogits_NV.scatter_add_(1, torch.where(valid_N, targets_N, 0)[:, None], -dce_N[:, None])
+    return dlogits_NV.to(logits_NV.dtype)
 
 
 if HAVE_TRITON:
@@ -119,9 +130,7 @@ def cross_entropy_rows_backward_op(dce: torch.Tensor, dlse: torch.Tensor, logits
                                    lse: torch.Tensor, ignore_index: int, block_v: int, backend: str) -> torch.Tensor:
     if backend == "triton":
         return cross_entropy_backward_triton(dce, dlse, logits, targets, lse, ignore_index, block_v)
-    (dlogits,) = reference_vjp(lambda x, t: cross_entropy_rows_reference(x, t, ignore_index), [logits, targets],
-                               [dce, dlse])
-    return dlogits
+    return cross_entropy_rows_backward_reference(dce, dlse, logits, targets, lse, ignore_index)
 
 
 @cross_entropy_rows_backward_op.register_fake
@@ -147,6 +156,11 @@ def _cross_entropy_backward(ctx, dce, dlse):
 cross_entropy_rows_op.register_autograd(_cross_entropy_backward, setup_context=_setup_cross_entropy)
 
 
+def vocab_block(vocab: int) -> int:
+    """The Triton kernels' vocabulary chunk: the next power of two, at most MAX_BLOCK_V."""
+    return min(MAX_BLOCK_V, 1 << max(0, vocab - 1).bit_length())
+
+
 def cross_entropy_rows(
     logits_NV: torch.Tensor,
     targets_N: torch.Tensor,
@@ -158,7 +172,7 @@ def cross_entropy_rows(
     if logits_NV.ndim != 2 or targets_N.shape != logits_NV.shape[:1]:
         raise ValueError(f"expected (N, V) logits and (N,) targets, got {tuple(logits_NV.shape)}, "
                          f"{tuple(targets_N.shape)}")
-    block_v = block_v or min(MAX_BLOCK_V, 1 << max(0, logits_NV.shape[1] - 1).bit_length())
+    block_v = block_v or vocab_block(logits_NV.shape[1])
     return cross_entropy_rows_op(logits_NV, targets_N, ignore_index, block_v, resolve_backend(logits_NV, backend))
 
 

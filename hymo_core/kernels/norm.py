@@ -5,6 +5,13 @@ never recomputes the reduction; the weight gradient is summed per program
 into an fp32 buffer and reduced once at the end (no atomics, deterministic).
 Registered as the torch.library op `hymo::rms_norm` (+ `hymo::rms_norm_backward`);
 on the reference backend the backward recomputes the forward under torch.func.vjp.
+
+Under torch.compile with the `auto` backend it traces as plain PyTorch
+(backend.inductor_generates): Inductor then emits the residual add and the norm as
+one persistent-reduction kernel (what llm.c and Liger hand-fuse as a residual-add +
+RMSNorm), which no custom op or `triton_op` could join, since Inductor never fuses
+into a kernel it did not generate. In eager mode the hand kernel stays: one launch
+and one read of x, against F.rms_norm's several in fp32.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hymo_core.kernels.backend import HAVE_TRITON, program_count, reference_vjp, resolve_backend
+from hymo_core.kernels.backend import HAVE_TRITON, inductor_generates, program_count, reference_vjp, resolve_backend
 
 if HAVE_TRITON:
     from hymo_core.kernels.backend import wide_offset
@@ -145,4 +152,6 @@ def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, backend: str | None = None
 ) -> torch.Tensor:
     """RMSNorm over the last dimension of `x`: the op `hymo::rms_norm`, its body per `resolve_backend`."""
+    if inductor_generates(backend):
+        return rms_norm_reference(x, weight, eps)
     return rms_norm_op(x, weight, eps, resolve_backend(x, backend))[0]

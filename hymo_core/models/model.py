@@ -8,7 +8,9 @@ Other patterns interleave Gated DeltaNet and MLA mixers (the HyMo hybrid,
 seed 000); every block kind lives in hymo_core/models/layers/.
 
 `forward(tokens, targets)` returns `(logits, loss)`, the contract the trainer
-relies on (seed 002). With `z_loss > 0` the loss is the regularised
+relies on (seed 002); with targets the logits are None unless asked for (`return_logits=True`):
+the training loss projects and reduces the vocabulary chunk by chunk
+(kernels/linear_cross_entropy.py), so the full logits never exist. With `z_loss > 0` the loss is the regularised
 objective; the plain cross-entropy of the last forward is in `model.last_ce`.
 In training, the loss also carries multi-token prediction (sum_k w_k CE_k,
 per-depth CEs in `model.last_mtp_ce`) and any MoE auxiliary loss; evaluation
@@ -193,9 +195,13 @@ class Transformer(nn.Module):
         initialise_(self)
 
     def forward(
-        self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, cache: DecodeCache | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (and the loss when targets are given). With a `cache`, tokens continue it (per row, see DecodeCache)."""
+        self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, cache: DecodeCache | None = None,
+        *, return_logits: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(logits, loss). Without targets: the logits, loss None. With targets: the loss, logits None, the
+        output projection fused into the loss chunk by chunk (`training_loss`; the full logits never exist),
+        unless `return_logits`: then the logits too, and the loss computed from them (the same value).
+        With a `cache`, tokens continue it (per row, see DecodeCache)."""
         B, T = tokens_BT.shape
         start = cache.position if cache is not None else 0
         rows = None
@@ -214,19 +220,34 @@ class Transformer(nn.Module):
             cache.row_positions = [position + 1 for position in cache.row_positions]
         elif cache is not None:
             cache.position += T
-        logits_BTV = self.head(self.norm(x_BTD))
         if targets_BT is None:
-            return logits_BTV, None
-        loss, ce = kernels.cross_entropy_loss(
-            logits_BTV.reshape(B * T, -1),
-            targets_BT.reshape(B * T),
-            z_loss=self.config.z_loss,
-            backend=self.kernel_backend,
-        )
+            return self.head(self.norm(x_BTD)), None
+        logits_BTV = None
+        if return_logits:
+            logits_BTV = self.head(self.norm(x_BTD))
+            loss, ce = kernels.cross_entropy_loss(logits_BTV.reshape(B * T, -1), targets_BT.reshape(B * T),
+                                                  z_loss=self.config.z_loss, backend=self.kernel_backend)
+        else:
+            loss, ce = self._next_token_loss(x_BTD, targets_BT)
         self.last_ce = ce.detach()
         if self.training:
-            loss = loss + self._training_extras(x_BTD, targets_BT)
+            extra = self._training_extras(x_BTD, targets_BT)
+            if extra is not None:
+                # Only when there is one: `loss + zeros` beside `last_ce = ce.detach()` made Inductor hand back a
+                # loss without a gradient (whole-model torch.compile, issue 53).
+                loss = loss + extra
         return logits_BTV, loss
+
+    def _next_token_loss(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(objective, cross-entropy) of the final hidden state: final norm, then the head fused into the loss."""
+        normed_ND = self.norm(hidden_BTD).reshape(-1, hidden_BTD.shape[-1])
+        return kernels.linear_cross_entropy(normed_ND, self.output.weight, targets_BT.reshape(-1),
+                                            z_loss=self.config.z_loss, multiplier=output_multiplier(self.config),
+                                            backend=self.kernel_backend)
+
+    def training_loss(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+        """The next-token objective of a final hidden state (before the final norm), as `forward` computes it."""
+        return self._next_token_loss(hidden_BTD, targets_BT)[0]
 
     def head(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
         """Logits of normed hidden states: the output projection, times muP's output multiplier (1 when standard)."""
@@ -234,9 +255,9 @@ class Transformer(nn.Module):
         multiplier = output_multiplier(self.config)
         return logits_BTV * multiplier if multiplier != 1.0 else logits_BTV
 
-    def _training_extras(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-        """MTP's weighted CEs and the MoE layers' auxiliary losses of this forward (0 when neither is on)."""
-        extra = hidden_BTD.new_zeros((), dtype=torch.float32)
+    def _training_extras(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor | None:
+        """MTP's weighted CEs and the MoE layers' auxiliary losses of this forward (None when neither is on)."""
+        extra = None
         if self.mtp is not None:
             ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2)
             mtp_loss, per_depth = self.mtp(
@@ -244,10 +265,10 @@ class Transformer(nn.Module):
                 lambda hidden_ND, targets_N: chunked_head_loss(hidden_ND, self.head, targets_N, backend=self.kernel_backend)[0],
                 lambda block, x_BTD: block(x_BTD, ctx))
             self.last_mtp_ce = [ce.detach() for ce in per_depth]
-            extra = extra + mtp_loss
+            extra = mtp_loss
         for _, moe in self.moe_layers():
             if moe.aux_loss is not None:
-                extra = extra + moe.aux_loss
+                extra = moe.aux_loss if extra is None else extra + moe.aux_loss
         return extra
 
     def blocks(self) -> list[Block]:

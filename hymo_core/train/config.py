@@ -10,6 +10,7 @@ from hymo_core.train.optim_config import NS_DTYPE_CHOICES, NorMuonConfig, Optimi
 from hymo_core.train.schedule import SCHEDULE_KINDS, ScheduleConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_SCOPES = ("auto", "model", "blocks")  # what one torch.compile covers (TrainConfig.compile_scope)
 OPTIMIZERS = ("muon_adamw", "normuon")  # hymo_core.train.optim.MuonAdamW | NorMuonAdamW
 # What a training run writes into its directory.
 METRICS_FILE, LOSS_PICTURE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "loss.png", "summary.json", "checkpoints"
@@ -63,7 +64,12 @@ class TrainConfig:
     ema_decay: float = 0.0
     # How this session runs, not what it computes (a resume may change them):
     activation_checkpointing: bool = False  # recompute each block's activations in the backward instead of storing them
-    compile: bool = False  # torch.compile each block (hymo_core/distributed/parallelize.py)
+    compile: bool = False  # torch.compile the model (hymo_core/distributed/parallelize.py)
+    # What one compile covers: "model" (one graph: embeddings, every block and the fused head + loss, so Inductor
+    # fuses across block boundaries and the loss), "blocks" (each block its own graph: FSDP2's per-block hooks and
+    # activation checkpointing sit between graphs, graph breaks stay local), "auto" = "blocks" under torchrun or with
+    # activation checkpointing, "model" otherwise.
+    compile_scope: str = "auto"
     bitwise_resume: bool = False  # refuse a resume whose thread count differs (it changes float summation order)
     # The data-parallel mesh under torchrun ([parallel] in a recipe): `replicate` x `shard` = the world size.
     # replicate = 1 is FSDP over every rank; replicate = R > 1 is HSDP: R replica groups, each sharding over
@@ -101,6 +107,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.peak_lr must be positive, got {self.peak_lr}")
         if not (self.weight_decay >= 0 and self.max_grad_norm >= 0 and self.qk_clip_threshold > 0 and self.fp16_init_scale > 0):
             raise ValueError("weight_decay and max_grad_norm must be >= 0; qk_clip_threshold and fp16_init_scale > 0")
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"TrainConfig.compile_scope must be one of {COMPILE_SCOPES}, got {self.compile_scope!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if not (self.muon_peak_lr >= 0 and self.embed_weight_decay >= 0):

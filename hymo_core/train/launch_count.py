@@ -11,7 +11,12 @@ count is the same on the meta device (real preset shapes, no memory), on the CPU
 * a `_foreach_*` op is one launch per `FOREACH_TENSORS_PER_LAUNCH` tensors, as CUDA's
   multi_tensor_apply packs them;
 * bytes are what each launch reads (tensor inputs) and writes (tensor outputs), a traffic estimate for
-  the roofline, not an allocator figure.
+  the roofline, not an allocator figure;
+* `noncontiguous` counts, per custom op, the strided tensor inputs it was handed: each is a copy its
+  body makes (or a kernel that must take strides), the traffic issue 53 removes around `hymo::*`.
+
+`PeakBytes` is the memory side: the most bytes of tensor storage alive at once while it is entered
+(on meta too, where nothing is allocated), e.g. to show a loss never holds the full logits.
 
     counter = LaunchCounter()
     with counter, counter.phase("forward"):
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -82,6 +88,7 @@ class PhaseCount:
     bytes_by_op: Counter = field(default_factory=Counter)  # op name -> bytes read + written
     bytes_read: int = 0
     bytes_written: int = 0
+    noncontiguous: Counter = field(default_factory=Counter)  # custom op name -> strided tensor inputs
 
     @property
     def total(self) -> int:
@@ -107,6 +114,11 @@ class _Mode(TorchDispatchMode):
             count.bytes_by_op[name] += read + written
             count.bytes_read += read
             count.bytes_written += written
+            if custom:
+                flat, _ = tree_flatten((args, kwargs))
+                strided = sum(1 for t in flat if isinstance(t, torch.Tensor) and not t.is_contiguous())
+                if strided:
+                    count.noncontiguous[name] += strided
         return out
 
 
@@ -182,7 +194,51 @@ class LaunchCounter:
                 merged.update(count.launches)
         return merged.most_common(n)
 
+    def noncontiguous_inputs(self, phase: str | None = None) -> Counter:
+        """Strided tensor inputs handed to custom ops, by op (one phase or all)."""
+        merged = Counter()
+        for name, count in self.phases.items():
+            if phase is None or name == phase:
+                merged.update(count.noncontiguous)
+        return merged
+
     def summary(self) -> dict:
         """JSON-ready: per phase, launches, bytes read and written, and the ten most launched ops."""
         return {name: {"launches": p.total, "calls": sum(p.calls.values()), "bytes_read": p.bytes_read, "bytes_written": p.bytes_written,
                        "top": p.launches.most_common(10)} for name, p in self.phases.items()}
+
+
+class PeakBytes(TorchDispatchMode):
+    """The most bytes of tensor storage alive at once while entered (`peak`), counted from each op's outputs.
+
+    Storage made before entering is not counted (`peak` is what the code inside adds). A storage is counted
+    once however many views share it and leaves the count when its last tensor dies (a weakref finaliser).
+    Custom ops count their outputs only: their bodies' temporaries run below the mode.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def _forget(self, key: int, nbytes: int) -> None:
+        self._seen.discard(key)
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = _run_custom_op(func, args, kwargs) if func.namespace != "aten" else func(*args, **kwargs)
+        flat, _ = tree_flatten(out)
+        for tensor in flat:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = tensor.untyped_storage()
+            key = id(storage)
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            self.live += storage.nbytes()
+            weakref.finalize(storage, self._forget, key, storage.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out

@@ -96,10 +96,8 @@ class Attention(nn.Module):
             q_BTHD, k_BTKD, v_BTKD = qkv_BTXD.split((H, K, K), dim=2)
             q_BTHD = ctx.rotate(self.q_norm(q_BTHD), self.kernel_backend)
             k_BTKD = ctx.rotate(self.k_norm(k_BTKD), self.kernel_backend)
-        else:  # one rotation call for queries and keys together
-            qk_BTXD = ctx.rotate(qkv_BTXD[:, :, : H + K], self.kernel_backend)
-            q_BTHD, k_BTKD = qk_BTXD.split((H, K), dim=2)
-            v_BTKD = qkv_BTXD[:, :, H + K :]
+        else:  # one call rotates queries and keys and passes values: one output, one gradient, no copies
+            q_BTHD, k_BTKD, v_BTKD = ctx.rotate(qkv_BTXD, self.kernel_backend, rotated_heads=H + K).split((H, K, K), dim=2)
         q_BHTD, k_BKTD, v_BKTD = (t.transpose(1, 2) for t in (q_BTHD, k_BTKD, v_BTKD))
         if ctx.cache is not None:
             k_BKTD, v_BKTD = ctx.cache.append(ctx, k_BKTD, v_BKTD)

@@ -62,12 +62,15 @@ class MixerContext:
             raise ValueError(f"position {end - 1} exceeds the RoPE table ({self.cos_TD2.shape[0]} positions)")
         return self.cos_TD2[self.start:end], self.sin_TD2[self.start:end]
 
-    def rotate(self, x_BTHD: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        """RoPE of this forward's queries or keys at their positions: start + t, or each row's own position."""
+    def rotate(self, x_BTHD: torch.Tensor, backend: str | None = None, rotated_heads: int | None = None) -> torch.Tensor:
+        """RoPE of this forward's queries or keys at their positions: start + t, or each row's own position.
+
+        `rotated_heads` R: only heads 0 .. R - 1 are rotated, the rest copied (see kernels.apply_rope)."""
         if self.rows is None:
-            return kernels.apply_rope(x_BTHD, *self.rope(x_BTHD.shape[1]), backend=backend)
+            return kernels.apply_rope(x_BTHD, *self.rope(x_BTHD.shape[1]), backend=backend, rotated_heads=rotated_heads)
         B, _, H, D = x_BTHD.shape  # one token per row: the rows become the time axis of one rotation
-        rotated = kernels.apply_rope(x_BTHD.reshape(1, B, H, D), self.rows.cos_BD2, self.rows.sin_BD2, backend=backend)
+        rotated = kernels.apply_rope(x_BTHD.reshape(1, B, H, D), self.rows.cos_BD2, self.rows.sin_BD2, backend=backend,
+                                     rotated_heads=rotated_heads)
         return rotated.view(B, 1, H, D)
 
     def key_end(self, T: int) -> int:

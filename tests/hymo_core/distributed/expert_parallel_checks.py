@@ -41,7 +41,7 @@ def build(config: TrainConfig, runtime, seed: int = 5):
 
 
 def step(model, optimizer, tokens: torch.Tensor) -> dict:
-    logits, loss = model(tokens[:, :-1], tokens[:, 1:])
+    logits, loss = model(tokens[:, :-1], tokens[:, 1:], return_logits=True)
     loss.backward()
     grads = {name: full(p.grad) for name, p in model.named_parameters()}
     norm = clip_grad_norm_(model.parameters(), 0.5)

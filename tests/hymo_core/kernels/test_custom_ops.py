@@ -35,7 +35,8 @@ def op_cases():
     return {
         "rms_norm": (torch.ops.hymo.rms_norm.default, (r(3, 5, 16), r(16), 1e-5, "reference")),
         "swiglu": (torch.ops.hymo.swiglu.default, (r(4, 12), r(4, 12), "reference")),
-        "rope": (torch.ops.hymo.rope.default, (r(2, 7, 3, 8), cos, sin, 1.0, "reference")),
+        "swiglu_packed": (torch.ops.hymo.swiglu_packed.default, (r(4, 24), "reference")),
+        "rope": (torch.ops.hymo.rope.default, (r(2, 7, 3, 8), cos, sin, 1.0, 2, "reference")),
         "cross_entropy_rows": (torch.ops.hymo.cross_entropy_rows.default,
                                (r(6, 11), torch.tensor([0, 3, -100, 10, 2, 5]), -100, 16, "reference")),
         "gated_delta_rule": (gated_delta_rule_op._opoverload, gdn),

@@ -87,3 +87,11 @@ def test_occupancy_counts_the_tightest_resource():
     assert aot.occupancy(32, 0, 4, h100) == 16  # threads: 2048 / 128
     assert aot.occupancy(255, 0, 4, h100) == 2  # registers: 65536 / (256 * 128)
     assert aot.occupancy(64, 100 * 1024, 4, h100) == 2  # shared memory: 228 KB / 101 KB
+
+
+def test_rope_is_a_few_waves_at_every_preset(usages):
+    """One program per (token, head) was 196,608 programs at the dense sample's 4 x 4096 tokens, 94 waves
+    on an H100 (issue 53): now every preset's grid is at most 8 waves on 132 SMs."""
+    rope = [u for u in usages if u.launch.kernel.endswith("_rope_kernel") and u.target.name == "sm_90"]
+    assert {u.launch.preset for u in rope} == {"dense sample", "hymo-tiny", "hymo-750m", "lab-4"}
+    assert all(0 < u.waves <= 8 for u in rope), [(u.launch.preset, u.launch.programs, u.waves) for u in rope]

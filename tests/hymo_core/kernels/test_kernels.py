@@ -119,6 +119,46 @@ def test_rope(device, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_swiglu_packed_reads_the_projection_in_place(device, dtype):
+    """The FFN's (..., 2F) [gate | up] tensor: same values and gradients as the two-tensor op on its halves."""
+    torch.manual_seed(4)
+    gate_up = (torch.randn(2, 7, 2 * 41, device=device) * 3).to(dtype)  # F = 41: rows straddle programs
+    results = both_backends(lambda x, backend: kernels.swiglu(x, backend=backend), [gate_up])
+    (out_t,), (grad_t,) = results["triton"]
+    (out_r,), (grad_r,) = results["reference"]
+    gate, up = leaf(gate_up[..., :41]), leaf(gate_up[..., 41:])
+    split = kernels.swiglu(gate, up, backend="reference")
+    split.backward(torch.randn(split.shape, generator=torch.Generator().manual_seed(0)).to(split))
+    close(out_t, out_r, dtype)
+    close(out_r, split, dtype)
+    close(grad_t, grad_r, dtype)
+    close(grad_r, torch.cat((gate.grad, up.grad), -1), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_reads_qkv_through_its_strides_and_passes_values(device, dtype, monkeypatch):
+    """Attention's call: the fused projection's (B, T, H + 2K, D) output, q and k rotated, v copied; a grid of
+    few programs (PROGRAMS 4) so each program loops over several tiles, the last one ragged."""
+    from hymo_core.kernels import rotary
+
+    monkeypatch.setattr(rotary, "PROGRAMS", 4)
+    torch.manual_seed(5)
+    B, T, H, K, D = 2, 37, 2, 1, 16
+    cos, sin = kernels.rope_tables(T, D, 10000.0, device=device)
+    qkv_wide = torch.randn(B, T, H + 2 * K + 1, D, device=device).to(dtype)  # one head more: x is a strided view
+    results = both_backends(
+        lambda x, backend: kernels.apply_rope(x[:, :, : H + 2 * K], cos, sin, backend=backend, rotated_heads=H + K),
+        [qkv_wide])
+    (out_t,), (grad_t,) = results["triton"]
+    (out_r,), (grad_r,) = results["reference"]
+    close(out_t, out_r, dtype)
+    close(grad_t, grad_r, dtype)
+    torch.testing.assert_close(out_t[:, :, H + K:], qkv_wide[:, :, H + K: H + 2 * K], rtol=0, atol=0)
+    close(out_r[:, :, : H + K], kernels.apply_rope(qkv_wide[:, :, : H + K], cos, sin, backend="reference"), dtype)
+    assert rotary.rope_grid(B * T, H + 2 * K, D // 2)[1] > 1  # tiles per program: the loop ran
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("rows, vocab, block_v", [(13, 1000, 256), (7, 997, None), (5, 4100, 1024)])
 def test_cross_entropy_rows(device, rows, vocab, block_v, dtype):
     """Multi-chunk (block_v < V, ragged last chunk) and single-chunk reads, ignored rows included."""
@@ -166,7 +206,7 @@ def test_whole_model_matches_across_backends(device):
         torch.manual_seed(5)
         model = Transformer(config, kernel_backend=backend).to(device)
         tokens = torch.randint(0, 67, (2, 9), device=device)
-        logits, loss = model(tokens[:, :-1], tokens[:, 1:])
+        logits, loss = model(tokens[:, :-1], tokens[:, 1:], return_logits=True)
         loss.backward()
         results[backend] = (logits, loss, model.last_ce, [p.grad for p in model.parameters()])
     (logits_t, loss_t, ce_t, grads_t), (logits_r, loss_r, ce_r, grads_r) = results["triton"], results["reference"]

@@ -57,7 +57,7 @@ def test_forward_contract_and_loss_is_mean_token_cross_entropy():
     model = tiny()
     tokens = torch.randint(0, 101, (3, 17))
     targets = torch.randint(0, 101, (3, 17))
-    logits, loss = model(tokens, targets)
+    logits, loss = model(tokens, targets, return_logits=True)
     assert logits.shape == (3, 17, 101)
     expected = F.cross_entropy(logits.reshape(-1, 101), targets.reshape(-1))
     torch.testing.assert_close(loss, expected)
@@ -70,7 +70,7 @@ def test_forward_contract_and_loss_is_mean_token_cross_entropy():
 def test_z_loss_adds_mean_squared_log_normaliser_and_ce_is_reported_apart():
     model = tiny(z_loss=1e-3)
     tokens, targets = torch.randint(0, 101, (2, 11)), torch.randint(0, 101, (2, 11))
-    logits, loss = model(tokens, targets)
+    logits, loss = model(tokens, targets, return_logits=True)
     flat = logits.reshape(-1, 101).double()
     ce = F.cross_entropy(flat, targets.reshape(-1))
     lse = torch.logsumexp(flat, dim=-1)
@@ -140,12 +140,12 @@ def test_rope_makes_scores_depend_on_relative_position_only():
 def test_attention_probe_matches_definition_and_changes_nothing():
     model = tiny(qk_norm=True)
     tokens, targets = torch.randint(0, 101, (2, 12)), torch.randint(0, 101, (2, 12))
-    logits, loss = model(tokens, targets)
+    logits, loss = model(tokens, targets, return_logits=True)
     loss.backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     model.set_attention_probe(True)
-    probed_logits, probed_loss = model(tokens, targets)
+    probed_logits, probed_loss = model(tokens, targets, return_logits=True)
     probed_loss.backward()
     assert torch.equal(logits, probed_logits) and torch.equal(loss, probed_loss)
     assert all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters()))

@@ -116,9 +116,12 @@ def test_activation_checkpointing_changes_memory_not_math(tiny_corpus):
     assert all(torch.equal(weights[name], plain_weights[name]) for name in plain_weights)
 
 
-def test_compile_per_block_trains_the_same_model(tiny_corpus, monkeypatch):
-    """Dynamo traces every block and AOTAutograd builds its backward; inductor's C++ code generation would add
-    minutes on a 2-core CPU, so this test lowers through aot_eager (bench/distributed.py compiles with inductor on GPU)."""
+@pytest.mark.parametrize("scope, units", [("blocks", "Block"), ("auto", "Transformer")])
+def test_compile_trains_the_same_model(tiny_corpus, monkeypatch, scope, units):
+    """Dynamo traces every block (or, by default on one process, the whole model) and AOTAutograd builds its
+    backward; inductor's C++ code generation would add minutes on a 2-core CPU, so this test lowers through
+    aot_eager (bench/distributed.py compiles with inductor on GPU; tests/hymo_core/models/test_whole_model_compile.py
+    the whole model with inductor)."""
     from hymo_core.distributed import parallelize as parallel
 
     monkeypatch.setattr(parallel, "COMPILE_BACKEND", "aot_eager")
@@ -128,8 +131,8 @@ def test_compile_per_block_trains_the_same_model(tiny_corpus, monkeypatch):
     shape = replace(SHAPE, n_layers=1)
     config = replace(RECIPE, max_steps=2)
     eager_losses, eager_weights = run(tiny_corpus, config, shape)
-    losses, weights = run(tiny_corpus, replace(config, compile=True), shape)
-    assert compiled == ["Block"] * shape.n_layers
+    losses, weights = run(tiny_corpus, replace(config, compile=True, compile_scope=scope), shape)
+    assert compiled == ([units] * shape.n_layers if units == "Block" else [units])
     assert losses == pytest.approx(eager_losses, rel=1e-4)
     for name in eager_weights:
         torch.testing.assert_close(weights[name], eager_weights[name], rtol=1e-3, atol=1e-5)
