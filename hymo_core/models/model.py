@@ -36,7 +36,6 @@ from hymo_core.models.layers.block import Block
 from hymo_core.models.layers.context import MixerContext, RowPositions
 from hymo_core.models.layers.ffn import FeedForward  # noqa: F401  (re-exported)
 from hymo_core.models.layers.moe import MoE, Reduce, moe_after_optimizer_step
-from hymo_core.models.head_loss import chunked_head_loss
 from hymo_core.models.layers.mtp import MultiTokenPrediction
 from hymo_core.models.layers.norm import RMSNorm
 from hymo_core.models.materialise import draw_init_seed, initialise_, materialise_, residual_std
@@ -262,7 +261,10 @@ class Transformer(nn.Module):
             ctx = MixerContext(self.rope_cos_TD2, self.rope_sin_TD2)
             mtp_loss, per_depth = self.mtp(
                 hidden_BTD, targets_BT, self.tok_embeddings,
-                lambda hidden_ND, targets_N: chunked_head_loss(hidden_ND, self.head, targets_N, backend=self.kernel_backend)[0],
+                # Each depth's head fused into its loss, as the main head's (no depth holds its full logits).
+                lambda hidden_ND, targets_N: kernels.linear_cross_entropy(
+                    hidden_ND, self.output.weight, targets_N, multiplier=output_multiplier(self.config),
+                    backend=self.kernel_backend)[0],
                 lambda block, x_BTD: block(x_BTD, ctx))
             self.last_mtp_ce = [ce.detach() for ce in per_depth]
             extra = mtp_loss

@@ -73,7 +73,8 @@ def test_the_trainer_compiles_the_whole_model_on_one_process_and_blocks_under_to
 
     config = TrainConfig(compile=True)
     assert compile_scope(config, Runtime()) == "model"
-    assert compile_scope(config, Runtime(launched=True)) == "blocks"
+    assert compile_scope(config, Runtime(launched=True, world_size=2)) == "blocks"  # FSDP2 hooks between blocks
+    assert compile_scope(config, Runtime(launched=True, world_size=1)) == "model"  # one rank: no FSDP2 (wraps_in_fsdp)
     assert compile_scope(TrainConfig(compile=True, activation_checkpointing=True), Runtime()) == "blocks"
     assert compile_scope(TrainConfig(compile=True, compile_scope="blocks"), Runtime()) == "blocks"
     model = Transformer(CONFIG)
