@@ -618,3 +618,21 @@ def test_words_without_a_letter_counted_by_translate_on_ascii_equal_the_regex_co
     texts += ["x1 2 ... __ a_b 3.14 -- é 漢 ²", "1 2 3", "", "   "]
     for text in texts:
         assert words_without_letter(TextView(text)) == len(NON_ALPHABETIC_WORD.findall(text)), repr(text)
+
+
+def test_line_removals_record_each_removed_line_and_citation_as_offsets_into_the_input(tmp_path):
+    """Issue 56: C4's modification row says which lines went and why, and which citations were cut, as
+    [start, end, reason] into the text that entered quality (CRLF and indented lines included)."""
+    body = good_prose().split("\n")
+    text = "\r\n".join(body[:3] + ["  Menu: Home.", body[3] + " [12]", "Click here to enable javascript in your browser now."] + body[4:]
+                       + ["Read our privacy policy before you use this site today."])
+    upstream = publish_upstream(tmp_path, [doc("noisy", text, profile="web")])
+    q.run_quality(CONFIG, upstream, tmp_path / "04_quality", workers=1)
+    (row,) = read_stage_audit(tmp_path / "04_quality").to_pylist()
+    detail = json.loads(row["detail"])
+    assert row["rule"] == "c4_lines_removed"
+    found = [(text[start:end], label) for start, end, label in detail["edits"]]
+    assert found == [("  Menu: Home.", "too_few_words"), ("[12]", "citation"),
+                     ("Click here to enable javascript in your browser now.", "javascript"),
+                     ("Read our privacy policy before you use this site today.", "policy")]
+    assert sum(detail["removed_by_reason"].values()) == 3 and detail["citations_removed"] == 1
