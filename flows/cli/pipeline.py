@@ -36,7 +36,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
     require_api_for_workers(args.dask_address if args.runner == "dask" else None, args.api_url)
     with prefect_api(args.api_url):
-        hymo_stage(run=args.run, stage=args.stage, force=args.force, until=args.until, runner=Runner(args.runner), dask_address=args.dask_address)
+        hymo_stage(run=args.run, stage=args.stage, force=args.force, until=args.until, runner=Runner(args.runner), dask_address=args.dask_address,
+                   overrides=args.set or None)
     print_funnel(Path(args.run))
     return 0
 
@@ -47,10 +48,10 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-url", help="Prefect API to report to (default: $PREFECT_API_URL, else a local server started for this run)")
 
 
-def add_set_option(parser: argparse.ArgumentParser) -> None:
+def add_set_option(parser: argparse.ArgumentParser, what: str = "override one config value, e.g. --set pretrain.train.max_steps=50 "
+                                                                  "or --set run.workers=2") -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one config value, e.g. --set pretrain.train.max_steps=50 or --set run.workers=2 "
-                             "(a TOML value; repeatable, later ones win)")
+                        help=f"{what} (a TOML value; repeatable, later ones win)")
 
 
 def add_commands(sub: Any) -> None:
@@ -70,6 +71,8 @@ def add_commands(sub: Any) -> None:
     rerun.add_argument("run", help="run directory written by `hymo run`")
     rerun.add_argument("--stage", required=True, help="the stage to re-run (its name, e.g. quality; `hymo manifest show RUN` lists them)")
     rerun.add_argument("--force", action="store_true", help="recompute the stage even if its published output is intact")
-    rerun.add_argument("--until", help="stop after this stage")
+    rerun.add_argument("--until", help="stop after this stage (`--until shards`: refresh the corpus, train nothing)")
+    add_set_option(rerun, "change one value of the run's saved config (config.json) before re-running, e.g. "
+                          "--set quality.min_words=100; checked as `run --set` is, and recorded in config.json")
     add_runner_options(rerun)
     rerun.set_defaults(func=cmd_rerun)
