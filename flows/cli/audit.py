@@ -12,7 +12,7 @@ from rich.table import Table
 from manifests.audit_query import decisions_for, find_documents, funnel, quarantined_files, sample_removed
 from manifests.staleness import stale_stages
 
-from flows.cli.funnel import print_funnel
+from flows.cli.funnel import print_funnel, print_stale
 from flows.console import console
 
 
@@ -20,8 +20,9 @@ def cmd_audit_summary(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(funnel(Path(args.run)), indent=2))
     else:
-        print_funnel(Path(args.run))  # its `!` lines name the stale stages
+        print_funnel(Path(args.run))
         print_quarantined(Path(args.run))
+        print_stale(Path(args.run))
     return 0
 
 

@@ -52,15 +52,15 @@ def print_narrow_funnel(run: Path) -> None:
 
 
 def print_funnel(run: Path) -> None:
-    """The funnel, then one `!` line per stale stage (after a rerun that changed a stage, the ones it left behind)."""
     if console.width < 100:
         print_narrow_funnel(run)
     else:
         print_wide_funnel(run)
-    print_stale(run)
 
 
 def print_stale(run: Path) -> None:
+    """One `!` line per stale stage (after a rerun that changed a stage, the ones it left behind), unwrapped so its
+    refresh command copies whole."""
     for entry in stale_stages(run):
         console.print(f"! {entry.line()}", markup=False, soft_wrap=True)
 

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.cli.funnel import print_funnel
+from flows.cli.funnel import print_funnel, print_stale
 
 DEFAULT_RUN = "$HYMO_HOME/runs/sample"  # HYMO_HOME: the current directory when unset (flows.config.default_run)
 
@@ -25,6 +25,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         hymo_pipeline(config=config, out=str(out), until=args.until, runner=Runner(args.runner), dask_address=args.dask_address,
                       change_stages=args.change_stages)
     print_funnel(out)
+    print_stale(out)
     return 0
 
 
@@ -39,6 +40,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         hymo_stage(run=args.run, stage=args.stage, force=args.force, until=args.until, runner=Runner(args.runner), dask_address=args.dask_address,
                    overrides=args.set or None)
     print_funnel(Path(args.run))
+    print_stale(Path(args.run))  # the stages this rerun left behind, each with the command that refreshes it
     return 0
 
 
