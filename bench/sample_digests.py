@@ -7,7 +7,9 @@
 The recorded list (bench/sample_digests.json) was recorded on the layout move; the move's parent
 commit gave the same digests (docs/benchmarks-history.md, "Layout move: the sample's outputs unchanged").
 Re-recorded by this script on issue 45's document ids (they hash the snapshot and the file inside
-the source, so every id changed, and with the ids the dedup keepers, the split and every later file).
+the source, so every id changed, and with the ids the dedup keepers, the split and every later file). Re-recorded on issue 56's audit evidence: against the same run on its
+parent commit only audit files (and the manifests listing their sha256) differ, by added `detail.edits`
+and exact_duplicate's value and threshold; the recording before it no longer matched main's manifests.
 
 Data, audit and token files are hashed byte for byte. What legitimately differs between two runs of
 equal outputs is left out, and only that: in JSON files the timings, the code version, the config's directory (the checkout's path) and the keys

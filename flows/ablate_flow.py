@@ -34,6 +34,7 @@ from prefect.cache_policies import NO_CACHE
 from manifests.atomic import atomic_write_text
 from manifests.run_dir import list_stage_dirs
 from manifests.stage_manifest import StageNotComplete, read_manifest
+from manifests.staleness import refuse_stale_corpus
 
 from flows.ablate_spec import BASE, SAMPLE_SPEC, AblationSpec, SpecError, load_spec
 from flows.config import PipelineConfig, default_run_root
@@ -92,6 +93,16 @@ def record_spec(spec: AblationSpec, out: Path) -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+
+
+def base_run_checked(spec: AblationSpec, base_run: str | None) -> AblationSpec:
+    """The spec with `base_run` (the CLI's or its own) whose stages the base reuses; refused when a stage of it is stale
+    (the base would train on a corpus an upstream rerun has changed since)."""
+    if base_run:
+        spec = replace(spec, base_run=Path(base_run).resolve())
+    if spec.base_run is not None:
+        refuse_stale_corpus(spec.base_run, "ablation")
+    return spec
 
 
 def verify_spec(spec: AblationSpec) -> None:
@@ -218,9 +229,7 @@ def hymo_ablate(spec: str = str(SAMPLE_SPEC), out: str | None = None, base_run: 
     """Every variant of SPEC (and the base) once per seed through the pipeline, reusing cached stages; then the
     paired comparison against the decision rule the spec fixed. `out` empty: $HYMO_HOME/runs/ablate-SPECNAME.
     `base_run`: a finished run of the base config whose stages the base reuses (instead of the spec's base_run)."""
-    loaded = load_spec(spec)
-    if base_run:
-        loaded = replace(loaded, base_run=Path(base_run).resolve())
+    loaded = base_run_checked(load_spec(spec), base_run)
     out_path = Path(out).resolve() if out else default_run_root() / f"ablate-{slug(loaded.path.stem)}"
     record_spec(loaded, out_path)
     logger = get_run_logger()

@@ -144,6 +144,15 @@ def load_run_config(run: Path) -> PipelineConfig:
     return PipelineConfig(**json.loads(path.read_text(encoding="utf-8"))["config"])
 
 
+def with_overrides(config: PipelineConfig, overrides: list[str] | None) -> PipelineConfig:
+    """`config` with `--set section.key=value` overrides, read as `hymo run` reads them (`run.workers` is the [run]
+    table's key, stored at the top of a saved config); validated again as a whole."""
+    if not overrides:
+        return config
+    flat = [text.removeprefix("run.") if text.startswith("run.") else text for text in overrides]
+    return PipelineConfig(**apply_overrides(config.model_dump(mode="json"), flat))
+
+
 def saved_run_config(run: Path) -> PipelineConfig:
     """The run's own config when it has one (its stage list and numbering), else the defaults."""
     return load_run_config(run) if (Path(run) / RUN_CONFIG).is_file() else PipelineConfig()

@@ -42,6 +42,7 @@ def fix_for(exc: BaseException) -> str:
     """What the user should do about `exc`, in a few words."""
     from manifests.run_lock import RunLocked
     from manifests.stage_manifest import DigestMismatch, StageNotComplete
+    from manifests.staleness import StaleStageError
     from tasks.ingest.ingest import InputFileError
 
     if isinstance(exc, RunLocked):
@@ -54,6 +55,8 @@ def fix_for(exc: BaseException) -> str:
         return "a published file changed after the stage wrote it; `hymo rerun RUN --stage STAGE --force` recomputes it"
     if isinstance(exc, StageNotComplete):
         return "run the earlier stages first (`hymo run --out RUN`), or pass the right run directory"
+    if isinstance(exc, StaleStageError):
+        return "run the refresh command named above (it recomputes the corpus and trains nothing), then this command again"
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return "free disk space where the run directory lives (nothing partial was published), then run the same command again"
     if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

@@ -335,7 +335,26 @@ def check_rerun(args: argparse.Namespace) -> None:
             near = difflib.get_close_matches(stage, names, n=1)
             raise PreflightError(f"{flag} {stage}: not a stage of {run} ({', '.join(names)})" + (f"; did you mean {near[0]!r}?" if near else ""),
                                  "name one of the stages listed")
+    check_rerun_overrides(run, config, names, args.stage, getattr(args, "set", None))
     check_unlocked(run)
+
+
+def check_rerun_overrides(run: Path, config: Any, names: list[str], stage: str, overrides: list[str] | None) -> None:
+    """`rerun --set`: the keys and values `run --set` accepts, on the run's saved config; and no value of a stage
+    before --stage (the rerun would not recompute it, and config.json would describe outputs it did not make)."""
+    from flows.config import RUN_CONFIG, with_overrides
+    from hymo_core.overrides import parse_override
+
+    check_overrides(overrides, pipeline_key_errors)
+    try:
+        with_overrides(config, overrides)
+    except Exception as exc:  # pydantic's ValidationError, a stage config's own ValueError
+        raise PreflightError(f"{run / RUN_CONFIG} with --set: {validation_line(exc)}", "fix the value named above") from None
+    for text in overrides or ():
+        section = parse_override(text)[0][0]
+        if section in names and names.index(section) < names.index(stage):
+            raise PreflightError(f"--set {text}: changes {section}, which comes before --stage {stage} and would not be recomputed",
+                                 f"rerun from it: hymo rerun {run} --stage {section} --set {text}")
 
 
 def recipe_key_errors(raw: dict[str, Any]) -> list[tuple[str, str, str | None]]:

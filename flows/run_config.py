@@ -26,6 +26,11 @@ def recorded_stages(run: Path) -> list[str] | None:
     return [entry.name for entry in pipeline_stages(PipelineConfig(**saved["config"]), import_functions=False)]
 
 
+def saved_runner(run: Path) -> str:
+    """The runner the run directory's config.json records (`process` for a record without one)."""
+    return json.loads((Path(run) / RUN_CONFIG).read_text(encoding="utf-8")).get("runner") or "process"
+
+
 def run_record(config: PipelineConfig, runner: str) -> str:
     stages = list(stage_dir_names(pipeline_stages(config)).values())
     return json.dumps({"config": config.model_dump(mode="json"), "runner": runner, "stages": stages}, indent=2) + "\n"

@@ -14,9 +14,9 @@ from prefect import flow
 
 from manifests.run_lock import run_lock
 
-from flows.config import default_run
+from flows.config import default_run, with_overrides
 from flows.pipeline import Runner, load_run_config, log_lines, run_stages
-from flows.run_config import claim_run_dir
+from flows.run_config import claim_run_dir, saved_runner
 from flows.stages import STAGE_NAMES
 
 StageName = Enum("StageName", {name: name for name in STAGE_NAMES}, type=str)  # built-in stages; a user filter is named as text
@@ -30,12 +30,15 @@ def hymo_stage(
     until: str | None = None,
     runner: Runner = Runner.process,
     dask_address: str | None = None,
+    overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """Re-run `stage` of the run directory `run` (from its saved config) and what follows it; `run` empty: `hymo run`'s
-    default run directory, $HYMO_HOME/runs/sample."""
+    default run directory, $HYMO_HOME/runs/sample. `overrides`: `section.key=value` changes to the saved config
+    (`hymo rerun --set`), written to the run's config.json before the stage runs."""
     run_dir = Path(run).resolve() if run else default_run()
-    config = load_run_config(run_dir)
+    config = with_overrides(load_run_config(run_dir), overrides)
     name = stage.value if isinstance(stage, Enum) else str(stage)
     with run_lock(run_dir):  # one writer per run directory: a second run fails naming this one
-        log_lines(claim_run_dir(run_dir, config, None))  # stray directories of another stage list are refused here too
+        # stray directories of another stage list are refused here too; a changed config is recorded
+        log_lines(claim_run_dir(run_dir, config, saved_runner(run_dir) if overrides else None))
         return run_stages(config, run_dir, name, until, runner, dask_address, refresh=name if force else None)

@@ -198,7 +198,11 @@ def _texts_before(run: Path, position: tuple[int, str], shard_of: dict[str, str]
     previous = [(s, m) for s, m in completed_stages(run) if s.position < position]
     if not previous:
         return {}
-    _, manifest = previous[-1]
+    return texts_in(previous[-1][1], shard_of)
+
+
+def texts_in(manifest: Any, shard_of: dict[str, str]) -> dict[str, str]:
+    """The texts of these ids in one stage's data files (`shard_of`: id -> the shard it is likely in, read first)."""
     data_files = manifest.files("data")
     likely = set(shard_of.values())
     ordered = [f for f in data_files if Path(f.path).stem in likely] + [f for f in data_files if Path(f.path).stem not in likely]

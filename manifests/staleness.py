@@ -6,7 +6,10 @@ dedup_fuzzy's digest moves while decontam, split, ... still describe the old cor
 digest no longer equals the upstream's current one. Comparing the two needs only the manifests (no
 file is hashed), so `manifest show --verify`, `audit summary`, `hymo train` and the pretrain stage
 all ask. A stage whose input is itself stale is stale too, and the command that refreshes both is
-the rerun of the first stale stage of the chain.
+the rerun of the first stale stage of the chain, up to the shards (`--until shards`: it trains nothing).
+Every command that reads a corpus calls `refuse_stale_corpus` before reading it (`hymo train`, the
+pretrain stage, `python -m hymo_core.train` and torchrun, `hymo sweep`, `hymo ablate`, `hymo cpt`,
+`hymo extend`).
 """
 from __future__ import annotations
 
@@ -16,18 +19,23 @@ from pathlib import Path
 from manifests.run_dir import completed_stages, parse_stage_dir
 
 
+CORPUS_STAGE = "shards"  # the last data stage: what a refresh recomputes up to
+TRAINING_STAGE = "pretrain"
+
+
 @dataclass(frozen=True)
 class Stale:
     stage: str  # the stage's name (`decontam`)
     directory: str  # its directory in the run (`09_decontam`)
     because: str  # which input moved, in words
-    refresh_command: str  # `hymo rerun RUN --stage FIRST_STALE`: recomputes it and what follows
+    refresh_command: str  # `hymo rerun RUN --stage FIRST_STALE --until shards`: recomputes it and the data stages after it
 
     def line(self) -> str:
-        return f"{self.directory} is stale: {self.because}; refresh with `{self.refresh_command}`"
+        trains = " (this trains a model)" if self.refresh_command.endswith(f"--stage {TRAINING_STAGE}") else ""
+        return f"{self.directory} is stale: {self.because}; refresh with `{self.refresh_command}`{trains}"
 
 
-class StaleStageError(RuntimeError):
+class StaleStageError(ValueError):
     """A command would read a stage computed from inputs that have changed since."""
 
 
@@ -54,8 +62,19 @@ def stale_stages(run: Path) -> list[Stale]:
         if reasons:
             root = min(root for _, root in reasons)
             root_of[stage_dir.path.name] = root
-            found.append(Stale(stage_dir.stage, stage_dir.path.name, reasons[0][0], f"hymo rerun {run} --stage {root[1]}"))
+            found.append(Stale(stage_dir.stage, stage_dir.path.name, reasons[0][0], refresh_command(run, root[1], stages)))
     return found
+
+
+def refresh_command(run: Path, first_stale: str, stages: list) -> str:
+    """`hymo rerun RUN --stage FIRST_STALE --until shards`: recomputes the stale stages up to the corpus and trains
+    nothing (a rerun without --until also runs pretrain: a training run started from a data command). Until the
+    run's last data stage when it has no shards stage; a stale pretrain stage is refreshed by training, said so."""
+    if first_stale == TRAINING_STAGE:
+        return f"hymo rerun {run} --stage {TRAINING_STAGE}"
+    data_stages = [stage_dir.stage for stage_dir, _ in stages if stage_dir.stage != TRAINING_STAGE]
+    until = CORPUS_STAGE if CORPUS_STAGE in data_stages else data_stages[-1]
+    return f"hymo rerun {run} --stage {first_stale} --until {until}"
 
 
 def stale_before(run: Path, last_directory: str) -> list[Stale]:

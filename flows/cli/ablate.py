@@ -10,13 +10,13 @@ from flows.console import console
 def cmd_ablate(args: argparse.Namespace) -> int:
     import json
 
-    from flows.ablate_flow import hymo_ablate
+    from flows.ablate_flow import base_run_checked, hymo_ablate
     from flows.ablate_spec import SpecError, load_spec
     from flows.pipeline import Runner
     from flows.server import prefect_api
 
     try:
-        load_spec(args.spec)  # a spec error is one line, before any server starts
+        base_run_checked(load_spec(args.spec), args.base_run)  # a spec error or a stale base run is one line, before any server starts
     except SpecError as error:
         raise SystemExit(f"hymo ablate: {error}") from None
     with prefect_api(args.api_url):

@@ -7,6 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from manifests.audit_query import funnel
+from manifests.staleness import stale_stages
 
 from flows.console import console
 
@@ -53,7 +54,18 @@ def print_narrow_funnel(run: Path) -> None:
 def print_funnel(run: Path) -> None:
     if console.width < 100:
         print_narrow_funnel(run)
-        return
+    else:
+        print_wide_funnel(run)
+
+
+def print_stale(run: Path) -> None:
+    """One `!` line per stale stage (after a rerun that changed a stage, the ones it left behind), unwrapped so its
+    refresh command copies whole."""
+    for entry in stale_stages(run):
+        console.print(f"! {entry.line()}", markup=False, soft_wrap=True)
+
+
+def print_wide_funnel(run: Path) -> None:
     table = Table(title=f"HyMo funnel — {run}")
     for column in ("stage", "in", "kept", "removed", "removed by rule", "modified by rule", "seconds"):
         table.add_column(column, justify="right" if column in ("in", "kept", "removed", "seconds") else "left", overflow="fold")

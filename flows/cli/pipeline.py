@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.cli.funnel import print_funnel
+from flows.cli.funnel import print_funnel, print_stale
 
 DEFAULT_RUN = "$HYMO_HOME/runs/sample"  # HYMO_HOME: the current directory when unset (flows.config.default_run)
 
@@ -25,6 +25,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         hymo_pipeline(config=config, out=str(out), until=args.until, runner=Runner(args.runner), dask_address=args.dask_address,
                       change_stages=args.change_stages)
     print_funnel(out)
+    print_stale(out)
     return 0
 
 
@@ -36,8 +37,10 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
     require_api_for_workers(args.dask_address if args.runner == "dask" else None, args.api_url)
     with prefect_api(args.api_url):
-        hymo_stage(run=args.run, stage=args.stage, force=args.force, until=args.until, runner=Runner(args.runner), dask_address=args.dask_address)
+        hymo_stage(run=args.run, stage=args.stage, force=args.force, until=args.until, runner=Runner(args.runner), dask_address=args.dask_address,
+                   overrides=args.set or None)
     print_funnel(Path(args.run))
+    print_stale(Path(args.run))  # the stages this rerun left behind, each with the command that refreshes it
     return 0
 
 
@@ -47,10 +50,10 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-url", help="Prefect API to report to (default: $PREFECT_API_URL, else a local server started for this run)")
 
 
-def add_set_option(parser: argparse.ArgumentParser) -> None:
+def add_set_option(parser: argparse.ArgumentParser, what: str = "override one config value, e.g. --set pretrain.train.max_steps=50 "
+                                                                  "or --set run.workers=2") -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one config value, e.g. --set pretrain.train.max_steps=50 or --set run.workers=2 "
-                             "(a TOML value; repeatable, later ones win)")
+                        help=f"{what} (a TOML value; repeatable, later ones win)")
 
 
 def add_commands(sub: Any) -> None:
@@ -70,6 +73,8 @@ def add_commands(sub: Any) -> None:
     rerun.add_argument("run", help="run directory written by `hymo run`")
     rerun.add_argument("--stage", required=True, help="the stage to re-run (its name, e.g. quality; `hymo manifest show RUN` lists them)")
     rerun.add_argument("--force", action="store_true", help="recompute the stage even if its published output is intact")
-    rerun.add_argument("--until", help="stop after this stage")
+    rerun.add_argument("--until", help="stop after this stage (`--until shards`: refresh the corpus, train nothing)")
+    add_set_option(rerun, "change one value of the run's saved config (config.json) before re-running, e.g. "
+                          "--set quality.min_words=100; checked as `run --set` is, and recorded in config.json")
     add_runner_options(rerun)
     rerun.set_defaults(func=cmd_rerun)

@@ -42,6 +42,7 @@ from hymo_core.checkpoint.tokenizer_identity import check_corpus_tokenizer
 from hymo_core.checkpoint.single import save_checkpoint
 from hymo_core.eval.heldout import HeldOutSet, evaluate_heldout
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
+from manifests.staleness import refuse_stale_corpus
 from hymo_core.cpt.gate import GATE_FILE, Criterion, GateError, GateTampered, check_sample_sizes, gate_text, judge, parse_gate, read_gate
 from hymo_core.train.optim import build_optimizer
 from hymo_core.cpt.ledger import append_record, canonical_sha256, default_ledger
@@ -230,6 +231,8 @@ def run_cpt(base_checkpoint: str | Path, domain: str | Path, general: str | Path
     The gate's, manifest's and measurements' hashes go to `ledger` (default: cpt_ledger.jsonl beside OUT)
     and to `on_record` at the start and at the end."""
     out, device, base_checkpoint = Path(out), torch.device(device), Path(base_checkpoint)
+    for corpus in (domain, general):
+        refuse_stale_corpus(corpus, "continued pretraining")
     if (out / MANIFEST_FILE).exists():
         raise FileExistsError(f"{out} already holds a CPT run ({MANIFEST_FILE}); a gate is fixed once per run, choose another --out")
     out.mkdir(parents=True, exist_ok=True)

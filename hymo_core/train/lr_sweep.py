@@ -39,6 +39,7 @@ from hymo_core.checkpoint.load import load_model
 from hymo_core.models.configs import ModelConfig
 from hymo_core.train.config import SUMMARY_FILE, TrainConfig
 from hymo_core.train.data import CorpusReader, ValidationLoader
+from manifests.staleness import refuse_stale_corpus
 
 SWEEP_FILE, SWEEP_PICTURE = "lr_sweep.json", "lr_sweep.png"
 FIT_NEIGHBOURS = 1  # grid points each side of the best one: the parabola through three points, local to the optimum
@@ -139,6 +140,7 @@ def run_sweep(corpus: str | Path, out: str | Path, train_config: TrainConfig, mo
     """
     from hymo_core.train.run import run_training
 
+    refuse_stale_corpus(corpus, "sweep")  # before the first proxy trains
     train = train or run_training
     out = Path(out)
     lrs = sorted(float(lr) for lr in lrs)

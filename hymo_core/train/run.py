@@ -52,6 +52,7 @@ from hymo_core.checkpoint.tokenizer_identity import corpus_tokenizer_sha256
 from hymo_core.train.ema import WeightEMA
 from hymo_core.train.event_files import EventFiles
 from hymo_core.eval.heldout import HeldOutSet
+from manifests.staleness import refuse_stale_corpus
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
 from hymo_core.train.monitor import status_line
 from hymo_core.train.run_report import HELDOUT_PICTURE, run_forecast, write_group_plot
@@ -242,7 +243,9 @@ TRAINING_SPLITS = ("train", "validation")
 
 
 def open_corpus(corpus: str | Path, runtime: Runtime) -> CorpusReader:
-    """The corpus with its shard digests checked once, by rank 0; the other ranks take its verdict, not a re-hash."""
+    """The corpus with its shard digests checked once, by rank 0; the other ranks take its verdict, not a re-hash.
+    A corpus with a stale stage is refused first, on every rank (it reads only manifests)."""
+    refuse_stale_corpus(corpus, "training")
     reader = CorpusReader(corpus, verify=runtime.is_writer)
     problem = None
     if runtime.is_writer:

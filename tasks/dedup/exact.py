@@ -38,7 +38,7 @@ batch and its 28-byte digest records, or one range: about PARTITION_BYTES of
 records or of key text, plus one 48-byte index entry per writer it reads.
 Not bounded: one digest group is compared whole by one task, so a text
 copied a million times puts a million key texts into one comparison range.
-Rule `exact_duplicate`, detail {"kept_id": ...}.
+Rule `exact_duplicate`, value and threshold 1.0 (the normalised texts are equal), detail {"kept_id": ...}.
 """
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ from tasks.runner.stage_runner import StageDef, map_shards, partition_count, run
 STAGE = "dedup_exact"
 VERSION = "1"
 RULE = "exact_duplicate"
+SAME_TEXT = 1.0  # a removal's value and threshold: its normalised text equals the keeper's (similarity 1 of 1)
 DIGEST_DTYPE = np.dtype(f"S{hashlib.sha1().digest_size}")  # compared as raw bytes: every digest has all 20
 DIGEST_RECORD = np.dtype([("digest", DIGEST_DTYPE), ("row", "<u4"), ("key_bytes", "<u4")])  # a document in the map's spill
 KEY_TEXTS = pa.schema([("group", pa.binary(DIGEST_DTYPE.itemsize)), ("id", pa.string()), ("key_text", pa.string()), ("shard", pa.string()),
@@ -215,7 +216,7 @@ def keepers_of_text_range(part: int, shards: int, spill_dir: str) -> dict[str, i
             removed_ids.append(doc_id)
             kept_ids.append(kept_id)
     count = len(removed_ids)
-    removals = removal_table(removed_ids, [shard_of[doc_id] for doc_id in removed_ids], [RULE] * count, [None] * count, [None] * count,
+    removals = removal_table(removed_ids, [shard_of[doc_id] for doc_id in removed_ids], [RULE] * count, [SAME_TEXT] * count, [SAME_TEXT] * count,
                              [dumps_json({"kept_id": kept_id}) for kept_id in kept_ids])
     by_number = [REMOVALS_SCHEMA.empty_table()] * shards
     for name, rows in tables_by_shard(removals):

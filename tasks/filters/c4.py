@@ -3,7 +3,7 @@ policy lines, short and unpunctuated lines, the sentence count."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 from tasks.filters.quality_config import rule_skipped
@@ -20,46 +20,64 @@ class C4Cleaning:
     sentences: int
     removed_lines: dict[str, int]
     citations_removed: int
+    # Evidence for the audit row: (line number in text.splitlines(), reason) of each removed line, and
+    # (line number, start, end) of each citation cut from a kept line, offsets within that line.
+    removed_at: list[tuple[int, str]] = field(default_factory=list)
+    citation_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, check_lorem: bool = True) -> C4Cleaning:
     """Line by line, in the TFDS order: long word, citations, end mark, word count, lorem/javascript/brace/policy."""
     removed: Counter[str] = Counter()
+    removed_at: list[tuple[int, str]] = []
+    citation_spans: list[tuple[int, int, int]] = []
     kept: list[str] = []
     sentences = citations = 0
-    for raw in text.splitlines():
+
+    def drop(number: int, reason: str) -> None:
+        removed[reason] += 1
+        removed_at.append((number, reason))
+
+    def stop(page_rule: str) -> C4Cleaning:
+        return C4Cleaning(page_rule, kept, sentences, dict(removed), citations, removed_at, citation_spans)
+
+    for number, raw in enumerate(text.splitlines()):
         line = raw.strip()
         if not line:
             continue  # blank lines are layout, not content; TFDS drops them as 'no end mark'
         words = line.split()
         if max(map(len, words)) > config.c4_max_word_length:
-            removed["too_long_word"] += 1
+            drop(number, "too_long_word")
             continue
+        cut: list[tuple[int, int, int]] = []
         if "[" in line:  # every citation mark starts with one: the regex runs only where it can match
-            line, n_citations = CITATION.subn("", line)
-            if n_citations:
-                citations += n_citations
+            indent = len(raw) - len(raw.lstrip())
+            cut = [(number, indent + m.start(), indent + m.end()) for m in CITATION.finditer(line)]
+            if cut:
+                line = CITATION.sub("", line)
+                citations += len(cut)
                 words = line.split()
         if config.c4_drop_unpunctuated_lines and (not line.endswith(config.c4_end_marks) or line.endswith("...")):
-            removed["no_terminal_punct"] += 1
+            drop(number, "no_terminal_punct")
             continue
         if len(words) < config.c4_min_words_per_line:
-            removed["too_few_words"] += 1
+            drop(number, "too_few_words")
             continue
         lower = line.lower()
         if check_lorem and "lorem ipsum" in lower:
-            return C4Cleaning("c4_lorem_ipsum", kept, sentences, dict(removed), citations)
+            return stop("c4_lorem_ipsum")
         if "javascript" in lower:
-            removed["javascript"] += 1
+            drop(number, "javascript")
             continue
         if check_braces and "{" in line:
-            return C4Cleaning("c4_curly_bracket", kept, sentences, dict(removed), citations)
+            return stop("c4_curly_bracket")
         if any(phrase in lower for phrase in config.c4_policy_substrings):
-            removed["policy"] += 1
+            drop(number, "policy")
             continue
+        citation_spans += cut  # a citation on a removed line is part of that line's removal
         sentences += max(1, len(SENTENCE_END.findall(line)))
         kept.append(line)
-    return C4Cleaning(None, kept, sentences, dict(removed), citations)
+    return C4Cleaning(None, kept, sentences, dict(removed), citations, removed_at, citation_spans)
 
 
 def _c4(view: TextView, config: QualityConfig) -> C4Cleaning:

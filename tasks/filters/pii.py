@@ -6,11 +6,12 @@ than deleting them, so the text stays readable. Over-matching hurts technical
 text: a version number such as 10.2.0.1 looks like an IP address, so dotted
 quads that read as versions (after "version"/"v", inside "pkg-1.2.3.4",
 "==1.2.3.4", longer dotted runs) are left alone. Every masking is a
-modification row per kind with its count; a blocked domain or URL is a removal
+modification row per kind with its count and the masked spans (`edits`, offsets into the stage's input); a blocked domain or URL is a removal
 (value 1 = blocklist matches, threshold 0, like C4's page rules).
 """
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
+from manifests.audit_edits import edits_detail
 from manifests.schema import docs_table
 from manifests.stage_manifest import StageManifest
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
@@ -77,13 +79,16 @@ def is_ip_address(match: re.Match[str], text: str, config: PiiConfig) -> bool:
     return not looks_like_version(text, match.start(), config)
 
 
-def mask_ips(text: str, config: PiiConfig) -> tuple[str, int]:
+def mask_ips(text: str, config: PiiConfig, found: list[tuple[int, int]] | None = None) -> tuple[str, int]:
+    """`text` with its IP addresses masked, and how many; `found` gets each masked span (offsets into `text`)."""
     count = 0
 
     def replace(match: re.Match[str]) -> str:
         nonlocal count
         if is_ip_address(match, text, config):
             count += 1
+            if found is not None:
+                found.append(match.span())
             return config.ip_token
         return match.group(0)
 
@@ -95,32 +100,73 @@ def is_phone_number(candidate: str, config: PiiConfig) -> bool:
     return config.phone_min_digits <= digits <= config.phone_max_digits and not DATE_LIKE.match(candidate)
 
 
-def mask_phones(text: str, config: PiiConfig) -> tuple[str, int]:
+def mask_phones(text: str, config: PiiConfig, found: list[tuple[int, int]] | None = None) -> tuple[str, int]:
+    """`text` with its phone numbers masked, and how many; `found` gets each masked span (offsets into `text`)."""
     count = 0
 
     def replace(match: re.Match[str]) -> str:
         nonlocal count
         if is_phone_number(match.group(0), config):
             count += 1
+            if found is not None:
+                found.append(match.span())
             return config.phone_token
         return match.group(0)
 
     return PHONE.sub(replace, text), count
 
 
-def mask_emails(text: str, config: PiiConfig) -> tuple[str, int]:
-    return EMAIL.subn(config.email_token, text)
+def mask_emails(text: str, config: PiiConfig, found: list[tuple[int, int]] | None = None) -> tuple[str, int]:
+    """`text` with its e-mail addresses masked, and how many; `found` gets each masked span (offsets into `text`)."""
+    if found is None:
+        return EMAIL.subn(config.email_token, text)
+
+    def replace(match: re.Match[str]) -> str:
+        found.append(match.span())
+        return config.email_token
+
+    masked = EMAIL.sub(replace, text)
+    return masked, len(found)
 
 
-def mask_pii(text: str, config: PiiConfig) -> tuple[str, dict[str, int]]:
-    """Masked text and the count per kind. E-mails first (their domains hold digits), then IPs, then phones."""
+def to_input_offsets(spans: list[tuple[int, int]], replaced: list[tuple[int, int]], token: str) -> list[tuple[int, int]]:
+    """Offsets into a pass's output (`spans`, none inside a token) back to its input, given the spans that pass
+    replaced with `token` (input offsets, in order)."""
+    if not replaced:
+        return spans
+    ends_out, ends_in = [], []  # where each token ends in the output, and where its span ended in the input
+    shift = 0
+    for start, end in replaced:
+        ends_out.append(start + shift + len(token))
+        ends_in.append(end)
+        shift += len(token) - (end - start)
+
+    def back(position: int) -> int:
+        before = bisect.bisect_right(ends_out, position)
+        return position if before == 0 else ends_in[before - 1] + position - ends_out[before - 1]
+
+    return [(back(start), back(end)) for start, end in spans]
+
+
+def mask_pii(text: str, config: PiiConfig, spans: dict[str, list[tuple[int, int]]] | None = None) -> tuple[str, dict[str, int]]:
+    """Masked text and the count per kind. E-mails first (their domains hold digits), then IPs, then phones.
+    `spans` gets, per kind, the masked spans as offsets into the text given (each pass reads the one before's output)."""
     counts: dict[str, int] = {}
-    if config.mask_email:
-        text, counts["email"] = mask_emails(text, config)
-    if config.mask_ip:
-        text, counts["ip_address"] = mask_ips(text, config)
-    if config.mask_phone:
-        text, counts["phone"] = mask_phones(text, config)
+    passes: list[tuple[str, list[tuple[int, int]], str]] = []  # (kind, spans in that pass's input, token)
+    for kind, enabled, mask, token in (("email", config.mask_email, mask_emails, config.email_token),
+                                       ("ip_address", config.mask_ip, mask_ips, config.ip_token),
+                                       ("phone", config.mask_phone, mask_phones, config.phone_token)):
+        if not enabled:
+            continue
+        found: list[tuple[int, int]] | None = [] if spans is not None else None
+        text, counts[kind] = mask(text, config, found)
+        if found:
+            passes.append((kind, found, token))
+    if spans is not None:
+        for i, (kind, found, _) in enumerate(passes):
+            for _, earlier, token in reversed(passes[:i]):
+                found = to_input_offsets(found, earlier, token)
+            spans[kind] = found
     return text, {kind: n for kind, n in counts.items() if n}
 
 
@@ -148,9 +194,11 @@ def pii_shard(docs: pa.Table, config: PiiConfig, context: Any = None) -> ShardOu
         if prefix is not None:
             audit.append({"id": row["id"], "action": "removed", "rule": "pii_blocked_url", "value": 1, "threshold": 0, "detail": {"url": row["url"], "prefix": prefix}})
             continue
-        masked, counts = mask_pii(row["text"], config)
+        spans: dict[str, list[tuple[int, int]]] = {}
+        masked, counts = mask_pii(row["text"], config, spans)
         for kind, n in counts.items():
-            audit.append({"id": row["id"], "action": "modified", "rule": f"pii_{kind}_masked", "value": n, "detail": {"kind": kind, "count": n}})
+            edits = edits_detail((start, end, kind) for start, end in spans[kind])
+            audit.append({"id": row["id"], "action": "modified", "rule": f"pii_{kind}_masked", "value": n, "detail": {"kind": kind, "count": n, **edits}})
         row["text"] = masked
         kept.append(row)
     return ShardOutcome(docs_table(kept), audit)

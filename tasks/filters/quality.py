@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from manifests.audit_edits import Edit, edits_detail, line_spans
 from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
 from tasks.filters.quality_config import rule_skipped, verdict_below
@@ -156,6 +157,13 @@ def evaluate(text: str, lang: str | None, config: QualityConfig) -> QualityDecis
     return QualityDecision(not failures, failures, "spaceless" if spaceless else "whitespace", plan.skipped, c4, flags, measured)
 
 
+def c4_edits(text: str, cleaning: C4Cleaning) -> list[Edit]:
+    """C4's removals as offsets into `text`: each removed line with its reason, each citation cut from a kept line."""
+    spans = line_spans(text)
+    edits = [(spans[number][0], spans[number][1], reason) for number, reason in cleaning.removed_at]
+    return edits + [(spans[number][0] + start, spans[number][0] + end, "citation") for number, start, end in cleaning.citation_spans]
+
+
 def profile_configs(config: QualityConfig) -> dict[str, QualityConfig]:
     """The effective config of each profile: the base with that profile's overrides applied."""
     known = {f.name for f in fields(QualityConfig)} - {"profiles"}
@@ -212,7 +220,8 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
                 lines_before = sum(1 for line in text.splitlines() if line.strip())
                 audit.append({"id": doc_id, "action": "modified", "rule": "c4_lines_removed", "value": sum(cleaning.removed_lines.values()), "threshold": None,
                               "detail": {**detail, "removed_by_reason": cleaning.removed_lines, "citations_removed": cleaning.citations_removed,
-                                         "lines_before": lines_before, "lines_after": len(cleaning.kept_lines), "chars_before": len(text), "chars_after": len(new_text)}})
+                                         "lines_before": lines_before, "lines_after": len(cleaning.kept_lines), "chars_before": len(text), "chars_after": len(new_text),
+                                         **edits_detail(c4_edits(text, cleaning))}})
                 texts[i] = new_text
         if flags:
             metas[i] = dumps_json({**meta, "quality_flags": flags})

@@ -11,30 +11,31 @@ import re
 from collections import Counter
 from typing import Callable
 
+from manifests.audit_edits import line_spans
 from tasks.filters.quality_config import QualityConfig
 from tasks.filters.text_view import LETTER, PARAGRAPH_BREAK
 
 Span = list  # [start, end, label]
 
 
-def line_spans(text: str) -> list[tuple[int, int, str]]:
+def stripped_lines(text: str) -> list[tuple[int, int, str]]:
     """(start, end, stripped line) of every non-empty line, in the text's offsets (TextView.lines, located)."""
-    found, at = [], 0
-    for raw in text.splitlines(keepends=True):
-        stripped = raw.strip()
+    found = []
+    for start, end in line_spans(text):
+        line = text[start:end]
+        stripped = line.strip()
         if stripped:
-            start = at + raw.index(stripped)
-            found.append((start, start + len(stripped), stripped))
-        at += len(raw)
+            at = start + line.index(stripped)
+            found.append((at, at + len(stripped), stripped))
     return found
 
 
 def lines_where(text: str, keep: Callable[[str], bool], label: str) -> list[Span]:
-    return [[start, end, label] for start, end, line in line_spans(text) if keep(line)]
+    return [[start, end, label] for start, end, line in stripped_lines(text) if keep(line)]
 
 
 def duplicated_lines(text: str, min_words: int) -> list[Span]:
-    lines = [(s, e, line) for s, e, line in line_spans(text) if min_words <= 1 or len(line.split()) >= min_words]
+    lines = [(s, e, line) for s, e, line in stripped_lines(text) if min_words <= 1 or len(line.split()) >= min_words]
     counts = Counter(line for _, _, line in lines)
     return [[s, e, "duplicate line"] for s, e, line in lines if counts[line] > 1]
 

@@ -41,6 +41,8 @@ BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF32_LE, "utf-32"), (codecs
 META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([a-zA-Z0-9_.:-]+)""", re.I)
 # Terminal escape sequences (CSI/OSC) go whole; other C0 controls and DEL one by one. C1 controls stay:
 # they are what ftfy reads to repair mojibake at extraction.
+NON_ASCII_RUN = re.compile(r"[^\x00-\x7f]+")
+PRINTABLE_ASCII = "".join(map(chr, range(32, 127))) + "\t\n\r"
 CONTROL_TEXT = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b\x0e-\x1f\x7f]")
 SURROGATE = re.compile("[\udc80-\udcff]")
 NON_ASCII = re.compile("[^\x00-\x7f]")
@@ -147,6 +149,18 @@ def latin(payload: bytes, confidence: float) -> Decoded:
         return Decoded(payload.decode("cp1252"), "cp1252", None, method="latin", confidence=round(confidence, 4))
     except UnicodeDecodeError:
         return Decoded(payload.decode("latin-1"), "latin-1", None, method="latin", confidence=round(confidence, 4))
+
+
+def guessed_spans(text: str, encoding: str) -> list[tuple[int, int, str]]:
+    """The characters a guessed codec decided, labelled with it: the non-ASCII runs when the codec reads ASCII as
+    ASCII (every byte below 0x80 then decodes the same whatever the guess), else the whole text."""
+    try:
+        ascii_compatible = PRINTABLE_ASCII.encode(encoding) == PRINTABLE_ASCII.encode("ascii")
+    except (LookupError, UnicodeError):
+        ascii_compatible = False
+    if not ascii_compatible:
+        return [(0, len(text), encoding)] if text else []
+    return [(m.start(), m.end(), encoding) for m in NON_ASCII_RUN.finditer(text)]
 
 
 def strip_controls(text: str) -> tuple[str, int]:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from manifests.audit_edits import changed_spans, edits_detail
 from manifests.schema import docs_table
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.ingest.extract_page import extract_page, repair_mojibake
@@ -115,7 +116,8 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
             audit.append({"id": row["id"], "action": "removed", "rule": "extract_empty", "value": len((result or "").strip()), "threshold": config.min_chars, "detail": {"url": row["url"], "html_chars": html_chars}})
         else:
             row["text"] = result
-            audit.append({"id": row["id"], "action": "modified", "rule": "html_main_text", "value": len(result), "detail": {"html_chars": html_chars, "text_chars": len(result), "extractor": extractor}})
+            audit.append({"id": row["id"], "action": "modified", "rule": "html_main_text", "value": len(result),
+                          "detail": {"html_chars": html_chars, "text_chars": len(result), "extractor": extractor, **edits_detail([(0, html_chars, "html_to_text")])}})
             kept.append(row)
             if repaired is not None:
                 repaired_in_child[row["id"]] = repaired
@@ -123,7 +125,9 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
         for row in kept:
             repaired = repaired_in_child.get(row["id"]) or repair_mojibake(row["text"])
             if repaired != row["text"]:
-                audit.append({"id": row["id"], "action": "modified", "rule": "mojibake_repaired", "value": sum(a != b for a, b in zip(row["text"], repaired)) + abs(len(repaired) - len(row["text"])), "detail": first_difference(row["text"], repaired)})
+                changed = sum(a != b for a, b in zip(row["text"], repaired)) + abs(len(repaired) - len(row["text"]))
+                audit.append({"id": row["id"], "action": "modified", "rule": "mojibake_repaired", "value": changed,
+                              "detail": {**first_difference(row["text"], repaired), **edits_detail(changed_spans(row["text"], repaired, "mojibake"))}})
                 row["text"] = repaired
     order = {row["id"]: i for i, row in enumerate(rows)}
     kept.sort(key=lambda r: order[r["id"]])

@@ -46,12 +46,13 @@ from typing import Any, Iterator, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from manifests.audit_edits import edits_detail
 from manifests.digest import sha256_file
 from manifests.file_stats import path_stat, read_stats
 from manifests.schema import AUDIT_SCHEMA, DOC_SCHEMA, audit_table, docs_table
 from manifests.sources import SourceSpec
 from manifests.stage_manifest import StageManifest, StageNotComplete, read_manifest
-from tasks.ingest.decoding import decode_payload, strip_controls
+from tasks.ingest.decoding import BINARY_CONTROL_SHARE, CONTROL_TEXT, decode_payload, guessed_spans, strip_controls
 from tasks.ingest.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_stream, remote_digest
 from tasks.ingest.source_walk import reached_through_link, walk_matching
 from tasks.runner.stage_runner import (StageWriter, default_workers, key_needs_reading, map_shards, published_under, shard_name, stage_cache_key,
@@ -356,6 +357,16 @@ def iter_source(spec: SourceSpec, files: list[Path], config: IngestConfig) -> It
             yield from read_hf_disk(spec, path, config.parquet_batch_rows)
 
 
+def problem_statistic(problem: str, why: str) -> tuple[float | None, float | None]:
+    """The measured value and the limit behind an undecodable payload: non-blank characters against 1 for an empty
+    one, the share of control bytes against BINARY_CONTROL_SHARE for a binary one (none for a file signature)."""
+    if problem == "empty":
+        return 0.0, 1.0
+    if why.startswith("control_share:"):
+        return float(why.partition(":")[2]), BINARY_CONTROL_SHARE
+    return None, None
+
+
 def to_document(spec: SourceSpec, raw: RawRecord) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """One raw record -> (document or None, audit rows)."""
     doc_id = make_doc_id(spec.name, spec.snapshot, raw.origin_file, raw.uri, raw.ordinal)
@@ -372,19 +383,25 @@ def to_document(spec: SourceSpec, raw: RawRecord) -> tuple[dict[str, Any] | None
     if isinstance(raw.payload, bytes):
         decoded = decode_payload(raw.payload, raw.charset)
         if decoded.problem:
-            return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{decoded.problem}", "value": len(raw.payload), "detail": {**where, "why": decoded.detail} if decoded.detail else where}]
+            detail = {**where, "why": decoded.detail, "bytes": len(raw.payload)} if decoded.detail else {**where, "bytes": len(raw.payload)}
+            value, threshold = problem_statistic(decoded.problem, decoded.detail)
+            return None, [{"id": doc_id, "action": "removed", "rule": f"ingest_{decoded.problem}", "value": value, "threshold": threshold, "detail": detail}]
         text = decoded.text
         meta["encoding"] = decoded.encoding
         if decoded.guessed:
             audit.append({"id": doc_id, "action": "modified", "rule": "ingest_encoding_guessed", "value": decoded.confidence,
-                          "detail": {**where, "encoding": decoded.encoding, "method": decoded.method, "confidence": decoded.confidence}})
+                          "detail": {**where, "encoding": decoded.encoding, "method": decoded.method, "confidence": decoded.confidence,
+                                     **edits_detail(guessed_spans(text, decoded.encoding))}})
     else:
         text = raw.payload or ""
+    decoded_text = text
     text, stripped = strip_controls(text)  # Arrow keeps NULs and escapes, but no downstream consumer wants them
     if not text.strip():
-        return None, [{"id": doc_id, "action": "removed", "rule": "ingest_empty", "value": 0, "detail": where}]
+        return None, [{"id": doc_id, "action": "removed", "rule": "ingest_empty", "value": 0, "threshold": 1, "detail": where}]
     if stripped:
-        audit.append({"id": doc_id, "action": "modified", "rule": "ingest_control_chars_removed", "value": stripped, "detail": where})
+        controls = ((m.start(), m.end(), "control_chars") for m in CONTROL_TEXT.finditer(decoded_text))
+        audit.append({"id": doc_id, "action": "modified", "rule": "ingest_control_chars_removed", "value": stripped,
+                      "detail": {**where, **edits_detail(controls)}})
     doc = {"id": doc_id, "text": text, "source": spec.name, "url": raw.uri, "lang": None, "lang_score": None, "meta": meta}
     return doc, audit
 

@@ -34,6 +34,8 @@ def test_exact_copies_removed_keeping_smallest_id_across_shards(tmp_path, upstre
     assert removed(tmp_path / "exact") == {"m-third": {"kept_id": "a-second"}, "z-first": {"kept_id": "a-second"}, "empty-2": {"kept_id": "empty-1"}}
     assert sorted(read_stage_docs(tmp_path / "exact").column("id").to_pylist()) == ["a-second", "empty-1", "other"]
     assert manifest.extra["context"]["duplicate_groups"] == 2
+    # issue 56: a removal's statistic and threshold, like every removing rule's (the normalised texts are equal)
+    assert {(row["value"], row["threshold"]) for row in read_stage_audit(tmp_path / "exact").to_pylist()} == {(1.0, 1.0)}
 
 
 def test_a_digest_collision_never_merges_different_texts(tmp_path, upstream, monkeypatch):

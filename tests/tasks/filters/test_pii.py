@@ -1,6 +1,8 @@
 """PII masking: what is masked, what merely looks like PII and is spared, and the audit counts."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from manifests.schema import docs_table
@@ -95,3 +97,32 @@ def test_empty_upstream_shard_passes_through(tmp_path):
     manifest = run_pii(CONFIG, upstream, tmp_path / "05_pii", workers=1)
     assert manifest.counts["in"] == 0 and manifest.counts["kept"] == 0
     assert read_stage_docs(tmp_path / "05_pii").num_rows == 0
+
+
+def test_stage_records_each_masked_span_as_offsets_into_its_input(tmp_path):
+    """Issue 56: a masking row carries its evidence, the spans of the text that entered the stage; the IP and phone
+    passes read the e-mail pass's output, so their spans are mapped back through the shorter tokens before them."""
+    text = "Mail ann.lee@example.com or bo@x.io, server 192.168.1.1, call 555-123-4567 or mail c@d.org at 10.0.0.2."
+    rows = [{"id": "a", "text": text, "source": "s", "url": "https://ok.org/a", "lang": "en", "lang_score": 0.9, "meta": {}}]
+    upstream = tmp_path / "04_quality"
+    writer = StageWriter("quality", "test", {}, "key", [], upstream)
+    writer.write_shard(0, docs_table(rows), [])
+    writer.publish()
+    run_pii(PiiConfig(), upstream, tmp_path / "05_pii", workers=1)
+    audit = {r["rule"]: json.loads(r["detail"]) for r in read_stage_audit(tmp_path / "05_pii").to_pylist()}
+    spans = {rule: [(text[start:end], label) for start, end, label in detail["edits"]] for rule, detail in audit.items()}
+    assert spans == {"pii_email_masked": [("ann.lee@example.com", "email"), ("bo@x.io", "email"), ("c@d.org", "email")],
+                     "pii_ip_address_masked": [("192.168.1.1", "ip_address"), ("10.0.0.2", "ip_address")],
+                     "pii_phone_masked": [("555-123-4567", "phone")]}
+    assert all("edits_total" not in detail for detail in audit.values())
+
+
+def test_a_row_keeps_at_most_the_cap_of_spans_and_says_how_many_there_were():
+    from manifests.audit_edits import EDITS_CAP, edits_detail
+
+    text = " ".join(f"u{i}@ex.com" for i in range(EDITS_CAP + 36))
+    spans: dict[str, list[tuple[int, int]]] = {}
+    mask_pii(text, PiiConfig(), spans)
+    detail = edits_detail((start, end, "email") for start, end in spans["email"])
+    assert len(detail["edits"]) == EDITS_CAP and detail["edits_total"] == EDITS_CAP + 36
+    assert text[detail["edits"][-1][0]:detail["edits"][-1][1]] == f"u{EDITS_CAP - 1}@ex.com"

@@ -637,3 +637,21 @@ def test_every_rule_names_the_config_field_its_threshold_comes_from():
                                            if n is not None else quality_config.with_threshold(getattr(CONFIG, name), n, moved)})
             rebuilt = next(r for r in (q.spaceless_rules(config, lang) if spaceless else q.whitespace_rules(config, lang)) if r.__name__ == rule.__name__)
             assert rebuilt(TextView(sample), config).threshold == moved, rule.__name__
+
+
+def test_line_removals_record_each_removed_line_and_citation_as_offsets_into_the_input(tmp_path):
+    """Issue 56: C4's modification row says which lines went and why, and which citations were cut, as
+    [start, end, reason] into the text that entered quality (CRLF and indented lines included)."""
+    body = good_prose().split("\n")
+    text = "\r\n".join(body[:3] + ["  Menu: Home.", body[3] + " [12]", "Click here to enable javascript in your browser now."] + body[4:]
+                       + ["Read our privacy policy before you use this site today."])
+    upstream = publish_upstream(tmp_path, [doc("noisy", text, profile="web")])
+    q.run_quality(CONFIG, upstream, tmp_path / "04_quality", workers=1)
+    (row,) = read_stage_audit(tmp_path / "04_quality").to_pylist()
+    detail = json.loads(row["detail"])
+    assert row["rule"] == "c4_lines_removed"
+    found = [(text[start:end], label) for start, end, label in detail["edits"]]
+    assert found == [("  Menu: Home.", "too_few_words"), ("[12]", "citation"),
+                     ("Click here to enable javascript in your browser now.", "javascript"),
+                     ("Read our privacy policy before you use this site today.", "policy")]
+    assert sum(detail["removed_by_reason"].values()) == 3 and detail["citations_removed"] == 1

@@ -158,3 +158,11 @@ def test_one_page_among_text_records_keeps_the_shared_page_children(tmp_path: Pa
     records = [{"text": "plain words", "id": "a"}, {"text": "more", "id": "b"},
                {"text": page("Mill", "The river ran quietly past the old mill where the miller worked every day."), "id": "c", "content_type": "html"}]
     assert any_html(text_records_ingested(tmp_path, records))
+
+
+def test_mojibake_repair_records_the_repaired_spans_of_its_input() -> None:
+    """Issue 56: the row says which characters the repair changed, as offsets into the text it read."""
+    broken = "Intro line stays.\nThe meeting â€” as planned â€” started at noon.\nLast line stays."
+    docs = docs_table([{"id": "m", "text": broken, "source": "t", "url": "u", "meta": {"content_type": "text"}}])
+    (row,) = extract_shard(docs, ExtractConfig(), None).audit
+    assert [(broken[start:end], label) for start, end, label in row["detail"]["edits"]] == [("â€”", "mojibake"), ("â€”", "mojibake")]

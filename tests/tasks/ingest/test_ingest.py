@@ -168,3 +168,20 @@ def test_shards_are_cut_by_utf8_text_bytes_with_a_document_cap(tmp_path: Path) -
     assert [f.rows for f in by_docs.files("data")] == [3, 3, 1]
     again = run_ingest([load_spec_file(spec)], IngestConfig(bytes_per_shard=3000), tmp_path / "again")
     assert [f.sha256 for f in again.files("data")] == [f.sha256 for f in by_bytes.files("data")]  # same config, same bytes
+
+
+def test_guessed_encoding_and_removed_controls_record_their_spans(tmp_path: Path) -> None:
+    """Issue 56: the characters a guessed codec decided, and the control characters stripped, as offsets into the
+    decoded text; an empty record's row has its statistic and threshold."""
+    root = tmp_path / "txt"
+    root.mkdir()
+    (root / "latin1.txt").write_bytes("Le café était plein\x07 ce matin-là.".encode("latin-1"))
+    (root / "blank.txt").write_bytes(b"  \n ")
+    docs, audit = ingest(tmp_path, [write_spec(tmp_path, "t", "text_dir", "txt", glob="*.txt")])
+    decoded = "Le café était plein\x07 ce matin-là."
+    rows = {r["rule"]: r for r in audit.to_pylist()}
+    guessed = json.loads(rows["ingest_encoding_guessed"]["detail"])["edits"]
+    assert [decoded[start:end] for start, end, _ in guessed] == ["é", "é", "à"] and {label for *_, label in guessed} == {"cp1252"}
+    controls = json.loads(rows["ingest_control_chars_removed"]["detail"])["edits"]
+    assert [(decoded[start:end], label) for start, end, label in controls] == [("\x07", "control_chars")]
+    assert (rows["ingest_empty"]["value"], rows["ingest_empty"]["threshold"]) == (0, 1)
