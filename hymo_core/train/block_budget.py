@@ -30,11 +30,11 @@ BUDGET_PRESET, BUDGET_BATCH, BUDGET_SEQ = "hymo-750m", 2, 4096
 BUDGET: dict[str, tuple[int, int]] = {
     "gdn": (70, 4_250_000_000),
     "mla": (34, 980_000_000),
-    "ffn": (10, 940_000_000),
+    "ffn": (9, 790_000_000),
     "moe": (88, 3_480_000_000),
-    "mtp": (304, 86_600_000_000),  # chunked head loss: more launches and traffic (the recompute), no full logits held
-    "rest": (338, 38_200_000_000),
-    "model": (3_538, 285_000_000_000),
+    "mtp": (210, 24_950_000_000),  # each depth's head fused into its loss (kernels/linear_cross_entropy.py)
+    "rest": (359, 20_750_000_000),  # the main head's fused loss computes its gradient in the forward
+    "model": (3_441, 202_000_000_000),
 }
 
 
