@@ -177,6 +177,24 @@ ffn_dim = 64
 max_seq_len = 16
 """
 
+
+def tiny_recipe(steps: int = 3, eval_batches: int = 2) -> str:
+    """A `hymo train` recipe for the tiny run: the tiny model, evaluated and checkpointed at its last update."""
+    return f"""
+[train]
+batch_size = 4
+seq_len = 16
+max_steps = {steps}
+warmup_steps = 1
+log_interval = 1
+eval_interval = {steps}
+checkpoint_interval = {steps}
+eval_batches = {eval_batches}
+
+[model]
+""" + TINY_MODEL_KEYS
+
+
 TINY_STAGES = """
 [ingest]
 docs_per_shard = 25

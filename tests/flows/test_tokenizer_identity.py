@@ -14,21 +14,9 @@ import torch
 
 from flows.cli import main
 from hymo_core.train.data import _canonical_digest
-from tests.conftest import TINY_MODEL_KEYS
+from tests.conftest import tiny_recipe
 
-RECIPE = """
-[train]
-batch_size = 4
-seq_len = 16
-max_steps = 2
-warmup_steps = 1
-log_interval = 1
-eval_interval = 2
-checkpoint_interval = 2
-eval_batches = 2
-
-[model]
-""" + TINY_MODEL_KEYS
+RECIPE = tiny_recipe(2)
 
 
 def other_tokenizer_corpus(run: Path, target: Path) -> Path:

@@ -8,21 +8,9 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from tests.conftest import TINY_MODEL_KEYS
+from tests.conftest import tiny_recipe
 
-RECIPE = """
-[train]
-batch_size = 4
-seq_len = 16
-max_steps = 3
-warmup_steps = 1
-log_interval = 1
-eval_interval = 3
-checkpoint_interval = 3
-eval_batches = 2
-
-[model]
-""" + TINY_MODEL_KEYS
+RECIPE = tiny_recipe()
 
 
 @pytest.fixture(scope="module")

@@ -8,21 +8,8 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from tests.conftest import TINY_MODEL_KEYS
+from tests.conftest import tiny_recipe
 
-RECIPE = """
-[train]
-batch_size = 4
-seq_len = 16
-max_steps = 2
-warmup_steps = 1
-log_interval = 1
-eval_interval = 2
-checkpoint_interval = 2
-eval_batches = {batches}
-
-[model]
-""" + TINY_MODEL_KEYS
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +18,7 @@ def two_runs(tiny_run: Path, tmp_path_factory) -> list[Path]:
     checkpoints = []
     for name, batches in (("small", 1), ("large", 3)):  # the same step, different eval_batches
         recipe = root / f"{name}.toml"
-        recipe.write_text(RECIPE.format(batches=batches))
+        recipe.write_text(tiny_recipe(2, eval_batches=batches))
         assert main(["train", "--corpus", str(tiny_run), "--config", str(recipe), "--out", str(root / name / "train")]) == 0
         checkpoints.append(root / name / "train" / "checkpoints" / "step-00000002.pt")
     return checkpoints
