@@ -8,6 +8,7 @@ instead of over it; with no bar they stay on stderr, off the stdout that tables 
 from __future__ import annotations
 
 import logging
+import sys
 
 from rich import get_console
 from rich.text import Text
@@ -34,6 +35,9 @@ def route_prefect_logs() -> None:
 
     def emit_on_shared_console(self: logging.Handler, record: logging.LogRecord) -> None:
         if not live_display_active():
+            if getattr(self.stream, "closed", False):  # set up under a stderr that has since closed (a test's capture)
+                self.setStream(sys.stderr)
+                self.console.file = sys.stderr
             emit_on_stderr(self, record)
             return
         try:
