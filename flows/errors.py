@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from manifests.run_dir import parse_stage_dir
 from manifests.run_layout import StageListChanged
 
 DEBUG_HINT = "--debug shows the traceback"
@@ -42,16 +43,22 @@ def fix_for(exc: BaseException) -> str:
     """What the user should do about `exc`, in a few words."""
     from manifests.run_lock import RunLocked
     from manifests.stage_manifest import DigestMismatch, StageNotComplete
-    from tasks.ingest.ingest import InputFileError
+    from tasks.ingest.ingest import BadInputFiles, InputFileError
 
     if isinstance(exc, RunLocked):
         return "wait for the other run, stop it, or choose another --out"
     if isinstance(exc, StageListChanged):
         return "`hymo run --change-stages` to replace the directory's pipeline, or another --out"
+    if isinstance(exc, BadInputFiles):
+        return ('repair or remove the files named (or fix their source spec), or set [ingest] on_bad_file = "quarantine" to leave each '
+                "out with an audit row; then run the same command again")
     if isinstance(exc, InputFileError):
         return "repair or remove that input file (or fix its source spec), then run the same command again"
     if isinstance(exc, DigestMismatch):
-        return "a published file changed after the stage wrote it; `hymo rerun RUN --stage STAGE --force` recomputes it"
+        stage_dir = parse_stage_dir(exc.stage_dir) if exc.stage_dir else None
+        if stage_dir is None:
+            return "a published file changed after its stage wrote it; rerun that stage with `hymo rerun` and --force to recompute it"
+        return f"a published file changed after the stage wrote it; `hymo rerun {stage_dir.path.parent} --stage {stage_dir.stage} --force` recomputes it"
     if isinstance(exc, StageNotComplete):
         return "run the earlier stages first (`hymo run --out RUN`), or pass the right run directory"
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -83,6 +90,8 @@ def may_pass_on_retry(exc: BaseException) -> bool:
 
 def explain(exc: BaseException) -> str:
     """One line: `hymo: [stage S failed: ][FILE: ]message — fix: ...`."""
+    from tasks.ingest.source_fs import InputFileError
+
     stage = stage_of(exc)
     message = " ".join(str(exc).split()) or type(exc).__name__
     filename = getattr(exc, "filename", None)
@@ -91,7 +100,7 @@ def explain(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, FileNotFoundError) and os.strerror(exc.errno) not in message:
         message = f"{message} ({os.strerror(exc.errno)})"
     where = f"stage {stage} failed: " if stage else ""
-    if not isinstance(exc, StageListChanged):  # that one names two stage lists and stays one line of our own
+    if not isinstance(exc, (StageListChanged, InputFileError)):  # those bound their own length (two stage lists; five files)
         message = message[:400]
     fix = fix_for(exc)
     if DEBUG_HINT not in fix:
