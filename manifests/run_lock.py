@@ -6,7 +6,9 @@ RUN/.lock and writes who holds it (pid, host, command, since); a second run
 waits up to `wait_s` and then fails with a message naming that holder. The OS
 drops the lock when the holder dies, even by SIGKILL, so a crash never leaves a
 directory locked; the holder text left behind is only a hint, never the lock.
-Re-entrant within one process (a flow that calls another on the same run).
+Re-entrant within one process (a flow that calls another on the same run). The CLI takes it in its
+pre-flight (`hold_run_lock`, before Prefect starts) and keeps it for the whole command, so of two commands
+started at once on one directory the second is refused within a second, having written nothing.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ WAIT_ENV = "HYMO_RUN_LOCK_WAIT_S"  # seconds a second run waits for the first (d
 POLL_S = 0.5
 
 _held: dict[Path, tuple[int, int]] = {}  # resolved run directory -> (fd, depth) held by this process
+_kept: list[contextlib.AbstractContextManager] = []  # locks taken by `hold_run_lock`, released by `release_held_locks`
 _guard = threading.Lock()
 
 
@@ -51,26 +54,6 @@ def _try_lock(fd: int) -> bool:
         return True
     except BlockingIOError:
         return False
-
-
-def current_holder(run: Path) -> str | None:
-    """Who holds RUN's lock now, in words; None when it is free. Creates nothing and keeps nothing: the check a
-    command makes before it starts (flows.preflight), so a locked directory fails in the CLI process at once."""
-    lock_path = Path(run) / LOCK_NAME
-    with _guard:
-        if Path(run).resolve() in _held:
-            return None  # this process holds it (re-entrant)
-    try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    try:
-        if _try_lock(fd):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        return holder_of(lock_path)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -118,3 +101,17 @@ def run_lock(run: Path, wait_s: float | None = None) -> Iterator[Path]:
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def hold_run_lock(run: Path, wait_s: float | None = None) -> None:
+    """Take RUN's lock now and keep it until `release_held_locks` (the CLI's pre-flight: the command's flows
+    re-enter it). RunLocked, having created nothing, when another process holds it."""
+    manager = run_lock(run, wait_s)
+    manager.__enter__()
+    _kept.append(manager)
+
+
+def release_held_locks() -> None:
+    """Release every lock `hold_run_lock` took in this process (the command has ended)."""
+    while _kept:
+        _kept.pop().__exit__(None, None, None)
