@@ -6,10 +6,14 @@ the record of a WARC), so they survive re-runs, other machines and other shard
 sizes, and two snapshot files holding the same URL at the same line get two ids.
 The record's own id (`id_field` of the spec; a WARC record's WARC-Record-ID) is kept
 in `meta.record_id`. A broken *record* is quarantined with a rule; a broken *file*
-(truncated gzip, unreadable Parquet) fails the stage before anything is published,
+fails the stage before anything is published,
 naming every broken file of the run (`on_bad_file = "fail"`, the default), or, with
 `on_bad_file = "quarantine"`, is left out whole with one audit row
-`ingest_bad_file` (file, reason) while the other files are ingested.
+`ingest_bad_file` (file, reason) while the other files are ingested. A file is good only when its
+container says it ended (gzip's trailer, every zstd frame's end, each WARC record's Content-Length,
+Parquet's footer) and its first bytes agree with its name (gzip or zstd data named .jsonl, binary
+data in a JSONL file: bad); one with more than `max_malformed_share` of its records malformed is
+bad too, and one that holds no record is audited `ingest_empty_file`.
 A source path may be an fsspec URL (s3://bucket/prefix, gs://, hf://, ...):
 its files are listed and streamed through fsspec (tasks/ingest/source_fs.py), and a
 file's path inside the source, hence every id, is the same as from a local copy.
@@ -88,8 +92,8 @@ class IngestConfig:
     # A file that cannot be read whole (truncated download, unreadable Parquet): "fail" stops the stage naming
     # every such file of the run; "quarantine" leaves each out with an `ingest_bad_file` audit row and goes on.
     on_bad_file: Literal["fail", "quarantine"] = "fail"
-    # Errors are counted per file (per byte range of a large plain JSONL file): a file with a few broken
-    # records keeps its good ones, each broken one audited `ingest_malformed_record`; a file where more than
+    # Errors are counted per file (a large plain JSONL file read as byte ranges: over all of them): a file with
+    # a few broken records keeps its good ones, each broken one audited `ingest_malformed_record`; a file where more than
     # this share of the records is broken is not a file of records at all (a CSV or a log named .jsonl,
     # a column of nulls) and is a bad file under `on_bad_file`. 1.0: never.
     max_malformed_share: float = 0.5
@@ -159,8 +163,9 @@ def relative_file(spec: SourceSpec, path: Path) -> str:
 
 
 def read_html_or_text(spec: SourceSpec, path: Path, content_type: str) -> Iterator[RawRecord]:
-    """One file, one record (an empty file is an empty page). A `.gz`/`.zst` page is decompressed; a gzip or zstd stream under a plain name is a bad
-    file; other binary content (an image served as .html) is the record's `ingest_binary` row, as in a WARC."""
+    """One file, one record (an empty file is an empty page). A `.gz`/`.zst` page is decompressed; a gzip or zstd
+    stream under a plain name is a bad file; other binary content (an image served as .html) is the record's
+    `ingest_binary` row, as in a WARC."""
     try:
         with open_source_file(path, spec.name) as handle:
             payload = handle.read()  # an empty page stays one record: `ingest_empty`, like an empty WARC response
@@ -171,7 +176,8 @@ def read_html_or_text(spec: SourceSpec, path: Path, content_type: str) -> Iterat
 
 def open_source_file(path: Path | RemoteFile, source: str = "", name_must_agree: bool = True):
     """A binary stream of the file's content, decompressed as its first bytes say (source_fs.open_content): a cut
-    gzip or zstd stream raises EOFError where it ends, and a compression the name does not admit is an InputFileError."""
+    gzip or zstd stream raises TruncatedInput (an OSError) where it ends; a compression the name does not admit
+    (`name_must_agree`) is an InputFileError."""
     if isinstance(path, RemoteFile):
         return open_stream(path, source, name_must_agree)
     try:

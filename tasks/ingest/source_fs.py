@@ -202,6 +202,9 @@ def open_content(handle: IO[bytes], file: Any, name_must_agree: bool = True) -> 
     return buffered
 
 
+ZSTD_READ = 128 << 10  # compressed bytes decoded at a time (zstd's own stream input size): bounds the decoded burst
+
+
 class ZstdFrames(io.RawIOBase):
     """The decompressed bytes of a stream of zstd frames; EOFError when the input ends inside a frame.
 
@@ -221,7 +224,7 @@ class ZstdFrames(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         while self.at >= len(self.pending):
-            chunk = self.handle.read(1 << 20)
+            chunk = self.handle.read(ZSTD_READ)
             if not chunk:
                 if self.frame is not None:
                     raise TruncatedInput("zstd stream ended inside a frame: the file is truncated")
