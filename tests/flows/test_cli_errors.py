@@ -140,6 +140,7 @@ def test_a_truncated_zst_stops_hymo_run_naming_it_and_quarantine_lets_it_go_on(t
     assert line.startswith("hymo: stage ingest failed: BadInputFiles: 1 input file cannot be read, nothing was published: ")
     assert "crawl/b-cut.jsonl.zst: unreadable or truncated (zstd stream ended inside a frame" in line and "a-good" not in line
     assert line.endswith("then run the same command again (--debug shows the traceback)")
+    assert sorted(p.name for p in (tmp_path / "failed").iterdir()) == [".lock", "config.json"]  # no stage directory, no failure record
     assert cli.main([*base, "--out", str(tmp_path / "quarantined"), "--set", "ingest.on_bad_file=quarantine"]) == 0
     from manifests.audit_query import quarantined_files
 
