@@ -205,3 +205,28 @@ def test_two_sources_with_one_name_are_refused(on_bad_file: str, tmp_path: Path)
         run_ingest([first, second], IngestConfig(on_bad_file=on_bad_file), tmp_path / "run" / "01_ingest", workers=1)
     assert str(tmp_path / "one") in str(error.value) and str(tmp_path / "two") in str(error.value)
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+@pytest.mark.parametrize("on_bad_file", ["fail", "quarantine"])
+def test_the_same_rule_reads_a_remote_source(on_bad_file: str, tmp_path: Path) -> None:
+    """Through fsspec (memory://, as s3:// or gs://): a cut .zst and gzip named .jsonl are bad files there too."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    root = f"/i55-{on_bad_file}"
+    fs.pipe(f"{root}/a-good.jsonl", jsonl(5, seed=1))
+    fs.pipe(f"{root}/b.jsonl.zst", zstd_many_blocks())
+    fs.pipe(f"{root}/c.jsonl", gzip.compress(jsonl(5)))
+    spec = load_spec_file(write_spec(tmp_path, "remote", "jsonl", f"memory://{root}"))
+    try:
+        if on_bad_file == "fail":
+            with pytest.raises(BadInputFiles, match=r"^2 input files cannot be read.*b\.jsonl\.zst: .*truncated.*c\.jsonl: gzip data"):
+                run_ingest([spec], IngestConfig(), tmp_path / "run" / "01_ingest", workers=1)
+            return
+        manifest = run_ingest([spec], IngestConfig(on_bad_file="quarantine"), tmp_path / "run" / "01_ingest", workers=1)
+        closes(manifest)
+        assert manifest.counts["kept"] == 5 and manifest.counts["removed"] == {"ingest_bad_file": 2}
+        rows = [json.loads(r["detail"]) for r in read_stage_audit(manifest.directory).to_pylist() if r["rule"] == "ingest_bad_file"]
+        assert [r["file"] for r in rows] == ["b.jsonl.zst", "c.jsonl"]
+    finally:
+        fs.rm(root, recursive=True)
