@@ -88,6 +88,17 @@ def may_pass_on_retry(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno is not None and exc.errno not in NEEDS_A_PERSON_ERRNOS
 
 
+MESSAGE_CHARS = 400  # a library's message (an Arrow schema, a server's reply) beyond this is cut, visibly
+
+
+def shortened(message: str) -> str:
+    """`message`, or its first MESSAGE_CHARS characters up to a word and how much was left out: never cut silently."""
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    kept = message[:MESSAGE_CHARS].rsplit(" ", 1)[0]
+    return f"{kept} … ({len(message) - len(kept)} more characters; {DEBUG_HINT})"
+
+
 def explain(exc: BaseException) -> str:
     """One line: `hymo: [stage S failed: ][FILE: ]message — fix: ...`."""
     from tasks.ingest.source_fs import InputFileError
@@ -101,7 +112,7 @@ def explain(exc: BaseException) -> str:
         message = f"{message} ({os.strerror(exc.errno)})"
     where = f"stage {stage} failed: " if stage else ""
     if not isinstance(exc, (StageListChanged, InputFileError)):  # those bound their own length (two stage lists; five files)
-        message = message[:400]
+        message = shortened(message)
     fix = fix_for(exc)
     if DEBUG_HINT not in fix:
         fix = f"{fix} ({DEBUG_HINT})"

@@ -153,3 +153,14 @@ def read_manifest_counts(stage: Path) -> dict:
     from manifests.stage_manifest import read_manifest
 
     return read_manifest(stage).counts
+
+
+def test_a_long_message_is_never_cut_silently() -> None:
+    from flows.errors import explain
+
+    message = "schema: " + "column_name: string, " * 60 + "the end"
+    line = explain(RuntimeError(message))
+    assert "\n" not in line and "the end" not in line
+    kept = line.removeprefix("hymo: RuntimeError: ").split(" … (")[0]
+    assert message.startswith(kept) and message[len(kept)] == " "  # cut between words, not inside one
+    assert f" … ({len(message) - len(kept)} more characters; --debug shows the traceback) — fix: " in line
