@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -320,14 +321,22 @@ def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
 
     base_uri, origin = relative_uri(spec, path), relative_file(spec, path)  # once per file, not per record
     try:
-        with open_source_file(path, spec.name, name_must_agree=False) as handle:  # gunzipped here: a cut member fails the read
-            for ordinal, record in enumerate(ArchiveIterator(handle)):
+        with open_source_file(path, spec.name, name_must_agree=False) as content:  # gunzipped here: a cut member fails the read
+            handle = io.BufferedReader(CountingReader(content))
+            records = ArchiveIterator(handle)
+            for ordinal, record in enumerate(records):
                 raw = warc_record(record, ordinal, base_uri, origin)
                 check_record_complete(record, ordinal)
                 if raw is not None:
                     yield raw
+            while handle.read(1 << 20):
+                pass
+            if handle.tell() > records.offset:  # warcio ends quietly on a record cut inside its header block
+                raise EOFError(f"{handle.tell() - records.offset} bytes after the last complete record are not a whole record")
     except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated WARC ({exc})") from exc
+    except (AttributeError, KeyError, ValueError, TypeError) as exc:  # warcio on a record cut inside its headers
+        raise InputFileError(f"{path}: unreadable or truncated WARC ({type(exc).__name__} in warcio: {exc})") from exc
 
 
 def warc_record(record: Any, ordinal: int, base_uri: str, origin: str) -> RawRecord | None:
@@ -344,10 +353,33 @@ def warc_record(record: Any, ordinal: int, base_uri: str, origin: str) -> RawRec
     return None
 
 
+class CountingReader(io.RawIOBase):
+    """A stream's bytes and how many have passed (`tell`): where a WARC's last complete record ended is compared
+    with where the stream ended."""
+
+    def __init__(self, handle: Any):
+        self.handle, self.position = handle, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.handle.read(len(buffer))
+        buffer[:len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+
 def check_record_complete(record: Any, ordinal: int) -> None:
-    """EOFError when the file ended before this record's `Content-Length` bytes (a plain .warc cut mid-record)."""
+    """EOFError when the file ended before this record's `Content-Length` bytes (a plain .warc cut mid-record), or
+    inside its header block."""
     from warcio.limitreader import LimitReader
 
+    if record.length is None:  # WARC requires it: warcio leaves it out of a header block the file ended inside
+        raise EOFError(f"record {ordinal} has no Content-Length (the file ends inside its headers)")
     stream = record.raw_stream
     while stream.read(1 << 20):  # what the reader left of the record (all of it, for a record not read)
         pass

@@ -78,6 +78,11 @@ def plain_warc_cut_mid_record() -> bytes:
     return blob[: last + (len(blob) - last) // 2]
 
 
+def plain_warc_cut_in_headers(keep: int) -> bytes:
+    blob = warc(4, compress=False)
+    return blob[: blob.rfind(b"WARC/1.") + keep]  # warcio ends there quietly: the last record never shows
+
+
 # kind, good file (name, bytes, documents it gives), bad file name, bad bytes
 GOOD = {
     "jsonl": ("a-good.jsonl", jsonl(5, seed=1), 5),
@@ -91,6 +96,8 @@ BAD_FILES: dict[str, tuple[str, str, Callable[[], bytes], str]] = {
     "truncated zst, many blocks": ("jsonl", "b.jsonl.zst", zstd_many_blocks, "truncated"),
     "truncated warc.gz": ("warc", "b.warc.gz", lambda: cut(warc(6, compress=True)), "truncated"),
     "plain warc cut mid-record": ("warc", "b.warc", plain_warc_cut_mid_record, "short of its Content-Length"),
+    "plain warc cut inside a record's headers": ("warc", "b.warc", lambda: plain_warc_cut_in_headers(60), "truncated WARC"),
+    "plain warc cut inside its first header line": ("warc", "b.warc", lambda: warc(2, compress=False)[:10], "truncated WARC"),
     "gzip named .jsonl": ("jsonl", "b.jsonl", lambda: gzip.compress(jsonl(20)), "gzip data in a file named b.jsonl"),
     "zstd named .jsonl": ("jsonl", "b.jsonl", lambda: zstandard.ZstdCompressor().compress(jsonl(20)), "zstd data in a file named b.jsonl"),
     "binary named .jsonl": ("jsonl", "b.jsonl", lambda: random.Random(3).randbytes(4096), "binary content"),
