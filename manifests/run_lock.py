@@ -6,7 +6,10 @@ RUN/.lock and writes who holds it (pid, host, command, since); a second run
 waits up to `wait_s` and then fails with a message naming that holder. The OS
 drops the lock when the holder dies, even by SIGKILL, so a crash never leaves a
 directory locked; the holder text left behind is only a hint, never the lock.
-Re-entrant within one process (a flow that calls another on the same run). The CLI takes it in its
+Re-entrant within one process (a flow that calls another on the same run). A lock that made its run
+directory removes it again when the directory holds nothing else at release (a command refused after its
+pre-flight, by an unreachable Prefect API say, leaves nothing); a waiting process checks that the file it
+locked is still the lock file, so removing it is safe. The CLI takes it in its
 pre-flight (`hold_run_lock`, before Prefect starts) and keeps it for the whole command, so of two commands
 started at once on one directory the second is refused within a second, having written nothing.
 """
@@ -60,6 +63,7 @@ def _try_lock(fd: int) -> bool:
 def run_lock(run: Path, wait_s: float | None = None) -> Iterator[Path]:
     """Hold RUN/.lock for the block; raise RunLocked naming the holder if it stays taken for `wait_s`."""
     run = Path(run)
+    created = not run.exists()
     run.mkdir(parents=True, exist_ok=True)
     key = run.resolve()
     with _guard:
@@ -82,10 +86,15 @@ def run_lock(run: Path, wait_s: float | None = None) -> Iterator[Path]:
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + wait_s
-        while not _try_lock(fd):
+        while not (_try_lock(fd) and _still_the_lock_file(fd, lock_path)):
             if time.monotonic() >= deadline:
                 raise RunLocked(f"{run}: in use by {holder_of(lock_path)}; wait for that run to finish, stop it, "
                                 f"or use another --out directory (set {WAIT_ENV}=SECONDS to wait)")
+            if not _still_the_lock_file(fd, lock_path):  # its holder removed it with the directory it had made: a new one
+                os.close(fd)
+                run.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                continue
             time.sleep(POLL_S)
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.orig_argv).replace("\n", " ")[:300],
                   "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -99,8 +108,20 @@ def run_lock(run: Path, wait_s: float | None = None) -> Iterator[Path]:
             with _guard:
                 _held.pop(key, None)
             os.ftruncate(fd, 0)
+            if created and [p.name for p in run.iterdir()] == [LOCK_NAME]:  # a command that wrote nothing leaves nothing
+                os.unlink(lock_path)  # while still held: a process waiting on this file sees it go and takes a new one
+                with contextlib.suppress(OSError):
+                    run.rmdir()
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def _still_the_lock_file(fd: int, lock_path: Path) -> bool:
+    """Whether `fd` is still the file at `lock_path` (a lock on a removed file would lock nothing)."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(lock_path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def hold_run_lock(run: Path, wait_s: float | None = None) -> None:

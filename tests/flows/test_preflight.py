@@ -188,3 +188,11 @@ def test_two_runs_started_at_once_on_one_directory(tmp_path: Path, prefect_harne
     assert len(refusal) == 1 and refusal[0].startswith("hymo: ") and f"in use by pid {runs[winner].pid} " in refusal[0]
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "01_ingest", "config.json", "funnel.png"]  # one run's, no work dir
     assert read_manifest(tmp_path / "run" / "01_ingest").counts["kept"] == 5
+
+
+def test_a_run_refused_after_the_preflight_leaves_no_directory(tmp_path: Path) -> None:
+    """The pre-flight makes the run directory to lock it; a command that then fails before writing anything (here:
+    a remote Prefect API that does not answer) removes it again, so a refused run still writes nothing."""
+    result, err = hymo_probe(["run", "--out", "run", "--api-url", "http://prefect.invalid:9/api"], tmp_path)
+    assert result["code"] == 1 and "does not answer" in err.splitlines()[-1]
+    assert not (tmp_path / "run").exists()
