@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from manifests.run_dir import parse_stage_dir
 from manifests.run_layout import StageListChanged
 
 DEBUG_HINT = "--debug shows the traceback"
@@ -43,16 +44,22 @@ def fix_for(exc: BaseException) -> str:
     from manifests.run_lock import RunLocked
     from manifests.stage_manifest import DigestMismatch, StageNotComplete
     from manifests.staleness import StaleStageError
-    from tasks.ingest.ingest import InputFileError
+    from tasks.ingest.ingest import BadInputFiles, InputFileError
 
     if isinstance(exc, RunLocked):
         return "wait for the other run, stop it, or choose another --out"
     if isinstance(exc, StageListChanged):
         return "`hymo run --change-stages` to replace the directory's pipeline, or another --out"
+    if isinstance(exc, BadInputFiles):
+        return ('repair or remove the files named (or fix their source spec), or set [ingest] on_bad_file = "quarantine" to leave each '
+                "out with an audit row; then run the same command again")
     if isinstance(exc, InputFileError):
         return "repair or remove that input file (or fix its source spec), then run the same command again"
     if isinstance(exc, DigestMismatch):
-        return "a published file changed after the stage wrote it; `hymo rerun RUN --stage STAGE --force` recomputes it"
+        stage_dir = parse_stage_dir(exc.stage_dir) if exc.stage_dir else None
+        if stage_dir is None:
+            return "a published file changed after its stage wrote it; rerun that stage with `hymo rerun` and --force to recompute it"
+        return f"a published file changed after the stage wrote it; `hymo rerun {stage_dir.path.parent} --stage {stage_dir.stage} --force` recomputes it"
     if isinstance(exc, StageNotComplete):
         return "run the earlier stages first (`hymo run --out RUN`), or pass the right run directory"
     if isinstance(exc, StaleStageError):
@@ -84,8 +91,21 @@ def may_pass_on_retry(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno is not None and exc.errno not in NEEDS_A_PERSON_ERRNOS
 
 
+MESSAGE_CHARS = 400  # a library's message (an Arrow schema, a server's reply) beyond this is cut, visibly
+
+
+def shortened(message: str) -> str:
+    """`message`, or its first MESSAGE_CHARS characters up to a word and how much was left out: never cut silently."""
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    kept = message[:MESSAGE_CHARS].rsplit(" ", 1)[0]
+    return f"{kept} … ({len(message) - len(kept)} more characters; {DEBUG_HINT})"
+
+
 def explain(exc: BaseException) -> str:
     """One line: `hymo: [stage S failed: ][FILE: ]message — fix: ...`."""
+    from tasks.ingest.source_fs import InputFileError
+
     stage = stage_of(exc)
     message = " ".join(str(exc).split()) or type(exc).__name__
     filename = getattr(exc, "filename", None)
@@ -94,8 +114,8 @@ def explain(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, FileNotFoundError) and os.strerror(exc.errno) not in message:
         message = f"{message} ({os.strerror(exc.errno)})"
     where = f"stage {stage} failed: " if stage else ""
-    if not isinstance(exc, StageListChanged):  # that one names two stage lists and stays one line of our own
-        message = message[:400]
+    if not isinstance(exc, (StageListChanged, InputFileError)):  # those bound their own length (two stage lists; five files)
+        message = shortened(message)
     fix = fix_for(exc)
     if DEBUG_HINT not in fix:
         fix = f"{fix} ({DEBUG_HINT})"

@@ -37,7 +37,7 @@ from flows.errors import may_pass_on_retry
 from flows.run_config import claim_run_dir
 from flows.run_report import StageProgress
 from flows.shard_batch import shard_batch
-from flows.stage_cache import STAGE_CONTRACT, record_dir
+from flows.stage_cache import STAGE_CONTRACT, drop_failure_record, record_dir
 from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_entry, stage_path, stages_between
 from flows.warm_workers import stage_modules, warm_process_pool
 
@@ -270,7 +270,11 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                     options["refresh_cache"] = True
                 state = stage_task.with_options(**options)(
                     entry.name, config, str(run), wait_for=[previous_state] if previous_state else None, return_state=True)
-                state.result()  # a failed stage fails the flow here
+                try:
+                    state.result()  # a failed stage fails the flow here
+                except BaseException:
+                    drop_failure_record(out)
+                    raise
                 previous_state = state
                 manifest = read_manifest(out, verify=False)
                 if state.name != "Cached":  # a cached task run does no work: its artifacts are those of the run that did

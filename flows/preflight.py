@@ -3,7 +3,9 @@
 A missing source path, a typo in a config key or a locked run directory used to surface only after the
 Prefect server and the flow had started (one to two minutes), and left `config.json` and a cache folder
 behind. Here they end the command within a second, in one line, having written nothing: every check
-only reads (the run lock is probed, never taken; a glob stops at its first match; no directory is made).
+only reads (a glob stops at its first match; no directory is made), but the last: `run` and `rerun` take
+the run directory's lock here, atomically, and hold it for the whole command, so of two runs started at
+once on one directory the second is refused here, before Prefect starts.
 
 What is checked, by command: `run` and `serve` the pipeline config (its keys, with the nearest valid key
 for a typo, and its values), `--set` overrides, every source spec, each local source's path and glob,
@@ -242,6 +244,20 @@ def check_source(spec: Any) -> None:
                              "fix the spec's glob or path (a glob is matched against paths relative to the path)")
 
 
+def check_source_names(config: Any, specs: list[Any]) -> None:
+    """Two specs with one `name`: ingestion would read only the first (the name prefixes every document id and
+    keys the source in corpus.json), so the second source's documents would vanish without a record."""
+    from manifests.sources import spec_path
+
+    base = Path(config.config_dir) if config.config_dir else None
+    first: dict[str, Any] = {}
+    for entry, spec in zip(config.sources, specs):
+        if spec.name in first and (spec != first[spec.name][1] or spec.root != first[spec.name][1].root):
+            raise PreflightError(f"two sources are named {spec.name!r}: {first[spec.name][0]} and {spec_path(entry, base)}",
+                                 "give each source spec its own `name`")
+        first.setdefault(spec.name, (spec_path(entry, base), spec))
+
+
 def check_file(path: str | Path, what: str) -> None:
     if not Path(path).exists():
         raise PreflightError(f"{path}: {what} missing (no such file)", "check the path (a relative path is read from the current directory)")
@@ -257,6 +273,7 @@ def check_pipeline_inputs(config: Any, until: str | None) -> None:
         specs = config.source_specs()
     except SourceSpecError as exc:
         raise PreflightError(" ".join(str(exc).split()), "fix the source spec named above") from None
+    check_source_names(config, specs)
     for spec in specs:
         check_source(spec)
     if config.langid.model_path:
@@ -284,7 +301,9 @@ def check_run_directory(path: str | Path, flag: str) -> Path:
     text = str(path)
     if URL_RE.match(text):
         raise PreflightError(f"{flag} {text}: a run directory must be a local or mounted path, not a URL (only sources may be URLs)",
-                             "mount the bucket (s3fs, gcsfuse, a shared file system) and pass that path, or run locally and copy the directory")
+                             "write the run to a local disk or a shared POSIX file system (NFS, Lustre) and copy the finished directory to "
+                             "the bucket; docs/your-data.md, section 6 \"What the run directory's storage must support\", says why (object-store "
+                             "FUSE mounts lack atomic rename and flock)")
     run = Path(text).resolve()
     if run.exists() and not run.is_dir():
         raise PreflightError(f"{flag} {run}: is a file, not a directory", "choose another path")
@@ -295,6 +314,7 @@ def check_run_directory(path: str | Path, flag: str) -> Path:
 
 
 def check_unlocked(run: Path) -> None:
+    """Refuse a directory another process holds now, taking nothing (the command's own process takes the lock)."""
     from manifests.run_lock import WAIT_ENV, current_holder
 
     if float(os.environ.get(WAIT_ENV, "0") or 0) > 0:
@@ -305,6 +325,19 @@ def check_unlocked(run: Path) -> None:
                              f"wait for the other run to finish, stop it, or use another --out directory (set {WAIT_ENV}=SECONDS to wait)")
 
 
+def take_lock(run: Path) -> None:
+    """Take the run directory's lock for the whole command, atomically (flock): of two commands started at once,
+    one holds it and the other ends here, before Prefect starts, having written nothing. The last check, since it
+    creates the directory and RUN/.lock (the run would). $HYMO_RUN_LOCK_WAIT_S > 0: wait that long for it."""
+    from manifests.run_lock import LOCK_NAME, WAIT_ENV, RunLocked, holder_of, hold_run_lock
+
+    try:
+        hold_run_lock(run)
+    except RunLocked:
+        raise PreflightError(f"{run}: in use by {holder_of(run / LOCK_NAME)}",
+                             f"wait for the other run to finish, stop it, or use another --out directory (set {WAIT_ENV}=SECONDS to wait)") from None
+
+
 # --- per command -------------------------------------------------------------------------------------------------
 
 def check_run(args: argparse.Namespace) -> None:
@@ -313,7 +346,7 @@ def check_run(args: argparse.Namespace) -> None:
     run = check_run_directory(args.out, "--out") if args.out else default_run()
     config = check_pipeline_config(args.config, args.set)
     check_pipeline_inputs(config, args.until)
-    check_unlocked(run)
+    take_lock(run)
 
 
 def check_rerun(args: argparse.Namespace) -> None:
@@ -336,7 +369,7 @@ def check_rerun(args: argparse.Namespace) -> None:
             raise PreflightError(f"{flag} {stage}: not a stage of {run} ({', '.join(names)})" + (f"; did you mean {near[0]!r}?" if near else ""),
                                  "name one of the stages listed")
     check_rerun_overrides(run, config, names, args.stage, getattr(args, "set", None))
-    check_unlocked(run)
+    take_lock(run)
 
 
 def check_rerun_overrides(run: Path, config: Any, names: list[str], stage: str, overrides: list[str] | None) -> None:

@@ -18,12 +18,15 @@ that no longer exists go away with it, and a copied run directory keeps its cach
 """
 from __future__ import annotations
 
+import contextlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefect.cache_policies import CachePolicy
 
+from manifests.stage_manifest import MANIFEST_NAME
 from tasks.runner.stage_runner import StageWouldRun, probing
 
 from flows.stages import previous_stage_path, stage_entry, stage_path
@@ -34,6 +37,18 @@ CACHE_DIR = ".prefect-cache"
 def record_dir(run: Path, name: str, config: Any) -> Path:
     """Where Prefect keeps this stage's cache records (an absolute path: workers may change directory)."""
     return (stage_path(Path(run), name, config) / CACHE_DIR).resolve()
+
+
+def drop_failure_record(stage_dir: Path) -> None:
+    """After a failed stage task: Prefect stores the task's exception as a result record in the stage's record
+    folder, and for a stage that never published, that record would be the only thing in its directory (a run
+    stopped by a bad input file, a pretrain refusing a stale corpus). The record is never read (Prefect caches
+    completed runs only), so the directory goes: a failed stage leaves nothing behind."""
+    if (Path(stage_dir) / MANIFEST_NAME).exists():
+        return  # a published stage: its records describe what it published
+    shutil.rmtree(Path(stage_dir) / CACHE_DIR, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        Path(stage_dir).rmdir()  # only when empty
 
 
 def contract_key(name: str, config: Any, run: Path) -> str | None:

@@ -86,14 +86,23 @@ def load_spec_file(path: Path, base_dir: Path | None = None) -> SourceSpec:
     return parse_spec(raw, base_dir or path.parent, str(path))
 
 
-def load_source(name_or_path: str, config_dir: Path | None = None) -> SourceSpec:
-    """A bundled source by name, or a spec file by path (relative to the config's directory)."""
+def spec_path(name_or_path: str, config_dir: Path | None = None) -> Path:
+    """The spec file a pipeline config's `sources` entry names: a path (relative to the config's directory), or a
+    bundled source's name."""
     candidate = Path(name_or_path)
     if candidate.suffix == ".toml":
         if not candidate.is_absolute() and config_dir is not None:
             candidate = config_dir / candidate
-        return load_spec_file(candidate.absolute())  # its relative paths resolve against its directory, on any worker
-    bundled = BUNDLED_SPECS / f"{name_or_path}.toml"
+        return candidate.absolute()
+    return BUNDLED_SPECS / f"{name_or_path}.toml"
+
+
+def load_source(name_or_path: str, config_dir: Path | None = None) -> SourceSpec:
+    """A bundled source by name, or a spec file by path (relative to the config's directory)."""
+    path = spec_path(name_or_path, config_dir)
+    if Path(name_or_path).suffix == ".toml":
+        return load_spec_file(path)  # its relative paths resolve against its directory, on any worker
+    bundled = path
     if not bundled.is_file():
         available = sorted(p.stem for p in BUNDLED_SPECS.glob("*.toml"))
         raise SourceSpecError(f"unknown source {name_or_path!r}; bundled sources: {', '.join(available) or 'none'}")

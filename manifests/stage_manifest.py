@@ -25,7 +25,12 @@ class StageNotComplete(RuntimeError):
 
 
 class DigestMismatch(RuntimeError):
-    """A file listed in a manifest does not hold the bytes the manifest recorded."""
+    """A file listed in a manifest does not hold the bytes the manifest recorded; `stage_dir` names the stage
+    directory, so the fix line can name the run and the stage to recompute."""
+
+    def __init__(self, message: str, stage_dir: Path | None = None):
+        super().__init__(message)
+        self.stage_dir = stage_dir
 
 
 @dataclass
@@ -131,7 +136,7 @@ def read_manifest(stage_dir: Path, verify: bool = True, full: bool = False) -> S
         directory=stage_dir,
     )
     if raw.get("digest") != manifest.digest:
-        raise DigestMismatch(f"{path}: recorded digest does not match its output listing")
+        raise DigestMismatch(f"{path}: recorded digest does not match its output listing", stage_dir)
     if verify:
         verify_outputs(manifest, full)
     return manifest
@@ -145,12 +150,12 @@ def verify_outputs(manifest: StageManifest, full: bool = False) -> None:
             if recorded.get(output.path) == file_stat(file_path) and file_path.is_file():
                 continue  # same size, mtime and inode as when published: the bytes hashed then
         except FileNotFoundError:
-            raise DigestMismatch(f"{file_path}: listed in {manifest.stage} manifest but missing") from None
+            raise DigestMismatch(f"{file_path}: listed in {manifest.stage} manifest but missing", manifest.directory) from None
         if not file_path.is_file():
-            raise DigestMismatch(f"{file_path}: listed in {manifest.stage} manifest but missing")
+            raise DigestMismatch(f"{file_path}: listed in {manifest.stage} manifest but missing", manifest.directory)
         actual = sha256_file(file_path)
         if actual != output.sha256:
-            raise DigestMismatch(f"{file_path}: sha256 {actual[:12]}… but manifest recorded {output.sha256[:12]}…")
+            raise DigestMismatch(f"{file_path}: sha256 {actual[:12]}… but manifest recorded {output.sha256[:12]}…", manifest.directory)
 
 
 def is_complete(stage_dir: Path, cache_key: str | None = None, verify: bool = True, full: bool = False) -> bool:

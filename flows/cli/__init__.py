@@ -72,12 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv  # accepted anywhere on the line, also after the sub-command
     args = parser.parse_args([a for a in argv if a != "--debug"])
     from flows.preflight import PreflightError, preflight
+    from manifests.run_lock import release_held_locks
 
     try:
-        preflight(args)  # before Prefect (and torch) is imported: a bad config, path or lock fails here, writing nothing
-    except PreflightError as exc:
-        print(exc.line(), file=sys.stderr)
-        return 2
+        try:
+            preflight(args)  # before Prefect (and torch) is imported: a bad config, path or lock fails here, writing nothing
+        except PreflightError as exc:
+            print(exc.line(), file=sys.stderr)
+            return 2
+        return run_command(args, debug)
+    finally:
+        release_held_locks()  # the run directory's lock, taken by the pre-flight for the whole command
+
+
+def run_command(args: argparse.Namespace, debug: bool) -> int:
+    """The parsed, pre-flight-checked command; every failure ends in one line unless `debug`."""
     from flows.console import route_prefect_logs
 
     route_prefect_logs()  # Prefect's log lines above the live progress bar, not over it

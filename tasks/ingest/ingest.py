@@ -6,10 +6,14 @@ the record of a WARC), so they survive re-runs, other machines and other shard
 sizes, and two snapshot files holding the same URL at the same line get two ids.
 The record's own id (`id_field` of the spec; a WARC record's WARC-Record-ID) is kept
 in `meta.record_id`. A broken *record* is quarantined with a rule; a broken *file*
-(truncated gzip, unreadable Parquet) fails the stage before anything is published,
+fails the stage before anything is published,
 naming every broken file of the run (`on_bad_file = "fail"`, the default), or, with
 `on_bad_file = "quarantine"`, is left out whole with one audit row
-`ingest_bad_file` (file, reason) while the other files are ingested.
+`ingest_bad_file` (file, reason) while the other files are ingested. A file is good only when its
+container says it ended (gzip's trailer, every zstd frame's end, each WARC record's Content-Length,
+Parquet's footer) and its first bytes agree with its name (gzip or zstd data named .jsonl, binary
+data in a JSONL file: bad); one with more than `max_malformed_share` of its records malformed is
+bad too, and one that holds no record is audited `ingest_empty_file`.
 A source path may be an fsspec URL (s3://bucket/prefix, gs://, hf://, ...):
 its files are listed and streamed through fsspec (tasks/ingest/source_fs.py), and a
 file's path inside the source, hence every id, is the same as from a local copy.
@@ -31,7 +35,6 @@ number of workers. Source digests (for the cache key) are tasks too.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import io
 import json
@@ -39,7 +42,7 @@ import os
 import shutil
 import tempfile
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -52,8 +55,8 @@ from manifests.file_stats import path_stat, read_stats
 from manifests.schema import AUDIT_SCHEMA, DOC_SCHEMA, audit_table, docs_table
 from manifests.sources import SourceSpec
 from manifests.stage_manifest import StageManifest, StageNotComplete, read_manifest
-from tasks.ingest.decoding import BINARY_CONTROL_SHARE, CONTROL_TEXT, decode_payload, guessed_spans, strip_controls
-from tasks.ingest.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_stream, remote_digest
+from tasks.ingest.decoding import BINARY_CONTROL_SHARE, CONTROL_TEXT, SNIFF_BYTES, binary_reason, decode_payload, guessed_spans, strip_controls
+from tasks.ingest.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_content, open_stream, remote_digest
 from tasks.ingest.source_walk import reached_through_link, walk_matching
 from tasks.runner.stage_runner import (StageWriter, default_workers, key_needs_reading, map_shards, published_under, shard_name, stage_cache_key,
                                        write_shard_files)
@@ -63,6 +66,21 @@ VERSION = "1"
 FILE_PARTS_DIR = "_files"  # under the work directory: each source file's documents and audit rows
 JSONL_SPLIT_BYTES = 64 << 20  # an uncompressed JSONL file larger than this is read as byte ranges of this size, in parallel
 FILE_BATCH_ROWS = 256  # rows per row group of those files: a shard task reads only the groups it needs
+
+
+class BadInputFiles(InputFileError):
+    """`on_bad_file = "fail"` met bad files: one line naming them with their reasons, the first BAD_FILES_NAMED in full."""
+
+    def __init__(self, reasons: list[str] | str):
+        if isinstance(reasons, str):  # unpickled: the message itself
+            super().__init__(reasons)
+            return
+        named = "; ".join(reasons[:BAD_FILES_NAMED])
+        more = f"; and {len(reasons) - BAD_FILES_NAMED} more" if len(reasons) > BAD_FILES_NAMED else ""
+        super().__init__(f"{len(reasons)} input file{'s' if len(reasons) > 1 else ''} cannot be read, nothing was published: {named}{more}")
+
+
+BAD_FILES_NAMED = 5  # a run of 10,000 cut downloads names five; "quarantine" lists them all (`hymo audit summary`)
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,15 @@ class IngestConfig:
     # A file that cannot be read whole (truncated download, unreadable Parquet): "fail" stops the stage naming
     # every such file of the run; "quarantine" leaves each out with an `ingest_bad_file` audit row and goes on.
     on_bad_file: Literal["fail", "quarantine"] = "fail"
+    # Errors are counted per file (a large plain JSONL file read as byte ranges: over all of them): a file with
+    # a few broken records keeps its good ones, each broken one audited `ingest_malformed_record`; a file where more than
+    # this share of the records is broken is not a file of records at all (a CSV or a log named .jsonl,
+    # a column of nulls) and is a bad file under `on_bad_file`. 1.0: never.
+    max_malformed_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_malformed_share <= 1.0:
+            raise ValueError(f"[ingest] max_malformed_share = {self.max_malformed_share}: must be between 0 and 1")
 
 
 @dataclass
@@ -138,33 +165,46 @@ def relative_file(spec: SourceSpec, path: Path) -> str:
 
 
 def read_html_or_text(spec: SourceSpec, path: Path, content_type: str) -> Iterator[RawRecord]:
+    """One file, one record (an empty file is an empty page). A `.gz`/`.zst` page is decompressed; a gzip or zstd
+    stream under a plain name is a bad file; other binary content (an image served as .html) is the record's
+    `ingest_binary` row, as in a WARC."""
     try:
-        if isinstance(path, RemoteFile):
-            with open_stream(path, spec.name) as handle:
-                payload = handle.read()
-        else:
-            payload = path.read_bytes()
-    except OSError as exc:
-        raise InputFileError(f"{path}: cannot read ({exc})") from exc
+        with open_source_file(path, spec.name) as handle:
+            payload = handle.read()  # an empty page stays one record: `ingest_empty`, like an empty WARC response
+    except (EOFError, OSError, zlib.error) as exc:
+        raise InputFileError(f"{path}: unreadable or truncated ({exc})") from exc
     yield RawRecord(relative_uri(spec, path), 0, payload, content_type, {}, relative_file(spec, path))
 
 
-def open_maybe_gzip(path: Path | RemoteFile, source: str = ""):
-    """A binary stream of the file, .gz and .zst decompressed on the fly."""
+def open_source_file(path: Path | RemoteFile, source: str = "", name_must_agree: bool = True):
+    """A binary stream of the file's content, decompressed as its first bytes say (source_fs.open_content): a cut
+    gzip or zstd stream raises TruncatedInput (an OSError) where it ends; a compression the name does not admit
+    (`name_must_agree`) is an InputFileError."""
     if isinstance(path, RemoteFile):
-        return open_stream(path, source)
-    if path.suffix == ".zst":
-        import zstandard
+        return open_stream(path, source, name_must_agree)
+    try:
+        handle = open(path, "rb")
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read ({exc})") from exc
+    return open_content(handle, path, name_must_agree)
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+def check_text_head(path: Path | RemoteFile, handle: Any, kind: str) -> None:
+    """A text format (JSONL) whose first bytes are binary (an archive, an image, mostly control bytes) is a bad
+    file: read line by line it would only give malformed records."""
+    head = handle.peek(SNIFF_BYTES)[:SNIFF_BYTES]
+    reason = binary_reason(head) if head else None
+    if reason:
+        raise InputFileError(f"{path}: binary content ({reason.replace(':', ' ')}) in a {kind} file")
 
 
 def read_jsonl(spec: SourceSpec, path: Path, byte_range: tuple[int, int, int] | None = None) -> Iterator[RawRecord]:
     """The records of a JSONL file, or of the lines starting in byte_range = (start, stop, newlines before start)."""
     base_uri, origin = relative_uri(spec, path), relative_file(spec, path)  # once per file, not per line
     try:
-        with open_maybe_gzip(path, spec.name) if byte_range is None else open_plain(path, spec.name) as handle:
+        with open_source_file(path, spec.name) if byte_range is None else open_plain(path, spec.name) as handle:
+            if byte_range is None or byte_range[0] == 0:
+                check_text_head(path, handle, "JSONL")
             for line_no, line in enumerate(handle, start=1) if byte_range is None else range_lines(handle, *byte_range):
                 if not line.strip():
                     continue
@@ -274,38 +314,79 @@ def parquet_records(spec: SourceSpec, path: Path | RemoteFile, local: Any, base_
 
 
 def read_warc(spec: SourceSpec, path: Path) -> Iterator[RawRecord]:
+    """The response (HTML) and conversion (WET text) records of a WARC, .gz or plain. A file ends well only when
+    its gzip members all end and every record holds its `Content-Length` bytes: warcio itself returns a cut
+    record short, and drops a cut gzip member, without an error."""
     from warcio.archiveiterator import ArchiveIterator
     from warcio.exceptions import ArchiveLoadFailed
 
     base_uri, origin = relative_uri(spec, path), relative_file(spec, path)  # once per file, not per record
     try:
-        if isinstance(path, RemoteFile):  # one stream: decompressed here, so a cut gzip fails in the read itself
-            handle = open_stream(path, spec.name)
-        else:
-            if path.suffix == ".gz":
-                check_gzip_complete(path)
-            handle = open(path, "rb")
-        with handle:
-            for ordinal, record in enumerate(ArchiveIterator(handle)):
-                uri = record.rec_headers.get_header("WARC-Target-URI") or f"{base_uri}#rec{ordinal}"
-                own_id = record.rec_headers.get_header("WARC-Record-ID")
-                if record.rec_type == "response":
-                    mime = (record.http_headers.get_header("Content-Type") or "") if record.http_headers else ""
-                    if mime and "html" not in mime.lower():  # images, PDFs, scripts: counted, not read
-                        yield RawRecord(uri, ordinal, None, "html", {}, origin, "not_html", mime.split(";")[0].strip(), record_id=own_id)
-                        continue
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, charset=mime or None, record_id=own_id)
-                elif record.rec_type == "conversion":  # WET plain text
-                    yield RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, record_id=own_id)
+        with open_source_file(path, spec.name, name_must_agree=False) as content:  # gunzipped here: a cut member fails the read
+            handle = io.BufferedReader(CountingReader(content))
+            records = ArchiveIterator(handle)
+            for ordinal, record in enumerate(records):
+                raw = warc_record(record, ordinal, base_uri, origin)
+                check_record_complete(record, ordinal)
+                if raw is not None:
+                    yield raw
+            while handle.read(1 << 20):
+                pass
+            if handle.tell() > records.offset:  # warcio ends quietly on a record cut inside its header block
+                raise EOFError(f"{handle.tell() - records.offset} bytes after the last complete record are not a whole record")
     except (ArchiveLoadFailed, EOFError, OSError, zlib.error) as exc:
         raise InputFileError(f"{path}: unreadable or truncated WARC ({exc})") from exc
+    except (AttributeError, KeyError, ValueError, TypeError) as exc:  # warcio on a record cut inside its headers
+        raise InputFileError(f"{path}: unreadable or truncated WARC ({type(exc).__name__} in warcio: {exc})") from exc
 
 
-def check_gzip_complete(path: Path) -> None:
-    """warcio silently drops a truncated last record; a full gzip pass notices the cut."""
-    with open_maybe_gzip(path) as handle:
-        while handle.read(1 << 20):
-            pass
+def warc_record(record: Any, ordinal: int, base_uri: str, origin: str) -> RawRecord | None:
+    """A response record's page (or its content type, when not HTML), a conversion record's text; None for the rest."""
+    uri = record.rec_headers.get_header("WARC-Target-URI") or f"{base_uri}#rec{ordinal}"
+    own_id = record.rec_headers.get_header("WARC-Record-ID")
+    if record.rec_type == "response":
+        mime = (record.http_headers.get_header("Content-Type") or "") if record.http_headers else ""
+        if mime and "html" not in mime.lower():  # images, PDFs, scripts: counted, not read
+            return RawRecord(uri, ordinal, None, "html", {}, origin, "not_html", mime.split(";")[0].strip(), record_id=own_id)
+        return RawRecord(uri, ordinal, record.content_stream().read(), "html", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, charset=mime or None, record_id=own_id)
+    if record.rec_type == "conversion":  # WET plain text
+        return RawRecord(uri, ordinal, record.content_stream().read(), "text", {"warc_date": record.rec_headers.get_header("WARC-Date")}, origin, record_id=own_id)
+    return None
+
+
+class CountingReader(io.RawIOBase):
+    """A stream's bytes and how many have passed (`tell`): where a WARC's last complete record ended is compared
+    with where the stream ended."""
+
+    def __init__(self, handle: Any):
+        self.handle, self.position = handle, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.handle.read(len(buffer))
+        buffer[:len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+
+def check_record_complete(record: Any, ordinal: int) -> None:
+    """EOFError when the file ended before this record's `Content-Length` bytes (a plain .warc cut mid-record), or
+    inside its header block."""
+    from warcio.limitreader import LimitReader
+
+    if record.length is None:  # WARC requires it: warcio leaves it out of a header block the file ended inside
+        raise EOFError(f"record {ordinal} has no Content-Length (the file ends inside its headers)")
+    stream = record.raw_stream
+    while stream.read(1 << 20):  # what the reader left of the record (all of it, for a record not read)
+        pass
+    if isinstance(stream, LimitReader) and stream.limit > 0:
+        declared = record.rec_headers.get_header("Content-Length")
+        raise EOFError(f"record {ordinal} ends {stream.limit} bytes short of its Content-Length {declared}")
 
 
 def read_hf_disk(spec: SourceSpec, path: Path, batch_rows: int) -> Iterator[RawRecord]:
@@ -407,7 +488,8 @@ def to_document(spec: SourceSpec, raw: RawRecord) -> tuple[dict[str, Any] | None
 
 
 def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[Path]]], list[str], list[dict[str, Any]]]:
-    """Each input file once: a path named twice (same or different source) is read only the first time.
+    """Each input file once: a path named twice (same or different source) is read only the first time; the same
+    spec listed twice is read once, two different specs with one name are an error.
 
     Returns the plan, the skipped paths, and audit rows for what symlinks made
     us skip: a second path to a file already read, or a link that cannot be read.
@@ -416,12 +498,15 @@ def unique_files(specs: list[SourceSpec]) -> tuple[list[tuple[SourceSpec, list[P
     skipped: list[str] = []
     link_rows: list[dict[str, Any]] = []
     plan: list[tuple[SourceSpec, list[Path]]] = []
-    names: set[str] = set()
+    names: dict[str, SourceSpec] = {}
     for spec in specs:
         if spec.name in names:
+            if spec != names[spec.name] or spec.root != names[spec.name].root:  # the pre-flight names both spec files; a caller of this function gets the two paths
+                raise InputFileError(f"two different sources are named {spec.name!r} (paths {names[spec.name].root} and {spec.root}): "
+                                     "the second would never be read; give each source spec its own name")
             skipped.append(f"source {spec.name} listed twice")
             continue
-        names.add(spec.name)
+        names[spec.name] = spec
         files = []
         found, unreadable = source_files(spec)
         for path, reason in unreadable:
@@ -524,6 +609,8 @@ class FileRecords:
     audit_rows: int
     digest: tuple[str, str] | None = None  # (url, sha256) of a remote file hashed while it was read
     bad: str = ""  # why the file cannot be read (its documents are left out, one audit row says so)
+    malformed: int = 0  # its `ingest_malformed_record` rows: a split file is judged on the sum of its ranges'
+    first_malformed: str = ""
 
 
 def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str,
@@ -531,34 +618,84 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
     """Task: one source file's (or byte range's) documents and audit rows, streamed into two Parquet files of FILE_BATCH_ROWS-row groups.
 
     `digest`: a remote file whose sha256 is not known yet; it is hashed from the stream read here."""
-    import numpy as np
-
     if digest:
         path = path.digesting()
     docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.parquet", Path(parts_dir) / f"{index:06d}.audit.parquet"
     records_path = Path(parts_dir) / f"{index:06d}.records.npy"
     docs_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
-    bad = ""
+    bad, malformed, first_malformed = "", 0, ""
     try:
-        records = write_file_parts(spec, path, config, byte_range, tmp_docs, tmp_audit)
+        records, malformed, first_malformed = write_file_parts(spec, path, config, byte_range, tmp_docs, tmp_audit)
     except InputFileError as exc:  # the whole file is left out: no document of it, one row saying why
         bad = str(exc)
-        records = [(0, 0, 1)]
-        pq.write_table(DOC_SCHEMA.empty_table(), tmp_docs)
-        pq.write_table(audit_table([bad_file_row(spec, path, byte_range, bad)]), tmp_audit)
-    table = np.asarray(records, dtype=np.int64).reshape(-1, 3)
-    with open(records_path.with_suffix(".tmp"), "wb") as handle:
-        np.save(handle, table)
-    os.replace(tmp_docs, docs_path)  # a task rerun after a dead worker rewrites all three from the start
-    os.replace(tmp_audit, audit_path)
-    os.replace(records_path.with_suffix(".tmp"), records_path)
+        records = write_bad_parts(spec, path, byte_range, bad, tmp_docs, tmp_audit)
+    table = publish_parts(records, tmp_docs, docs_path, tmp_audit, audit_path, records_path)
     sha = None
     if digest:  # complete unless no reader opened the file (then it is hashed apart, a second read)
         sha = (not bad and path.tap.hexdigest()) or remote_digest(path, spec.name)
     totals = table.sum(axis=0).tolist() if len(table) else [0, 0, 0]
     return FileRecords(index, str(docs_path), str(audit_path), str(records_path), len(table), *map(int, totals),
-                       (path.url, sha) if digest else None, bad)
+                       (path.url, sha) if digest else None, bad, malformed, first_malformed)
+
+
+def write_bad_parts(spec: SourceSpec, path: Path | RemoteFile, byte_range: tuple[int, int, int] | None, reason: str,
+                    tmp_docs: Path, tmp_audit: Path) -> list[tuple[int, int, int]]:
+    """A left-out file's parts: no document, one `ingest_bad_file` row (none for a split file's later ranges)."""
+    pq.write_table(DOC_SCHEMA.empty_table(), tmp_docs)
+    if not reason:
+        pq.write_table(AUDIT_SCHEMA.empty_table(), tmp_audit)
+        return []
+    pq.write_table(audit_table([bad_file_row(spec, path, byte_range, reason)]), tmp_audit)
+    return [(0, 0, 1)]
+
+
+def publish_parts(records: list[tuple[int, int, int]], tmp_docs: Path, docs_path: Path, tmp_audit: Path, audit_path: Path, records_path: Path):
+    """Move a file's three parts into place (a task rerun after a dead worker rewrites all three from the start)."""
+    import numpy as np
+
+    table = np.asarray(records, dtype=np.int64).reshape(-1, 3)
+    with open(records_path.with_suffix(".tmp"), "wb") as handle:
+        np.save(handle, table)
+    os.replace(tmp_docs, docs_path)
+    os.replace(tmp_audit, audit_path)
+    os.replace(records_path.with_suffix(".tmp"), records_path)
+    return table
+
+
+def too_malformed(path: Path | RemoteFile, malformed: int, records: int, first: str, config: IngestConfig) -> str:
+    """Why a file with this many malformed records among `records` is a bad file ("" when it is not)."""
+    if malformed <= config.max_malformed_share * records:
+        return ""
+    return (f"{path}: {malformed} of its {records} records are malformed, more than [ingest] max_malformed_share"
+            f" = {config.max_malformed_share} (first: {first})")
+
+
+def judge_split_files(jobs: list[tuple], files: list[FileRecords], config: IngestConfig) -> list[FileRecords]:
+    """A large JSONL file read as byte ranges is judged whole: when its ranges' malformed records together pass
+    `max_malformed_share`, every range is left out and its first holds the file's `ingest_bad_file` row."""
+    ranges: dict[str, list[int]] = {}
+    for position, job in enumerate(jobs):
+        if len(job) > 5 and job[5] is not None:
+            ranges.setdefault(str(job[2]), []).append(position)
+    for positions in ranges.values():
+        parts = [files[p] for p in positions]
+        if any(f.bad for f in parts):
+            continue
+        total = sum(f.records for f in parts)
+        reason = too_malformed(jobs[positions[0]][2], sum(f.malformed for f in parts), total,
+                               next((f.first_malformed for f in parts if f.first_malformed), ""), config)
+        if not reason:
+            continue
+        for order, position in enumerate(positions):
+            _, spec, path, _, _, byte_range, *_ = jobs[position]
+            part = files[position]
+            docs_path, audit_path = Path(part.docs_path), Path(part.audit_path)
+            tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
+            records = write_bad_parts(spec, path, None, reason if order == 0 else "", tmp_docs, tmp_audit)
+            table = publish_parts(records, tmp_docs, docs_path, tmp_audit, audit_path, Path(part.records_path))
+            files[position] = replace(part, records=len(table), docs=0, text_bytes=0, audit_rows=len(table), bad=reason if order == 0 else "")
+    return files
 
 
 def bad_file_row(spec: SourceSpec, path: Path | RemoteFile, byte_range: tuple[int, int, int] | None, reason: str) -> dict[str, Any]:
@@ -571,13 +708,18 @@ def bad_file_row(spec: SourceSpec, path: Path | RemoteFile, byte_range: tuple[in
 
 
 def write_file_parts(spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, byte_range: tuple[int, int, int] | None,
-                     tmp_docs: Path, tmp_audit: Path) -> list[tuple[int, int, int]]:
-    """Stream one file's documents and audit rows into the two files; its per-record accounting."""
+                     tmp_docs: Path, tmp_audit: Path) -> tuple[list[tuple[int, int, int]], int, str]:
+    """Stream one file's documents and audit rows into the two files; its per-record accounting, and its malformed
+    records (how many, the first's error)."""
     records: list[tuple[int, int, int]] = []  # this task's own accounting, one file's worth; written to records_path
     docs, audit = [], []
+    malformed, first_malformed = 0, ""
     with pq.ParquetWriter(tmp_docs, DOC_SCHEMA) as doc_writer, pq.ParquetWriter(tmp_audit, AUDIT_SCHEMA) as audit_writer:
         for raw in iter_source(spec, [path], config) if byte_range is None else read_jsonl(spec, path, byte_range):
             doc, rows = to_document(spec, raw)
+            if raw.problem == "malformed_record":
+                malformed += 1
+                first_malformed = first_malformed or raw.problem_detail
             records.append((doc is not None, len(doc["text"].encode("utf-8", "surrogatepass")) if doc is not None else 0, len(rows)))
             audit.extend({**row, "stage": STAGE} for row in rows)
             if doc is not None:
@@ -588,11 +730,21 @@ def write_file_parts(spec: SourceSpec, path: Path | RemoteFile, config: IngestCo
             if len(audit) >= FILE_BATCH_ROWS:
                 audit_writer.write_table(audit_table(audit[:FILE_BATCH_ROWS]))
                 audit = audit[FILE_BATCH_ROWS:]
+        if byte_range is None and (reason := too_malformed(path, malformed, len(records), first_malformed, config)):
+            raise InputFileError(reason)
+        if not records and byte_range is None:  # a file with nothing in it says so, whatever its kind
+            records.append((0, 0, 1))
+            audit.append(empty_file_row(spec, path))
         if docs:
             doc_writer.write_table(docs_table(docs))
         if audit:
             audit_writer.write_table(audit_table(audit))
-    return records
+    return records, malformed, first_malformed
+
+
+def empty_file_row(spec: SourceSpec, path: Path | RemoteFile) -> dict[str, Any]:
+    """The audit row of a file that holds no record (zero bytes, blank lines only, a Parquet of no rows)."""
+    return {**bad_file_row(spec, path, None, "the file holds no record"), "rule": "ingest_empty_file"}
 
 
 def shard_pieces(files: list[tuple[int, str]], config: IngestConfig) -> list[list[tuple[int, int, int, int, int]]]:
@@ -711,10 +863,10 @@ def run_ingest(specs: list[SourceSpec], config: IngestConfig, out_dir: Path, wor
     try:
         jobs = file_jobs(plan, config, str(parts_dir), workers, frozenset(deferred))
         files = sorted(map_shards(ingest_file, jobs, workers, STAGE, [1] * len(jobs)), key=lambda f: f.index)
+        files = judge_split_files(jobs, files, config)
         bad = [f.bad for f in files if f.bad]
         if bad and config.on_bad_file != "quarantine":
-            raise InputFileError(f"{len(bad)} input file{'s' if len(bad) > 1 else ''} cannot be read, nothing was published: " + "; ".join(bad)
-                                 + ' ([ingest] on_bad_file = "quarantine" leaves them out with an audit row)')
+            raise BadInputFiles(bad)
         if deferred:
             for url, sha in (f.digest for f in files if f.digest):
                 inputs[deferred[url]]["sha256"] = sha

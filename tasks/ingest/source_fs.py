@@ -38,6 +38,10 @@ class InputFileError(RuntimeError):
     """An input file cannot be read as a whole; the stage fails and publishes nothing."""
 
 
+class TruncatedInput(OSError):
+    """A compressed stream ended before its end mark: the file was cut (a download that stopped, a full disk)."""
+
+
 class RemoteSourceError(InputFileError):
     """A remote source cannot be listed or read; the message names the source and the URL."""
 
@@ -152,19 +156,118 @@ def list_remote(source: str, url: str, pattern: str, single_entry: bool) -> list
     return [RemoteFile(fs, path, f"{protocol}://{path}", path[len(root) + 1:], remote_stat(matches[path])) for path in files]
 
 
-def open_stream(file: RemoteFile, source: str) -> IO[bytes]:
-    """A streaming binary handle; .gz and .zst are decompressed on the fly."""
+def open_stream(file: RemoteFile, source: str, name_must_agree: bool = True) -> IO[bytes]:
+    """A streaming binary handle on the file's content, decompressed as its first bytes say (see `open_content`)."""
     try:
         handle = file.open()
     except Exception as exc:
         raise RemoteSourceError(f"source {source}: cannot open {file.url} ({describe(exc)})") from exc
-    if file.suffix == ".gz":
-        return ClosingGzipFile(handle)
-    if file.suffix == ".zst":
+    return open_content(handle, file, name_must_agree)
+
+
+# A file is what its first bytes say, whatever its name says; a reader trusts it only when it says it ended.
+CONTAINER_MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd"}
+CONTAINER_SUFFIX = {".gz": "gzip", ".zst": "zstd"}
+
+
+def sniff_container(head: bytes) -> str | None:
+    """"gzip" or "zstd" when `head` (a file's first bytes) opens such a stream, else None (plain bytes)."""
+    return next((name for name, magic in CONTAINER_MAGIC.items() if head.startswith(magic)), None)
+
+
+def open_content(handle: IO[bytes], file: Any, name_must_agree: bool = True) -> IO[bytes]:
+    """`handle`'s content: gunzipped or un-zstd-ed when its first bytes say so. Either decoder raises EOFError
+    when the input ends before the stream's end mark (gzip's trailer, each zstd frame's last block), so a cut
+    file fails the read instead of ending early: TruncatedInput, an OSError (warcio reads an EOFError as the
+    archive's end). `name_must_agree`: a gzip or zstd stream under a plain name
+    (an `export.jsonl` that is gzip), or a `.gz`/`.zst` name over plain bytes, is an InputFileError."""
+    buffered = handle if hasattr(handle, "peek") else io.BufferedReader(handle, REMOTE_READ_BLOCK)
+    try:
+        head = buffered.peek(4)[:4]
+    except Exception:
+        buffered.close()
+        raise
+    if not head:
+        return buffered  # an empty file: no records, audited as `ingest_empty_file` whatever its name
+    found, named = sniff_container(head), CONTAINER_SUFFIX.get(PurePosixPath(str(file)).suffix)
+    if name_must_agree and found != named:
+        buffered.close()
+        what = f"{found} data" if found else "plain (uncompressed) data"
+        fix = f"rename it to end in {next(s for s, n in CONTAINER_SUFFIX.items() if n == found)}" if found else "rename it without the compression suffix"
+        raise InputFileError(f"{file}: {what} in a file named {PurePosixPath(str(file)).name} ({fix})")
+    if found == "gzip":
+        return io.BufferedReader(GzipEnd(ClosingGzipFile(buffered)), REMOTE_READ_BLOCK)
+    if found == "zstd":
+        return io.BufferedReader(ZstdFrames(buffered), REMOTE_READ_BLOCK)
+    return buffered
+
+
+ZSTD_READ = 128 << 10  # compressed bytes decoded at a time (zstd's own stream input size): bounds the decoded burst
+
+
+class ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a stream of zstd frames; EOFError when the input ends inside a frame.
+
+    python-zstandard's `stream_reader` returns a short read at a cut frame, with no error: a truncated
+    `.zst` would read as a complete, shorter file. Here each frame is decoded by its own decompressobj,
+    whose `eof` says whether the frame's last block arrived."""
+
+    def __init__(self, handle: IO[bytes]):
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(handle, closefd=True))
-    return handle
+        self.handle, self.decompressor, self.errors = handle, zstandard.ZstdDecompressor(), zstandard.ZstdError
+        self.frame: Any = None  # the decompressobj of the frame being read; None between frames
+        self.pending, self.at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self.at >= len(self.pending):
+            chunk = self.handle.read(ZSTD_READ)
+            if not chunk:
+                if self.frame is not None:
+                    raise TruncatedInput("zstd stream ended inside a frame: the file is truncated")
+                return 0
+            decoded = []
+            try:
+                while chunk:
+                    self.frame = self.frame or self.decompressor.decompressobj()
+                    decoded.append(self.frame.decompress(chunk))
+                    chunk, self.frame = (self.frame.unused_data, None) if self.frame.eof else (b"", self.frame)
+            except self.errors as exc:
+                raise OSError(f"not valid zstd data ({exc})") from exc
+            self.pending, self.at = b"".join(decoded), 0
+        size = min(len(buffer), len(self.pending) - self.at)
+        buffer[:size] = self.pending[self.at:self.at + size]
+        self.at += size
+        return size
+
+    def close(self) -> None:
+        if not self.closed:
+            self.handle.close()
+        super().close()
+
+
+class GzipEnd(io.RawIOBase):
+    """A GzipFile's bytes; its EOFError at a cut member becomes TruncatedInput."""
+
+    def __init__(self, gzip_file: gzip.GzipFile):
+        self.gzip_file = gzip_file
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            return self.gzip_file.readinto(buffer)
+        except EOFError as exc:
+            raise TruncatedInput("gzip stream ended before its end-of-stream marker: the file is truncated") from exc
+
+    def close(self) -> None:
+        if not self.closed:
+            self.gzip_file.close()
+        super().close()
 
 
 class ClosingGzipFile(gzip.GzipFile):

@@ -87,3 +87,80 @@ def test_debug_shows_the_traceback(tmp_path: Path, prefect_harness) -> None:
     (run / RUN_CONFIG).write_text(json.dumps({"config": PipelineConfigForTest().model_dump(mode="json"), "runner": "process"}), encoding="utf-8")
     with pytest.raises(Exception, match="split|complete|manifest"):  # the stage before split was never run: raised, not explained
         cli.main(["rerun", str(run), "--stage", "split", "--api-url", prefect_harness, "--debug"])
+
+
+def test_digest_mismatch_fix_names_the_real_run_and_stage(tmp_path: Path) -> None:
+    """The fix line used to print `hymo rerun RUN --stage STAGE --force`, placeholders and all (issue 55)."""
+    from conftest import publish_docs
+
+    from flows.errors import explain
+    from manifests.stage_manifest import DigestMismatch, read_manifest
+
+    stage = publish_docs(tmp_path / "run" / "01_ingest", {"a": "one document", "b": "another"})
+    data = next(p for p in stage.rglob("*.parquet") if "audit" not in p.name)
+    data.write_bytes(data.read_bytes() + b"changed")
+    with pytest.raises(DigestMismatch) as error:
+        read_manifest(stage, verify=True, full=True)
+    line = explain(error.value)
+    assert f"`hymo rerun {tmp_path / 'run'} --stage ingest --force` recomputes it" in line
+    assert "RUN" not in line and "STAGE" not in line
+
+
+def test_many_bad_files_make_one_whole_line() -> None:
+    """Five files named with their reasons, the rest counted, and the fix never cut (it was: `([ingest] — fix:`)."""
+    from flows.errors import explain
+    from tasks.ingest.ingest import BadInputFiles
+
+    reasons = [f"/data/crawl/{'deep/' * 12}part-{i:05d}.jsonl.zst: unreadable or truncated (zstd stream ended inside a frame: the file is "
+               "truncated)" for i in range(7)]
+    line = explain(BadInputFiles(reasons))
+    assert "\n" not in line and line.startswith("hymo: BadInputFiles: 7 input files cannot be read, nothing was published: ")
+    assert all(f"part-{i:05d}.jsonl.zst" in line for i in range(5)) and "part-00005" not in line and "; and 2 more — fix: " in line
+    assert line.endswith('set [ingest] on_bad_file = "quarantine" to leave each out with an audit row; then run the same command again '
+                         "(--debug shows the traceback)")
+
+
+def test_a_truncated_zst_stops_hymo_run_naming_it_and_quarantine_lets_it_go_on(tmp_path: Path, prefect_harness: str, capsys) -> None:
+    """End to end through the CLI: the file python-zstandard's stream_reader read as complete (issue 55)."""
+    import zstandard
+
+    data = tmp_path / "sources" / "crawl"
+    data.mkdir(parents=True)
+    (data / "a-good.jsonl").write_text("".join(json.dumps({"text": f"a good document number {i} " * 10}) + "\n" for i in range(4)), encoding="utf-8")
+    blob = zstandard.ZstdCompressor().compress("".join(json.dumps({"text": f"line {i} " * 30}) + "\n" for i in range(20)).encode())
+    (data / "b-cut.jsonl.zst").write_bytes(blob[: len(blob) // 2])
+    (tmp_path / "sources" / "crawl.toml").write_text('name = "crawl"\nkind = "jsonl"\npath = "crawl"\norigin = "me"\nsnapshot = "1"\n'
+                                                     'license = "cc0"\n', encoding="utf-8")
+    config = tmp_path / "pipeline.toml"
+    config.write_text('[run]\nsources = ["sources/crawl.toml"]\nworkers = 1\n', encoding="utf-8")
+    base = ["run", "--config", str(config), "--until", "ingest", "--api-url", prefect_harness]
+    capsys.readouterr()
+    assert cli.main([*base, "--out", str(tmp_path / "failed")]) == 1
+    line = last_line(capsys.readouterr().err)
+    assert line.startswith("hymo: stage ingest failed: BadInputFiles: 1 input file cannot be read, nothing was published: ")
+    assert "crawl/b-cut.jsonl.zst: unreadable or truncated (zstd stream ended inside a frame" in line and "a-good" not in line
+    assert line.endswith("then run the same command again (--debug shows the traceback)")
+    assert sorted(p.name for p in (tmp_path / "failed").iterdir()) == [".lock", "config.json"]  # no stage directory, no failure record
+    assert cli.main([*base, "--out", str(tmp_path / "quarantined"), "--set", "ingest.on_bad_file=quarantine"]) == 0
+    from manifests.audit_query import quarantined_files
+
+    assert [f["file"] for f in quarantined_files(tmp_path / "quarantined")] == ["b-cut.jsonl.zst"]
+    counts = read_manifest_counts(tmp_path / "quarantined" / "01_ingest")
+    assert counts["kept"] == 4 and counts["in"] == counts["kept"] + sum(counts["removed"].values())
+
+
+def read_manifest_counts(stage: Path) -> dict:
+    from manifests.stage_manifest import read_manifest
+
+    return read_manifest(stage).counts
+
+
+def test_a_long_message_is_never_cut_silently() -> None:
+    from flows.errors import explain
+
+    message = "schema: " + "column_name: string, " * 60 + "the end"
+    line = explain(RuntimeError(message))
+    assert "\n" not in line and "the end" not in line
+    kept = line.removeprefix("hymo: RuntimeError: ").split(" … (")[0]
+    assert message.startswith(kept) and message[len(kept)] == " "  # cut between words, not inside one
+    assert f" … ({len(message) - len(kept)} more characters; --debug shows the traceback) — fix: " in line

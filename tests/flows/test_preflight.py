@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from manifests.stage_manifest import read_manifest
+
 REPO = Path(__file__).resolve().parents[2]
 PROBE = ("import json, sys\nfrom flows.cli import main\ncode = main(sys.argv[1:])\n"
          "print(json.dumps({'code': code, 'prefect': any(m.split('.')[0] == 'prefect' for m in sys.modules), "
@@ -143,3 +145,54 @@ def test_checkpoint_errors_never_repeat_torchs_weights_only_advice(tmp_path: Pat
     with pytest.raises(CheckpointError) as caught:
         read_checkpoint(tmp_path / "gone.pt")
     assert "missing" in str(caught.value) and "corrupt" not in str(caught.value)
+
+
+def test_two_sources_with_one_name_are_refused_naming_both_spec_files(tmp_path: Path) -> None:
+    """A spec copied from another that kept `name = "forum"` would never be read (issue 55)."""
+    for folder in ("one", "two"):
+        (tmp_path / folder / "data").mkdir(parents=True)
+        (tmp_path / folder / "data" / "f.jsonl").write_text('{"text": "x"}\n', encoding="utf-8")
+        spec(tmp_path / folder / "forum.toml", name="forum", license="cc0" if folder == "one" else "cc-by")
+    (tmp_path / "pipeline.toml").write_text('[run]\nsources = ["one/forum.toml", "two/forum.toml"]\n', encoding="utf-8")
+    line = fails_early(["run", "--config", "pipeline.toml", "--out", "run"], tmp_path)
+    assert "two sources are named 'forum'" in line
+    assert str(tmp_path / "one" / "forum.toml") in line and str(tmp_path / "two" / "forum.toml") in line
+
+
+def test_url_run_directory_refusal_points_to_the_storage_section(tmp_path: Path) -> None:
+    line = fails_early(["run", "--out", "s3://bucket/x"], tmp_path)
+    fix = line.split(" — fix: ", 1)[1]
+    assert "docs/your-data.md" in fix and "What the run directory's storage must support" in fix
+    assert "mount the bucket" not in fix and "s3fs" not in fix and "gcsfuse" not in fix
+
+
+def test_two_runs_started_at_once_on_one_directory(tmp_path: Path, prefect_harness: str) -> None:
+    """Exactly one runs; the other is refused by the pre-flight (exit 2, Prefect never imported), and the run
+    directory holds the files of one run. Counted, not timed: the refused one never started Prefect, so the
+    lock was taken before either could start it (issue 55: a second run used to pass a probe of the lock
+    during the first one's Prefect start-up, then start its own flow and fail 22 s later)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "f.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(5)), encoding="utf-8")
+    spec(tmp_path / "mine.toml")
+    (tmp_path / "pipeline.toml").write_text('[run]\nsources = ["mine.toml"]\nworkers = 1\n', encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HYMO_HOME": str(tmp_path / "home")}
+    args = ["run", "--config", "pipeline.toml", "--out", "run", "--until", "ingest", "--api-url", prefect_harness]
+    runs = [subprocess.Popen([sys.executable, "-c", PROBE, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert sorted(r["code"] for r in results) == [0, 2], outputs
+    winner, loser = (0, 1) if results[0]["code"] == 0 else (1, 0)
+    assert results[winner]["prefect"] and not results[loser]["prefect"]  # refused before Prefect was imported
+    refusal = outputs[loser][1].strip().splitlines()
+    assert len(refusal) == 1 and refusal[0].startswith("hymo: ") and f"in use by pid {runs[winner].pid} " in refusal[0]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "01_ingest", "config.json", "funnel.png"]  # one run's, no work dir
+    assert read_manifest(tmp_path / "run" / "01_ingest").counts["kept"] == 5
+
+
+def test_a_run_refused_after_the_preflight_leaves_no_directory(tmp_path: Path) -> None:
+    """The pre-flight makes the run directory to lock it; a command that then fails before writing anything (here:
+    a remote Prefect API that does not answer) removes it again, so a refused run still writes nothing."""
+    result, err = hymo_probe(["run", "--out", "run", "--api-url", "http://prefect.invalid:9/api"], tmp_path)
+    assert result["code"] == 1 and "does not answer" in err.splitlines()[-1]
+    assert not (tmp_path / "run").exists()
