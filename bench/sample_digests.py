@@ -10,6 +10,11 @@ Re-recorded by this script on issue 45's document ids (they hash the snapshot an
 the source, so every id changed, and with the ids the dedup keepers, the split and every later file). Re-recorded on issue 56's audit evidence: against the same run on its
 parent commit only audit files (and the manifests listing their sha256) differ, by added `detail.edits`
 and exact_duplicate's value and threshold; the recording before it no longer matched main's manifests.
+Re-recorded after round 5's merge (issues 53-58): against the issue 56 recording, every data, audit and token file
+is equal; new are langid's and quality's stats/ samples (the report page's histograms) and report.html; changed are
+the manifests listing them (stage versions 2), config.json and ingest's manifest (`max_malformed_share`, issue 55),
+and pretrain's checkpoint and metrics: the optimizer batched per shape group and the fused head + loss sum in
+another order (equal within fp32 rounding, tests/hymo_core/train/test_optimizer_launches.py and test_step_traffic.py).
 
 Data, audit and token files are hashed byte for byte. What legitimately differs between two runs of
 equal outputs is left out, and only that: in JSON files the timings, the code version, the config's directory (the checkout's path) and the keys
