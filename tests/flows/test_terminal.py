@@ -29,9 +29,8 @@ def test_prefect_log_lines_print_through_the_progress_bars_console(monkeypatch) 
     assert "hymo-probe-line" in captured.get()
 
 
-def test_without_a_live_bar_log_lines_stay_off_stdout(capsys) -> None:
-    """Once Prefect has set logging up, its console handler also carries the root logger's warnings (lm-eval's);
-    with no bar to print above, they stay on stderr, so `hymo eval --harness lm-eval --json` prints only JSON."""
+def warn_through_prefects_console_handler(message: str, stream=None) -> None:
+    """One warning through a fresh PrefectConsoleHandler (on `stream`, else the stderr of now), as routed by the CLI."""
     import logging
 
     from prefect.logging.handlers import PrefectConsoleHandler
@@ -39,13 +38,21 @@ def test_without_a_live_bar_log_lines_stay_off_stdout(capsys) -> None:
     from flows.console import route_prefect_logs
 
     route_prefect_logs()
-    handler = PrefectConsoleHandler()
-    logger = logging.getLogger("hymo-terminal-probe-root")
+    handler = PrefectConsoleHandler(stream=stream)
+    if stream is not None:
+        stream.close()
+    logger = logging.getLogger("hymo-terminal-probe")
     logger.addHandler(handler)
     try:
-        logger.warning("hymo-probe-warning")
+        logger.warning(message)
     finally:
         logger.removeHandler(handler)
+
+
+def test_without_a_live_bar_log_lines_stay_off_stdout(capsys) -> None:
+    """Once Prefect has set logging up, its console handler also carries the root logger's warnings (lm-eval's);
+    with no bar to print above, they stay on stderr, so `hymo eval --harness lm-eval --json` prints only JSON."""
+    warn_through_prefects_console_handler("hymo-probe-warning")
     captured = capsys.readouterr()
     assert "hymo-probe-warning" not in captured.out and "hymo-probe-warning" in captured.err
 
@@ -55,21 +62,7 @@ def test_a_handler_set_up_under_a_closed_stderr_prints_on_todays(capsys) -> None
     capture, a redirected stderr), a log line goes to today's stderr: before, the write failed, logging printed the
     error, and a flow with log_prints turned that print into another log line, recursing until Python stopped it."""
     import io
-    import logging
 
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    from flows.console import route_prefect_logs
-
-    route_prefect_logs()
-    gone = io.StringIO()
-    handler = PrefectConsoleHandler(stream=gone)
-    gone.close()
-    logger = logging.getLogger("hymo-terminal-probe-closed")
-    logger.addHandler(handler)
-    try:
-        logger.warning("hymo-probe-after-close")
-    finally:
-        logger.removeHandler(handler)
+    warn_through_prefects_console_handler("hymo-probe-after-close", stream=io.StringIO())
     captured = capsys.readouterr()
     assert "hymo-probe-after-close" in captured.err and "Logging error" not in captured.err
