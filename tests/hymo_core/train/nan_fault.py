@@ -1,4 +1,5 @@
-"""A fault injected on purpose: the model's head output turns NaN on its Nth training forward.
+"""A fault injected on purpose: the model's final norm output turns NaN on its Nth training forward (the head is fused
+into the loss and reads `output.weight` only, so the last module a training forward calls is the final norm).
 
 `poison(build, at)` wraps `hymo_core.train.run.build_parallel_model` in this process (monkeypatch it in);
 `nan_site(directory, at)` writes a sitecustomize.py that does the same in every Python process started with
@@ -22,7 +23,7 @@ def poison(build: Callable, at: int) -> Callable:
             calls[0] += 1
             return output * float("nan") if calls[0] == at else output
 
-        model.output.register_forward_hook(hook)
+        model.norm.register_forward_hook(hook)
         return model
 
     return poisoned
