@@ -13,7 +13,8 @@ backward instead of the logits (N x V).
 
 The objective is ce + z_loss * mean(lse^2) over non-ignored tokens, the same as
 `cross_entropy.cross_entropy_loss` on the full logits, and the cross-entropy is returned beside it for
-reporting (no gradient flows through that second output).
+reporting, and each row's log-partition (log-Z, the monitor's signal) as a third (no gradient flows
+through either).
 """
 
 from __future__ import annotations
@@ -72,14 +73,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
             dhidden_ND = (torch.cat(dhidden) if len(dhidden) > 1 else dhidden[0]).to(hidden_ND.dtype)
             ctx.save_for_backward(dhidden_ND, dweight_VD)
         ctx.with_grad, ctx.weight_dtype = with_grad, weight_VD.dtype
-        ctx.mark_non_differentiable(mean_ce)
-        return objective, mean_ce
+        lse_N = lse_N.detach()  # every row's log-partition: a monitor's log-Z, at no extra launch
+        ctx.mark_non_differentiable(mean_ce, lse_N)
+        ctx.set_materialize_grads(False)  # the two reported outputs get no zero-filled gradients (launches)
+        return objective, mean_ce, lse_N
 
     @staticmethod
-    def backward(ctx, dobjective, _dce):
+    def backward(ctx, dobjective, _dce, _dlse):
         if not ctx.with_grad:
             raise RuntimeError("linear_cross_entropy ran without a gradient (grad mode off) and was differentiated")
         dhidden_ND, dweight_VD = ctx.saved_tensors
+        if dobjective is None:
+            return (None,) * 9
         return (dhidden_ND * dobjective.to(dhidden_ND.dtype), (dweight_VD * dobjective).to(ctx.weight_dtype),
                 None, None, None, None, None, None, None)
 
@@ -93,8 +98,9 @@ def linear_cross_entropy(
     ignore_index: int = -100,
     backend: str | None = None,
     chunk: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(objective, mean cross-entropy) of logits = multiplier * hidden @ weight.T, never materialised whole.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(objective, mean cross-entropy, each row's log-partition) of logits = multiplier * hidden @ weight.T,
+    never materialised whole (the last two carry no gradient; the third is what a monitor reads as log-Z).
 
     `chunk` rows at a time (default `chunk_rows`). Equals `cross_entropy_loss(head(hidden), targets, z_loss)`
     in value and gradient (hidden's and weight's).

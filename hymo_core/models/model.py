@@ -118,6 +118,7 @@ class Transformer(nn.Module):
             self.register_buffer("rope_cos_TD2", torch.empty(config.max_seq_len, config.rope_dim // 2), persistent=False)
             self.register_buffer("rope_sin_TD2", torch.empty(config.max_seq_len, config.rope_dim // 2), persistent=False)
         self.last_ce: torch.Tensor | None = None
+        self.last_lse: torch.Tensor | None = None
         self.last_mtp_ce: list[torch.Tensor] = []
         if target.type != "meta":
             materialise_(self, target)
@@ -226,9 +227,11 @@ class Transformer(nn.Module):
             logits_BTV = self.head(self.norm(x_BTD))
             loss, ce = kernels.cross_entropy_loss(logits_BTV.reshape(B * T, -1), targets_BT.reshape(B * T),
                                                   z_loss=self.config.z_loss, backend=self.kernel_backend)
+            lse = torch.logsumexp(logits_BTV.detach().float(), dim=-1).reshape(-1)
         else:
-            loss, ce = self._next_token_loss(x_BTD, targets_BT)
+            loss, ce, lse = self._next_token_loss(x_BTD, targets_BT)
         self.last_ce = ce.detach()
+        self.last_lse = lse  # the trunk head's log-partition per row: the monitor's log-Z (no host read here)
         if self.training:
             extra = self._training_extras(x_BTD, targets_BT)
             if extra is not None:
@@ -237,8 +240,9 @@ class Transformer(nn.Module):
                 loss = loss + extra
         return logits_BTV, loss
 
-    def _next_token_loss(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(objective, cross-entropy) of the final hidden state: final norm, then the head fused into the loss."""
+    def _next_token_loss(self, hidden_BTD: torch.Tensor, targets_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(objective, cross-entropy, log-partition per row) of the final hidden state: final norm, then the head
+        fused into the loss."""
         normed_ND = self.norm(hidden_BTD).reshape(-1, hidden_BTD.shape[-1])
         return kernels.linear_cross_entropy(normed_ND, self.output.weight, targets_BT.reshape(-1),
                                             z_loss=self.config.z_loss, multiplier=output_multiplier(self.config),

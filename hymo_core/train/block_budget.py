@@ -32,9 +32,9 @@ BUDGET: dict[str, tuple[int, int]] = {
     "mla": (34, 980_000_000),
     "ffn": (9, 790_000_000),
     "moe": (88, 3_480_000_000),
-    "mtp": (210, 24_950_000_000),  # each depth's head fused into its loss (kernels/linear_cross_entropy.py)
-    "rest": (359, 20_750_000_000),  # the main head's fused loss computes its gradient in the forward
-    "model": (3_441, 202_000_000_000),
+    "mtp": (208, 24_950_000_000),  # each depth's head fused into its loss (kernels/linear_cross_entropy.py)
+    "rest": (358, 20_750_000_000),  # the main head's fused loss computes its gradient in the forward
+    "model": (3_438, 202_000_000_000),
 }
 
 

@@ -218,7 +218,6 @@ class RunMonitor:
         self.handles: list[Any] = []
         self.block_sq: dict[int, list[torch.Tensor]] = {}
         self.log_z: list[torch.Tensor] = []
-        self.first_output = True
         self.snapshot: list[list[torch.Tensor]] | None = None
         self.update_ratio: dict[str, float] = {}
 
@@ -231,10 +230,8 @@ class RunMonitor:
         self.block_sq, self.log_z = {}, []
         for index, block in enumerate(getattr(self.model, "layers", [])):
             self.handles.append(block.register_forward_hook(self._block_hook(index)))
-        output = getattr(self.model, "output", None)
-        if output is not None:
-            self.handles.append(self.model.register_forward_pre_hook(self._forward_started))
-            self.handles.append(output.register_forward_hook(self._output_hook))
+        if hasattr(self.model, "last_lse"):  # the head is fused into the loss: the model keeps its log-partitions
+            self.handles.append(self.model.register_forward_hook(self._forward_done))
 
     def _block_hook(self, index: int):
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
@@ -242,13 +239,10 @@ class RunMonitor:
             self.block_sq.setdefault(index, []).append(hidden.detach().float().pow(2).mean())
         return hook
 
-    def _forward_started(self, module: nn.Module, inputs: Any) -> None:
-        self.first_output = True
-
-    def _output_hook(self, module: nn.Module, inputs: Any, logits: torch.Tensor) -> None:
-        if self.first_output:  # the trunk's head; multi-token prediction calls the same head again
-            self.log_z.append(torch.logsumexp(logits.detach().float(), dim=-1).mean())
-            self.first_output = False
+    def _forward_done(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        lse = getattr(module, "last_lse", None)  # the trunk's head (multi-token prediction's heads are not log-Z)
+        if lse is not None:
+            self.log_z.append(lse.float().mean())
 
     def _remove_hooks(self) -> None:
         for handle in self.handles:

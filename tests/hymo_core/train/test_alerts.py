@@ -63,14 +63,14 @@ def test_statistics():
 
 
 def poison_forward(model, at_calls):
-    """The head's output turns NaN on the given forward calls (counted from 1): a batch whose loss is not finite."""
+    """The final norm's output turns NaN on the given forward calls (counted from 1): a batch whose loss is not finite."""
     calls = [0]
 
     def hook(module, inputs, output):
         calls[0] += 1
         return output * math.nan if calls[0] in at_calls else output
 
-    return model.output.register_forward_hook(hook)
+    return model.norm.register_forward_hook(hook)  # the head is fused into the loss
 
 
 def test_nan_batch_is_skipped(tiny_corpus, one_torch_thread):

@@ -44,7 +44,7 @@ def test_the_sample_recipe_at_100x_its_lr_alerts_by_step_20(tiny_run: Path, tmp_
 
 def test_a_nan_leaves_its_alert_row_and_a_summary_that_says_what_stopped_the_run(tiny_run: Path, tmp_path: Path, monkeypatch,
                                                                                   one_torch_thread, capsys):
-    """Fault injected on purpose: the head's output turns NaN on update 13's forward (between two logging steps)."""
+    """Fault injected on purpose: the final norm's output turns NaN on update 13's forward (between two logging steps)."""
     from hymo_core.train import run as run_module
 
     build = run_module.build_parallel_model
@@ -57,7 +57,7 @@ def test_a_nan_leaves_its_alert_row_and_a_summary_that_says_what_stopped_the_run
             calls[0] += 1
             return output * float("nan") if calls[0] == 13 and module.training else output
 
-        model.output.register_forward_hook(hook)
+        model.norm.register_forward_hook(hook)  # the head is fused into the loss
         return model
 
     monkeypatch.setattr(run_module, "build_parallel_model", poisoned)

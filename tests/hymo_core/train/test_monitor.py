@@ -47,7 +47,19 @@ def test_logged_signals(tiny_run, one_torch_thread):
     assert sum(record["tokens_per_source_total"].values()) == 6 * 4 * 16
     assert record["documents_per_window"] >= 1
     # Hooks exist on logging steps only: none is left behind.
-    assert all(not block._forward_hooks for block in model.layers) and not model.output._forward_hooks
+    assert all(not block._forward_hooks for block in model.layers) and not model._forward_hooks
+
+
+def test_log_z_is_the_trunk_heads_log_partition_though_the_head_is_fused_into_the_loss():
+    """The head never makes its logits in training (kernels/linear_cross_entropy.py), so log-Z comes from the rows'
+    log-partitions the fused loss computes anyway: equal to logsumexp over the logits a plain head would make."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=32, max_seq_len=8))
+    tokens = torch.randint(0, 64, (2, 8))
+    assert model(tokens, tokens)[0] is None  # fused: no logits
+    fused = model.last_lse
+    logits, _ = model(tokens, tokens, return_logits=True)
+    torch.testing.assert_close(fused, torch.logsumexp(logits.float(), dim=-1).reshape(-1))
 
 
 def test_unlogged_clip_fraction_counts_every_update(tiny_run, one_torch_thread):
