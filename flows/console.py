@@ -36,8 +36,7 @@ def route_prefect_logs() -> None:
     def emit_on_shared_console(self: logging.Handler, record: logging.LogRecord) -> None:
         if not live_display_active():
             if getattr(self.stream, "closed", False):  # set up under a stderr that has since closed (a test's capture)
-                self.setStream(sys.stderr)
-                self.console.file = sys.stderr
+                self.stream = self.console.file = sys.stderr  # not setStream: it flushes the closed stream first
             emit_on_stderr(self, record)
             return
         try:

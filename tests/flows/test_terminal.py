@@ -57,12 +57,10 @@ def test_without_a_live_bar_log_lines_stay_off_stdout(capsys) -> None:
     assert "hymo-probe-warning" not in captured.out and "hymo-probe-warning" in captured.err
 
 
-def test_a_handler_set_up_under_a_closed_stderr_prints_on_todays(capsys) -> None:
+def test_a_handler_set_up_under_a_closed_stderr_prints_on_todays(capsys, tmp_path) -> None:
     """Prefect's console handler keeps the stderr it was made under. When that stream has closed since (a test's
     capture, a redirected stderr), a log line goes to today's stderr: before, the write failed, logging printed the
     error, and a flow with log_prints turned that print into another log line, recursing until Python stopped it."""
-    import io
-
-    warn_through_prefects_console_handler("hymo-probe-after-close", stream=io.StringIO())
+    warn_through_prefects_console_handler("hymo-probe-after-close", stream=open(tmp_path / "gone.log", "w"))  # flush raises once closed
     captured = capsys.readouterr()
     assert "hymo-probe-after-close" in captured.err and "Logging error" not in captured.err
