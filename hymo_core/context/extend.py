@@ -34,7 +34,6 @@ from hymo_core.eval.heldout import HeldOutSet
 from hymo_core.models.model import Transformer
 from hymo_core.train.config import METRICS_FILE, TrainConfig
 from hymo_core.train.data import CorpusError, CorpusReader
-from manifests.staleness import refuse_stale_corpus
 from hymo_core.train.optim import build_optimizer
 from hymo_core.train.trainer import TrainHooks, TrainState, train
 
@@ -79,6 +78,7 @@ def run_extend(checkpoint: str | Path, corpus: str | Path, out: str | Path, seq_
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Extend `checkpoint` to window `seq_len` on `corpus`'s long documents; returns extend.json's content."""
     out, device = Path(out), torch.device(device)
+    from manifests.staleness import refuse_stale_corpus  # here, not at import: the core imports no pipeline code
     refuse_stale_corpus(corpus, "context extension")
     if (out / EXTEND_FILE).exists():
         raise FileExistsError(f"{out} already holds an extension ({EXTEND_FILE}); choose another --out")

@@ -39,7 +39,6 @@ from hymo_core.checkpoint.load import load_model
 from hymo_core.models.configs import ModelConfig
 from hymo_core.train.config import SUMMARY_FILE, TrainConfig
 from hymo_core.train.data import CorpusReader, ValidationLoader
-from manifests.staleness import refuse_stale_corpus
 
 SWEEP_FILE, SWEEP_PICTURE = "lr_sweep.json", "lr_sweep.png"
 FIT_NEIGHBOURS = 1  # grid points each side of the best one: the parabola through three points, local to the optimum
@@ -139,6 +138,7 @@ def run_sweep(corpus: str | Path, out: str | Path, train_config: TrainConfig, mo
     sweep re-run trains only what is missing.
     """
     from hymo_core.train.run import run_training
+    from manifests.staleness import refuse_stale_corpus  # here, not at import: the core imports no pipeline code
 
     refuse_stale_corpus(corpus, "sweep")  # before the first proxy trains
     train = train or run_training

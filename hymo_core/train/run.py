@@ -52,7 +52,6 @@ from hymo_core.checkpoint.tokenizer_identity import corpus_tokenizer_sha256
 from hymo_core.train.ema import WeightEMA
 from hymo_core.train.event_files import EventFiles
 from hymo_core.eval.heldout import HeldOutSet
-from manifests.staleness import refuse_stale_corpus
 from hymo_core.train.data import CorpusError, CorpusReader, TokenLoader
 from hymo_core.train.monitor import status_line
 from hymo_core.train.run_report import HELDOUT_PICTURE, run_forecast, write_group_plot
@@ -68,7 +67,6 @@ from hymo_core.train.arguments import add_train_arguments  # noqa: F401 (re-expo
 from hymo_core.train.recipe import PARALLEL_KEYS, load_run_config  # noqa: F401 (re-exported: read without torch by the CLI)
 from hymo_core.train.trainer import TrainHooks, TrainingStopped, TrainState, continuations_over_ranks, seed_training_rng, train
 from hymo_core.exit_codes import REFUSED, STOPPED, stop_line
-from manifests.run_lock import RunLocked, run_lock
 
 
 def seed_everything(seed: int) -> None:
@@ -245,6 +243,7 @@ TRAINING_SPLITS = ("train", "validation")
 def open_corpus(corpus: str | Path, runtime: Runtime) -> CorpusReader:
     """The corpus with its shard digests checked once, by rank 0; the other ranks take its verdict, not a re-hash.
     A corpus with a stale stage is refused first, on every rank (it reads only manifests)."""
+    from manifests.staleness import refuse_stale_corpus  # here, not at import: the core imports no pipeline code
     refuse_stale_corpus(corpus, "training")
     reader = CorpusReader(corpus, verify=runtime.is_writer)
     problem = None
@@ -300,7 +299,10 @@ def run_training(
         raise refuse_missing_resume(directory, "it holds no checkpoint" if directory.is_dir() else "it does not exist")
     choice = choose_threads(threads, ranks=local_ranks())
     log(f"threads: {choice.describe()}")
-    # Rank 0 alone holds the lock: the other ranks are its own processes, not a second writer.
+    # Rank 0 alone holds the lock: the other ranks are its own processes, not a second writer. Imported here: the
+    # training core imports no pipeline code (tests/hymo_core/train/test_trainer.py), and the lock is one small module.
+    from manifests.run_lock import run_lock
+
     with (run_lock(Path(out)) if runtime.is_writer else contextlib.nullcontext()), using_threads(choice):
         return _run_training(corpus, out, train_config, model_config, resume=resume, checkpoint_dir=checkpoint_dir,
                              cloze_path=cloze_path, progress=progress, log=log, report=report, runtime=runtime,
@@ -529,6 +531,8 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Also each rank's entry point under torchrun (`torchrun -m hymo_core.train ...`)."""
+    from manifests.run_lock import RunLocked
+
     args = build_parser().parse_args(argv)
     runtime = init_runtime()
     try:
