@@ -55,6 +55,9 @@ def stale_stages(run: Path) -> list[Stale]:
             if upstream in root_of:
                 reasons.append((f"its input {upstream} is stale", root_of[upstream]))
             elif upstream not in current:
+                read = parse_stage_dir(Path(upstream))
+                if read is not None and read.position >= stage_dir.position:
+                    continue  # another run's stage (`hymo retokenize` reads the base run's split and tokenizer): not this run's to check
                 reasons.append((f"its input {upstream} is no longer published", (stage_dir.position, stage_dir.stage)))
             elif current[upstream] != entry.get("digest"):
                 reasons.append((f"{upstream} changed after it ran (read {str(entry.get('digest'))[:12]}, now {current[upstream][:12]})",

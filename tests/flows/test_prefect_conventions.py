@@ -86,7 +86,8 @@ def test_second_run_is_cached_by_prefect_and_runs_no_shard_batch(first_run, tiny
     assert {name: r.state.name for name, r in stage_runs(runs, names).items()} == {name: "Cached" for name in names}
     assert not [r for r in runs if "-shards-" in r.name]
     keys = {a.key for a in flow_artifacts(state.state_details.flow_run_id)}
-    assert keys == {"hymo-run-summary"}  # no stage did work, so none re-read its audit log for samples
+    # No stage did work, so none re-read its audit log for samples; the data report page is linked at every flow's end.
+    assert keys == {"hymo-run-summary", "hymo-data-report"}
     assert {p: p.stat().st_mtime_ns for p in run.rglob("manifest.json")} == before
 
 

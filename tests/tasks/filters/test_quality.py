@@ -632,7 +632,10 @@ def test_every_rule_names_the_config_field_its_threshold_comes_from():
                 assert rule.__name__ in quality_config.FIXED_RULES
                 continue
             name, n = found
-            moved = 0.37 if n is not None or isinstance(getattr(CONFIG, name), float) else 7
+            # a value the config accepts (each min <= its max, fractions <= 1): 0.37 in an n-gram list, a float 10 %
+            # lower, a count one higher
+            value = getattr(CONFIG, name)
+            moved = 0.37 if n is not None else round(value * 0.9, 6) if isinstance(value, float) else value + 1
             config = with_field(CONFIG, **{name: tuple(tuple(x) for x in quality_config.with_threshold(getattr(CONFIG, name), n, moved))
                                            if n is not None else quality_config.with_threshold(getattr(CONFIG, name), n, moved)})
             rebuilt = next(r for r in (q.spaceless_rules(config, lang) if spaceless else q.whitespace_rules(config, lang)) if r.__name__ == rule.__name__)
