@@ -12,7 +12,7 @@ child is ready in well under a second.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from tasks.ingest.mojibake import repair_mojibake
 
 
 def extract_main_text(job: tuple[str, str, str, bool, bool]) -> str | None:
@@ -99,36 +99,3 @@ def visible_text(html: str) -> str:
     return "\n".join(collector.lines)
 
 
-@lru_cache(maxsize=1)
-def mojibake_config():
-    """Only encoding repair: quotes, widths, ligatures and line breaks stay as the author wrote them."""
-    import ftfy
-
-    return ftfy.TextFixerConfig(
-        unescape_html=False, remove_terminal_escapes=False, fix_encoding=True, restore_byte_a0=True,
-        replace_lossy_sequences=True, decode_inconsistent_utf8=True, fix_c1_controls=True,
-        fix_latin_ligatures=False, fix_character_width=False, uncurl_quotes=False,
-        fix_line_breaks=False, fix_surrogates=True, remove_control_chars=False, normalization=None,
-    )
-
-
-def repair_mojibake(text: str) -> str:
-    """ftfy's encoding repair, line by line as `ftfy.fix_text` segments a text.
-
-    Every fix this config turns on acts on non-ASCII characters only (mojibake, C1 controls, surrogates;
-    ftfy itself returns an ASCII-encodable segment untouched), so ASCII lines skip ftfy's per-segment
-    set-up, which cost ~330 us on a 1.4 KB page.
-    """
-    if text.isascii():
-        return text
-    import ftfy
-
-    config = mojibake_config()
-    out, pos = [], 0
-    while pos < len(text):
-        end = text.find("\n", pos) + 1 or len(text)
-        end = min(end, pos + config.max_decode_length)
-        segment = text[pos:end]
-        out.append(segment if segment.isascii() else ftfy.fix_and_explain(segment, config).text)
-        pos = end
-    return "".join(out)

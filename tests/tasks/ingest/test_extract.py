@@ -71,9 +71,9 @@ def test_mojibake_repair_skipping_ascii_lines_equals_ftfy_on_the_whole_text() ->
 
     import ftfy
 
-    from tasks.ingest.extract_page import mojibake_config
+    from tasks.ingest.mojibake import mojibake_config
 
-    pieces = ["sÃ³ ", "voilÃ le ", "â€œquotedâ€\x9d ", "\ufffd", "\x85", "caf\xe9 ", "Ã©tÃ© ", "\x1a", "naïve ", "日本語",
+    pieces = ["sÃ³ ", "voilÃ le ", "“", "”", "» ", "© ", "├─│", "± ", "§", "Â ", "× ²", "œ.", "Ã\xa0", "â€œquotedâ€\x9d ", "\ufffd", "\x85", "caf\xe9 ", "Ã©tÃ© ", "\x1a", "naïve ", "日本語",
               "ï¿½", "\n", "\r\n", "\r", "plain ascii words ", "&amp; ", "\x1b[31m"]
     rng = random.Random(7)
     texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(3000)]
@@ -84,6 +84,34 @@ def test_mojibake_repair_skipping_ascii_lines_equals_ftfy_on_the_whole_text() ->
         assert repair_mojibake(text) == expected, repr(text)
         changed += expected != text
     assert changed > 1000  # the texts do exercise the repairs
+
+
+def test_mojibake_fast_test_answers_as_ftfy_on_characters_its_regex_names() -> None:
+    """The trigger scan and the windowed regex give ftfy's answer: lines built from the very characters ftfy's
+    badness branches name (so near-misses and hits are both common), plus clean non-ASCII prose."""
+    import random
+
+    import ftfy
+
+    from ftfy.badness import is_bad
+
+    from tasks.ingest.mojibake import badness_triggers, mojibake_config, needs_ftfy
+
+    triggers, _ = badness_triggers()
+    named = [chr(c) for c in range(0x80, 0x3000) if triggers.match(chr(c))]
+    others = list("abc XYZ.,?!-1 é ü ñ ß ç") + ["\t", "°", "²", "œ", "Ø", "В", "Γ", "€", "™"]
+    rng = random.Random(11)
+    lines = ["".join(rng.choice(named if rng.random() < 0.4 else others) for _ in range(rng.randint(1, 12))) for _ in range(20000)]
+    lines += ["He said “fine” — and left.", "© 2024 Café » Menü", "├── src │", "x × ² y", "naïve résumé", "sÃ³ x"]
+    flagged = 0
+    for line in lines:
+        changed = ftfy.fix_text(line, config=mojibake_config()) != line
+        fast = needs_ftfy(line)
+        assert fast or not changed, repr(line)  # a line the fast test skips is one ftfy leaves alone
+        flagged += fast
+        assert fast == (is_bad(line) or any(0x80 <= ord(c) < 0xA0 or 0xD800 <= ord(c) < 0xE000 for c in line)), repr(line)
+    assert 1000 < flagged < len(lines) - 1000  # both answers are exercised
+    assert not any(needs_ftfy(t) for t in ["He said “fine” — and left.", "© 2024 Café » Menü", "├── src │", "naïve résumé"])
 
 
 def test_mojibake_is_repaired_and_logged_without_touching_quotes() -> None:
