@@ -12,6 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from manifests.digest import sha256_file
 
 LABEL_PREFIX = "__label__"
@@ -23,10 +25,23 @@ class ModelFileMissing(RuntimeError):
     """A configured fastText model file does not exist."""
 
 
+# CONTROL_CHARS in RE2's syntax, for Arrow's column-wise replace (one C++ pass over a batch's texts).
+CONTROL_CHARS_RE2 = r"[\x00-\x1f\x7f-\x{9f}\x{2028}\x{2029}]+"
+
+
 def one_line(text: str) -> str:
     """The whole document as the single line fastText expects; lone surrogates replaced so C++ can read it."""
     line = CONTROL_CHARS.sub(" ", text).strip()
     return line.encode("utf-8", "replace").decode("utf-8") if not line.isascii() else line
+
+
+def one_lines(texts: pa.Array | pa.ChunkedArray) -> list[str]:
+    """`one_line` of every text of an Arrow string column: the control characters replaced by Arrow in one pass
+    (Python's `re.sub` per document cost langid ~50 us a page), the rest as `one_line` does. Arrow strings are
+    valid UTF-8, so no lone surrogate is left to replace."""
+    import pyarrow.compute as pc
+
+    return [line.strip() for line in pc.replace_substring_regex(texts, pattern=CONTROL_CHARS_RE2, replacement=" ").to_pylist()]
 
 
 def load_fasttext(path: str) -> Any:

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from manifests.sources import PACKAGE_DIR
 from manifests.stage_manifest import StageManifest
-from tasks.filters.fasttext_model import LABEL_PREFIX, ModelFileMissing, load_fasttext, model_sha256, one_line
+from tasks.filters.fasttext_model import LABEL_PREFIX, ModelFileMissing, load_fasttext, model_sha256, one_line, one_lines
 from tasks.runner.rule_stats import doc_rank, stats_rows
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
 
@@ -61,17 +61,24 @@ def load_model(model_path: str = "") -> Any:
 
 def predict_languages(text: str, model: Any, k: int) -> list[tuple[str, float]]:
     """Top-k (language, probability) for the whole document, best first."""
-    labels, scores = model.predict(one_line(text), k=k)
+    return top_languages(*model.predict(one_line(text), k=k))
+
+
+def top_languages(labels: Any, scores: Any) -> list[tuple[str, float]]:
     return [(label.removeprefix(LABEL_PREFIX), min(1.0, float(score))) for label, score in zip(labels, scores)]
 
 
-def langid_decision(text: str, model: Any, config: LangIdConfig, wanted: tuple[str, ...] | None = None) -> dict[str, Any]:
+def langid_decision(text: str, model: Any, config: LangIdConfig, wanted: tuple[str, ...] | None = None,
+                    top: list[tuple[str, float]] | None = None) -> dict[str, Any]:
     """Keep/drop for one document: rule (None when kept), measured top score, threshold, languages.
-    `wanted`: the languages kept from its source (default: the stage's `langs`)."""
+    `wanted`: the languages kept from its source (default: the stage's `langs`); `top`: the model's answer
+    for `text` when the caller predicted a batch at once (then `text` is the document's one line)."""
     wanted = config.langs if wanted is None else wanted
-    if not one_line(text):
+    if top is None:
+        text = one_line(text)
+        top = predict_languages(text, model, max(1, config.top_k)) if text else []
+    if not text:
         return {"keep": False, "rule": "langid_empty_text", "lang": None, "score": 0.0, "threshold": config.min_score, "top": []}
-    top = predict_languages(text, model, max(1, config.top_k))
     lang, score = top[0]
     decision = {"keep": True, "rule": None, "lang": lang, "score": score, "threshold": config.min_score, "top": top}
     if score <= config.min_score:
@@ -79,6 +86,14 @@ def langid_decision(text: str, model: Any, config: LangIdConfig, wanted: tuple[s
     elif "*" not in wanted and lang not in wanted:
         decision.update(keep=False, rule="langid_unwanted_lang")
     return decision
+
+
+def batch_languages(lines: list[str], model: Any, k: int) -> list[list[tuple[str, float]]]:
+    """Top-k languages of every non-empty line, one fastText call for the batch (an empty line: [])."""
+    present = [line for line in lines if line]
+    labels, scores = model.predict(present, k=k) if present else ([], [])
+    answers = iter(map(top_languages, labels, scores))
+    return [next(answers) if line else [] for line in lines]
 
 
 def langid_shard(docs: pa.Table, config: LangIdConfig, context: Any = None) -> ShardOutcome:
@@ -89,9 +104,11 @@ def langid_shard(docs: pa.Table, config: LangIdConfig, context: Any = None) -> S
     audit: list[dict[str, Any]] = []
     wanted_by_source: dict[str, tuple[str, ...]] = {}
     measured: dict[str, list] = {name: [] for name in ("rule", "source", "id", "rank", "value", "threshold", "fired", "fires_when", "profile")}
-    for doc_id, text, source in zip(docs.column("id").to_pylist(), docs.column("text").to_pylist(), docs.column("source").to_pylist()):
+    lines = one_lines(docs.column("text"))
+    tops = batch_languages(lines, model, max(1, config.top_k))
+    for doc_id, line, top, source in zip(docs.column("id").to_pylist(), lines, tops, docs.column("source").to_pylist()):
         wanted = wanted_by_source.get(source) or wanted_by_source.setdefault(source, config.wanted(source))
-        decision = langid_decision(text, model, config, wanted)
+        decision = langid_decision(line, model, config, wanted, top)
         keep_mask.append(decision["keep"])
         langs.append(decision["lang"])
         scores.append(decision["score"])

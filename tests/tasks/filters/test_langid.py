@@ -117,3 +117,30 @@ def test_stage_sets_lang_on_every_kept_document_and_audits_removals(tmp_path):
     assert kept["en"]["lang"] == "en" and kept["zh"]["lang"] == "zh" and kept["zh"]["lang_score"] > 0.65
     german = [r for r in read_stage_audit(tmp_path / "03_langid").to_pylist() if r["id"] == "de"][0]
     assert german["value"] > 0.65 and german["threshold"] == 0.65 and json.loads(german["detail"])["lang"] == "de"
+
+
+def test_the_column_wise_one_line_is_one_line_of_each_document():
+    """langid folds a batch's documents onto one line each with Arrow; that must be `one_line`'s text, byte for byte."""
+    import random
+
+    import pyarrow as pa
+
+    from tasks.filters.fasttext_model import one_line, one_lines
+
+    pieces = ["word ", "\n", "\r\n", "\t", "\x00", "\x1f", "\x7f", "\x85", "\x9f", "\u2028", "\u2029", "\xa0", "é", "数据", "  ", "\x0b"]
+    rng = random.Random(3)
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 30))) for _ in range(2000)] + ["", "\n\n", ENGLISH]
+    assert one_lines(pa.array(texts)) == [one_line(t) for t in texts]
+
+
+def test_a_batch_scored_at_once_decides_as_one_document_at_a_time():
+    """One fastText call per batch gives each document the decision and top-k it gets alone (empty texts included)."""
+    model = load_model()
+    texts = [ENGLISH, CHINESE, GERMAN, "", " \n\t ", "ok", "Le comité a publié son rapport annuel mardi."]
+    docs = docs_table([{"id": f"d{i}", "text": t, "source": "s", "url": f"u{i}", "meta": {}} for i, t in enumerate(texts)])
+    outcome = langid.langid_shard(docs, CONFIG)
+    alone = [langid_decision(t, model, CONFIG) for t in texts]
+    assert outcome.kept.column("id").to_pylist() == [f"d{i}" for i, d in enumerate(alone) if d["keep"]]
+    assert outcome.kept.column("lang").to_pylist() == [d["lang"] for d in alone if d["keep"]]
+    removed = {row["id"]: (row["rule"], row["detail"]["top"]) for row in outcome.audit}
+    assert removed == {f"d{i}": (d["rule"], [[lang, round(score, 4)] for lang, score in d["top"]]) for i, d in enumerate(alone) if not d["keep"]}
