@@ -19,7 +19,6 @@ from typing import Iterable
 import numpy as np
 import xxhash
 
-WHITESPACE = re.compile(r"\s+")
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 WORD = re.compile(r"[^\W_]+")
 # Scripts written without spaces between words: Thai, Lao, Myanmar, Khmer, kana, CJK ideographs.
@@ -38,8 +37,11 @@ SHIFT30, SHIFT27, SHIFT31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def normalise(text: str) -> str:
-    """The exact-duplicate key text: lower-case, whitespace runs collapsed to one space, trimmed."""
-    return WHITESPACE.sub(" ", text.lower()).strip()
+    r"""The exact-duplicate key text: lower-case, whitespace runs collapsed to one space, trimmed.
+
+    `str.split()` and the regex's `\s` share one whitespace definition (CPython's Py_UNICODE_ISSPACE), so this
+    is `re.sub(r"\s+", " ", text.lower()).strip()` at a fraction of the regex's cost."""
+    return " ".join(text.lower().split())
 
 
 def tokens(text: str, fold_numbers: bool = True) -> list[str]:

@@ -144,3 +144,16 @@ def test_host_traffic_does_not_follow_the_documents_at_a_fixed_shard_count(tmp_p
     large, _ = counted_pass(upstream, tmp_path, monkeypatch, 4, 8 * ROWS_PER_SHARD)
     assert large.total() <= 1.2 * small.total()
     assert large.largest_result <= 1.2 * small.largest_result
+
+
+def test_the_key_text_collapses_exactly_the_whitespace_the_regex_did():
+    """normalise's split/join is the old `\\s+` regex collapse on every Unicode space (and on non-spaces like ZWSP)."""
+    import random
+    import re
+
+    from tasks.dedup.shingles import normalise
+
+    spaces = [chr(c) for c in range(0x3001) if chr(c).isspace()] + ["\u200b", "\ufeff", "\u180e", "\x1c", "\x85"]
+    rng = random.Random(5)
+    texts = ["".join(rng.choice(spaces + ["Ab", "é", "İ", "ß", "x"]) for _ in range(rng.randint(0, 25))) for _ in range(5000)]
+    assert [normalise(t) for t in texts] == [re.sub(r"\s+", " ", t.lower()).strip() for t in texts]
