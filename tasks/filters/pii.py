@@ -63,6 +63,9 @@ PHONE = re.compile(
     r"(?![.\-]\d|[A-Za-z0-9_])"
 )
 DATE_LIKE = re.compile(r"^\d{4}[.\-]\d{2}[.\-]\d{2}$")
+# What every match of DOTTED_QUAD contains: a text without it has no dotted quad, and skips the full regex
+# (its look-behind runs at every position).
+DIGIT_DOT_DIGIT = re.compile(r"\d\.\d")
 
 
 def looks_like_version(text: str, start: int, config: PiiConfig) -> bool:
@@ -82,6 +85,8 @@ def is_ip_address(match: re.Match[str], text: str, config: PiiConfig) -> bool:
 def mask_ips(text: str, config: PiiConfig, found: list[tuple[int, int]] | None = None) -> tuple[str, int]:
     """`text` with its IP addresses masked, and how many; `found` gets each masked span (offsets into `text`)."""
     count = 0
+    if not DIGIT_DOT_DIGIT.search(text):
+        return text, 0
 
     def replace(match: re.Match[str]) -> str:
         nonlocal count
@@ -118,6 +123,8 @@ def mask_phones(text: str, config: PiiConfig, found: list[tuple[int, int]] | Non
 
 def mask_emails(text: str, config: PiiConfig, found: list[tuple[int, int]] | None = None) -> tuple[str, int]:
     """`text` with its e-mail addresses masked, and how many; `found` gets each masked span (offsets into `text`)."""
+    if "@" not in text:  # in every match
+        return text, 0
     if found is None:
         return EMAIL.subn(config.email_token, text)
 
