@@ -46,6 +46,9 @@ MAX_BATCHES_PER_WORKER = 4
 TRAINING_STAGE = "pretrain"  # no document decisions after it starts
 # Stages that publish artifacts, not documents: once only these are left, the funnel (documents per stage) is final.
 ARTIFACT_STAGES = frozenset({"tokenizer", "mixture", "shards", TRAINING_STAGE})
+# ... and once only these are left, so is the data report page (its tokens out are the mixture's): it is built on the
+# publisher's thread while they run, not after the flow's last stage.
+AFTER_DATA_REPORT = frozenset({"shards", TRAINING_STAGE})
 
 
 class Runner(str, Enum):
@@ -258,11 +261,15 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
             remote = on_dask and bool(dask_address)
             PARALLELISM.set(parallelism_record(runner.value, workers, None if remote else worker_choice(workers, environ_before)))
             previous_state = None
+            report_started = False
             for position, entry in enumerate(entries):
                 restore_environ(environ_before)  # what a restarted Dask worker's nanny wrote is not the trainer's choice
                 if not funnel_drawn and all(e.name in ARTIFACT_STAGES for e in entries[position:]):
                     artifacts.submit(draw_funnel, run)  # the funnel is final: draw it while the tokenizer trains, the model too
                     funnel_drawn = True
+                if not report_started and all(e.name in AFTER_DATA_REPORT for e in entries[position:]):
+                    artifacts.submit(publish_data_report, run)
+                    report_started = True
                 out = stage_path(run, entry.name, config)
                 options: dict[str, Any] = {"result_storage": record_dir(run, entry.name, config), "retries": config.task_retries,
                                            "retry_delay_seconds": config.task_retry_delay_s, "retry_condition_fn": retry_if_transient}
@@ -281,6 +288,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                     artifacts.submit(publish_stage_artifacts, run, entry.name, manifest, state.state_details.task_run_id)
                 summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": manifest.counts,
                                               "state": state.name})  # "Cached": Prefect found the stage's contract key
+            if not report_started:
+                artifacts.submit(publish_data_report, run)
     finally:
         SHARD_RUNNER.reset(shard_runner)
         PARALLELISM.reset(parallelism)
@@ -289,7 +298,6 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
         restore_environ(environ_before)
     extra_images = [p for p in [stage_path(run, "pretrain", config) / "loss.png"] if p.exists()] if "pretrain" in STAGE_BY_NAME else []
     publish_run_summary(run, extra_images, drawn=funnel_drawn)
-    publish_data_report(run)
     return summary
 
 
