@@ -47,9 +47,15 @@ def decisions_for(run: Path, doc_id: str) -> dict[str, Any]:
     return found[doc_id]
 
 
-def decisions_for_many(run: Path, doc_ids: list[str]) -> dict[str, dict[str, Any]]:
+def in_shards(files: list[Any], shards: set[str] | None) -> list[Any]:
+    """The files of these shards (a stage names each file by the shard it came from), or all of them."""
+    return files if shards is None else [f for f in files if Path(f.path).stem in shards]
+
+
+def decisions_for_many(run: Path, doc_ids: list[str], shards: set[str] | None = None) -> dict[str, dict[str, Any]]:
     """`decisions_for` of several documents, each stage's files read once for all of them (the data report's search).
-    Ids no stage has are left out."""
+    Ids no stage has are left out. `shards`: the shards that hold the documents (every stage keeps a document in the
+    shard of the same name), so only their files are read; None reads every file."""
     wanted = pa.array(list(dict.fromkeys(doc_ids)), pa.string())
     trails: dict[str, list[dict[str, Any]]] = {doc_id: [] for doc_id in wanted.to_pylist()}
     final: dict[str, str] = {}
@@ -62,12 +68,12 @@ def decisions_for_many(run: Path, doc_ids: list[str]) -> dict[str, dict[str, Any
             break
         open_set = pa.array(open_ids, pa.string())
         rows_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for audit_file in manifest.files("audit"):
+        for audit_file in in_shards(manifest.files("audit"), shards):
             table = pq.read_table(manifest.path_of(audit_file))
             for row in table.filter(pc.is_in(table.column("id"), value_set=open_set)).to_pylist():
                 rows_of[row["id"]].append(row)
         in_data: set[str] = set()
-        for data_file in manifest.files("data"):
+        for data_file in in_shards(manifest.files("data"), shards):
             ids = pq.read_table(manifest.path_of(data_file), columns=["id"]).column("id")
             in_data.update(ids.filter(pc.is_in(ids, value_set=open_set)).to_pylist())
         for doc_id in open_ids:
@@ -148,7 +154,8 @@ def sample_removed(run: Path, stage: str, rule: str | None = None, n: int = 10, 
 
 
 def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_text: bool = True) -> list[dict[str, Any]]:
-    """Up to n audit rows per rule (n in all when `rules` is None), in audit order, with snippets.
+    """Up to n audit rows per rule (n in all when `rules` is None), in audit order, with snippets; each row also names
+    the shard of the audit file it came from (`shard`).
 
     The audit log is read one file at a time, its `rule` column first, and
     only until every rule has its n rows: the flow host samples every stage
@@ -175,9 +182,9 @@ def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_
             continue
         table = pq.read_table(path)
         for rule, chosen in indices.items():
-            rows = table.take(chosen).to_pylist()
+            rows = [{**row, "shard": Path(audit_file.path).stem} for row in table.take(chosen).to_pylist()]
             (first if rule is None else wanted[rule]).extend(rows)
-            shard_of.update((row["id"], Path(audit_file.path).stem) for row in rows)
+            shard_of.update((row["id"], row["shard"]) for row in rows)
     picked = first if wanted is None else [row for rule in rules for row in wanted[rule]]
     if with_text and picked:
         texts = _texts_before(run, find_stage(run, stage)[0].position, shard_of)
@@ -188,24 +195,25 @@ def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_
     return picked
 
 
-def _texts_before(run: Path, position: tuple[int, str], shard_of: dict[str, str]) -> dict[str, str]:
+def _texts_before(run: Path, position: tuple[int, str], shard_of: dict[str, str], hinted_only: bool = False) -> dict[str, str]:
     """The text the documents had when they entered the stage at `position` (StageDir.position).
 
     `shard_of`: id -> the shard its audit row came from; that upstream shard is
     read first (its ids, then its texts in batches only if one is there), the
-    others only for the ids still missing.
+    others only for the ids still missing (never, with `hinted_only`: the reads are then bounded by the shards named).
     """
     previous = [(s, m) for s, m in completed_stages(run) if s.position < position]
     if not previous:
         return {}
-    return texts_in(previous[-1][1], shard_of)
+    return texts_in(previous[-1][1], shard_of, hinted_only)
 
 
-def texts_in(manifest: Any, shard_of: dict[str, str]) -> dict[str, str]:
-    """The texts of these ids in one stage's data files (`shard_of`: id -> the shard it is likely in, read first)."""
+def texts_in(manifest: Any, shard_of: dict[str, str], hinted_only: bool = False) -> dict[str, str]:
+    """The texts of these ids in one stage's data files (`shard_of`: id -> the shard it is likely in, read first;
+    with `hinted_only`, the only one read: an id elsewhere gets no text)."""
     data_files = manifest.files("data")
     likely = set(shard_of.values())
-    ordered = [f for f in data_files if Path(f.path).stem in likely] + [f for f in data_files if Path(f.path).stem not in likely]
+    ordered = [f for f in data_files if Path(f.path).stem in likely] + ([] if hinted_only else [f for f in data_files if Path(f.path).stem not in likely])
     found: dict[str, str] = {}
     for data_file in ordered:
         missing = [doc_id for doc_id in shard_of if doc_id not in found]
