@@ -116,15 +116,19 @@ def find_documents(run: Path, key: str) -> list[dict[str, Any]]:
     """The documents `key` names: a HyMo id, else the user's own id (`meta.record_id`) or a URL, looked up
     in the first document stage (ingest): its documents and the audit rows of what it removed.
 
-    Returns [{"id", "source", "file", "ordinal", "url", "record_id"}] in shard order; one entry for a
-    HyMo id, several when a URL (or a user's id) is in several files or snapshots."""
+    Returns [{"id", "source", "file", "ordinal", "url", "record_id", "shard"}] in shard order; one entry for a
+    HyMo id ({"id", "shard"}), several when a URL (or a user's id) is in several files or snapshots. `shard` is
+    the shard that holds the document at every stage (a stage keeps a document in the shard of the same name),
+    so a reader of one document reads that shard's files only. A HyMo id is looked for shard by shard, the
+    first stage's data files (then its audit files, then the other stages') one id column at a time, until found."""
     stages = [(s, m) for s, m in completed_stages(run) if m.files("data") or m.files("audit")]
     if not stages:
         return []
     _, first = stages[0]
-    if any(_filter_file(first.path_of(f), "id", key, ["id"]).num_rows for f in first.files("data")) or any(
-            _filter_file(m.path_of(f), "id", key, ["id"]).num_rows for _, m in stages for f in m.files("audit")):
-        return [{"id": key}]
+    candidates = [(first, f) for f in first.files("data")] + [(m, f) for _, m in stages for f in m.files("audit")]
+    for manifest, f in candidates:
+        if _filter_file(manifest.path_of(f), "id", key, ["id"]).num_rows:
+            return [{"id": key, "shard": Path(f.path).stem}]
     quoted = json.dumps(key, ensure_ascii=False)
     found: dict[str, dict[str, Any]] = {}
     for data_file in first.files("data"):
@@ -134,7 +138,7 @@ def find_documents(run: Path, key: str) -> list[dict[str, Any]]:
             meta = json.loads(row["meta"])
             if row["url"] == key or meta.get("record_id") == key:
                 found.setdefault(row["id"], {"id": row["id"], "file": meta.get("origin_file"), "ordinal": meta.get("ordinal"),
-                                             "url": row["url"], "record_id": meta.get("record_id")})
+                                             "url": row["url"], "record_id": meta.get("record_id"), "shard": Path(data_file.path).stem})
     for audit_file in first.files("audit"):
         table = pq.read_table(first.path_of(audit_file), columns=["id", "detail"])
         hit = pc.or_(pc.match_substring(table.column("detail"), f'"uri":{quoted}'), pc.match_substring(table.column("detail"), f'"record_id":{quoted}'))
@@ -142,7 +146,7 @@ def find_documents(run: Path, key: str) -> list[dict[str, Any]]:
             detail = json.loads(row["detail"])
             if detail.get("uri") == key or detail.get("record_id") == key:
                 found.setdefault(row["id"], {"id": row["id"], "file": detail.get("file"), "ordinal": detail.get("ordinal"),
-                                             "url": detail.get("uri"), "record_id": detail.get("record_id")})
+                                             "url": detail.get("uri"), "record_id": detail.get("record_id"), "shard": Path(audit_file.path).stem})
     for entry in found.values():
         entry["source"] = source_of_id(entry["id"])
     return list(found.values())
