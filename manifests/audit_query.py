@@ -39,9 +39,10 @@ def _filter_file(path: Path, column: str, value: str, columns: list[str] | None 
     return pq.read_table(path, columns=columns, filters=[(column, "=", value)])
 
 
-def decisions_for(run: Path, doc_id: str) -> dict[str, Any]:
-    """Every stage's decision about one document, in pipeline order, stopping where it was removed."""
-    found = decisions_for_many(run, [doc_id])
+def decisions_for(run: Path, doc_id: str, shard: str | None = None) -> dict[str, Any]:
+    """Every stage's decision about one document, in pipeline order, stopping where it was removed; `shard` (as
+    find_documents names it): read that shard's files only."""
+    found = decisions_for_many(run, [doc_id], {shard} if shard is not None else None)
     if doc_id not in found:
         raise KeyError(f"{run}: no stage has a document with id {doc_id!r}")
     return found[doc_id]
