@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests.audit_query import _texts_before, decisions_for_many, funnel, in_shards, sample_by_rule
-from manifests.corpus import ingested_by_source, source_counts
+from manifests.corpus import CorpusManifestError, ingested_by_source, read_corpus_manifest, source_counts
 from manifests.run_dir import completed_stages
 from manifests.staleness import stale_stages
 from tasks.filters.quality import profile_configs
@@ -60,6 +60,7 @@ def gather(run: Path) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready values."""
     run = Path(run).resolve()
     stages = document_stages(run)
+    stale = [entry.line() for entry in stale_stages(run)]
     rules, examples = rule_distributions(run, stages)
     clusters = near_duplicate_clusters(run, stages)
     shown = {**examples, **{m["id"]: m["shard"] for c in clusters for m in c["members"]}}
@@ -67,8 +68,8 @@ def gather(run: Path) -> dict[str, Any]:
     return {
         "run": str(run),
         "funnel": funnel(run),
-        "stale": [entry.line() for entry in stale_stages(run)],
-        "by_source": per_source(run, stages),
+        "stale": stale,
+        "by_source": per_source(run, stages, corpus_current=not stale),
         "by_lang": per_language(run, stages),
         "rules": rules,
         "clusters": clusters,
@@ -81,17 +82,25 @@ def gather(run: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ per source, per language
-def per_source(run: Path, stages: list) -> list[dict[str, Any]]:
+def per_source(run: Path, stages: list, corpus_current: bool = False) -> list[dict[str, Any]]:
     """Documents in (ingested) and out (the last document stage), tokens out (the mixture's unique tokens), tokens in
-    estimated from the characters of TEXT_SHARDS ingest shards and the tokenizer's characters per token of each source."""
+    estimated from the characters of TEXT_SHARDS ingest shards and the tokenizer's characters per token of each source.
+
+    The document counts come from corpus.json when the run has one and no stage is stale (`corpus_current`): the
+    shards stage counted them with runner tasks, so the page reads no document file for them; else from one Arrow
+    column of every ingest and last-stage file."""
     if not stages:
         return []
-    docs_in = ingested_by_source(run)
-    docs_out: dict[str, int] = defaultdict(int)
-    _, last = stages[-1]
-    for f in last.files("data"):
-        for row in source_counts(str(last.path_of(f))):
-            docs_out[row["values"]] += row["counts"]
+    counted = corpus_document_counts(run) if corpus_current else None
+    if counted is not None:
+        docs_in, docs_out = counted
+    else:
+        docs_in = ingested_by_source(run)
+        docs_out = defaultdict(int)
+        _, last = stages[-1]
+        for f in last.files("data"):
+            for row in source_counts(str(last.path_of(f))):
+                docs_out[row["values"]] += row["counts"]
     extras = {s.stage: m.extra or {} for s, m in completed_stages(run)}
     tokens_out = {row["name"]: row.get("unique_tokens") for row in extras.get("mixture", {}).get("mixture", {}).get("sources", [])}
     per_token = {name: row.get("chars_per_token") for name, row in extras.get("tokenizer", {}).get("sample_by_source", {}).items()}
@@ -103,6 +112,16 @@ def per_source(run: Path, stages: list) -> list[dict[str, Any]]:
         rows.append({"source": source, "docs_in": docs_in.get(source, 0), "docs_out": docs_out.get(source, 0),
                      "tokens_in": estimate, "tokens_out": tokens_out.get(source)})
     return rows
+
+
+def corpus_document_counts(run: Path) -> tuple[dict[str, int], dict[str, int]] | None:
+    """(documents ingested, documents out: train + validation) per source from the run's corpus.json, or None."""
+    try:
+        sources = read_corpus_manifest(run)["sources"]
+        return ({row["source"]: row["documents_ingested"] or 0 for row in sources},
+                {row["source"]: row["train_documents"] + row["validation_documents"] for row in sources})
+    except (CorpusManifestError, KeyError, TypeError):  # no shards stage yet, or a corpus.json without these counts
+        return None
 
 
 def chars_by_source(manifest: Any) -> dict[str, float]:

@@ -105,3 +105,14 @@ def test_the_search_reads_the_same_rows_when_the_run_has_8x_the_shards(tmp_path:
         assert "d00005" in {e["id"] for e in entries}  # a document the page shows is searchable
         full = decisions_for_many(tmp_path / f"run{shards}", [e["id"] for e in entries])
         assert all(entry["why"] == full[entry["id"]] for entry in entries)  # the same answer as `audit why`, which reads every file
+
+
+def test_per_source_counts_come_from_corpus_json_without_reading_the_documents(tiny_run: Path, monkeypatch) -> None:
+    """A run through shards: documents in and out per source are corpus.json's (counted by runner tasks), the same
+    numbers as one source column of every ingest and last-stage file, which the page then does not read."""
+    stages = data_report.document_stages(tiny_run)
+    read = data_report.per_source(tiny_run, stages, corpus_current=False)
+    monkeypatch.setattr(data_report, "ingested_by_source", None)  # calling it (a read of every ingest file) fails
+    monkeypatch.setattr(data_report, "source_counts", None)
+    assert data_report.per_source(tiny_run, stages, corpus_current=True) == read
+    assert data_report.gather(tiny_run)["by_source"] == read
