@@ -1,7 +1,10 @@
 """The data report page (`hymo report RUN`): its size, what fills it, and how long it takes to build.
 
     python bench/report_page.py                 # the bundled sample through shards, in a scratch directory
-    python bench/report_page.py --run RUN       # an existing run directory (e.g. the size run's)
+    python bench/report_page.py --run RUN       # the sample and an existing run directory, e.g. the 1M size run's:
+                                                #   python bench/scale.py --docs 1000000 --keep-run --no-write
+                                                #   python bench/report_page.py --run /tmp/hymo-bench-scale/flow/1000000/run
+    python bench/report_page.py --run RUN --no-sample   # that run only
     python bench/report_page.py --write         # also replace the section in docs/benchmarks.md (quiet machine only)
     python bench/report_page.py --write --loaded-ok   # write anyway, the section saying the load it ran at
 
@@ -53,14 +56,16 @@ def measure(run: Path, rounds: int) -> dict:
     stats_bytes = sum((m.directory / f.path).stat().st_size for _, m in stages for f in m.files("stats"))
     parts = {name: len(json.dumps(data[name], ensure_ascii=False, separators=(",", ":")).encode()) for name in ("funnel", "by_source", "by_lang", "rules", "clusters", "search")}
     fastest = min(timings, key=sum)
-    return {"documents": documents, "rules": len(data["rules"]), "searchable": len(data["search"]), "clusters": len(data["clusters"]),
+    shards = next((len(m.files("data")) for _, m in stages if m.files("data") or m.files("audit")), 0)
+    return {"documents": documents, "shards": shards, "rules": len(data["rules"]), "searchable": len(data["search"]), "clusters": len(data["clusters"]),
             "page_bytes": len(page.encode("utf-8")), "parts": parts, "stats_bytes": stats_bytes,
             "first_s": sum(timings[0]), "gather_s": fastest[0], "render_s": fastest[1]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", help="a run directory (default: the bundled sample through shards, made in a scratch directory)")
+    parser.add_argument("--run", action="append", default=[], help="a run directory to measure too (repeatable)")
+    parser.add_argument("--no-sample", action="store_true", help="leave out the bundled sample (made in a scratch directory)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--write", action="store_true", help="replace this section of docs/benchmarks.md")
     parser.add_argument("--loaded-ok", action="store_true", help="with --write: write on a loaded machine, saying the load")
@@ -68,20 +73,27 @@ def main() -> int:
     from bench.report import markdown_table, refuse_if_loaded, write_section
 
     load = os.getloadavg()[0]
+    rows = []
     with tempfile.TemporaryDirectory(prefix="hymo-report-page-") as scratch:
-        run = Path(args.run).resolve() if args.run else sample_run(Path(scratch))
-        label = str(args.run) if args.run else "bundled sample, `hymo run --until shards`"
-        result = measure(run, args.rounds)
+        runs = [] if args.no_sample else [(sample_run(Path(scratch)), "bundled sample, `hymo run --until shards`")]
+        runs += [(Path(run).resolve(), f"`{Path(run).resolve().parent.name}/{Path(run).name}`") for run in args.run]
+        if not runs:
+            parser.error("nothing to measure: give --run or leave out --no-sample")
+        for run, label in runs:
+            rows.append((label, measure(run, args.rounds)))
     kib = lambda n: f"{n / 1024:,.0f}"  # noqa: E731
     table = markdown_table(
-        ["run", "documents", "rules plotted", "searchable documents", "clusters", "page KiB", "rules KiB", "search KiB",
+        ["run", "documents", "shards", "rules plotted", "searchable documents", "clusters", "page KiB", "rules KiB", "search KiB",
          "build s (gather + render, fastest)", "first build s", "stats files KiB"],
-        [(label, f"{result['documents']:,}", result["rules"], f"{result['searchable']:,}", result["clusters"], kib(result["page_bytes"]),
+        [(label, f"{result['documents']:,}", f"{result['shards']:,}", result["rules"], f"{result['searchable']:,}", result["clusters"], kib(result["page_bytes"]),
           kib(result["parts"]["rules"]), kib(result["parts"]["search"]), f"{result['gather_s']:.2f} + {result['render_s']:.2f}",
-          f"{result['first_s']:.2f}", kib(result["stats_bytes"]))])
+          f"{result['first_s']:.2f}", kib(result["stats_bytes"])) for label, result in rows])
     print(table)
-    note = ("Build time is `hymo report`'s work without the interpreter start. The 1M-document size run's page is not in this table: "
-            "`python bench/report_page.py --run RUN` on bench/scale.py's run directory measures it.") if not args.run else ""
+    note = ("Build time is `hymo report`'s work without the interpreter start. " +
+            ("A run directory other than the sample is bench/scale.py's synthetic corpus (`--keep-run`, the documentation profile) "
+             "through shards (bench/scale.py's WORK/flow/N/run). " if args.run else
+             "The 1M-document size run's page is not in this table: `python bench/report_page.py --run RUN` on bench/scale.py's run "
+             "directory (`--keep-run`) measures it."))
     if args.write:
         if load >= 1.5 and args.loaded_ok:
             write_section(TITLE, table, f"1-minute load {load:.1f} at start: measured at load {load:.1f}, not quiet (the times include waiting for "

@@ -1,6 +1,6 @@
 """The data half (ingest → shards) at growing document counts, through the distributed path: wall, CPU, memory per process, files and bytes per stage, and a cost model.
 
-    python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--path flow|loop] [--reuse] [--include OTHER_WORK_DIR] [--no-write]
+    python bench/scale.py --docs 100000 300000 1000000 [--workers 2] [--path flow|loop] [--reuse] [--keep-run] [--include OTHER_WORK_DIR] [--no-write]
     python bench/scale.py --docs 50000 --shard-sweep 0 800000 80000   # flow-host memory against the number of shards
 
 The corpus is synthetic but keeps real word statistics: unigram frequencies
@@ -360,7 +360,10 @@ def run_size(args, count: int, commit: str, bytes_per_shard: int | None = None) 
            "seconds": time.perf_counter() - started, "corpus_bytes": corpus.stat().st_size}
     (root / "run.json").write_text(json.dumps(run))
     print(f"{count} documents: {run['seconds']:.0f} s, load {load_start:.1f} -> {run['load_end']:.1f}", flush=True)
-    shutil.rmtree(root / "run", ignore_errors=True)
+    if args.keep_run:  # e.g. for bench/report_page.py --run, which measures the data report page of this run
+        print(f"{count} documents: run directory kept at {root / 'run'}", flush=True)
+    else:
+        shutil.rmtree(root / "run", ignore_errors=True)
     corpus.unlink()
     return run, rows
 
@@ -442,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--word-source", type=Path, default=DEFAULT_WORD_SOURCE)
     parser.add_argument("--length-scale", type=float, default=0.5, help="document length = a word-source page's length times this")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--keep-run", action="store_true", help="keep each size's run directory (WORK/PATH/N/run) instead of deleting it")
     parser.add_argument("--reuse", action="store_true", help="take a size's stored result when it ran on this same commit with the same settings")
     parser.add_argument("--include", action="append", default=[], type=Path,
                         help="also show every stored size under this work directory (e.g. a 1M run on an earlier commit)")

@@ -5,8 +5,10 @@ Every part is bounded whatever the run's size (docs/corpus.md, "The data report 
 * a rule's distribution is its stage's stats sample (tasks.runner.rule_stats): at most VALUES_PER_RULE values
   a rule, per source when there are few sources (the largest MAX_SOURCES - 1, the others pooled);
 * texts are read only for the examples, the clusters' members and the searchable documents (ids chosen first);
-* the search covers every document when the run has at most SEARCH_DOCS, else the documents the page shows
-  and a uniform sample; the page says which.
+* the search covers every document when the run has at most SEARCH_DOCS, else at most SEARCH_DOCS documents of
+  at most SEARCH_SHARDS shards (those holding the most documents the page shows): their files are the only ones
+  it reads, so its reads stay flat however many shards the run has; the page says which, and prints the
+  `hymo audit why` command for any other document.
 """
 from __future__ import annotations
 
@@ -20,20 +22,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests.audit_query import _texts_before, decisions_for_many, funnel, sample_by_rule
-from manifests.corpus import ingested_by_source, source_counts
+from manifests.audit_query import _texts_before, decisions_for_many, funnel, in_shards, sample_by_rule
+from manifests.corpus import CorpusManifestError, ingested_by_source, read_corpus_manifest, source_counts
 from manifests.run_dir import completed_stages
 from manifests.staleness import stale_stages
 from tasks.filters.quality import profile_configs
 from tasks.filters.quality_config import QualityConfig, rule_skipped, threshold_field
 from tasks.filters.rule_evidence import triggering_spans
-from tasks.runner.rule_stats import SAMPLE_PER_GROUP, STATS_SCHEMA, bottom_k
+from tasks.runner.rule_stats import SAMPLE_PER_GROUP, STATS_SCHEMA, bottom_k, doc_rank
 
 MAX_SOURCES = 20  # sources shown apart in a rule's distribution; the others are pooled into one group
 VALUES_PER_RULE = 4000  # sampled statistics a rule carries on the page, all sources together
 EXAMPLES_PER_SIDE = 3  # documents shown on each side of a threshold
 POOL_PER_RULE = 24  # documents a rule's "what if" can name when its threshold moves (spread over the values)
 SEARCH_DOCS = 3000  # documents the search box finds; all of them when the run has no more
+SEARCH_SHARDS = 8  # shards whose files the search reads when the run has more than SEARCH_DOCS documents
 MAX_CLUSTERS = 40  # near-duplicate clusters shown
 CLUSTER_ROWS = 2000  # near-duplicate audit rows read to find them (the first audit files)
 MEMBERS_PER_CLUSTER = 12
@@ -57,15 +60,16 @@ def gather(run: Path) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready values."""
     run = Path(run).resolve()
     stages = document_stages(run)
+    stale = [entry.line() for entry in stale_stages(run)]
     rules, examples = rule_distributions(run, stages)
     clusters = near_duplicate_clusters(run, stages)
-    shown = {doc_id for doc_id in examples} | {m["id"] for c in clusters for m in [c["keeper"], *c["members"]]}
+    shown = {**examples, **{m["id"]: m["shard"] for c in clusters for m in c["members"]}}
     search, search_note = searchable(run, stages, shown, rules)
     return {
         "run": str(run),
         "funnel": funnel(run),
-        "stale": [entry.line() for entry in stale_stages(run)],
-        "by_source": per_source(run, stages),
+        "stale": stale,
+        "by_source": per_source(run, stages, corpus_current=not stale),
         "by_lang": per_language(run, stages),
         "rules": rules,
         "clusters": clusters,
@@ -73,22 +77,30 @@ def gather(run: Path) -> dict[str, Any]:
         "search": search,
         "search_note": search_note,
         "bounds": {"values_per_rule": VALUES_PER_RULE, "sample_per_group": SAMPLE_PER_GROUP, "max_sources": MAX_SOURCES,
-                   "search_docs": SEARCH_DOCS, "max_clusters": MAX_CLUSTERS},
+                   "search_docs": SEARCH_DOCS, "search_shards": SEARCH_SHARDS, "max_clusters": MAX_CLUSTERS},
     }
 
 
 # ------------------------------------------------------------------ per source, per language
-def per_source(run: Path, stages: list) -> list[dict[str, Any]]:
+def per_source(run: Path, stages: list, corpus_current: bool = False) -> list[dict[str, Any]]:
     """Documents in (ingested) and out (the last document stage), tokens out (the mixture's unique tokens), tokens in
-    estimated from the characters of TEXT_SHARDS ingest shards and the tokenizer's characters per token of each source."""
+    estimated from the characters of TEXT_SHARDS ingest shards and the tokenizer's characters per token of each source.
+
+    The document counts come from corpus.json when the run has one and no stage is stale (`corpus_current`): the
+    shards stage counted them with runner tasks, so the page reads no document file for them; else from one Arrow
+    column of every ingest and last-stage file."""
     if not stages:
         return []
-    docs_in = ingested_by_source(run)
-    docs_out: dict[str, int] = defaultdict(int)
-    _, last = stages[-1]
-    for f in last.files("data"):
-        for row in source_counts(str(last.path_of(f))):
-            docs_out[row["values"]] += row["counts"]
+    counted = corpus_document_counts(run) if corpus_current else None
+    if counted is not None:
+        docs_in, docs_out = counted
+    else:
+        docs_in = ingested_by_source(run)
+        docs_out = defaultdict(int)
+        _, last = stages[-1]
+        for f in last.files("data"):
+            for row in source_counts(str(last.path_of(f))):
+                docs_out[row["values"]] += row["counts"]
     extras = {s.stage: m.extra or {} for s, m in completed_stages(run)}
     tokens_out = {row["name"]: row.get("unique_tokens") for row in extras.get("mixture", {}).get("mixture", {}).get("sources", [])}
     per_token = {name: row.get("chars_per_token") for name, row in extras.get("tokenizer", {}).get("sample_by_source", {}).items()}
@@ -100,6 +112,16 @@ def per_source(run: Path, stages: list) -> list[dict[str, Any]]:
         rows.append({"source": source, "docs_in": docs_in.get(source, 0), "docs_out": docs_out.get(source, 0),
                      "tokens_in": estimate, "tokens_out": tokens_out.get(source)})
     return rows
+
+
+def corpus_document_counts(run: Path) -> tuple[dict[str, int], dict[str, int]] | None:
+    """(documents ingested, documents out: train + validation) per source from the run's corpus.json, or None."""
+    try:
+        sources = read_corpus_manifest(run)["sources"]
+        return ({row["source"]: row["documents_ingested"] or 0 for row in sources},
+                {row["source"]: row["train_documents"] + row["validation_documents"] for row in sources})
+    except (CorpusManifestError, KeyError, TypeError):  # no shards stage yet, or a corpus.json without these counts
+        return None
 
 
 def chars_by_source(manifest: Any) -> dict[str, float]:
@@ -139,8 +161,9 @@ def lang_counts(manifest: Any) -> dict[str, int]:
 
 # ------------------------------------------------------------------ rules
 def merged_stats(manifest: Any) -> tuple[pa.Table, dict[tuple[str, str], int]]:
-    """A stage's stats files merged: the bottom-SAMPLE_PER_GROUP sample per (rule, source) of the whole stage, and
-    the exact number of documents that reached each (rule, source). One file in memory at a time."""
+    """A stage's stats files merged: the bottom-SAMPLE_PER_GROUP sample per (rule, source) of the whole stage, each row
+    with the shard it was measured in (`shard`, the file's name), and the exact number of documents that reached each
+    (rule, source). One file in memory at a time."""
     reached: dict[tuple[str, str], int] = defaultdict(int)
     sample = None
     columns = [f.name for f in STATS_SCHEMA if f.name != "reached"]
@@ -149,9 +172,10 @@ def merged_stats(manifest: Any) -> tuple[pa.Table, dict[tuple[str, str], int]]:
         firsts = table.group_by(["rule", "source"]).aggregate([("reached", "max")])
         for row in firsts.to_pylist():
             reached[(row["rule"], row["source"])] += row["reached_max"]
-        part = table.select(columns)
+        part = table.select(columns).append_column("shard", pa.array([Path(f.path).stem] * table.num_rows, pa.string()))
         sample = bottom_k(part if sample is None else pa.concat_tables([sample, part]), SAMPLE_PER_GROUP)
-    return (sample if sample is not None else pa.schema([f for f in STATS_SCHEMA if f.name != "reached"]).empty_table()), dict(reached)
+    empty = pa.schema([*(f for f in STATS_SCHEMA if f.name != "reached"), pa.field("shard", pa.string())]).empty_table()
+    return (sample if sample is not None else empty), dict(reached)
 
 
 def quality_config_of(manifest: Any) -> QualityConfig:
@@ -198,10 +222,11 @@ def field_paths(rule: str, config: dict[str, Any], stage: str) -> dict[str, dict
                  "integer": isinstance(value, int) and not isinstance(value, bool)}}
 
 
-def rule_distributions(run: Path, stages: list) -> tuple[list[dict[str, Any]], list[str]]:
+def rule_distributions(run: Path, stages: list) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Per rule of each stage that records statistics: its groups of sampled values (weights that scale them to the
-    documents that reached it), its threshold controls, its removal count, and examples. Also the example ids."""
-    rules, example_ids = [], []
+    documents that reached it), its threshold controls, its removal count, and examples. Also the examples' shards
+    (id -> shard)."""
+    rules, example_shards = [], {}
     for stage_dir, manifest in stages:
         if not manifest.files("stats"):
             continue
@@ -218,14 +243,14 @@ def rule_distributions(run: Path, stages: list) -> tuple[list[dict[str, Any]], l
             entry = rule_entry(stage_dir.stage, rule_name, rows, reached, paths, config.default_profile if quality else "",
                                manifest.counts.get("removed", {}).get(rule_name, 0))
             stage_rules.append(entry)
-        ids = [e["id"] for entry in stage_rules for e in entry["examples"]]
-        texts = _texts_before(run, stage_dir.position, {doc_id: "" for doc_id in ids}) if ids else {}  # as they entered the stage
+        shard_of = {e["id"]: e.pop("shard") for entry in stage_rules for e in entry["examples"]}
+        texts = _texts_before(run, stage_dir.position, shard_of, hinted_only=True) if shard_of else {}  # as they entered the stage
         for entry in stage_rules:
             for example in entry["examples"]:
                 example["text"], example["spans"] = snippet_with_spans(texts.get(example["id"], ""), entry["rule"], config)
         rules += stage_rules
-        example_ids += ids
-    return rules, example_ids
+        example_shards.update(shard_of)
+    return rules, example_shards
 
 
 def rule_entry(stage: str, rule: str, rows: list[dict[str, Any]], reached: dict[tuple[str, str], int],
@@ -281,7 +306,7 @@ def pick_examples(rows: list[dict[str, Any]], threshold: float | None) -> list[d
     step = max(1, len(ordered) // POOL_PER_RULE)
     for r in ordered[::step][:POOL_PER_RULE]:
         chosen.setdefault(r["id"], r)
-    return [{"id": r["id"], "source": r["source"], "value": r["value"], "fired": r["fired"], "profile": r["profile"]}
+    return [{"id": r["id"], "source": r["source"], "value": r["value"], "fired": r["fired"], "profile": r["profile"], "shard": r.get("shard")}
             for r in sorted(chosen.values(), key=lambda r: (r["value"], r["rank"]))]
 
 
@@ -302,7 +327,7 @@ def modification_examples(run: Path, stages: list) -> list[dict[str, Any]]:
         if not rules:
             continue
         rows = sample_by_rule(run, stage_dir.stage, rules, MODIFIED_PER_RULE, with_text=False)
-        texts = _texts_before(run, stage_dir.position, {row["id"]: "" for row in rows})
+        texts = _texts_before(run, stage_dir.position, {row["id"]: row["shard"] for row in rows}, hinted_only=True)
         for row in rows:
             text, edits = texts.get(row["id"], ""), row["detail"].get("edits") or []
             start = max(0, min((e[0] for e in edits), default=0) - 200)
@@ -334,7 +359,8 @@ def near_duplicate_clusters(run: Path, stages: list) -> list[dict[str, Any]]:
                 continue
             detail = json.loads(row["detail"])
             if "kept_id" in detail:
-                members[detail["kept_id"]].append({"id": row["id"], "jaccard": detail.get("jaccard"), "matched_id": detail.get("matched_id")})
+                members[detail["kept_id"]].append({"id": row["id"], "jaccard": detail.get("jaccard"), "matched_id": detail.get("matched_id"),
+                                                   "shard": Path(f.path).stem})
         read += table.num_rows
     chosen = sorted(members, key=lambda k: (-len(members[k]), k))[:MAX_CLUSTERS]
     sizes: dict[str, int] = {}
@@ -342,37 +368,44 @@ def near_duplicate_clusters(run: Path, stages: list) -> list[dict[str, Any]]:
     if chosen and clusters_file.exists():
         table = pq.read_table(clusters_file, columns=["kept_id"], filters=[("kept_id", "in", chosen)])
         sizes = {row["values"]: row["counts"] for row in pc.value_counts(table.column("kept_id")).to_pylist()}
-    texts = _texts_before(run, stage_dir.position, {doc_id: "" for k in chosen for doc_id in [k] + [m["id"] for m in members[k][:MEMBERS_PER_CLUSTER]]})
+    # The keeper's shard is not recorded: it is looked for in its members' shards only (a bounded read; else no text).
+    hints = {doc_id: m["shard"] for k in chosen for m in members[k][:MEMBERS_PER_CLUSTER] for doc_id in (m["id"], k)}
+    texts = _texts_before(run, stage_dir.position, hints, hinted_only=True)
     return [{"keeper": {"id": k, "text": texts.get(k, "")[:300]},
              "members": [{**m, "text": texts.get(m["id"], "")[:300]} for m in sorted(members[k], key=lambda m: (-(m["jaccard"] or 0), m["id"]))[:MEMBERS_PER_CLUSTER]],
              "size": sizes.get(k, len(members[k]) + 1)} for k in chosen]
 
 
 # ------------------------------------------------------------------ search
-def searchable(run: Path, stages: list, shown: set[str], rules: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
-    """The documents the search box finds, each with its keys (id, URL, record id) and `audit why`'s answer."""
+def searchable(run: Path, stages: list, shown: dict[str, str], rules: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """The documents the search box finds, each with its keys (id, URL, record id) and `audit why`'s answer.
+
+    `shown`: id -> shard of the documents the page shows. A run of more than SEARCH_DOCS documents is searched in
+    SEARCH_SHARDS of its shards only (every stage keeps a document in the shard of the same name), so the files
+    read here, and the rows, do not grow with the number of shards."""
     if not stages:
         return [], ""
     _, first = stages[0]
     total = first.counts.get("in", 0)
     if total <= SEARCH_DOCS:
-        ids = []
-        for f in first.files("data"):
-            ids += pq.read_table(first.path_of(f), columns=["id"]).column("id").to_pylist()
-        for f in first.files("audit"):
-            table = pq.read_table(first.path_of(f), columns=["id", "action"])
-            ids += table.filter(pc.equal(table.column("action"), "removed")).column("id").to_pylist()
+        shards = None
+        ids = first_stage_ids(first, None)
         note = f"every document of the run ({total:,}) can be found here"
     else:
-        stats_stages = [m for _, m in stages if m.files("stats")]
-        sampled = merged_stats(stats_stages[0])[0].column("id").to_pylist() if stats_stages else []
-        ids = sorted(shown) + [i for i in dict.fromkeys(sampled) if i not in shown]
-        ids = ids[:SEARCH_DOCS]
-        note = (f"the run has {total:,} documents; this page finds {len(ids):,} of them (the examples, the clusters and a uniform "
-                f"sample). Ask about any other with `hymo audit why {run} KEY`")
+        names = sorted({Path(f.path).stem for f in first.files("data") + first.files("audit")})
+        per_shard: dict[str, int] = defaultdict(int)
+        for shard in shown.values():
+            per_shard[shard] += 1
+        shards = set(sorted(names, key=lambda name: (-per_shard.get(name, 0), name))[:SEARCH_SHARDS])
+        on_page = sorted(doc_id for doc_id, shard in shown.items() if shard in shards)
+        others = sorted(set(first_stage_ids(first, shards)) - set(on_page), key=doc_rank)  # a uniform sample: the smallest id hashes
+        ids = (on_page + others)[:SEARCH_DOCS]
+        note = (f"the run has {total:,} documents in {len(names):,} shards; this page's search reads {len(shards)} of them (those holding "
+                f"the most documents the page shows) and finds {len(ids):,} documents there: the examples and cluster members in them and "
+                f"a uniform sample. For any other document it prints the command that answers: `hymo audit why {run} KEY`")
     ids = list(dict.fromkeys(ids))
-    keys = document_keys(first, ids)
-    trails = decisions_for_many(run, ids)
+    keys = document_keys(first, ids, shards)
+    trails = decisions_for_many(run, ids, shards)
     entries, size = [], 0
     for doc_id in (i for i in ids if i in trails):
         entry = {**keys.get(doc_id, {"id": doc_id}), "why": trails[doc_id]}
@@ -384,17 +417,29 @@ def searchable(run: Path, stages: list, shown: set[str], rules: list[dict[str, A
     return entries, note
 
 
-def document_keys(first: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
-    """id -> {id, url, record_id, file, ordinal} from the first stage's documents, or its audit row for one it removed."""
-    wanted = pa.array(ids)
+def first_stage_ids(first: Any, shards: set[str] | None) -> list[str]:
+    """The ids that entered the first document stage: its documents and those it removed (of `shards`, or all)."""
+    ids = []
+    for f in in_shards(first.files("data"), shards):
+        ids += pq.read_table(first.path_of(f), columns=["id"]).column("id").to_pylist()
+    for f in in_shards(first.files("audit"), shards):
+        table = pq.read_table(first.path_of(f), columns=["id", "action"])
+        ids += table.filter(pc.equal(table.column("action"), "removed")).column("id").to_pylist()
+    return ids
+
+
+def document_keys(first: Any, ids: list[str], shards: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """id -> {id, url, record_id, file, ordinal} from the first stage's documents, or its audit row for one it removed
+    (read in the files of `shards`, or in all)."""
+    wanted = pa.array(ids, pa.string())
     found: dict[str, dict[str, Any]] = {}
-    for f in first.files("data"):
+    for f in in_shards(first.files("data"), shards):
         table = pq.read_table(first.path_of(f), columns=["id", "url", "meta"])
         for row in table.filter(pc.is_in(table.column("id"), value_set=wanted)).to_pylist():
             meta = json.loads(row["meta"])
             found[row["id"]] = {"id": row["id"], "url": row["url"], "record_id": meta.get("record_id"), "file": meta.get("origin_file"),
                                 "ordinal": meta.get("ordinal")}
-    for f in first.files("audit"):
+    for f in in_shards(first.files("audit"), shards):
         table = pq.read_table(first.path_of(f), columns=["id", "detail"])
         for row in table.filter(pc.is_in(table.column("id"), value_set=wanted)).to_pylist():
             if row["id"] not in found:

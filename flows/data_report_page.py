@@ -179,7 +179,7 @@ function clusters() {
   if (!D.clusters.length) { box.append(el('p', {}, 'no near-duplicate cluster in this run')); return; }
   for (const c of D.clusters) {
     const d = el('details', {'class': 'cluster', 'data-keeper': c.keeper.id}, el('summary', {}, `kept ${c.keeper.id} · ${fmt(c.size)} documents in the cluster`));
-    d.append(el('div', {'class': 'doc'}, c.keeper.text));
+    d.append(el('div', {'class': 'doc'}, c.keeper.text || `its text is in a shard this page did not read: hymo audit show ${shq(D.run)} ${shq(c.keeper.id)} --stage dedup_fuzzy`));
     table(d, ['removed member', 'Jaccard', 'matched', 'text'], c.members.map(m => [m.id, m.jaccard === null ? '—' : num(m.jaccard), m.matched_id || '', m.text.slice(0, 120)]));
     box.append(d);
   }

@@ -39,17 +39,24 @@ def _filter_file(path: Path, column: str, value: str, columns: list[str] | None 
     return pq.read_table(path, columns=columns, filters=[(column, "=", value)])
 
 
-def decisions_for(run: Path, doc_id: str) -> dict[str, Any]:
-    """Every stage's decision about one document, in pipeline order, stopping where it was removed."""
-    found = decisions_for_many(run, [doc_id])
+def decisions_for(run: Path, doc_id: str, shard: str | None = None) -> dict[str, Any]:
+    """Every stage's decision about one document, in pipeline order, stopping where it was removed; `shard` (as
+    find_documents names it): read that shard's files only."""
+    found = decisions_for_many(run, [doc_id], {shard} if shard is not None else None)
     if doc_id not in found:
         raise KeyError(f"{run}: no stage has a document with id {doc_id!r}")
     return found[doc_id]
 
 
-def decisions_for_many(run: Path, doc_ids: list[str]) -> dict[str, dict[str, Any]]:
+def in_shards(files: list[Any], shards: set[str] | None) -> list[Any]:
+    """The files of these shards (a stage names each file by the shard it came from), or all of them."""
+    return files if shards is None else [f for f in files if Path(f.path).stem in shards]
+
+
+def decisions_for_many(run: Path, doc_ids: list[str], shards: set[str] | None = None) -> dict[str, dict[str, Any]]:
     """`decisions_for` of several documents, each stage's files read once for all of them (the data report's search).
-    Ids no stage has are left out."""
+    Ids no stage has are left out. `shards`: the shards that hold the documents (every stage keeps a document in the
+    shard of the same name), so only their files are read; None reads every file."""
     wanted = pa.array(list(dict.fromkeys(doc_ids)), pa.string())
     trails: dict[str, list[dict[str, Any]]] = {doc_id: [] for doc_id in wanted.to_pylist()}
     final: dict[str, str] = {}
@@ -62,12 +69,12 @@ def decisions_for_many(run: Path, doc_ids: list[str]) -> dict[str, dict[str, Any
             break
         open_set = pa.array(open_ids, pa.string())
         rows_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for audit_file in manifest.files("audit"):
+        for audit_file in in_shards(manifest.files("audit"), shards):
             table = pq.read_table(manifest.path_of(audit_file))
             for row in table.filter(pc.is_in(table.column("id"), value_set=open_set)).to_pylist():
                 rows_of[row["id"]].append(row)
         in_data: set[str] = set()
-        for data_file in manifest.files("data"):
+        for data_file in in_shards(manifest.files("data"), shards):
             ids = pq.read_table(manifest.path_of(data_file), columns=["id"]).column("id")
             in_data.update(ids.filter(pc.is_in(ids, value_set=open_set)).to_pylist())
         for doc_id in open_ids:
@@ -110,15 +117,19 @@ def find_documents(run: Path, key: str) -> list[dict[str, Any]]:
     """The documents `key` names: a HyMo id, else the user's own id (`meta.record_id`) or a URL, looked up
     in the first document stage (ingest): its documents and the audit rows of what it removed.
 
-    Returns [{"id", "source", "file", "ordinal", "url", "record_id"}] in shard order; one entry for a
-    HyMo id, several when a URL (or a user's id) is in several files or snapshots."""
+    Returns [{"id", "source", "file", "ordinal", "url", "record_id", "shard"}] in shard order; one entry for a
+    HyMo id ({"id", "shard"}), several when a URL (or a user's id) is in several files or snapshots. `shard` is
+    the shard that holds the document at every stage (a stage keeps a document in the shard of the same name),
+    so a reader of one document reads that shard's files only. A HyMo id is looked for shard by shard, the
+    first stage's data files (then its audit files, then the other stages') one id column at a time, until found."""
     stages = [(s, m) for s, m in completed_stages(run) if m.files("data") or m.files("audit")]
     if not stages:
         return []
     _, first = stages[0]
-    if any(_filter_file(first.path_of(f), "id", key, ["id"]).num_rows for f in first.files("data")) or any(
-            _filter_file(m.path_of(f), "id", key, ["id"]).num_rows for _, m in stages for f in m.files("audit")):
-        return [{"id": key}]
+    candidates = [(first, f) for f in first.files("data")] + [(m, f) for _, m in stages for f in m.files("audit")]
+    for manifest, f in candidates:
+        if _filter_file(manifest.path_of(f), "id", key, ["id"]).num_rows:
+            return [{"id": key, "shard": Path(f.path).stem}]
     quoted = json.dumps(key, ensure_ascii=False)
     found: dict[str, dict[str, Any]] = {}
     for data_file in first.files("data"):
@@ -128,7 +139,7 @@ def find_documents(run: Path, key: str) -> list[dict[str, Any]]:
             meta = json.loads(row["meta"])
             if row["url"] == key or meta.get("record_id") == key:
                 found.setdefault(row["id"], {"id": row["id"], "file": meta.get("origin_file"), "ordinal": meta.get("ordinal"),
-                                             "url": row["url"], "record_id": meta.get("record_id")})
+                                             "url": row["url"], "record_id": meta.get("record_id"), "shard": Path(data_file.path).stem})
     for audit_file in first.files("audit"):
         table = pq.read_table(first.path_of(audit_file), columns=["id", "detail"])
         hit = pc.or_(pc.match_substring(table.column("detail"), f'"uri":{quoted}'), pc.match_substring(table.column("detail"), f'"record_id":{quoted}'))
@@ -136,7 +147,7 @@ def find_documents(run: Path, key: str) -> list[dict[str, Any]]:
             detail = json.loads(row["detail"])
             if detail.get("uri") == key or detail.get("record_id") == key:
                 found.setdefault(row["id"], {"id": row["id"], "file": detail.get("file"), "ordinal": detail.get("ordinal"),
-                                             "url": detail.get("uri"), "record_id": detail.get("record_id")})
+                                             "url": detail.get("uri"), "record_id": detail.get("record_id"), "shard": Path(audit_file.path).stem})
     for entry in found.values():
         entry["source"] = source_of_id(entry["id"])
     return list(found.values())
@@ -148,7 +159,8 @@ def sample_removed(run: Path, stage: str, rule: str | None = None, n: int = 10, 
 
 
 def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_text: bool = True) -> list[dict[str, Any]]:
-    """Up to n audit rows per rule (n in all when `rules` is None), in audit order, with snippets.
+    """Up to n audit rows per rule (n in all when `rules` is None), in audit order, with snippets; each row also names
+    the shard of the audit file it came from (`shard`).
 
     The audit log is read one file at a time, its `rule` column first, and
     only until every rule has its n rows: the flow host samples every stage
@@ -175,9 +187,9 @@ def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_
             continue
         table = pq.read_table(path)
         for rule, chosen in indices.items():
-            rows = table.take(chosen).to_pylist()
+            rows = [{**row, "shard": Path(audit_file.path).stem} for row in table.take(chosen).to_pylist()]
             (first if rule is None else wanted[rule]).extend(rows)
-            shard_of.update((row["id"], Path(audit_file.path).stem) for row in rows)
+            shard_of.update((row["id"], row["shard"]) for row in rows)
     picked = first if wanted is None else [row for rule in rules for row in wanted[rule]]
     if with_text and picked:
         texts = _texts_before(run, find_stage(run, stage)[0].position, shard_of)
@@ -188,24 +200,25 @@ def sample_by_rule(run: Path, stage: str, rules: list[str] | None, n: int, with_
     return picked
 
 
-def _texts_before(run: Path, position: tuple[int, str], shard_of: dict[str, str]) -> dict[str, str]:
+def _texts_before(run: Path, position: tuple[int, str], shard_of: dict[str, str], hinted_only: bool = False) -> dict[str, str]:
     """The text the documents had when they entered the stage at `position` (StageDir.position).
 
     `shard_of`: id -> the shard its audit row came from; that upstream shard is
     read first (its ids, then its texts in batches only if one is there), the
-    others only for the ids still missing.
+    others only for the ids still missing (never, with `hinted_only`: the reads are then bounded by the shards named).
     """
     previous = [(s, m) for s, m in completed_stages(run) if s.position < position]
     if not previous:
         return {}
-    return texts_in(previous[-1][1], shard_of)
+    return texts_in(previous[-1][1], shard_of, hinted_only)
 
 
-def texts_in(manifest: Any, shard_of: dict[str, str]) -> dict[str, str]:
-    """The texts of these ids in one stage's data files (`shard_of`: id -> the shard it is likely in, read first)."""
+def texts_in(manifest: Any, shard_of: dict[str, str], hinted_only: bool = False) -> dict[str, str]:
+    """The texts of these ids in one stage's data files (`shard_of`: id -> the shard it is likely in, read first;
+    with `hinted_only`, the only one read: an id elsewhere gets no text)."""
     data_files = manifest.files("data")
     likely = set(shard_of.values())
-    ordered = [f for f in data_files if Path(f.path).stem in likely] + [f for f in data_files if Path(f.path).stem not in likely]
+    ordered = [f for f in data_files if Path(f.path).stem in likely] + ([] if hinted_only else [f for f in data_files if Path(f.path).stem not in likely])
     found: dict[str, str] = {}
     for data_file in ordered:
         missing = [doc_id for doc_id in shard_of if doc_id not in found]

@@ -2,7 +2,9 @@
 
 `hymo audit show RUN ID --stage S [--diff]` reads it: S's data files for the text it published, the
 previous document stage's for the text it read (a stage's `edits` index that one), and S's audit rows.
-Every read filters by id (one shard's id column at a time, the likely shard first), never a whole log.
+Every read filters by id. Given the document's shard (`audit_query.find_documents` names it: a stage keeps a
+document in the shard of the same name), only that shard's files are read at S and at the stage before, whatever
+the number of shards; without it, each stage's shards are searched one id column at a time.
 """
 from __future__ import annotations
 
@@ -13,23 +15,26 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from manifests.audit_query import texts_in
+from manifests.audit_query import in_shards, texts_in
 from manifests.run_dir import completed_stages, find_stage
 
 
-def document_at(run: Path, doc_id: str, stage: str) -> dict[str, Any]:
+def document_at(run: Path, doc_id: str, stage: str, shard: str | None = None) -> dict[str, Any]:
     """{"id", "stage", "decision", "text" (None when S removed it or never saw it), "entered" (None at the first
-    stage), "previous_stage", "rows" (S's audit rows, detail parsed)}; KeyError for a stage that holds no documents."""
+    stage), "previous_stage", "rows" (S's audit rows, detail parsed)}; KeyError for a stage that holds no documents.
+    `shard`: the shard that holds the document (read alone), or None to search every shard."""
     stage_dir, manifest = find_stage(run, stage)
     if not manifest.files("data") and not manifest.files("audit"):
         raise KeyError(f"{run}: {stage} holds no documents (an artifact stage); name a document stage, e.g. quality")
     rows = []
-    for audit_file in manifest.files("audit"):
+    only = {shard} if shard is not None else None
+    for audit_file in in_shards(manifest.files("audit"), only):
         table = pq.read_table(manifest.path_of(audit_file), filters=[("id", "=", doc_id)])
         rows += [{**row, "detail": json.loads(row["detail"])} for row in table.to_pylist()]
-    text = texts_in(manifest, {doc_id: ""}).get(doc_id)
+    hint = {doc_id: shard or ""}
+    text = texts_in(manifest, hint, hinted_only=shard is not None).get(doc_id)
     previous = [(s, m) for s, m in completed_stages(run) if s.position < stage_dir.position and (m.files("data") or m.files("audit"))]
-    entered = texts_in(previous[-1][1], {doc_id: ""}).get(doc_id) if previous else None
+    entered = texts_in(previous[-1][1], hint, hinted_only=shard is not None).get(doc_id) if previous else None
     if any(row["action"] == "removed" for row in rows):
         decision = "removed (" + ", ".join(row["rule"] for row in rows if row["action"] == "removed") + ")"
     elif text is None:

@@ -35,9 +35,10 @@ def print_quarantined(run: Path) -> None:
             console.print(f"  {entry['file']}: {entry['reason']}", markup=False, soft_wrap=True)
 
 
-def one_document(args: argparse.Namespace) -> str | int:
-    """The HyMo id `args.doc_id` names (an id, a record_id or a URL), or the exit code after saying why there is none:
-    1 when nothing matches, 0 after listing the documents a URL in several files or snapshots matches."""
+def one_match(args: argparse.Namespace) -> dict[str, Any] | int:
+    """The document `args.doc_id` names (an id, a record_id or a URL) as find_documents gives it (its id and the shard
+    that holds it), or the exit code after saying why there is none: 1 when nothing matches, 0 after listing the
+    documents a URL in several files or snapshots matches."""
     matches = find_documents(Path(args.run), args.doc_id)
     if not matches:
         console.print(f"{args.run}: no document has the id, the source's own id or the URL {args.doc_id!r}", markup=False, style="red", soft_wrap=True)
@@ -51,15 +52,15 @@ def one_document(args: argparse.Namespace) -> str | int:
             own = f" record_id={match['record_id']}" if match.get("record_id") else ""
             console.print(f"  {match['id']}  {match['file']} #{match['ordinal']}{own}", markup=False)
         return 0
-    return matches[0]["id"]
+    return matches[0]
 
 
 def cmd_audit_why(args: argparse.Namespace) -> int:
-    doc_id = one_document(args)
-    if isinstance(doc_id, int):
-        return doc_id
+    match = one_match(args)
+    if isinstance(match, int):
+        return match
     try:
-        answer = decisions_for(Path(args.run), doc_id)
+        answer = decisions_for(Path(args.run), match["id"], match.get("shard"))
     except KeyError as exc:
         console.print(f"[red]{exc.args[0]}[/red]")
         return 1
@@ -89,11 +90,11 @@ def cmd_audit_show(args: argparse.Namespace) -> int:
 
     from manifests.stage_text import document_at, edits_of, unified_diff
 
-    doc_id = one_document(args)
-    if isinstance(doc_id, int):
-        return doc_id
+    match = one_match(args)
+    if isinstance(match, int):
+        return match
     try:
-        answer = document_at(Path(args.run), doc_id, args.stage)
+        answer = document_at(Path(args.run), match["id"], args.stage, match.get("shard"))
     except KeyError as exc:
         console.print(str(exc.args[0]), markup=False, style="red", soft_wrap=True)
         return 1

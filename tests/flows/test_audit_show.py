@@ -91,3 +91,53 @@ def test_sample_in_a_wide_terminal_is_a_table_with_a_detail_column(run: Path, ca
     assert main(["audit", "sample", str(run), "--stage", "ingest"]) == 0
     out = capsys.readouterr().out
     assert "detail" in out and "reason=truncated gzip stream" in out
+
+
+@pytest.fixture
+def opened(tmp_path: Path, monkeypatch) -> list[tuple[str, str, tuple]]:
+    """A run of 8 shards (ingest, then quality) in tmp_path, and the (stage dir, shard, columns) of every Parquet read
+    after it is built."""
+    import pyarrow.parquet as pq
+
+    ingest = StageWriter("ingest", "test", {}, "key", [], tmp_path / "01_ingest")
+    for index in range(8):
+        ingest.write_shard(index, docs_table([doc(f"s{index}-d{i}", PROSE if i else NOISY) for i in range(3)]), [])
+    ingest.publish()
+    run_quality(QualityConfig(), tmp_path / "01_ingest", tmp_path / "02_quality", workers=1)
+    reads: list[tuple[str, str, tuple]] = []
+    read_table, parquet_file = pq.read_table, pq.ParquetFile
+
+    def counted_read(path, *args, **kwargs):
+        reads.append((Path(path).parent.parent.name, Path(path).stem, tuple(kwargs.get("columns") or ())))
+        return read_table(path, *args, **kwargs)
+
+    def counted_file(path, *args, **kwargs):
+        reads.append((Path(path).parent.parent.name, Path(path).stem, ("<streamed>",)))
+        return parquet_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "read_table", counted_read)
+    monkeypatch.setattr(pq, "ParquetFile", counted_file)
+    return reads
+
+
+def shards_read(reads: list[tuple[str, str, tuple]], stage_dir: str) -> set[str]:
+    """The shards of a stage whose files were read beyond their id column (the id columns find the document)."""
+    return {shard for stage, shard, columns in reads if stage == stage_dir and columns != ("id",)}
+
+
+def test_show_reads_one_shard_of_the_stage_and_of_the_stage_before(tmp_path: Path, opened, capsys) -> None:
+    """`audit show` reads the files of the document's shard only, at S and at the stage before (it read every shard of
+    both: the reads grew with the corpus). Finding the shard reads id columns only."""
+    capsys.readouterr()
+    assert main(["audit", "show", str(tmp_path), "s5-d0", "--stage", "quality", "--diff", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["entered"] == NOISY and answer["decision"].startswith("modified")
+    assert shards_read(opened, "02_quality") == shards_read(opened, "01_ingest") == {"part-00005"}, opened
+
+
+def test_why_reads_one_shard_of_each_stage(tmp_path: Path, opened, capsys) -> None:
+    capsys.readouterr()
+    assert main(["audit", "why", str(tmp_path), "s6-d1", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["id"] == "s6-d1" and [step["stage"] for step in answer["stages"]] == ["ingest", "quality"]
+    assert shards_read(opened, "02_quality") == shards_read(opened, "01_ingest") == {"part-00006"}, opened

@@ -64,7 +64,7 @@ def test_audit_why_finds_a_document_by_id_by_its_own_id_and_by_url(tmp_path: Pat
     assert len(by_url) == 2 and {m["file"] for m in by_url} == {"CC-2024-10/part-000.jsonl", "CC-2024-18/part-000.jsonl"}
     by_own = find_documents(run, "CC-2024-18/0")
     assert len(by_own) == 1 and by_own[0]["file"] == "CC-2024-18/part-000.jsonl" and by_own[0]["url"] == URL
-    assert find_documents(run, by_own[0]["id"]) == [{"id": by_own[0]["id"]}]
+    assert find_documents(run, by_own[0]["id"]) == [{"id": by_own[0]["id"], "shard": by_own[0]["shard"]}]  # the shard its own id names too
     finals = sorted(decisions_for(run, match["id"])["final"] for match in by_url)
     assert finals == ["kept", "removed at dedup_exact (exact_duplicate)"]
     assert find_documents(run, "https://nowhere.example/") == []
