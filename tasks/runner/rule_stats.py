@@ -94,18 +94,25 @@ class ShardStats:
         return self.sample.append_column("reached", pa.array(self.reached[self.codes], pa.int64())).cast(STATS_SCHEMA)
 
 
+FIRES_WHEN = pa.array(["", "<", ">"], pa.string())  # equal: no side; below the threshold fires; above fires
+
+
 def measured_rows(doc_ids: list[str], sources: list[str], profiles: list[str], counts: list[int], verdicts: list[tuple]) -> pa.Table:
     """Stats rows from each document's verdicts, built column-wise: `verdicts` holds (keep, rule, value, threshold)
     tuples, document i's `counts[i]` of them in a row (a rule's Verdict is such a tuple)."""
     index = np.repeat(np.arange(len(doc_ids)), counts)
-    keeps, rules, values, thresholds = (list(column) for column in zip(*verdicts)) if verdicts else ([], [], [], [])
+    # One comprehension a field: zip(*verdicts) takes every verdict as an argument and cost 0.6 us a verdict.
+    keeps, rules = [v[0] for v in verdicts], [v[1] for v in verdicts]
+    values, thresholds = [v[2] for v in verdicts], [v[3] for v in verdicts]
     value, threshold = np.array(values, dtype=np.float64), np.array(thresholds, dtype=np.float64)
     fired = ~np.array(keeps, dtype=bool)
-    side = np.where(value == threshold, "", np.where((value < threshold) == fired, "<", ">"))
+    # Which side fires, as codes into FIRES_WHEN taken by Arrow (a numpy string array and its tolist() made a
+    # Python str per verdict: ~25 a document).
+    side = FIRES_WHEN.take(pa.array(np.where(value == threshold, 0, np.where((value < threshold) == fired, 1, 2)).astype(np.int8)))
     ranks = np.array([doc_rank(doc_id) for doc_id in doc_ids], dtype=np.uint64)
     take = pa.array(index, pa.int64())
     return stats_rows({"rule": rules, "source": pa.array(sources, pa.string()).take(take), "id": pa.array(doc_ids, pa.string()).take(take),
-                       "rank": ranks[index], "value": value, "threshold": threshold, "fired": fired, "fires_when": side.tolist(),
+                       "rank": ranks[index], "value": value, "threshold": threshold, "fired": fired, "fires_when": side,
                        "profile": pa.array(profiles, pa.string()).take(take)})
 
 
