@@ -41,12 +41,23 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
     def stop(page_rule: str) -> C4Cleaning:
         return C4Cleaning(page_rule, kept, sentences, dict(removed), citations, removed_at, citation_spans)
 
+    # Page-level scans first: a line's lower-case (after its citation cut) is a piece of the page's with the same
+    # cuts (marks never span lines; str.lower maps each character alone, and final sigma's context ends at the
+    # line's stripped edges either way), so a phrase absent from the page is absent from every line, and most
+    # pages skip the per-line lower() and phrase tests.
+    lower_page = (CITATION.sub("", text) if "[" in text else text).lower()
+    check_lorem = check_lorem and "lorem ipsum" in lower_page
+    check_braces = check_braces and "{" in text
+    has_javascript = "javascript" in lower_page
+    policy = tuple(phrase for phrase in config.c4_policy_substrings if phrase in lower_page)
+    needs_lower = check_lorem or has_javascript or bool(policy)
+    longest_word, min_words = config.c4_max_word_length, config.c4_min_words_per_line
+    end_marks, drop_unpunctuated = config.c4_end_marks, config.c4_drop_unpunctuated_lines
     for number, raw in enumerate(text.splitlines()):
         line = raw.strip()
         if not line:
             continue  # blank lines are layout, not content; TFDS drops them as 'no end mark'
-        words = line.split()
-        if max(map(len, words)) > config.c4_max_word_length:
+        if len(line) > longest_word and max(map(len, line.split())) > longest_word:  # a shorter line has no longer word
             drop(number, "too_long_word")
             continue
         cut: list[tuple[int, int, int]] = []
@@ -56,22 +67,21 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
             if cut:
                 line = CITATION.sub("", line)
                 citations += len(cut)
-                words = line.split()
-        if config.c4_drop_unpunctuated_lines and (not line.endswith(config.c4_end_marks) or line.endswith("...")):
+        if drop_unpunctuated and (not line.endswith(end_marks) or line.endswith("...")):
             drop(number, "no_terminal_punct")
             continue
-        if len(words) < config.c4_min_words_per_line:
+        if len(line.split()) < min_words:  # the words after the citation cut; split only for lines that got here
             drop(number, "too_few_words")
             continue
-        lower = line.lower()
+        lower = line.lower() if needs_lower else ""
         if check_lorem and "lorem ipsum" in lower:
             return stop("c4_lorem_ipsum")
-        if "javascript" in lower:
+        if has_javascript and "javascript" in lower:
             drop(number, "javascript")
             continue
         if check_braces and "{" in line:
             return stop("c4_curly_bracket")
-        if any(phrase in lower for phrase in config.c4_policy_substrings):
+        if policy and any(phrase in lower for phrase in policy):
             drop(number, "policy")
             continue
         citation_spans += cut  # a citation on a removed line is part of that line's removal

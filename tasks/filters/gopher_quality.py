@@ -19,13 +19,11 @@ def gopher_too_many_words(view: TextView, config: QualityConfig) -> Verdict:
 
 
 def gopher_mean_word_length_too_short(view: TextView, config: QualityConfig) -> Verdict:
-    mean = float(view.word_lengths.mean()) if view.words else 0.0
-    return verdict_below("gopher_mean_word_length_too_short", mean, config.min_mean_word_length)
+    return verdict_below("gopher_mean_word_length_too_short", view.mean_word_length, config.min_mean_word_length)
 
 
 def gopher_mean_word_length_too_long(view: TextView, config: QualityConfig) -> Verdict:
-    mean = float(view.word_lengths.mean()) if view.words else 0.0
-    return verdict_above("gopher_mean_word_length_too_long", mean, config.max_mean_word_length)
+    return verdict_above("gopher_mean_word_length_too_long", view.mean_word_length, config.max_mean_word_length)
 
 
 def gopher_too_many_hash_symbols(view: TextView, config: QualityConfig) -> Verdict:

@@ -239,6 +239,20 @@ def test_c4_line_removals_are_counted_by_reason():
     assert cleaning.kept_lines == [sentence(0), sentence(1), sentence(2)]
 
 
+
+def test_c4_phrases_that_only_a_citation_cut_or_lower_case_forms_still_count():
+    """The line pass tests its phrases on a page-level scan first; that scan must see what each line sees after
+    its citation cut and lower-casing: 'java[1]script' is JavaScript, 'lorem [edit]ipsum' lorem ipsum, the Kelvin
+    sign lower-cases to an ASCII k ('cooKie policy')."""
+    body = [sentence(i) for i in range(3)]
+    cleaning = c4.c4_clean_lines("\n".join(body + ["Please enable Java[1]Script to view the comments here."]), CONFIG)
+    assert cleaning.removed_lines == {"javascript": 1} and cleaning.citation_spans == []  # the cut is part of the removal
+    cleaning = c4.c4_clean_lines("\n".join(body + ["Read the coo\u212aie policy before you go on."]), CONFIG)
+    assert cleaning.removed_lines == {"policy": 1}
+    check(c4.c4_lorem_ipsum, "\n".join(body + ["Lorem [edit]ipsum dolor sit amet consectetur."]), False, 1.0)
+    check(c4.c4_curly_bracket, "\n".join(body + ["Set the value to [1]{x} in the file now."]), False, 1.0)
+
+
 # ------------------------------------------------------------------ FineWeb
 def test_fineweb_terminal_punctuation_lines():
     lines = words(100)
