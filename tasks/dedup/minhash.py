@@ -68,8 +68,7 @@ def signatures(shingle_hashes: np.ndarray, offsets: np.ndarray, family: HashFami
         block_end = min(total, block_start + BLOCK_SHINGLES)
         values = scratch[:, : block_end - block_start]
         np.multiply(multipliers, shingle_hashes[None, block_start:block_end], out=values)
-        values += increments
-        values >>= shift
+        values += increments  # the hash is the high 32 bits; shifted after the minimum (a shift keeps order)
         # Documents overlapping this block, and where each one's shingles begin inside it.
         first_doc = int(np.searchsorted(doc_starts, block_start, side="right")) - 1
         last_doc = int(np.searchsorted(doc_starts, block_end, side="left"))
@@ -80,7 +79,7 @@ def signatures(shingle_hashes: np.ndarray, offsets: np.ndarray, family: HashFami
         docs, starts = docs[present], starts[present]
         if not len(docs):
             continue
-        block_minima = np.minimum.reduceat(values, starts, axis=1).T.astype(np.uint32)
+        block_minima = (np.minimum.reduceat(values, starts, axis=1) >> shift).T.astype(np.uint32)
         result[docs] = np.minimum(result[docs], block_minima)
     return result
 
