@@ -28,6 +28,7 @@ SPACELESS_OR_WORD = re.compile(f"[{SPACELESS_CHARS}]|(?:(?![{SPACELESS_CHARS}])[
 # ASCII text takes a 3x faster path with the same result as WORD.findall: punctuation -> space, split.
 ASCII_PUNCTUATION_TO_SPACE = {code: " " for code in range(128) if not chr(code).isalnum()}
 DIGITS = "0123456789"
+NON_ASCII = re.compile(r"[^\x00-\x7f]")
 
 # Odd 64-bit constants (splitmix64 / xxhash primes) for combining and finalising hashes.
 COMBINE = np.uint64(0x9E3779B97F4A7C15)
@@ -58,6 +59,10 @@ def tokens(text: str, fold_numbers: bool = True) -> list[str]:
         return text.translate(ASCII_PUNCTUATION_TO_SPACE).split()
     if SPACELESS.search(text):
         return SPACELESS_OR_WORD.findall(text)
+    if not any(char.isalnum() for char in set(NON_ASCII.findall(text))):
+        # Mostly-English pages whose only non-ASCII characters are punctuation (curly quotes, dashes): those
+        # separate words as any non-word character does, so '?' stands in for them and the ASCII path applies.
+        return text.encode("ascii", "replace").decode("ascii").translate(ASCII_PUNCTUATION_TO_SPACE).split()
     return WORD.findall(text)
 
 

@@ -5,13 +5,27 @@ import pytest
 
 from tasks.dedup.minhash import (ChecksumMismatch, HashFamily, UnionFind, band_keys, candidate_probability, read_checked_array,
                            signatures, write_checked_array)
-from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, jaccard_of_sets, ngram_hashes, sorted_set, tokens
+from tasks.dedup.shingles import (NUMBER, WORD, TokenHashCache, batch_ngram_hashes, jaccard_of_sets, ngram_hashes, sorted_set,
+                                  tokens)
 
 
 def test_tokens_fold_numbers_and_split_spaceless_scripts():
     assert tokens("Page 12, v3.5 — Café!") == ["page", "0", "v0", "café"]
     assert tokens("Page 12", fold_numbers=False) == ["page", "12"]
     assert tokens("我爱Python编程") == ["我", "爱", "python", "编", "程"]
+
+
+def test_tokens_take_the_ascii_path_only_when_the_words_are_the_regexs():
+    """Texts whose only non-ASCII characters are punctuation go through the ASCII path; the words must be what the
+    word regex finds, for every mix (digits such as '²' and '½' are word characters, as are letters like 'é')."""
+    rng = np.random.default_rng(7)
+    alphabet = list("abcXYZ019 .,-_'!?\n\t") + ["\u2019", "\u201c", "\u2014", "\u2026", "\u00a0", "\u00e9", "\u00df", "\u00b2",
+                                                   "\u00bd", "\u0301", "\u0663", "\u00b7"]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(0, 40))))
+        folded = NUMBER.sub("0", text.lower()) if any(d in text for d in "0123456789") else text.lower()  # as tokens() folds
+        assert tokens(text) == WORD.findall(folded), repr(text)
+        assert tokens(text, fold_numbers=False) == WORD.findall(text.lower()), repr(text)
 
 
 def test_batch_ngram_hashes_match_per_document_hashes_and_skip_short_documents():
