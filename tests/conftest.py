@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import tempfile
 import textwrap
 import shutil
 import signal
@@ -26,6 +27,7 @@ from tasks.runner.stage_runner import StageWriter
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HYMO_PROGRESS", "0")
+os.environ.setdefault("HYMO_CACHE", tempfile.mkdtemp(prefix="hymo-test-cache-"))  # the session's own decontam index cache
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "manifests" / "sample"

