@@ -1,0 +1,106 @@
+"""MoE routing and dispatch ops (hymo_core/kernels/moe_dispatch.py): Triton equals the PyTorch reference, and the
+layer built on them (tests/hymo_core/models/test_moe.py) equals the token-by-token oracle (issue 54).
+
+Without a GPU the Triton kernels run in the interpreter, in a child pytest (interpreter_child.py); the CPU
+reference tests run here.
+"""
+
+import pytest
+import torch
+
+from hymo_core.kernels.moe_dispatch import moe_combine, moe_permute, moe_plan, moe_route, plan_rows
+
+pytest.importorskip("triton")
+
+from interpreter_child import RUN_HERE, run_module_in_interpreter  # noqa: E402
+
+BACKENDS = ["reference", "triton"] if RUN_HERE else ["reference"]
+
+
+@pytest.mark.skipif(RUN_HERE, reason="kernels run in this process")
+def test_moe_dispatch_under_triton_interpreter_in_a_child_process():
+    run_module_in_interpreter(__file__)
+
+
+@pytest.fixture(scope="module")
+def device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_plan_of_a_small_routing_by_hand(device, backend):
+    """Stable ranks (token order inside an expert), groups padded to 4 rows, the capacity's drop, padding rows -1."""
+    experts = torch.tensor([2, 0, 2, 1, 0, 2], device=device)
+    rows = plan_rows(6, 3, 2, 4, 0)
+    position, source, ends, counts = moe_plan(experts, 3, capacity=2, rows=rows, align=4, backend=backend)
+    assert rows == 16
+    assert position.tolist() == [8, 0, 9, 4, 1, -1]  # expert 2's third assignment is over its capacity of 2
+    assert source.tolist() == [1, 4, -1, -1, 3, -1, -1, -1, 0, 2] + [-1] * 6
+    assert ends.tolist() == [4, 8, 16] and ends.dtype == torch.int32  # the last group takes the slack
+    assert counts.tolist() == [2, 1, 3]
+    _, _, ends, _ = moe_plan(experts, 3, capacity=6, rows=18, group_rows=6, backend=backend)
+    assert ends.tolist() == [6, 12, 18]  # the padded layout: a fixed group per expert
+
+
+def one_routing(device, N=37, E=8, k=2, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(N, E, generator=generator).to(device)
+    bias = (0.3 * torch.randn(E, generator=generator)).to(device)
+    return logits, bias
+
+
+ROUTINGS = [  # (E, k, sigmoid, normalize, scale)
+    (8, 2, True, True, 1.0), (16, 1, False, False, 1.0), (8, 3, False, False, 2.5), (6, 1, True, False, 1.0),
+]
+
+
+@pytest.mark.skipif(not RUN_HERE, reason="run by the child process")
+@pytest.mark.parametrize("E,k,sigmoid,normalize,scale", ROUTINGS)
+def test_route_triton_equals_reference(device, E, k, sigmoid, normalize, scale):
+    logits, bias = one_routing(device, E=E, k=k)
+    upstream = torch.randn(logits.shape[0], k, generator=torch.Generator().manual_seed(1)).to(device)
+    results = {}
+    for backend in ("triton", "reference"):
+        leaf = logits.clone().requires_grad_()
+        weights, experts = moe_route(leaf, bias, k, sigmoid, normalize, scale, backend=backend)
+        (weights * upstream).sum().backward()
+        results[backend] = weights.detach(), experts, leaf.grad
+    (w_t, e_t, g_t), (w_r, e_r, g_r) = results["triton"], results["reference"]
+    assert torch.equal(e_t, e_r)
+    torch.testing.assert_close(w_t, w_r, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_t, g_r, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not RUN_HERE, reason="run by the child process")
+@pytest.mark.parametrize("capacity,align,group_rows", [(40, 16, 0), (5, 16, 0), (40, 1, 0), (7, 1, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plan_permute_and_combine_triton_equal_reference(device, capacity, align, group_rows, dtype):
+    """Every buffer layout (grouped, grouped with drops, looped / EP, padded), forward and backward."""
+    N, E, k, D = 40, 8, 2, 20
+    generator = torch.Generator().manual_seed(2)
+    experts = torch.stack([torch.randperm(E, generator=generator)[:k] for _ in range(N)]).to(device)
+    experts[:12, 0] = 3  # a crowded expert, over a capacity of 5 or 7
+    rows = plan_rows(N * k, E, capacity, align, group_rows)
+    plans = {b: moe_plan(experts, E, capacity, rows, align, group_rows, backend=b) for b in ("triton", "reference")}
+    for got, want in zip(plans["triton"], plans["reference"]):
+        assert torch.equal(got, want)
+    position, source, _, _ = plans["reference"]
+    x = torch.randn(N, D, generator=generator).to(device)
+    weights = torch.rand(N, k, generator=generator).to(device)
+    base = torch.randn(N, D, generator=generator).to(device)
+    upstream = torch.randn(N, D, generator=generator).to(device)
+    results = {}
+    for backend in ("triton", "reference"):
+        xs, ws, bs = (t.clone().requires_grad_() for t in (x, weights, base))
+        buffer = moe_permute(xs, source, position, k, dtype, backend=backend)
+        y = buffer * 1.5  # the experts, as far as dispatch is concerned
+        out = moe_combine(y, source, position, ws, bs, torch.float32, backend=backend)
+        (out * upstream).sum().backward()
+        results[backend] = [buffer.detach(), out.detach(), xs.grad, ws.grad, bs.grad]
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for got, want in zip(results["triton"], results["reference"]):
+        torch.testing.assert_close(got, want, **tolerance)
+    assert torch.equal(results["triton"][0][source < 0], torch.zeros_like(results["triton"][0][source < 0]))
+    dropped = (position < 0).view(N, k)
+    assert dropped.any() == (capacity < 12)
+    assert torch.equal(results["triton"][3][dropped], torch.zeros_like(results["triton"][3][dropped]))
