@@ -66,8 +66,10 @@ def plan_rows(n_assignments: int, n_experts: int, capacity: int, align: int, gro
     return -(-(kept_bound + n_experts * (align - 1)) // align) * align
 
 
-def plan_reference(experts_A: torch.Tensor, n_experts: int, capacity: int, rows: int, align: int, group_rows: int):
-    """(position_A int32, source_P int32, ends_E int32, counts_E int64); see the module docstring."""
+def plan_reference(experts_A: torch.Tensor, n_experts: int, capacity: int, rows: int, align: int, group_rows: int,
+                   counts_into: torch.Tensor | None = None, dropped_into: torch.Tensor | None = None):
+    """(position_A int32, source_P int32, ends_E int32, counts_E int64); see the module docstring. Adds the counts to
+    `counts_into` and the dropped assignments to `dropped_into` where given (the layer's balancing counters)."""
     device = experts_A.device
     A = experts_A.numel()
     order_A = torch.argsort(experts_A, stable=True)
@@ -88,6 +90,10 @@ def plan_reference(experts_A: torch.Tensor, n_experts: int, capacity: int, rows:
     position_A = torch.where(rank_A < capacity, starts_E[experts_A] + rank_A, -1)
     source_P = torch.full((rows + 1,), -1, dtype=torch.long, device=device)
     source_P = source_P.index_copy_(0, torch.where(position_A >= 0, position_A, rows), torch.arange(A, device=device))
+    if counts_into is not None:
+        counts_into += counts_E
+    if dropped_into is not None:
+        dropped_into += (counts_E - kept_E).sum()
     return position_A.int(), source_P[:rows].int(), ends_E.int(), counts_E
 
 
@@ -96,9 +102,12 @@ def permute_reference(x_ND: torch.Tensor, source_P: torch.Tensor, k: int, dtype:
     return torch.where(real_P, x_ND[source_P.clamp(min=0).long() // k].to(dtype), 0.0).to(dtype)
 
 
-def permute_backward_reference(dbuffer_PD, position_A, k: int, dtype: torch.dtype) -> torch.Tensor:
+def permute_backward_reference(dbuffer_PD, position_A, k: int, dtype: torch.dtype, addends: list[torch.Tensor]) -> torch.Tensor:
     rows_AD = torch.where((position_A >= 0).unsqueeze(1), dbuffer_PD[position_A.clamp(min=0).long()].float(), 0.0)
-    return rows_AD.view(-1, k, rows_AD.shape[-1]).sum(dim=1).to(dtype)
+    dx_ND = rows_AD.view(-1, k, rows_AD.shape[-1]).sum(dim=1)
+    for addend in addends:
+        dx_ND = dx_ND + addend.float()
+    return dx_ND.to(dtype)
 
 
 def combine_reference(y_PD, position_A, weights_NK, base_ND, dtype: torch.dtype) -> torch.Tensor:
@@ -213,9 +222,11 @@ if HAVE_TRITON:
                  dlogits.to(dlogits_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _plan_kernel(experts_ptr, position_ptr, source_ptr, ends_ptr, counts_ptr, A, E, capacity, rows, align,
-                     group_rows, BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr):
-        """One program: histogram, group bounds, then each assignment's stable rank and row, then padding rows."""
+    def _plan_kernel(experts_ptr, position_ptr, source_ptr, ends_ptr, counts_ptr, counts_into_ptr, dropped_into_ptr, A,
+                     E, capacity, rows, align, group_rows, COUNT: tl.constexpr, DROPPED: tl.constexpr,
+                     BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr):
+        """One program: histogram (added to the layer's counters), group bounds, then each assignment's stable rank
+        and row, then the padding rows."""
         cols = tl.arange(0, BLOCK_E)
         lanes = tl.arange(0, BLOCK_A)
         counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
@@ -234,6 +245,12 @@ if HAVE_TRITON:
             ends = tl.where(cols == E - 1, rows, ends)
         tl.store(ends_ptr + cols, ends, mask=cols < E)
         tl.store(counts_ptr + cols, counts.to(tl.int64), mask=cols < E)
+        if COUNT:
+            total = tl.load(counts_into_ptr + cols, mask=cols < E, other=0.0)
+            tl.store(counts_into_ptr + cols, total + counts.to(total.dtype), mask=cols < E)
+        if DROPPED:
+            dropped = tl.load(dropped_into_ptr)
+            tl.store(dropped_into_ptr, dropped + tl.sum(tl.where(cols < E, counts - kept, 0), axis=0).to(dropped.dtype))
         before = tl.zeros((BLOCK_E,), dtype=tl.int32)  # assignments of each expert seen so far
         for start in range(0, A, BLOCK_A):
             a = start + lanes
@@ -267,18 +284,24 @@ if HAVE_TRITON:
                      mask=(rows[:, None] < P) & (cols[None, :] < D))
 
     @triton.jit
-    def _permute_backward_kernel(dbuffer_ptr, position_ptr, dx_ptr, N, D, K: tl.constexpr, BLOCK_R: tl.constexpr,
-                                 BLOCK_D: tl.constexpr):
+    def _permute_backward_kernel(dbuffer_ptr, position_ptr, first_ptr, second_ptr, dx_ptr, N, D, K: tl.constexpr,
+                                 ADDENDS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        """dx = the token's k buffer rows' gradients + up to two gradients of other readers of x (no autograd add)."""
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
+            mask = (rows[:, None] < N) & (cols[None, :] < D)
+            at = rows[:, None].to(tl.int64) * D + cols[None, :]
             acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+            if ADDENDS >= 1:
+                acc += tl.load(first_ptr + at, mask=mask, other=0.0).to(tl.float32)
+            if ADDENDS >= 2:
+                acc += tl.load(second_ptr + at, mask=mask, other=0.0).to(tl.float32)
             for j in tl.static_range(K):
                 position = tl.load(position_ptr + rows * K + j, mask=rows < N, other=-1)
                 acc += tl.load(dbuffer_ptr + tl.where(position >= 0, position, 0).to(tl.int64)[:, None] * D + cols[None, :],
                                mask=(position >= 0)[:, None] & (cols[None, :] < D), other=0.0).to(tl.float32)
-            tl.store(dx_ptr + rows[:, None].to(tl.int64) * D + cols[None, :], acc.to(dx_ptr.dtype.element_ty),
-                     mask=(rows[:, None] < N) & (cols[None, :] < D))
+            tl.store(dx_ptr + at, acc.to(dx_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _combine_kernel(y_ptr, position_ptr, weights_ptr, base_ptr, out_ptr, N, D, K: tl.constexpr,
@@ -340,8 +363,9 @@ def _next_pow2(n: int) -> int:
 
 
 def plan_block(n_experts: int) -> int:
-    """Assignments per step of the plan kernel: a (BLOCK_A, BLOCK_E) one-hot of at most 16 K elements."""
-    return max(16, min(1024, 16384 // _next_pow2(n_experts)))
+    """Assignments per step of the plan kernel: a (BLOCK_A, BLOCK_E) one-hot of at most 8 K elements (16 K filled
+    all 255 registers of its 256 threads at E = 16 on sm_90)."""
+    return max(16, min(1024, 8192 // _next_pow2(n_experts)))
 
 
 def route_triton(logits_NE, bias_E, k, sigmoid, normalize, scale):
@@ -366,15 +390,18 @@ def route_backward_triton(dweights_NK, logits_NE, experts_NK, sigmoid, normalize
     return dlogits
 
 
-def plan_triton(experts_A, n_experts, capacity, rows, align, group_rows):
+def plan_triton(experts_A, n_experts, capacity, rows, align, group_rows, counts_into=None, dropped_into=None):
     experts_A = experts_A.contiguous()
     A = experts_A.numel()
     position_A = experts_A.new_empty(A, dtype=torch.int32)
     source_P = experts_A.new_empty(rows, dtype=torch.int32)
     ends_E = experts_A.new_empty(n_experts, dtype=torch.int32)
     counts_E = experts_A.new_empty(n_experts, dtype=torch.long)
-    _plan_kernel[(1,)](experts_A, position_A, source_P, ends_E, counts_E, A, n_experts, capacity, rows, align,
-                       group_rows, BLOCK_A=plan_block(n_experts), BLOCK_E=_next_pow2(n_experts), num_warps=8)
+    _plan_kernel[(1,)](experts_A, position_A, source_P, ends_E, counts_E,
+                       counts_E if counts_into is None else counts_into, counts_E if dropped_into is None else dropped_into,
+                       A, n_experts, capacity, rows, align, group_rows, COUNT=counts_into is not None,
+                       DROPPED=dropped_into is not None, BLOCK_A=plan_block(n_experts), BLOCK_E=_next_pow2(n_experts),
+                       num_warps=8)
     return position_A, source_P, ends_E, counts_E
 
 
@@ -386,12 +413,16 @@ def permute_triton(x_ND, source_P, k, dtype):
     return buffer_PD
 
 
-def permute_backward_triton(dbuffer_PD, position_A, k, dtype):
+def permute_backward_triton(dbuffer_PD, position_A, k, dtype, addends):
+    if len(addends) > 2:
+        addends = [sum(a.float() for a in addends)]
     dbuffer_PD = dbuffer_PD.contiguous()
+    addends = [a.contiguous() for a in addends]
     N, D = position_A.shape[0] // k, dbuffer_PD.shape[1]
     dx_ND = dbuffer_PD.new_empty(N, D, dtype=dtype)
-    _permute_backward_kernel[(triton.cdiv(N, ROWS),)](dbuffer_PD, position_A, dx_ND, N, D, K=k, BLOCK_R=ROWS,
-                                                      BLOCK_D=BLOCK_D)
+    first, second = (addends + [dx_ND, dx_ND])[:2]
+    _permute_backward_kernel[(triton.cdiv(N, ROWS),)](dbuffer_PD, position_A, first, second, dx_ND, N, D, K=k,
+                                                      ADDENDS=len(addends), BLOCK_R=ROWS, BLOCK_D=BLOCK_D)
     return dx_ND
 
 
@@ -467,16 +498,16 @@ def _route_backward(ctx, dweights, dexperts):
 moe_route_op.register_autograd(_route_backward, setup_context=_setup_route)
 
 
-@torch.library.custom_op("hymo::moe_plan", mutates_args=())
+@torch.library.custom_op("hymo::moe_plan", mutates_args=("counts_into", "dropped_into"))
 def moe_plan_op(experts: torch.Tensor, n_experts: int, capacity: int, rows: int, align: int, group_rows: int,
-                backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if backend == "triton":
-        return plan_triton(experts.reshape(-1), n_experts, capacity, rows, align, group_rows)
-    return plan_reference(experts.reshape(-1), n_experts, capacity, rows, align, group_rows)
+                counts_into: torch.Tensor | None, dropped_into: torch.Tensor | None, backend: str
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    plan = plan_triton if backend == "triton" else plan_reference
+    return plan(experts.reshape(-1), n_experts, capacity, rows, align, group_rows, counts_into, dropped_into)
 
 
 @moe_plan_op.register_fake
-def _(experts, n_experts, capacity, rows, align, group_rows, backend):
+def _(experts, n_experts, capacity, rows, align, group_rows, counts_into, dropped_into, backend):
     i32 = dict(dtype=torch.int32)
     return (experts.new_empty(experts.numel(), **i32), experts.new_empty(rows, **i32), experts.new_empty(n_experts, **i32),
             experts.new_empty(n_experts, dtype=torch.long))
@@ -497,21 +528,21 @@ def _(x, source, position, k, dtype, backend):
 
 @torch.library.custom_op("hymo::moe_permute_backward", mutates_args=())
 def moe_permute_backward_op(dbuffer: torch.Tensor, position: torch.Tensor, k: int, dtype: torch.dtype,
-                            backend: str) -> torch.Tensor:
+                            addends: list[torch.Tensor], backend: str) -> torch.Tensor:
     if backend == "triton":
-        return permute_backward_triton(dbuffer, position, k, dtype)
-    return permute_backward_reference(dbuffer, position, k, dtype).contiguous()
+        return permute_backward_triton(dbuffer, position, k, dtype, addends)
+    return permute_backward_reference(dbuffer, position, k, dtype, addends).contiguous()
 
 
 @moe_permute_backward_op.register_fake
-def _(dbuffer, position, k, dtype, backend):
+def _(dbuffer, position, k, dtype, addends, backend):
     return dbuffer.new_empty(position.shape[0] // k, dbuffer.shape[1], dtype=dtype)
 
 
 def _setup_permute(ctx, inputs, output):
     x, source, position, k, dtype, backend = inputs
     ctx.save_for_backward(position)
-    ctx.args = (k, x.dtype, backend)
+    ctx.args = (k, x.dtype, [], backend)
 
 
 def _permute_backward(ctx, dbuffer):
@@ -520,6 +551,27 @@ def _permute_backward(ctx, dbuffer):
 
 
 moe_permute_op.register_autograd(_permute_backward, setup_context=_setup_permute)
+
+
+class PermuteFanout(torch.autograd.Function):
+    """`moe_permute`, and `x` again (a view) for each of its other readers (the router, the shared expert): their
+    gradients come back here and the permute backward's kernel adds them, so autograd launches no add for x."""
+
+    @staticmethod
+    def forward(ctx, x, source, position, k: int, dtype: torch.dtype, backend: str, readers: int):
+        ctx.save_for_backward(position)
+        ctx.args = (k, x.dtype, backend)
+        ctx.set_materialize_grads(False)
+        return (moe_permute_op(x, source, position, k, dtype, backend), *(x.view_as(x) for _ in range(readers)))
+
+    @staticmethod
+    def backward(ctx, dbuffer, *dreaders):
+        (position,) = ctx.saved_tensors
+        k, dtype, backend = ctx.args
+        addends = [d for d in dreaders if d is not None]
+        if dbuffer is None:  # only the readers' gradients (no expert output was used)
+            return sum(addends), None, None, None, None, None, None
+        return moe_permute_backward_op(dbuffer, position, k, dtype, addends, backend), None, None, None, None, None, None
 
 
 @torch.library.custom_op("hymo::moe_combine", mutates_args=())
@@ -576,15 +628,23 @@ def moe_route(logits_NE: torch.Tensor, bias_E: torch.Tensor, k: int, sigmoid: bo
 
 
 def moe_plan(experts_NK: torch.Tensor, n_experts: int, capacity: int, rows: int, align: int = 1, group_rows: int = 0,
-             backend: str | None = None):
-    """(position_A, source_P, ends_E, counts_E) of the buffer the expert GEMMs read; `rows` from `plan_rows`."""
-    return moe_plan_op(experts_NK, n_experts, capacity, rows, align, group_rows, resolve_backend(experts_NK, backend))
+             counts_into: torch.Tensor | None = None, dropped_into: torch.Tensor | None = None, backend: str | None = None):
+    """(position_A, source_P, ends_E, counts_E) of the buffer the expert GEMMs read; `rows` from `plan_rows`. The
+    counts are added to `counts_into`, the assignments the capacity drops to `dropped_into`, where given."""
+    return moe_plan_op(experts_NK, n_experts, capacity, rows, align, group_rows, counts_into, dropped_into,
+                       resolve_backend(experts_NK, backend))
 
 
 def moe_permute(x_ND: torch.Tensor, source_P: torch.Tensor, position_A: torch.Tensor, k: int, dtype: torch.dtype,
                 backend: str | None = None) -> torch.Tensor:
     """The buffer of expert rows: row p is token source_P[p] // k in `dtype`, padding rows zero."""
     return moe_permute_op(x_ND, source_P, position_A, k, dtype, resolve_backend(x_ND, backend))
+
+
+def moe_permute_fanout(x_ND: torch.Tensor, source_P: torch.Tensor, position_A: torch.Tensor, k: int,
+                       dtype: torch.dtype, readers: int, backend: str | None = None) -> tuple[torch.Tensor, ...]:
+    """(the buffer, then `readers` views of x for x's other readers): x's gradient is one kernel."""
+    return PermuteFanout.apply(x_ND, source_P, position_A, k, dtype, resolve_backend(x_ND, backend), readers)
 
 
 def moe_combine(y_PD: torch.Tensor, source_P: torch.Tensor, position_A: torch.Tensor, weights_NK: torch.Tensor,

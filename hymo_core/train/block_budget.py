@@ -31,10 +31,10 @@ BUDGET: dict[str, tuple[int, int]] = {
     "gdn": (70, 4_250_000_000),
     "mla": (34, 980_000_000),
     "ffn": (9, 790_000_000),
-    "moe": (88, 3_480_000_000),
+    "moe": (32, 2_480_000_000),  # routing and dispatch in four fused ops (kernels/moe_dispatch.py; was 88 / 3.48 GB)
     "mtp": (208, 24_950_000_000),  # each depth's head fused into its loss (kernels/linear_cross_entropy.py)
     "rest": (358, 20_750_000_000),  # the main head's fused loss computes its gradient in the forward
-    "model": (3_438, 202_000_000_000),
+    "model": (2_990, 194_000_000_000),
 }
 
 

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from hymo_core.kernels.activation import swiglu
 from hymo_core.kernels.grouped_mm import grouped_mm
-from hymo_core.kernels.moe_dispatch import moe_combine, moe_permute, moe_plan, moe_route, plan_rows, route_scores
+from hymo_core.kernels.moe_dispatch import moe_combine, moe_permute_fanout, moe_plan, moe_route, plan_rows, route_scores
 from hymo_core.models.configs import MoEConfig
 
 GROUP_ALIGN = 16  # rows of each grouped_mm group are padded to a multiple of this (16-byte TMA alignment, bf16 and fp32)
@@ -142,13 +142,17 @@ class DispatchPlan:
         return self.counts_E.clamp(max=self.capacity) if self.can_drop else self.counts_E
 
     @staticmethod
-    def of(experts: torch.Tensor, n_experts: int, capacity: int, layout: str, can_drop: bool = True) -> "DispatchPlan":
+    def of(experts: torch.Tensor, n_experts: int, capacity: int, layout: str, can_drop: bool = True,
+           counters: tuple[torch.Tensor, torch.Tensor] | None = None) -> "DispatchPlan":
         """The plan for `layout`: "grouped" pads each expert's rows to GROUP_ALIGN (the buffer's size depends on the
         shapes only: N k + E * 15 rows at most); "looped" (and expert parallelism) packs them exactly; "padded"
-        gives every expert `capacity` rows."""
+        gives every expert `capacity` rows. `counters` (tokens per expert, dropped assignments) are added to by the
+        same kernel (the dropped one only where a capacity can drop)."""
         align, group_rows = {"grouped": (GROUP_ALIGN, 0), "padded": (1, capacity)}.get(layout, (1, 0))
         rows = plan_rows(experts.numel(), n_experts, capacity, align, group_rows)
-        return DispatchPlan(*moe_plan(experts, n_experts, capacity, rows, align, group_rows), capacity, can_drop)
+        counts_into, dropped_into = counters if counters is not None else (None, None)
+        return DispatchPlan(*moe_plan(experts, n_experts, capacity, rows, align, group_rows, counts_into,
+                                      dropped_into if can_drop else None), capacity, can_drop)
 
 
 def grouped_swiglu(x_PD: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
@@ -317,7 +321,8 @@ class MoE(nn.Module):
         N = routing.experts_NK.shape[0]
         capacity = self.capacity(N)
         return DispatchPlan.of(routing.experts_NK, self.config.n_routed_experts, capacity,
-                               "looped" if self.experts.dispatch else layout, can_drop=capacity < N)
+                               "looped" if self.experts.dispatch else layout, can_drop=capacity < N,
+                               counters=(self.tokens_per_expert_E, self.dropped_assignments) if self.training else None)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """Route, plan, permute, experts, combine (+ the shared expert inside the combine): a handful of kernels."""
@@ -328,18 +333,16 @@ class MoE(nn.Module):
         K = self.config.n_activated_experts
         layout = self.experts.resolved_layout(x_ND)
         plan = self.plan(routing, layout)
-        rows_PD = moe_permute(x_ND, plan.source_P, plan.position_A, K, compute_dtype(x_ND))
+        # The shared expert reads x through the permute's fan-out: x's gradient from both is one kernel.
+        rows_PD, *x_shared = moe_permute_fanout(x_ND, plan.source_P, plan.position_A, K, compute_dtype(x_ND),
+                                                readers=int(self.shared_expert is not None))
         y_PD = self.experts(rows_PD, plan, layout)
-        shared_ND = self.shared_expert(x_ND) if self.shared_expert is not None else None
+        shared_ND = self.shared_expert(x_shared[0]) if self.shared_expert is not None else None
         # Each token's k rows weighted by the gates and summed in token order (no atomic scatter-add, so a
         # resumed run's bits do not depend on the device's thread schedule), the shared expert added.
         out_ND = moe_combine(y_PD, plan.source_P, plan.position_A, routing.weights_NK, shared_ND,
                              x_ND.dtype if shared_ND is None else float_promotion(x_ND.dtype, shared_ND.dtype))
-        if self.training:
-            with torch.no_grad():
-                self.tokens_per_expert_E += plan.counts_E
-                if plan.can_drop:  # dropless: nothing to add
-                    self.dropped_assignments += (plan.counts_E - plan.kept_E).sum()
+        if self.training:  # the plan kernel has added this forward's counts to the balancing counters
             self.aux_loss = self._sequence_aux_loss(routing, B, T) if self.config.aux_loss_weight > 0 else None
         return out_ND.reshape(B, T, D)
 

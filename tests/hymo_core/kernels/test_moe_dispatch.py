@@ -8,7 +8,7 @@ reference tests run here.
 import pytest
 import torch
 
-from hymo_core.kernels.moe_dispatch import moe_combine, moe_permute, moe_plan, moe_route, plan_rows
+from hymo_core.kernels.moe_dispatch import moe_combine, moe_permute, moe_permute_fanout, moe_plan, moe_route, plan_rows
 
 pytest.importorskip("triton")
 
@@ -75,15 +75,22 @@ def test_route_triton_equals_reference(device, E, k, sigmoid, normalize, scale):
 @pytest.mark.parametrize("capacity,align,group_rows", [(40, 16, 0), (5, 16, 0), (40, 1, 0), (7, 1, 7)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_plan_permute_and_combine_triton_equal_reference(device, capacity, align, group_rows, dtype):
-    """Every buffer layout (grouped, grouped with drops, looped / EP, padded), forward and backward."""
+    """Every buffer layout (grouped, grouped with drops, looped / EP, padded), forward and backward: the plan with
+    the balancing counters, the permute with two more readers of x (their gradients added in its backward)."""
     N, E, k, D = 40, 8, 2, 20
     generator = torch.Generator().manual_seed(2)
     experts = torch.stack([torch.randperm(E, generator=generator)[:k] for _ in range(N)]).to(device)
     experts[:12, 0] = 3  # a crowded expert, over a capacity of 5 or 7
     rows = plan_rows(N * k, E, capacity, align, group_rows)
-    plans = {b: moe_plan(experts, E, capacity, rows, align, group_rows, backend=b) for b in ("triton", "reference")}
-    for got, want in zip(plans["triton"], plans["reference"]):
+    plans, counters = {}, {}
+    for b in ("triton", "reference"):
+        counters[b] = (torch.full((E,), 5.0, dtype=torch.float64, device=device), torch.ones((), dtype=torch.float64, device=device))
+        plans[b] = moe_plan(experts, E, capacity, rows, align, group_rows, *counters[b], backend=b)
+    for got, want in zip(plans["triton"] + counters["triton"], plans["reference"] + counters["reference"]):
         assert torch.equal(got, want)
+    counts = torch.bincount(experts.reshape(-1), minlength=E).double()
+    assert torch.equal(counters["triton"][0], 5.0 + counts)  # the balancing counters, added by the plan kernel
+    assert float(counters["triton"][1]) == 1.0 + float((counts - capacity).clamp(min=0).sum())
     position, source, _, _ = plans["reference"]
     x = torch.randn(N, D, generator=generator).to(device)
     weights = torch.rand(N, k, generator=generator).to(device)
@@ -92,9 +99,10 @@ def test_plan_permute_and_combine_triton_equal_reference(device, capacity, align
     results = {}
     for backend in ("triton", "reference"):
         xs, ws, bs = (t.clone().requires_grad_() for t in (x, weights, base))
-        buffer = moe_permute(xs, source, position, k, dtype, backend=backend)
+        buffer, first, second = moe_permute_fanout(xs, source, position, k, dtype, readers=2, backend=backend)
         y = buffer * 1.5  # the experts, as far as dispatch is concerned
-        out = moe_combine(y, source, position, ws, bs, torch.float32, backend=backend)
+        out = moe_combine(y, source, position, ws, bs, torch.float32, backend=backend) + 2 * first - second
+        assert torch.equal(moe_permute(xs, source, position, k, dtype, backend=backend), buffer)
         (out * upstream).sum().backward()
         results[backend] = [buffer.detach(), out.detach(), xs.grad, ws.grad, bs.grad]
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
