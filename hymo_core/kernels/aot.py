@@ -330,18 +330,20 @@ def moe_launches(preset: str, E: int, k: int, D: int, sigmoid: bool, capability:
     P = m.plan_rows(A, E, N, 16, 0)
     bf16, fp32, i32, i64 = "*bf16", "*fp32", "*i32", "*i64"
     shape, module = f"E={E} k={k} D={D}", "hymo_core.kernels.moe_dispatch."
-    route = dict(K=k, SIGMOID=sigmoid, NORMALIZE=sigmoid and k > 1, BLOCK_N=m.ROUTE_ROWS, BLOCK_E=m._next_pow2(E),
-                 BLOCK_K=m._next_pow2(k))
+    route = dict(K=k, SIGMOID=sigmoid, NORMALIZE=sigmoid and k > 1, IEEE=False, **m._route_blocks(E, k))
     rows = dict(BLOCK_R=m.ROWS, BLOCK_D=m.BLOCK_D)
     out = []
 
     def add(kernel, args, constexprs, programs, options=(DEFAULT_WARPS, DEFAULT_STAGES)):
         out.extend(_launches(module + kernel, preset, shape, args, constexprs, programs, ELEMENTWISE, capability, options))
 
-    add("_route_forward_kernel", dict(logits_ptr=bf16, bias_ptr=fp32, weights_ptr=fp32, experts_ptr=i64, N=N, E=E,
-                                      scale=1.0), route, math.ceil(N / m.ROUTE_ROWS))
-    add("_route_backward_kernel", dict(dweights_ptr=fp32, logits_ptr=bf16, experts_ptr=i64, dlogits_ptr=bf16, N=N, E=E,
-                                       scale=1.0), route, math.ceil(N / m.ROUTE_ROWS))
+    for inputs in (bf16, fp32):  # bf16 weights and activations, and the trainer's autocast (fp32 x and gate)
+        add("_route_forward_kernel", dict(x_ptr=inputs, gate_ptr=inputs, bias_ptr=fp32, weights_ptr=fp32,
+                                          experts_ptr=i64, logits_ptr=bf16, N=N, E=E, D=D, scale=1.0), route,
+            math.ceil(N / m.ROUTE_ROWS))
+        add("_route_backward_kernel", dict(dweights_ptr=fp32, dextra_ptr=bf16, logits_ptr=bf16, experts_ptr=i64,
+                                           gate_ptr=inputs, dlogits_ptr=bf16, dx_ptr=inputs, N=N, E=E, D=D, scale=1.0),
+            dict(HAS_DWEIGHTS=True, HAS_EXTRA=True, **route), math.ceil(N / m.ROUTE_ROWS))
     add("_plan_kernel", dict(experts_ptr=i64, position_ptr=i32, source_ptr=i32, ends_ptr=i32, counts_ptr=i64,
                              counts_into_ptr="*fp64", dropped_into_ptr="*fp64", A=A, E=E, capacity=N, rows=P, align=16,
                              group_rows=0),

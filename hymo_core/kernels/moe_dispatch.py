@@ -4,9 +4,10 @@ The DeepSeekMoE layer used to route and move its tokens with about 60 small aten
 softmax, top-k, gather, argsort, searchsorted, cumsums, zero-fills, index_put, index_copy, the gate
 multiply, the k-slot sum, and their backwards). Megablocks / torchtitan / DeepSeek-V3 do it in a few:
 
-* `hymo::moe_route`: scores (softmax or sigmoid, fp32), top-k of the biased scores, the chosen unbiased
-  scores (normalised for sigmoid top-k > 1, times route_scale) from the router logits, one row per program;
-  backward: `hymo::moe_route_backward` recomputes the scores and writes the logits' gradient;
+* `hymo::moe_route`: the router's matmul (x @ gate^T, E columns: a tl.dot per row block), scores (softmax or
+  sigmoid, fp32), top-k of the biased scores, the chosen unbiased scores (normalised for sigmoid top-k > 1,
+  times route_scale); backward: `hymo::moe_route_backward` recomputes the scores from the saved logits and
+  writes the logits' gradient and x's (dlogits @ gate); the gate weight's gradient is one small matmul;
 * `hymo::moe_plan`: each expert's count (a histogram), its group of rows in the buffer the expert GEMMs
   read (packed and padded to `align` rows, or a fixed `group_rows` per expert), every assignment's row
   (its stable rank among its expert's assignments, in token order, so the weight gradients' sums never
@@ -25,18 +26,21 @@ No op reads anything back to the host.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from hymo_core.kernels.backend import HAVE_TRITON, reference_vjp, resolve_backend
 
 # ------------------------------------------------------------------ PyTorch references (the CPU bodies)
 
 
-def route_reference(logits_NE: torch.Tensor, bias_E: torch.Tensor, k: int, sigmoid: bool, normalize: bool,
-                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(combine weights (N, k) fp32, chosen experts (N, k) int64): top-k of scores + bias, weights unbiased."""
+def route_reference(x_ND: torch.Tensor, gate_ED: torch.Tensor, bias_E: torch.Tensor, k: int, sigmoid: bool,
+                    normalize: bool, scale: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(combine weights (N, k) fp32, chosen experts (N, k) int64, router logits (N, E) in `dtype`): the logits are
+    x @ gate^T in the matmuls' dtype, the experts the top-k of scores + bias, the weights unbiased scores."""
+    logits_NE = F.linear(x_ND.to(dtype), gate_ED.to(dtype))
     scores_NE = route_scores(logits_NE, sigmoid)
-    _, experts_NK = (scores_NE.detach() + bias_E).topk(k, dim=-1)
-    return _chosen_weights(scores_NE, experts_NK, normalize, scale), experts_NK
+    _, experts_NK = (scores_NE + bias_E).topk(k, dim=-1)
+    return _chosen_weights(scores_NE, experts_NK, normalize, scale), experts_NK, logits_NE
 
 
 def route_scores(logits_NE: torch.Tensor, sigmoid: bool) -> torch.Tensor:
@@ -51,10 +55,18 @@ def _chosen_weights(scores_NE, experts_NK, normalize: bool, scale: float) -> tor
     return weights_NK * scale if scale != 1.0 else weights_NK
 
 
-def route_backward_reference(dweights_NK, logits_NE, experts_NK, sigmoid: bool, normalize: bool, scale: float):
-    (dlogits,) = reference_vjp(lambda logits: (_chosen_weights(route_scores(logits, sigmoid), experts_NK, normalize, scale),),
-                               [logits_NE], [dweights_NK])
-    return dlogits
+def route_backward_reference(dweights_NK, dlogits_NE, x_ND, gate_ED, logits_NE, experts_NK, sigmoid: bool,
+                             normalize: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx (N, D) in x's dtype, dlogits (N, E) in the logits' dtype) from the weights' and the logits' own gradients."""
+    dlogits = torch.zeros(logits_NE.shape, dtype=torch.float32, device=logits_NE.device)
+    if dweights_NK is not None:
+        (dlogits,) = reference_vjp(
+            lambda logits: (_chosen_weights(route_scores(logits, sigmoid), experts_NK, normalize, scale),),
+            [logits_NE.float()], [dweights_NK])
+    if dlogits_NE is not None:
+        dlogits = dlogits + dlogits_NE.float()
+    dlogits = dlogits.to(logits_NE.dtype)
+    return (dlogits @ gate_ED.to(logits_NE.dtype)).to(x_ND.dtype), dlogits
 
 
 def plan_rows(n_assignments: int, n_experts: int, capacity: int, align: int, group_rows: int) -> int:
@@ -142,29 +154,44 @@ if HAVE_TRITON:
     from hymo_core.kernels.backend import wide_offset
 
     @triton.jit
-    def _route_scores(logits_ptr, rows, cols, N, E, SIGMOID: tl.constexpr):
-        mask = (rows[:, None] < N) & (cols[None, :] < E)
-        logits = tl.load(logits_ptr + rows[:, None].to(tl.int64) * E + cols[None, :], mask=mask,
-                         other=float("-inf")).to(tl.float32)
+    def _route_scores(logits, mask, SIGMOID: tl.constexpr):
+        """Softmax or sigmoid of (BLOCK_N, BLOCK_E) fp32 logits; 0 outside `mask`."""
         if SIGMOID:
             scores = tl.where(mask, tl.sigmoid(logits), 0.0)
         else:
+            logits = tl.where(mask, logits, float("-inf"))
             top = tl.max(logits, axis=1)
-            top = tl.where(rows < N, top, 0.0)
+            top = tl.where(top > float("-inf"), top, 0.0)
             p = tl.where(mask, tl.exp(logits - top[:, None]), 0.0)
             total = tl.sum(p, axis=1)
             scores = p / tl.where(total > 0, total, 1.0)[:, None]
         return scores
 
     @triton.jit
-    def _route_forward_kernel(logits_ptr, bias_ptr, weights_ptr, experts_ptr, N, E, scale, K: tl.constexpr,
-                              SIGMOID: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                              BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-        """Per row: scores, k rounds of (max of the biased scores, lowest such expert, mask it out)."""
+    def _route_forward_kernel(x_ptr, gate_ptr, bias_ptr, weights_ptr, experts_ptr, logits_ptr, N, E, D, scale,
+                              K: tl.constexpr, SIGMOID: tl.constexpr, NORMALIZE: tl.constexpr, IEEE: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                              BLOCK_D: tl.constexpr):
+        """Per row block: logits = x @ gate^T (in the logits' dtype, fp32 accumulation), scores, then k rounds of
+        (max of the biased scores, the lowest such expert, mask it out)."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_E)
         slots = tl.arange(0, BLOCK_K)
-        scores = _route_scores(logits_ptr, rows, cols, N, E, SIGMOID)
+        acc = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            dd = d0 + tl.arange(0, BLOCK_D)
+            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * D + dd[None, :], mask=(rows[:, None] < N) & (dd[None, :] < D),
+                        other=0.0).to(logits_ptr.dtype.element_ty)
+            w = tl.load(gate_ptr + cols[None, :] * D + dd[:, None], mask=(cols[None, :] < E) & (dd[:, None] < D),
+                        other=0.0).to(logits_ptr.dtype.element_ty)
+            if IEEE:
+                acc += tl.dot(x, w, input_precision="ieee")
+            else:
+                acc += tl.dot(x, w)
+        mask = (rows[:, None] < N) & (cols[None, :] < E)
+        logits = acc.to(logits_ptr.dtype.element_ty)
+        tl.store(logits_ptr + rows[:, None].to(tl.int64) * E + cols[None, :], logits, mask=mask)
+        scores = _route_scores(logits.to(tl.float32), mask, SIGMOID)
         bias = tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)
         biased = tl.where(cols[None, :] < E, scores + bias[None, :], float("-inf"))
         weights = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -180,46 +207,64 @@ if HAVE_TRITON:
         if NORMALIZE:
             weights = weights / tl.sum(weights, axis=1)[:, None]
         out = rows[:, None].to(tl.int64) * K + slots[None, :]
-        mask = (rows[:, None] < N) & (slots[None, :] < K)
-        tl.store(weights_ptr + out, weights * scale, mask=mask)
-        tl.store(experts_ptr + out, experts, mask=mask)
+        slot_mask = (rows[:, None] < N) & (slots[None, :] < K)
+        tl.store(weights_ptr + out, weights * scale, mask=slot_mask)
+        tl.store(experts_ptr + out, experts, mask=slot_mask)
 
     @triton.jit
-    def _route_backward_kernel(dweights_ptr, logits_ptr, experts_ptr, dlogits_ptr, N, E, scale, K: tl.constexpr,
-                               SIGMOID: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-        """dscores at the chosen experts (through the normalisation), then the softmax / sigmoid backward."""
+    def _route_backward_kernel(dweights_ptr, dextra_ptr, logits_ptr, experts_ptr, gate_ptr, dlogits_ptr, dx_ptr, N, E,
+                               D, scale, K: tl.constexpr, SIGMOID: tl.constexpr, NORMALIZE: tl.constexpr,
+                               HAS_DWEIGHTS: tl.constexpr, HAS_EXTRA: tl.constexpr, IEEE: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                               BLOCK_D: tl.constexpr):
+        """dscores at the chosen experts (through the normalisation), the softmax / sigmoid backward, the logits' own
+        gradient added; then dx = dlogits @ gate, so the router's input gradient is no separate matmul."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_E)
         slots = tl.arange(0, BLOCK_K)
-        scores = _route_scores(logits_ptr, rows, cols, N, E, SIGMOID)
-        slot_mask = (rows[:, None] < N) & (slots[None, :] < K)
-        at = rows[:, None].to(tl.int64) * K + slots[None, :]
-        experts = tl.load(experts_ptr + at, mask=slot_mask, other=-1)
-        du = tl.load(dweights_ptr + at, mask=slot_mask, other=0.0).to(tl.float32) * scale
-        raw = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for j in tl.static_range(K):
-            expert_j = tl.sum(tl.where(slots[None, :] == j, experts, 0), axis=1)
-            raw_j = tl.sum(tl.where(cols[None, :] == expert_j[:, None], scores, 0.0), axis=1)
-            raw = tl.where(slots[None, :] == j, raw_j[:, None], raw)
-        if NORMALIZE:
-            total = tl.sum(raw, axis=1)
-            total = tl.where(total > 0, total, 1.0)
-            dchosen = (du - tl.sum(du * raw, axis=1)[:, None] / total[:, None]) / total[:, None]
-        else:
-            dchosen = du
-        dscores = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
-        for j in tl.static_range(K):
-            expert_j = tl.sum(tl.where(slots[None, :] == j, experts, 0), axis=1)
-            d_j = tl.sum(tl.where(slots[None, :] == j, dchosen, 0.0), axis=1)
-            dscores += tl.where(cols[None, :] == expert_j[:, None], d_j[:, None], 0.0)
-        if SIGMOID:
-            dlogits = dscores * scores * (1.0 - scores)
-        else:
-            dlogits = scores * (dscores - tl.sum(dscores * scores, axis=1)[:, None])
         mask = (rows[:, None] < N) & (cols[None, :] < E)
-        tl.store(dlogits_ptr + rows[:, None].to(tl.int64) * E + cols[None, :],
-                 dlogits.to(dlogits_ptr.dtype.element_ty), mask=mask)
+        at_e = rows[:, None].to(tl.int64) * E + cols[None, :]
+        dlogits = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
+        if HAS_DWEIGHTS:
+            scores = _route_scores(tl.load(logits_ptr + at_e, mask=mask, other=0.0).to(tl.float32), mask, SIGMOID)
+            slot_mask = (rows[:, None] < N) & (slots[None, :] < K)
+            at = rows[:, None].to(tl.int64) * K + slots[None, :]
+            experts = tl.load(experts_ptr + at, mask=slot_mask, other=-1)
+            du = tl.load(dweights_ptr + at, mask=slot_mask, other=0.0).to(tl.float32) * scale
+            raw = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            for j in tl.static_range(K):
+                expert_j = tl.sum(tl.where(slots[None, :] == j, experts, 0), axis=1)
+                raw_j = tl.sum(tl.where(cols[None, :] == expert_j[:, None], scores, 0.0), axis=1)
+                raw = tl.where(slots[None, :] == j, raw_j[:, None], raw)
+            if NORMALIZE:
+                total = tl.sum(raw, axis=1)
+                total = tl.where(total > 0, total, 1.0)
+                dchosen = (du - tl.sum(du * raw, axis=1)[:, None] / total[:, None]) / total[:, None]
+            else:
+                dchosen = du
+            dscores = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
+            for j in tl.static_range(K):
+                expert_j = tl.sum(tl.where(slots[None, :] == j, experts, 0), axis=1)
+                d_j = tl.sum(tl.where(slots[None, :] == j, dchosen, 0.0), axis=1)
+                dscores += tl.where(cols[None, :] == expert_j[:, None], d_j[:, None], 0.0)
+            if SIGMOID:
+                dlogits = dscores * scores * (1.0 - scores)
+            else:
+                dlogits = scores * (dscores - tl.sum(dscores * scores, axis=1)[:, None])
+        if HAS_EXTRA:
+            dlogits += tl.load(dextra_ptr + at_e, mask=mask, other=0.0).to(tl.float32)
+        dl = tl.where(mask, dlogits, 0.0).to(dlogits_ptr.dtype.element_ty)
+        tl.store(dlogits_ptr + at_e, dl, mask=mask)
+        for d0 in range(0, D, BLOCK_D):
+            dd = d0 + tl.arange(0, BLOCK_D)
+            w = tl.load(gate_ptr + cols[:, None] * D + dd[None, :], mask=(cols[:, None] < E) & (dd[None, :] < D),
+                        other=0.0).to(dlogits_ptr.dtype.element_ty)
+            if IEEE:
+                dx = tl.dot(dl, w, input_precision="ieee")
+            else:
+                dx = tl.dot(dl, w)
+            tl.store(dx_ptr + rows[:, None].to(tl.int64) * D + dd[None, :], dx.to(dx_ptr.dtype.element_ty),
+                     mask=(rows[:, None] < N) & (dd[None, :] < D))
 
     @triton.jit
     def _plan_kernel(experts_ptr, position_ptr, source_ptr, ends_ptr, counts_ptr, counts_into_ptr, dropped_into_ptr, A,
@@ -354,6 +399,7 @@ if HAVE_TRITON:
 
 
 ROUTE_ROWS = 32  # router rows per program
+ROUTE_D = 64  # the router matmul's step along d_model
 ROWS = 8  # token / buffer rows per program of the row kernels
 BLOCK_D = 256  # columns per step of their inner loop
 
@@ -368,26 +414,32 @@ def plan_block(n_experts: int) -> int:
     return max(16, min(1024, 8192 // _next_pow2(n_experts)))
 
 
-def route_triton(logits_NE, bias_E, k, sigmoid, normalize, scale):
-    logits_NE = logits_NE.contiguous()
-    N, E = logits_NE.shape
-    weights_NK = logits_NE.new_empty(N, k, dtype=torch.float32)
-    experts_NK = logits_NE.new_empty(N, k, dtype=torch.long)
+def _route_blocks(E: int, k: int) -> dict:
+    return dict(BLOCK_N=ROUTE_ROWS, BLOCK_E=max(16, _next_pow2(E)), BLOCK_K=_next_pow2(k), BLOCK_D=ROUTE_D)
+
+
+def route_triton(x_ND, gate_ED, bias_E, k, sigmoid, normalize, scale, dtype):
+    x_ND, gate_ED = x_ND.contiguous(), gate_ED.contiguous()
+    (N, D), E = x_ND.shape, gate_ED.shape[0]
+    weights_NK = x_ND.new_empty(N, k, dtype=torch.float32)
+    experts_NK = x_ND.new_empty(N, k, dtype=torch.long)
+    logits_NE = x_ND.new_empty(N, E, dtype=dtype)
     _route_forward_kernel[(triton.cdiv(N, ROUTE_ROWS),)](
-        logits_NE, bias_E.contiguous(), weights_NK, experts_NK, N, E, scale, K=k, SIGMOID=sigmoid, NORMALIZE=normalize,
-        BLOCK_N=ROUTE_ROWS, BLOCK_E=_next_pow2(E), BLOCK_K=_next_pow2(k))
-    return weights_NK, experts_NK
+        x_ND, gate_ED, bias_E.contiguous(), weights_NK, experts_NK, logits_NE, N, E, D, scale, K=k, SIGMOID=sigmoid,
+        NORMALIZE=normalize, IEEE=dtype == torch.float32, **_route_blocks(E, k))
+    return weights_NK, experts_NK, logits_NE
 
 
-def route_backward_triton(dweights_NK, logits_NE, experts_NK, sigmoid, normalize, scale):
-    logits_NE = logits_NE.contiguous()
-    N, E = logits_NE.shape
-    k = experts_NK.shape[1]
-    dlogits = torch.empty_like(logits_NE)
+def route_backward_triton(dweights_NK, dlogits_NE, x_ND, gate_ED, logits_NE, experts_NK, sigmoid, normalize, scale):
+    (N, D), (E, k) = x_ND.shape, (gate_ED.shape[0], experts_NK.shape[1])
+    dlogits = torch.empty_like(logits_NE, memory_format=torch.contiguous_format)
+    dx_ND = x_ND.new_empty(N, D)
     _route_backward_kernel[(triton.cdiv(N, ROUTE_ROWS),)](
-        dweights_NK.contiguous(), logits_NE, experts_NK.contiguous(), dlogits, N, E, scale, K=k, SIGMOID=sigmoid,
-        NORMALIZE=normalize, BLOCK_N=ROUTE_ROWS, BLOCK_E=_next_pow2(E), BLOCK_K=_next_pow2(k))
-    return dlogits
+        dlogits if dweights_NK is None else dweights_NK.contiguous(), dlogits if dlogits_NE is None else dlogits_NE.contiguous(),
+        logits_NE.contiguous(), experts_NK.contiguous(), gate_ED.contiguous(), dlogits, dx_ND, N, E, D, scale, K=k,
+        SIGMOID=sigmoid, NORMALIZE=normalize, HAS_DWEIGHTS=dweights_NK is not None, HAS_EXTRA=dlogits_NE is not None,
+        IEEE=logits_NE.dtype == torch.float32, **_route_blocks(E, k))
+    return dx_ND, dlogits
 
 
 def plan_triton(experts_A, n_experts, capacity, rows, align, group_rows, counts_into=None, dropped_into=None):
@@ -454,45 +506,51 @@ def combine_backward_triton(dout_ND, y_PD, source_P, position_A, weights_NK):
 
 
 @torch.library.custom_op("hymo::moe_route", mutates_args=())
-def moe_route_op(logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool, normalize: bool, scale: float,
-                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_route_op(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool, normalize: bool,
+                 scale: float, dtype: torch.dtype, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if backend == "triton":
-        return route_triton(logits, bias, k, sigmoid, normalize, scale)
-    weights, experts = route_reference(logits, bias, k, sigmoid, normalize, scale)
-    return weights.contiguous(), experts.contiguous()
+        return route_triton(x, gate, bias, k, sigmoid, normalize, scale, dtype)
+    return tuple(t.contiguous() for t in route_reference(x, gate, bias, k, sigmoid, normalize, scale, dtype))
 
 
 @moe_route_op.register_fake
-def _(logits, bias, k, sigmoid, normalize, scale, backend):
-    N = logits.shape[0]
-    return logits.new_empty(N, k, dtype=torch.float32), logits.new_empty(N, k, dtype=torch.long)
+def _(x, gate, bias, k, sigmoid, normalize, scale, dtype, backend):
+    N = x.shape[0]
+    return (x.new_empty(N, k, dtype=torch.float32), x.new_empty(N, k, dtype=torch.long),
+            x.new_empty(N, gate.shape[0], dtype=dtype))
 
 
 @torch.library.custom_op("hymo::moe_route_backward", mutates_args=())
-def moe_route_backward_op(dweights: torch.Tensor, logits: torch.Tensor, experts: torch.Tensor, sigmoid: bool,
-                          normalize: bool, scale: float, backend: str) -> torch.Tensor:
+def moe_route_backward_op(dweights: torch.Tensor | None, dlogits: torch.Tensor | None, x: torch.Tensor,
+                          gate: torch.Tensor, logits: torch.Tensor, experts: torch.Tensor, sigmoid: bool,
+                          normalize: bool, scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     if backend == "triton":
-        return route_backward_triton(dweights, logits, experts, sigmoid, normalize, scale)
-    return route_backward_reference(dweights, logits, experts, sigmoid, normalize, scale).contiguous()
+        return route_backward_triton(dweights, dlogits, x, gate, logits, experts, sigmoid, normalize, scale)
+    dx, dl = route_backward_reference(dweights, dlogits, x, gate, logits, experts, sigmoid, normalize, scale)
+    return dx.contiguous(), dl.contiguous()
 
 
 @moe_route_backward_op.register_fake
-def _(dweights, logits, experts, sigmoid, normalize, scale, backend):
-    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+def _(dweights, dlogits, x, gate, logits, experts, sigmoid, normalize, scale, backend):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(logits, memory_format=torch.contiguous_format))
 
 
 def _setup_route(ctx, inputs, output):
-    logits, bias, k, sigmoid, normalize, scale, backend = inputs
-    ctx.save_for_backward(logits, output[1])
-    ctx.set_materialize_grads(False)  # the experts output (int64) has no gradient: no zero-fill for it
+    x, gate, bias, k, sigmoid, normalize, scale, dtype, backend = inputs
+    ctx.save_for_backward(x, gate, output[2], output[1])
     ctx.args = (sigmoid, normalize, scale, backend)
+    ctx.set_materialize_grads(False)  # no zero-filled gradients for the experts (int64) or unused logits
 
 
-def _route_backward(ctx, dweights, dexperts):
-    logits, experts = ctx.saved_tensors
-    if dweights is None:
-        return None, None, None, None, None, None, None
-    return moe_route_backward_op(dweights, logits, experts, *ctx.args), None, None, None, None, None, None
+def _route_backward(ctx, dweights, dexperts, dlogits):
+    x, gate, logits, experts = ctx.saved_tensors
+    if dweights is None and dlogits is None:
+        return (None,) * 9
+    dx, dlogits = moe_route_backward_op(dweights, dlogits, x, gate, logits, experts, *ctx.args)
+    # The router weight's gradient: one small matmul (E x N x D); x in the logits' dtype as the forward read it.
+    dgate = dlogits.mT @ (x if x.dtype == dlogits.dtype else x.to(dlogits.dtype))
+    return dx, dgate.to(gate.dtype), None, None, None, None, None, None, None
 
 
 moe_route_op.register_autograd(_route_backward, setup_context=_setup_route)
@@ -554,7 +612,7 @@ moe_permute_op.register_autograd(_permute_backward, setup_context=_setup_permute
 
 
 class PermuteFanout(torch.autograd.Function):
-    """`moe_permute`, and `x` again (a view) for each of its other readers (the router, the shared expert): their
+    """`moe_permute`, and `x` again (a view) for each of its other readers (the shared expert): their
     gradients come back here and the permute backward's kernel adds them, so autograd launches no add for x."""
 
     @staticmethod
@@ -621,10 +679,12 @@ moe_combine_op.register_autograd(_combine_backward, setup_context=_setup_combine
 # ------------------------------------------------------------------ the calls the layer makes
 
 
-def moe_route(logits_NE: torch.Tensor, bias_E: torch.Tensor, k: int, sigmoid: bool, normalize: bool, scale: float,
-              backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(combine weights (N, k) fp32, experts (N, k) int64) from the router logits and the selection bias."""
-    return moe_route_op(logits_NE, bias_E, k, sigmoid, normalize, float(scale), resolve_backend(logits_NE, backend))
+def moe_route(x_ND: torch.Tensor, gate_ED: torch.Tensor, bias_E: torch.Tensor, k: int, sigmoid: bool, normalize: bool,
+              scale: float, dtype: torch.dtype, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(combine weights (N, k) fp32, experts (N, k) int64, logits (N, E) in `dtype`): the router's matmul x @ gate^T
+    in `dtype`, top-k of scores + bias, weights from the unbiased scores; one kernel forward, one (+ the router
+    weight's small matmul) backward."""
+    return moe_route_op(x_ND, gate_ED, bias_E, k, sigmoid, normalize, float(scale), dtype, resolve_backend(x_ND, backend))
 
 
 def moe_plan(experts_NK: torch.Tensor, n_experts: int, capacity: int, rows: int, align: int = 1, group_rows: int = 0,

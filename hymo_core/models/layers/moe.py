@@ -15,7 +15,8 @@ DeepSeek-V3's recipe as seed 000 (§6.5, "EMA gate-bias") uses it:
 
 Routing and dispatch are four fused ops (hymo_core/kernels/moe_dispatch.py; Triton on CUDA, PyTorch on the
 CPU), so the layer is a handful of kernels around the expert GEMMs, as in DeepSeek-V3 / torchtitan /
-Megablocks: `hymo::moe_route` (scores, top-k with the bias, combine weights), `hymo::moe_plan` (per-expert
+Megablocks: `hymo::moe_route` (the router's matmul, scores, top-k with the bias, combine weights; its backward
+writes x's gradient too, the router weight's is one small matmul), `hymo::moe_plan` (per-expert
 counts, each assignment's row in the experts' buffer: its stable rank inside its expert, so token order is
 kept there; each row's assignment), `hymo::moe_permute` (one gather into that buffer, in the matmuls' dtype)
 and `hymo::moe_combine` (one weighted gather-sum back to the tokens, the shared expert's output added).
@@ -295,16 +296,16 @@ class MoE(nn.Module):
         return out
 
     def route(self, x_ND: torch.Tensor) -> Routing:
-        """Top-k of the biased scores, combine weights from the unbiased ones: one fused op (`hymo::moe_route`).
+        """The router's matmul (`gate`, in the matmuls' dtype), top-k of the biased scores, combine weights from the
+        unbiased ones: one fused op (`hymo::moe_route`).
 
         The bias only decides *which* experts. DeepSeek-V3 normalises the chosen sigmoid scores; with one expert
         that would be the constant 1 and the router would get no gradient, so top-1 keeps the raw score.
         """
-        logits_NE = self.gate(x_ND)
         sigmoid = self.config.score_function == "sigmoid"
         K = self.config.n_activated_experts
-        weights_NK, experts_NK = moe_route(logits_NE, self.expert_bias_E, K, sigmoid, sigmoid and K > 1,
-                                           self.config.route_scale)
+        weights_NK, experts_NK, logits_NE = moe_route(x_ND, self.gate.weight, self.expert_bias_E, K, sigmoid,
+                                                      sigmoid and K > 1, self.config.route_scale, compute_dtype(x_ND))
         return Routing(experts_NK, weights_NK, logits_NE, sigmoid)
 
     def capacity(self, n_tokens: int) -> int:

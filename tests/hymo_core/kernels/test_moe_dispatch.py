@@ -42,13 +42,6 @@ def test_plan_of_a_small_routing_by_hand(device, backend):
     assert ends.tolist() == [6, 12, 18]  # the padded layout: a fixed group per expert
 
 
-def one_routing(device, N=37, E=8, k=2, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    logits = torch.randn(N, E, generator=generator).to(device)
-    bias = (0.3 * torch.randn(E, generator=generator)).to(device)
-    return logits, bias
-
-
 ROUTINGS = [  # (E, k, sigmoid, normalize, scale)
     (8, 2, True, True, 1.0), (16, 1, False, False, 1.0), (8, 3, False, False, 2.5), (6, 1, True, False, 1.0),
 ]
@@ -56,19 +49,26 @@ ROUTINGS = [  # (E, k, sigmoid, normalize, scale)
 
 @pytest.mark.skipif(not RUN_HERE, reason="run by the child process")
 @pytest.mark.parametrize("E,k,sigmoid,normalize,scale", ROUTINGS)
-def test_route_triton_equals_reference(device, E, k, sigmoid, normalize, scale):
-    logits, bias = one_routing(device, E=E, k=k)
-    upstream = torch.randn(logits.shape[0], k, generator=torch.Generator().manual_seed(1)).to(device)
+@pytest.mark.parametrize("logits_grad", [False, True], ids=["weights", "weights+logits"])
+def test_route_triton_equals_reference(device, E, k, sigmoid, normalize, scale, logits_grad):
+    """The router's matmul, top-k and weights, and x's, the gate's and (the aux loss's path) the logits' gradients."""
+    N, D = 37, 80
+    generator = torch.Generator().manual_seed(0)
+    x, gate = torch.randn(N, D, generator=generator).to(device), (0.2 * torch.randn(E, D, generator=generator)).to(device)
+    bias = (0.3 * torch.randn(E, generator=generator)).to(device)
+    upstream = torch.randn(N, k, generator=generator).to(device)
+    upstream_logits = torch.randn(N, E, generator=generator).to(device)
     results = {}
     for backend in ("triton", "reference"):
-        leaf = logits.clone().requires_grad_()
-        weights, experts = moe_route(leaf, bias, k, sigmoid, normalize, scale, backend=backend)
-        (weights * upstream).sum().backward()
-        results[backend] = weights.detach(), experts, leaf.grad
-    (w_t, e_t, g_t), (w_r, e_r, g_r) = results["triton"], results["reference"]
+        xs, gs = x.clone().requires_grad_(), gate.clone().requires_grad_()
+        weights, experts, logits = moe_route(xs, gs, bias, k, sigmoid, normalize, scale, torch.float32, backend=backend)
+        loss = (weights * upstream).sum() + ((logits * upstream_logits).sum() if logits_grad else 0.0)
+        loss.backward()
+        results[backend] = weights.detach(), experts, logits.detach(), xs.grad, gs.grad
+    (w_t, e_t, *floats_t), (w_r, e_r, *floats_r) = results["triton"], results["reference"]
     assert torch.equal(e_t, e_r)
-    torch.testing.assert_close(w_t, w_r, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(g_t, g_r, rtol=1e-5, atol=1e-6)
+    for got, want in zip([w_t] + floats_t, [w_r] + floats_r):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not RUN_HERE, reason="run by the child process")
