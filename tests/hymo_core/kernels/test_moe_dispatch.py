@@ -50,8 +50,11 @@ ROUTINGS = [  # (E, k, sigmoid, normalize, scale)
 @pytest.mark.skipif(not RUN_HERE, reason="run by the child process")
 @pytest.mark.parametrize("E,k,sigmoid,normalize,scale", ROUTINGS)
 @pytest.mark.parametrize("logits_grad", [False, True], ids=["weights", "weights+logits"])
-def test_route_triton_equals_reference(device, E, k, sigmoid, normalize, scale, logits_grad):
-    """The router's matmul, top-k and weights, and x's, the gate's and (the aux loss's path) the logits' gradients."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_route_triton_equals_reference(device, E, k, sigmoid, normalize, scale, logits_grad, dtype):
+    """The router's matmul (fp32 x and gate, the matmuls in `dtype`, as autocast runs them), top-k and weights, and
+    x's, the gate's and (the aux loss's path) the logits' gradients. bf16: test_kernels_bf16_emulation.py (the
+    interpreter's own bf16 dot multiplies bit patterns)."""
     N, D = 37, 80
     generator = torch.Generator().manual_seed(0)
     x, gate = torch.randn(N, D, generator=generator).to(device), (0.2 * torch.randn(E, D, generator=generator)).to(device)
@@ -61,14 +64,17 @@ def test_route_triton_equals_reference(device, E, k, sigmoid, normalize, scale, 
     results = {}
     for backend in ("triton", "reference"):
         xs, gs = x.clone().requires_grad_(), gate.clone().requires_grad_()
-        weights, experts, logits = moe_route(xs, gs, bias, k, sigmoid, normalize, scale, torch.float32, backend=backend)
+        weights, experts, logits = moe_route(xs, gs, bias, k, sigmoid, normalize, scale, dtype, backend=backend)
+        assert logits.dtype == dtype and xs.dtype == torch.float32
         loss = (weights * upstream).sum() + ((logits * upstream_logits).sum() if logits_grad else 0.0)
         loss.backward()
         results[backend] = weights.detach(), experts, logits.detach(), xs.grad, gs.grad
     (w_t, e_t, *floats_t), (w_r, e_r, *floats_r) = results["triton"], results["reference"]
     assert torch.equal(e_t, e_r)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
     for got, want in zip([w_t] + floats_t, [w_r] + floats_r):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, want, **tolerance)
+    assert floats_t[1].dtype == floats_t[2].dtype == torch.float32  # x and gate keep their own dtype
 
 
 @pytest.mark.skipif(not RUN_HERE, reason="run by the child process")
