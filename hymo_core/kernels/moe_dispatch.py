@@ -416,6 +416,7 @@ def plan_block(n_experts: int) -> int:
 
 
 def _route_blocks(E: int, k: int) -> dict:
+    """The route kernels' tile: 32 rows, every expert (at least 16 columns, tl.dot's smallest), 64 of d_model a step."""
     return dict(BLOCK_N=ROUTE_ROWS, BLOCK_E=max(16, _next_pow2(E)), BLOCK_K=_next_pow2(k), BLOCK_D=ROUTE_D)
 
 
