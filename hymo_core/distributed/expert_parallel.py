@@ -37,7 +37,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from hymo_core.distributed.process_group import Runtime
-from hymo_core.models.layers.moe import MoE, SortedAssignments, expert_swiglu
+from hymo_core.kernels.moe_dispatch import moe_permute
+from hymo_core.models.layers.moe import DispatchPlan, MoE, expert_swiglu
 from hymo_core.train.config import TrainConfig
 
 EXPERT_MESH_DIMS = ("expert_data", "expert")
@@ -79,29 +80,26 @@ class ExpertDispatch:
         figures = torch.cat((kept_E, received_SL)).tolist()  # the documented host read of an EP forward
         return figures[:kept_E.numel()], figures[kept_E.numel():], received_SL
 
-    def __call__(self, x_AD: torch.Tensor, assignments: SortedAssignments, weights: tuple[torch.Tensor, ...],
+    def __call__(self, x_PD: torch.Tensor, plan: DispatchPlan, weights: tuple[torch.Tensor, ...],
                  dtype: torch.dtype, layout: str) -> torch.Tensor:
-        E, D = assignments.kept_E.numel(), x_AD.shape[1]
+        """`x_PD`: the kept rows packed in expert order (the "looped" plan), then padding; returns their outputs."""
+        E, D = plan.counts_E.numel(), x_PD.shape[1]
         P, L = self.ranks, E // self.ranks
-        sent_E, received_SL, received_device_SL = self.exchange_counts(assignments.kept_E)
+        sent_E, received_SL, received_device_SL = self.exchange_counts(plan.kept_E)
         send = [sum(sent_E[p * L:(p + 1) * L]) for p in range(P)]
         receive = [sum(received_SL[s * L:(s + 1) * L]) for s in range(P)]
         kept = sum(sent_E)
-        # Kept rows back to back in expert order (dropped ones park in a spare last row, never sent).
-        starts_E = torch.cumsum(assignments.kept_E, 0) - assignments.kept_E
-        position_A = torch.where(assignments.kept_A, starts_E[assignments.experts_A] + assignments.rank_A, kept)
-        rows_KD = x_AD.new_zeros(kept + 1, D).index_put((position_A,), torch.where(assignments.kept_A.unsqueeze(1), x_AD, 0.0))
-        received_RD = _all_to_all(rows_KD[:kept], send, receive, self.group)
+        received_RD = _all_to_all(x_PD[:kept], send, receive, self.group)
         # Received rows come source-major (s, local expert l); each l's rows from every source form its group.
         R = received_RD.shape[0]
         segment_ends = torch.cumsum(received_device_SL, 0)
-        local_expert_R = torch.searchsorted(segment_ends, torch.arange(R, device=x_AD.device), right=True) % L
-        local, order_R = SortedAssignments.of(local_expert_R, L, max(R, 1))
+        local_expert_R = torch.searchsorted(segment_ends, torch.arange(R, device=x_PD.device), right=True) % L
+        local = DispatchPlan.of(local_expert_R, L, max(R, 1), layout, can_drop=False)
         w1, w2, w3 = (_ScaleGradient.apply(w.to_local(), 1.0 / P).to(dtype) for w in weights)
-        y_RD = expert_swiglu(layout, received_RD[order_R], local, w1, w2, w3)
-        y_RD = torch.empty_like(y_RD).index_copy(0, order_R, y_RD)  # back to the order the rows arrived in
+        y_QD = expert_swiglu(layout, moe_permute(received_RD, local.source_P, local.position_A, 1, dtype), local, w1, w2, w3)
+        y_RD = y_QD[local.position_A.long()]  # back to the order the rows arrived in
         returned_KD = _all_to_all(y_RD, receive, send, self.group)
-        return torch.cat((returned_KD, returned_KD.new_zeros(1, D)))[position_A]
+        return torch.cat((returned_KD, returned_KD.new_zeros(x_PD.shape[0] - kept, D)))
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:

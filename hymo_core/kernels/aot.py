@@ -210,6 +210,7 @@ class ModelKernelShapes:
     vocab_size: int
     probe_dims: tuple[int, ...]  # q.k widths of the attention kinds QK-Clip probes
     gdn: tuple[int, int, int] | None  # (key head dim, value head dim, heads) of its GDN layers
+    moe: tuple[int, int, int, bool] | None = None  # (routed experts, active per token, d_model, sigmoid) of its MoE
 
 
 def row_kernel_launches(model: ModelKernelShapes, capability: int) -> list[Launch]:
@@ -321,6 +322,44 @@ def gdn_launches(preset: str, K: int, V: int, H: int, capability: int) -> list[L
     return out
 
 
+def moe_launches(preset: str, E: int, k: int, D: int, sigmoid: bool, capability: int) -> list[Launch]:
+    """The MoE routing and dispatch kernels (kernels/moe_dispatch.py) over WAVE_BATCH x WAVE_T tokens, dropless."""
+    from hymo_core.kernels import moe_dispatch as m
+
+    N, A = WAVE_BATCH * WAVE_T, WAVE_BATCH * WAVE_T * k
+    P = m.plan_rows(A, E, N, 16, 0)
+    bf16, fp32, i32, i64 = "*bf16", "*fp32", "*i32", "*i64"
+    shape, module = f"E={E} k={k} D={D}", "hymo_core.kernels.moe_dispatch."
+    route = dict(K=k, SIGMOID=sigmoid, NORMALIZE=sigmoid and k > 1, IEEE=False, **m._route_blocks(E, k))
+    rows = dict(BLOCK_R=m.ROWS, BLOCK_D=m.BLOCK_D)
+    out = []
+
+    def add(kernel, args, constexprs, programs, options=(DEFAULT_WARPS, DEFAULT_STAGES)):
+        out.extend(_launches(module + kernel, preset, shape, args, constexprs, programs, ELEMENTWISE, capability, options))
+
+    for inputs in (bf16, fp32):  # bf16 weights and activations, and the trainer's autocast (fp32 x and gate)
+        add("_route_forward_kernel", dict(x_ptr=inputs, gate_ptr=inputs, bias_ptr=fp32, weights_ptr=fp32,
+                                          experts_ptr=i64, logits_ptr=bf16, N=N, E=E, D=D, scale=1.0), route,
+            math.ceil(N / m.ROUTE_ROWS))
+        add("_route_backward_kernel", dict(dweights_ptr=fp32, dextra_ptr=bf16, logits_ptr=bf16, experts_ptr=i64,
+                                           gate_ptr=inputs, dlogits_ptr=bf16, dx_ptr=inputs, N=N, E=E, D=D, scale=1.0),
+            dict(HAS_DWEIGHTS=True, HAS_EXTRA=True, **route), math.ceil(N / m.ROUTE_ROWS))
+    add("_plan_kernel", dict(experts_ptr=i64, position_ptr=i32, source_ptr=i32, ends_ptr=i32, counts_ptr=i64,
+                             counts_into_ptr="*fp64", dropped_into_ptr="*fp64", A=A, E=E, capacity=N, rows=P, align=16,
+                             group_rows=0),
+        dict(COUNT=True, DROPPED=False, BLOCK_A=m.plan_block(E), BLOCK_E=m._next_pow2(E)), 1, (8, DEFAULT_STAGES))
+    add("_permute_kernel", dict(x_ptr=bf16, source_ptr=i32, buffer_ptr=bf16, P=P, D=D, K=k), rows, math.ceil(P / m.ROWS))
+    add("_permute_backward_kernel", dict(dbuffer_ptr=bf16, position_ptr=i32, first_ptr=bf16, second_ptr=bf16,
+                                         dx_ptr=bf16, N=N, D=D), dict(K=k, ADDENDS=1, **rows), math.ceil(N / m.ROWS))
+    add("_combine_kernel", dict(y_ptr=bf16, position_ptr=i32, weights_ptr=fp32, base_ptr=bf16, out_ptr=bf16, N=N, D=D),
+        dict(K=k, HAS_BASE=True, **rows), math.ceil(N / m.ROWS))
+    add("_combine_backward_kernel", dict(dout_ptr=bf16, y_ptr=bf16, source_ptr=i32, position_ptr=i32, weights_ptr=fp32,
+                                         dy_ptr=bf16, dweights_ptr=fp32, P=P, A=A, D=D, K=k,
+                                         row_programs=math.ceil(P / m.ROWS)), rows,
+        math.ceil(P / m.ROWS) + math.ceil(A / m.ROWS))
+    return out
+
+
 def model_launches(models: list[ModelKernelShapes], capability: int) -> list[Launch]:
     """Every kernel at every model's widths and every config autotune may pick there on `capability`."""
     out, seen = [], set()
@@ -328,6 +367,8 @@ def model_launches(models: list[ModelKernelShapes], capability: int) -> list[Lau
         launches = row_kernel_launches(model, capability)
         if model.gdn:
             launches += gdn_launches(model.preset, *model.gdn, capability)
+        if model.moe:
+            launches += moe_launches(model.preset, *model.moe, capability)
         for launch in launches:
             key = (launch.kernel, launch.args, launch.constexprs, launch.num_warps, launch.num_stages)
             if key not in seen:

@@ -35,8 +35,10 @@ def kernel_shapes(preset: str, config: ModelConfig) -> ModelKernelShapes:
         gdn = (config.head_dim, config.head_dim, LAB4_GDN_HEADS)
     else:
         gdn = None
+    moe = ((config.moe_n_routed_experts, config.moe_n_activated_experts, config.d_model,
+            config.moe_score_function == "sigmoid") if config.moe_on else None)
     return ModelKernelShapes(preset, tuple(sorted(norms)), config.rope_dim, config.n_heads, config.ffn_dim,
-                             config.vocab_size, tuple(sorted(probes)), gdn)
+                             config.vocab_size, tuple(sorted(probes)), gdn, moe)
 
 
 def preset_kernel_shapes() -> list[ModelKernelShapes]:

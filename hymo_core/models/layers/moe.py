@@ -13,15 +13,20 @@ DeepSeek-V3's recipe as seed 000 (§6.5, "EMA gate-bias") uses it:
   b_i += gamma * sign(mean_load - load_i): under-loaded experts become more attractive;
 * an optional sequence-wise auxiliary loss (DeepSeek-V3 eq. 17-20), weight 0 by default.
 
-Experts run dropless and grouped: assignments are sorted by expert (a stable argsort, so token
-order is kept inside an expert), each one's rank inside its expert comes from the sorted boundaries
-(`searchsorted`), and the work is about N k rows, not E / k times that. Layouts (`experts.layout`):
+Routing and dispatch are four fused ops (hymo_core/kernels/moe_dispatch.py; Triton on CUDA, PyTorch on the
+CPU), so the layer is a handful of kernels around the expert GEMMs, as in DeepSeek-V3 / torchtitan /
+Megablocks: `hymo::moe_route` (the router's matmul, scores, top-k with the bias, combine weights; its backward
+writes x's gradient too, the router weight's is one small matmul), `hymo::moe_plan` (per-expert
+counts, each assignment's row in the experts' buffer: its stable rank inside its expert, so token order is
+kept there; each row's assignment), `hymo::moe_permute` (one gather into that buffer, in the matmuls' dtype)
+and `hymo::moe_combine` (one weighted gather-sum back to the tokens, the shared expert's output added).
+Experts run dropless over about N k rows, not E / k times that. Layouts (`experts.layout`) of the buffer:
 
 * "grouped": the experts' rows back to back in a buffer whose size depends on the shapes only
   (N k + E * 15 rows at most), each group padded to 16 rows, multiplied by `torch._grouped_mm` with
   device-side offsets: no host read. Chosen on CUDA sm_90+ in bf16 and on the CPU;
-* "looped": the same rows, one matmul chain per expert over its exact segment; the E segment sizes
-  are read to the host once per layer and forward. Chosen on CUDA where `_grouped_mm` has no native
+* "looped": the same rows packed exactly, one matmul chain per expert over its segment; the E segment
+  sizes are read to the host once per layer and forward. Chosen on CUDA where `_grouped_mm` has no native
   kernel (fp32, or before sm_90);
 * "padded": an (E, C, D) stack, C = the most rows one expert can receive (N, or the capacity): E / k
   times the work. Never chosen; the reference the others are tested against.
@@ -30,7 +35,7 @@ Under expert parallelism (hymo_core/distributed/expert_parallel.py sets `experts
 expert's kept rows travel to the rank holding it by an all-to-all with variable split sizes, and back;
 the splits are read to the host, one small read per MoE layer and forward (the documented exception).
 
-Outputs go back to their (token, slot) rows and the k slots are summed, with no atomic scatter-add.
+Each token's k expert rows are summed by the one program that owns the token: no atomic scatter-add.
 With `capacity_factor > 0` an expert keeps at most ceil(cf * tokens * k / E) assignments per
 forward, the first in token order; the rest are dropped (their combine weight is lost, the residual
 carries the token) and counted. Counters and the gate-bias step stay on the device; only
@@ -46,7 +51,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hymo_core.kernels.activation import swiglu
 from hymo_core.kernels.grouped_mm import grouped_mm
+from hymo_core.kernels.moe_dispatch import moe_combine, moe_permute_fanout, moe_plan, moe_route, plan_rows, route_scores
 from hymo_core.models.configs import MoEConfig
 
 GROUP_ALIGN = 16  # rows of each grouped_mm group are padded to a multiple of this (16-byte TMA alignment, bf16 and fp32)
@@ -94,6 +101,14 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def float_promotion(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """`torch.promote_types` of two floating dtypes, worked out here: the aten call would count as a launch."""
+    if a == b:
+        return a
+    wider = max(a, b, key=lambda d: d.itemsize)
+    return torch.float32 if wider.itemsize == 2 else wider  # fp16 with bf16 -> fp32
+
+
 def resolve_layout(layout: str, x: torch.Tensor) -> str:
     """"auto": grouped where `torch._grouped_mm` runs natively, else looped. "padded" is never chosen: it is the
     E / k times larger reference the others are tested against."""
@@ -105,94 +120,70 @@ def resolve_layout(layout: str, x: torch.Tensor) -> str:
 
 
 @dataclass
-class SortedAssignments:
-    """One forward's (token, slot) assignments sorted by expert, token order kept inside an expert; device tensors.
+class DispatchPlan:
+    """Where one forward's (token, slot) assignments sit in the buffer of rows the experts read; device tensors
+    from `hymo::moe_plan` (hymo_core/kernels/moe_dispatch.py).
 
-    `rank_A` is an assignment's place among its expert's; it is kept when that is below `capacity` (the most one
-    expert keeps: a shape-only bound); `counts_E` counts each expert's assignments, `kept_E` its kept ones.
-    `can_drop` is False when the capacity is at least the token count (dropless: a token picks k distinct experts,
-    so no expert receives more): a static fact, so the masks that only matter for drops are not launched.
+    `position_A`: each assignment's row (-1: a capacity dropped it); `source_P`: each row's assignment (-1:
+    padding); `ends_E`: the int32 group ends `torch._grouped_mm` reads; `counts_E`: each expert's assignments.
+    Inside an expert the rows keep token order. `can_drop` is False when the capacity is at least the token
+    count (a token picks k distinct experts, so no expert receives more): a static fact, so nothing that only
+    matters for drops is launched.
     """
 
-    experts_A: torch.Tensor
-    rank_A: torch.Tensor
-    kept_A: torch.Tensor
+    position_A: torch.Tensor
+    source_P: torch.Tensor
+    ends_E: torch.Tensor
     counts_E: torch.Tensor
-    kept_E: torch.Tensor
     capacity: int
-    can_drop: bool = True
+    can_drop: bool
+
+    @property
+    def kept_E(self) -> torch.Tensor:
+        return self.counts_E.clamp(max=self.capacity) if self.can_drop else self.counts_E
 
     @staticmethod
-    def of(experts_A: torch.Tensor, n_experts: int, capacity: int, can_drop: bool = True) -> tuple["SortedAssignments", torch.Tensor]:
-        """Sort flat expert ids (a stable argsort); returns the assignments and the sorting order."""
-        order_A = torch.argsort(experts_A, stable=True)
-        sorted_A = experts_A[order_A]
-        bounds_E1 = torch.searchsorted(sorted_A, torch.arange(n_experts + 1, device=experts_A.device))
-        rank_A = torch.arange(sorted_A.numel(), device=experts_A.device) - bounds_E1[:-1][sorted_A]
-        counts_E = bounds_E1.diff()
-        kept_E = counts_E.clamp(max=capacity) if can_drop else counts_E
-        return SortedAssignments(sorted_A, rank_A, rank_A < capacity, counts_E, kept_E, capacity, can_drop), order_A
-
-
-def grouped_rows(assignments: SortedAssignments, n_experts: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """The grouped buffer: its static row count, each kept assignment's row, and the int32 group ends.
-
-    Each expert's kept rows sit back to back, the group padded to GROUP_ALIGN rows; the slack (at most
-    E * (GROUP_ALIGN - 1) rows beyond the kept ones, a shape-only bound) joins the last group, so the groups
-    cover the whole buffer and no output row is left unwritten. Dropped assignments share the last row.
-    """
-    kept_bound = min(assignments.experts_A.numel(), n_experts * assignments.capacity)
-    rows = -(-(kept_bound + n_experts * (GROUP_ALIGN - 1) + 1) // GROUP_ALIGN) * GROUP_ALIGN
-    padded_E = (assignments.kept_E + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
-    ends_E = torch.cumsum(padded_E, 0)
-    position_A = (ends_E - padded_E)[assignments.experts_A] + assignments.rank_A
-    if assignments.can_drop:
-        position_A = torch.where(assignments.kept_A, position_A, rows - 1)
-    ends_E = torch.cat((ends_E[:-1], ends_E.new_full((1,), rows)))
-    return rows, position_A, ends_E.to(torch.int32)
+    def of(experts: torch.Tensor, n_experts: int, capacity: int, layout: str, can_drop: bool = True,
+           counters: tuple[torch.Tensor, torch.Tensor] | None = None) -> "DispatchPlan":
+        """The plan for `layout`: "grouped" pads each expert's rows to GROUP_ALIGN (the buffer's size depends on the
+        shapes only: N k + E * 15 rows at most); "looped" (and expert parallelism) packs them exactly; "padded"
+        gives every expert `capacity` rows. `counters` (tokens per expert, dropped assignments) are added to by the
+        same kernel (the dropped one only where a capacity can drop)."""
+        align, group_rows = {"grouped": (GROUP_ALIGN, 0), "padded": (1, capacity)}.get(layout, (1, 0))
+        rows = plan_rows(experts.numel(), n_experts, capacity, align, group_rows)
+        counts_into, dropped_into = counters if counters is not None else (None, None)
+        return DispatchPlan(*moe_plan(experts, n_experts, capacity, rows, align, group_rows, counts_into,
+                                      dropped_into if can_drop else None), capacity, can_drop)
 
 
 def grouped_swiglu(x_PD: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
-    """Each expert's SwiGLU on its group of rows: three `torch._grouped_mm` calls, no padding beyond the groups'."""
-    hidden_PF = F.silu(grouped_mm(x_PD, w1.mT, ends_E)) * grouped_mm(x_PD, w3.mT, ends_E)
-    return grouped_mm(hidden_PF, w2.mT, ends_E)
+    """Each expert's SwiGLU on its group of rows: three `torch._grouped_mm` calls and one SwiGLU kernel."""
+    return grouped_mm(swiglu(grouped_mm(x_PD, w1.mT, ends_E), grouped_mm(x_PD, w3.mT, ends_E)), w2.mT, ends_E)
 
 
 def stacked_swiglu(stack_ECD: torch.Tensor, w1_EFD: torch.Tensor, w2_EDF: torch.Tensor, w3_EFD: torch.Tensor) -> torch.Tensor:
     """Each expert's SwiGLU on its rows of an (E, C, D) stack: three batched matmuls."""
-    hidden_ECF = F.silu(torch.bmm(stack_ECD, w1_EFD.mT)) * torch.bmm(stack_ECD, w3_EFD.mT)
-    return torch.bmm(hidden_ECF, w2_EDF.mT)
+    return torch.bmm(swiglu(torch.bmm(stack_ECD, w1_EFD.mT), torch.bmm(stack_ECD, w3_EFD.mT)), w2_EDF.mT)
 
 
-def expert_swiglu(layout: str, x_AD: torch.Tensor, assignments: SortedAssignments, w1: torch.Tensor, w2: torch.Tensor,
+def expert_swiglu(layout: str, x_PD: torch.Tensor, plan: DispatchPlan, w1: torch.Tensor, w2: torch.Tensor,
                   w3: torch.Tensor) -> torch.Tensor:
-    """Each kept assignment's expert output, one row per row of `x_AD` (expert-sorted); dropped rows give 0.
+    """Each buffer row's expert output, one row per row of `x_PD` (laid out by `DispatchPlan.of(..., layout)`).
 
-    grouped: the kept rows grouped by expert (`grouped_rows`), `torch._grouped_mm`; ~N k rows of work.
-    looped: the same rows, one matmul chain per expert over its exact segment; the segment sizes are read
-        to the host (one read of E counts: where torch has no native grouped matmul on this device).
+    grouped: `torch._grouped_mm` over the padded groups; ~N k rows of work.
+    looped: one matmul chain per expert over its exact segment; the segment sizes are read to the host
+        (one read of E counts: where torch has no native grouped matmul on this device).
     padded: an (E, C, D) stack, C = the capacity (N without one): E / k times the work; the reference.
     """
-    E, D = w1.shape[0], x_AD.shape[1]
-    if assignments.can_drop:
-        x_AD = torch.where(assignments.kept_A.unsqueeze(1), x_AD, 0.0)
+    E, D = w1.shape[0], x_PD.shape[1]
     if layout == "padded":
-        C = assignments.capacity
-        position_A = torch.where(assignments.kept_A, assignments.experts_A * C + assignments.rank_A, E * C)
-        buffer_PD = x_AD.new_zeros(E * C + 1, D).index_put((position_A,), x_AD)
-        out_PD = torch.cat((stacked_swiglu(buffer_PD[:-1].view(E, C, D), w1, w2, w3).reshape(-1, D), buffer_PD.new_zeros(1, D)))
-        return out_PD[position_A]
+        return stacked_swiglu(x_PD.view(E, -1, D), w1, w2, w3).reshape(x_PD.shape[0], w2.shape[1])
     if layout == "looped":
-        kept_E = assignments.kept_E.tolist()  # the one host read of this layout
-        position_A = torch.where(assignments.kept_A, (torch.cumsum(assignments.kept_E, 0) - assignments.kept_E)[assignments.experts_A]
-                                 + assignments.rank_A, sum(kept_E))
-        rows_KD = x_AD.new_zeros(sum(kept_E) + 1, D).index_put((position_A,), x_AD)
+        kept_E = plan.kept_E.tolist()  # the one host read of this layout
         outputs = [F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e])
-                   for e, rows in enumerate(rows_KD[:-1].split(kept_E))]
-        return torch.cat(outputs + [rows_KD.new_zeros(1, D)])[position_A]
-    rows, position_A, ends_E = grouped_rows(assignments, E)
-    buffer_PD = x_AD.new_zeros(rows, D).index_put((position_A,), x_AD)
-    return grouped_swiglu(buffer_PD, w1, w2, w3, ends_E)[position_A]
+                   for e, rows in enumerate(x_PD[:sum(kept_E)].split(kept_E))]
+        return torch.cat(outputs + [x_PD.new_zeros(x_PD.shape[0] - sum(kept_E), w2.shape[1])])
+    return grouped_swiglu(x_PD, w1, w2, w3, plan.ends_E)
 
 
 class StackedWeight(nn.Module):
@@ -213,21 +204,19 @@ class RoutedExperts(nn.Module):
         self.w2 = StackedWeight(n_experts, d_model, expert_dim)
         self.w3 = StackedWeight(n_experts, expert_dim, d_model)
         self.layout = "auto"  # a runtime choice like the kernel backend: one of EXPERT_LAYOUTS
-        # Expert parallelism: (x_AD, assignments, (w1, w2, w3), dtype, layout) -> y_AD, the rows sent to the ranks
-        # holding their experts and back; None = every expert is here. Set by hymo_core.distributed.expert_parallel.
+        # Expert parallelism: (x_PD, plan, (w1, w2, w3), dtype, layout) -> y_PD, the rows sent to the ranks holding
+        # their experts and back; None = every expert is here. Set by hymo_core.distributed.expert_parallel.
         self.dispatch: Callable[..., torch.Tensor] | None = None
 
     def resolved_layout(self, x: torch.Tensor) -> str:
         return resolve_layout(self.layout, x)
 
-    def forward(self, x_AD: torch.Tensor, assignments: SortedAssignments) -> torch.Tensor:
-        """`x_AD` in expert-sorted order; returns one output row per row of `x_AD`, same order (dropped: 0)."""
-        dtype = compute_dtype(x_AD)
-        layout = self.resolved_layout(x_AD)
+    def forward(self, x_PD: torch.Tensor, plan: DispatchPlan, layout: str) -> torch.Tensor:
+        """`x_PD`: the buffer `hymo::moe_permute` filled after `plan` (in the matmuls' dtype); one output row per row."""
         if self.dispatch is not None:
-            return self.dispatch(x_AD.to(dtype), assignments, (self.w1.weight, self.w2.weight, self.w3.weight), dtype, layout)
-        w1, w2, w3 = (w.weight.to(dtype) for w in (self.w1, self.w2, self.w3))
-        return expert_swiglu(layout, x_AD.to(dtype), assignments, w1, w2, w3)
+            return self.dispatch(x_PD, plan, (self.w1.weight, self.w2.weight, self.w3.weight), x_PD.dtype, layout)
+        w1, w2, w3 = (w.weight.to(x_PD.dtype) for w in (self.w1, self.w2, self.w3))
+        return expert_swiglu(layout, x_PD, plan, w1, w2, w3)
 
 
 class SharedExpert(nn.Module):
@@ -240,14 +229,20 @@ class SharedExpert(nn.Module):
         self.w3 = nn.Linear(d_model, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        # As the dense FeedForward: one matmul for both input projections, SwiGLU on the packed output.
+        return self.w2(swiglu(F.linear(x, torch.cat((self.w1.weight, self.w3.weight)))))
 
 
 @dataclass
 class Routing:
     experts_NK: torch.Tensor  # chosen experts per token (bias used here)
     weights_NK: torch.Tensor  # their combine weights (no bias)
-    scores_NE: torch.Tensor  # unbiased affinities
+    logits_NE: torch.Tensor  # the router's output
+    sigmoid: bool
+
+    def scores(self) -> torch.Tensor:
+        """The unbiased affinities (fp32), recomputed from the logits: only the sequence aux loss reads them."""
+        return route_scores(self.logits_NE, self.sigmoid)
 
 
 class MoE(nn.Module):
@@ -301,17 +296,17 @@ class MoE(nn.Module):
         return out
 
     def route(self, x_ND: torch.Tensor) -> Routing:
-        scores_NE = self.gate(x_ND).float()
-        scores_NE = scores_NE.sigmoid() if self.config.score_function == "sigmoid" else scores_NE.softmax(dim=-1)
-        # The bias only decides *which* experts: selection from biased scores, weights from unbiased ones.
-        _, experts_NK = (scores_NE.detach() + self.expert_bias_E).topk(self.config.n_activated_experts, dim=-1)
-        weights_NK = scores_NE.gather(1, experts_NK)
-        if self.config.score_function == "sigmoid" and self.config.n_activated_experts > 1:
-            # DeepSeek-V3 normalises the chosen sigmoid scores. With one expert that would be the
-            # constant 1 and the router would get no gradient, so top-1 keeps the raw score.
-            weights_NK = weights_NK / weights_NK.sum(dim=-1, keepdim=True)
-        scale = self.config.route_scale
-        return Routing(experts_NK, weights_NK * scale if scale != 1.0 else weights_NK, scores_NE)
+        """The router's matmul (`gate`, in the matmuls' dtype), top-k of the biased scores, combine weights from the
+        unbiased ones: one fused op (`hymo::moe_route`).
+
+        The bias only decides *which* experts. DeepSeek-V3 normalises the chosen sigmoid scores; with one expert
+        that would be the constant 1 and the router would get no gradient, so top-1 keeps the raw score.
+        """
+        sigmoid = self.config.score_function == "sigmoid"
+        K = self.config.n_activated_experts
+        weights_NK, experts_NK, logits_NE = moe_route(x_ND, self.gate.weight, self.expert_bias_E, K, sigmoid,
+                                                      sigmoid and K > 1, self.config.route_scale, compute_dtype(x_ND))
+        return Routing(experts_NK, weights_NK, logits_NE, sigmoid)
 
     def capacity(self, n_tokens: int) -> int:
         """Most assignments one expert keeps per forward: ceil(cf * N * k / E) with a capacity factor,
@@ -321,38 +316,44 @@ class MoE(nn.Module):
         assignments = n_tokens * self.config.n_activated_experts
         return min(n_tokens, math.ceil(self.config.capacity_factor * assignments / self.config.n_routed_experts))
 
+    def plan(self, routing: Routing, layout: str) -> DispatchPlan:
+        """The buffer rows of this routing for `layout`; under expert parallelism the kept rows travel packed, with
+        no padding on the wire."""
+        N = routing.experts_NK.shape[0]
+        capacity = self.capacity(N)
+        return DispatchPlan.of(routing.experts_NK, self.config.n_routed_experts, capacity,
+                               "looped" if self.experts.dispatch else layout, can_drop=capacity < N,
+                               counters=(self.tokens_per_expert_E, self.dropped_assignments) if self.training else None)
+
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        """Route, plan, permute, experts, combine (+ the shared expert inside the combine): a handful of kernels."""
         B, T, D = x_BTD.shape
         N = B * T
         x_ND = x_BTD.reshape(N, D)
         routing = self.route(x_ND)
-        E, K = self.config.n_routed_experts, self.config.n_activated_experts
-        capacity = self.capacity(N)
-        assignments, order_A = SortedAssignments.of(routing.experts_NK.reshape(-1), E, capacity, can_drop=capacity < N)
-        y_AD = self.experts(x_ND[order_A // K] if K > 1 else x_ND[order_A], assignments)
-        y_AD = y_AD * routing.weights_NK.reshape(-1)[order_A].unsqueeze(1).to(y_AD.dtype)
-        if assignments.can_drop:
-            y_AD = torch.where(assignments.kept_A.unsqueeze(1), y_AD, 0.0)  # a dropped assignment adds nothing, not even a NaN
-        # Un-sort into one row per (token, slot) and sum the k slots: no atomic scatter-add, so the
-        # sum's order (and a resumed run's bits) does not depend on the device's thread schedule.
-        slots_AD = x_ND.new_zeros(N * K, D).index_copy(0, order_A, y_AD.to(x_ND.dtype))
-        out_ND = slots_AD.view(N, K, D).sum(dim=1) if K > 1 else slots_AD
-        if self.shared_expert is not None:
-            out_ND = out_ND + self.shared_expert(x_ND)
-        if self.training:
-            with torch.no_grad():
-                self.tokens_per_expert_E += assignments.counts_E.to(torch.float64)
-                if assignments.can_drop:  # dropless: nothing to add
-                    self.dropped_assignments += (~assignments.kept_A).sum().to(torch.float64)
+        K = self.config.n_activated_experts
+        layout = self.experts.resolved_layout(x_ND)
+        plan = self.plan(routing, layout)
+        # The shared expert reads x through the permute's fan-out: x's gradient from both is one kernel.
+        rows_PD, *x_shared = moe_permute_fanout(x_ND, plan.source_P, plan.position_A, K, compute_dtype(x_ND),
+                                                readers=int(self.shared_expert is not None))
+        y_PD = self.experts(rows_PD, plan, layout)
+        shared_ND = self.shared_expert(x_shared[0]) if self.shared_expert is not None else None
+        # Each token's k rows weighted by the gates and summed in token order (no atomic scatter-add, so a
+        # resumed run's bits do not depend on the device's thread schedule), the shared expert added.
+        out_ND = moe_combine(y_PD, plan.source_P, plan.position_A, routing.weights_NK, shared_ND,
+                             x_ND.dtype if shared_ND is None else float_promotion(x_ND.dtype, shared_ND.dtype))
+        if self.training:  # the plan kernel has added this forward's counts to the balancing counters
             self.aux_loss = self._sequence_aux_loss(routing, B, T) if self.config.aux_loss_weight > 0 else None
         return out_ND.reshape(B, T, D)
 
     def _sequence_aux_loss(self, routing: Routing, B: int, T: int) -> torch.Tensor:
         """DeepSeek-V3's sequence-wise balance loss: alpha * sum_i f_i P_i, averaged over sequences."""
         E, K = self.config.n_routed_experts, self.config.n_activated_experts
-        chosen_BTE = torch.zeros(B * T, E, device=routing.scores_NE.device).scatter_(1, routing.experts_NK, 1.0).view(B, T, E)
+        scores_NE = routing.scores()
+        chosen_BTE = torch.zeros(B * T, E, device=scores_NE.device).scatter_(1, routing.experts_NK, 1.0).view(B, T, E)
         f_BE = chosen_BTE.sum(dim=1) * E / (K * T)
-        normalised_BTE = (routing.scores_NE / routing.scores_NE.sum(dim=-1, keepdim=True)).view(B, T, E)
+        normalised_BTE = (scores_NE / scores_NE.sum(dim=-1, keepdim=True)).view(B, T, E)
         p_BE = normalised_BTE.mean(dim=1)
         return self.config.aux_loss_weight * (f_BE * p_BE).sum(dim=1).mean()
 

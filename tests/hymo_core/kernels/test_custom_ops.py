@@ -17,6 +17,7 @@ from hymo_core import kernels
 from hymo_core.kernels.gdn import gated_delta_rule_op
 from hymo_core.kernels.grouped_mm import grouped_mm_op  # noqa: F401 (registers hymo::grouped_mm)
 from hymo_core.kernels.logit_probe import causal_max_logits_op
+from hymo_core.kernels.moe_dispatch import plan_reference, plan_rows
 from hymo_core.models.layers.block import Block
 from hymo_core.models.layers.context import MixerContext
 from hymo_core.models.presets import PRESETS
@@ -32,6 +33,12 @@ def op_cases():
     gdn = (q, k, r(1, 9, 2, 8), (-torch.rand(1, 9, 2, generator=g)).requires_grad_(),
            torch.rand(1, 9, 2, generator=g).requires_grad_(), r(1, 2, 8, 8), 8 ** -0.5, "reference")
     cos, sin = kernels.rope_tables(16, 8, 10000.0)
+    # MoE dispatch (hymo_core/kernels/moe_dispatch.py): 9 tokens, 4 experts, top-2, the grouped layout (groups of 16
+    # rows) with a capacity of 5 that drops; the plan adds to the balancing counters it is given.
+    experts = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(9)])
+    experts[:6, 0] = 1
+    rows = plan_rows(18, 4, 5, 16, 0)
+    position, source, _, _ = plan_reference(experts.reshape(-1), 4, 5, rows, 16, 0)
     return {
         "rms_norm": (torch.ops.hymo.rms_norm.default, (r(3, 5, 16), r(16), 1e-5, "reference")),
         "swiglu": (torch.ops.hymo.swiglu.default, (r(4, 12), r(4, 12), "reference")),
@@ -44,6 +51,14 @@ def op_cases():
         "causal_max_logits": (causal_max_logits_op._opoverload,
                               (torch.randn(1, 4, 9, 8, generator=g), torch.randn(1, 2, 9, 8, generator=g), 1 << 20,
                                "reference")),
+        "moe_route": (torch.ops.hymo.moe_route.default,
+                      (r(9, 16), r(4, 16), 0.1 * torch.randn(4, generator=g), 2, True, True, 1.5, torch.float32, "reference")),
+        "moe_plan": (torch.ops.hymo.moe_plan.default,
+                     (experts, 4, 5, rows, 16, 0, torch.zeros(4, dtype=torch.float64), torch.zeros((), dtype=torch.float64),
+                      "reference")),
+        "moe_permute": (torch.ops.hymo.moe_permute.default, (r(9, 16), source, position, 2, torch.float32, "reference")),
+        "moe_combine": (torch.ops.hymo.moe_combine.default,
+                        (r(rows, 16), source, position, r(9, 2), r(9, 16), torch.float32, "reference")),
     }
 
 
@@ -87,7 +102,7 @@ def forward_backward(block, x, ctx):
 @pytest.mark.parametrize("kind", ["G", "M"])
 def test_hymo_tiny_block_compiles_fullgraph_on_cpu(kind, moe):
     """G: short conv, L2 norms, the GDN op, gated RMSNorm, SwiGLU. M: MLA with RoPE and the RMSNorm ops. With MoE:
-    routing, the sort-based dispatch and the grouped expert matmuls in fp32 (the layout "auto" picks on the CPU)."""
+    the fused routing (the router's matmul inside it) and dispatch ops and the grouped expert matmuls in fp32 (the layout "auto" picks on the CPU)."""
     block, x, ctx = block_and_input(kind, moe=moe)
     if moe:
         block.ffn.experts.layout = "auto"

@@ -1,6 +1,6 @@
 """The bf16 path of every kernel that multiplies with tl.dot, run on the CPU with the GPU's bf16 arithmetic.
 
-On bf16 inputs the GDN kernels and the logit probe feed tl.dot bf16 operands (casts the kernels make:
+On bf16 inputs the GDN kernels, the logit probe and the MoE router's matmul feed tl.dot bf16 operands (casts the kernels make:
 operands rounded to bf16, fp32 accumulation), keep intermediates in bf16 (w, u, the chunk states,
 v_new, o), and take tf32 dots of the fp32 inverse. Triton's interpreter gets two of those wrong: its
 bf16 dot multiplies the raw 16-bit patterns as integers, and its fp32 -> bf16 cast truncates. So the
@@ -40,6 +40,7 @@ KERNEL_DIR = REPO_ROOT / "hymo_core" / "kernels"
 GDN_KERNELS = {"gate_inverse_kernel", "wu_kernel", "state_forward_kernel", "output_kernel", "dv_local_kernel",
                "state_backward_kernel", "dqkwg_kernel", "wy_backward_kernel"}
 PROBE_KERNELS = {"_causal_max_logit_kernel"}
+ROUTE_KERNELS = {"_route_forward_kernel", "_route_backward_kernel"}  # hymo::moe_route's x @ gate^T and dlogits @ gate
 
 
 @pytest.mark.skipif(RUN_HERE, reason="kernels run in this process")
@@ -76,8 +77,8 @@ def dot_kernels() -> set[str]:
 def test_the_cases_cover_every_tl_dot_kernel():
     found = dot_kernels()
     assert found >= {"dqkwg_kernel", "_causal_max_logit_kernel"}  # the scan does see through mm()
-    assert GDN_KERNELS | PROBE_KERNELS == found, (
-        f"kernels using tl.dot without a bf16 case here: {sorted(found - GDN_KERNELS - PROBE_KERNELS)}")
+    covered = GDN_KERNELS | PROBE_KERNELS | ROUTE_KERNELS
+    assert covered == found, f"kernels using tl.dot without a bf16 case here: {sorted(found - covered)}"
 
 
 # ------------------------------------------------------------------ the GPU's bf16 arithmetic, in the interpreter
@@ -112,7 +113,7 @@ def gpu_arithmetic(device, monkeypatch):
     from triton._C.libtriton import ir
     from triton.runtime import interpreter
 
-    from hymo_core.kernels import gdn_triton, logit_probe, tuning
+    from hymo_core.kernels import gdn_triton, logit_probe, moe_dispatch, tuning
 
     builder = interpreter.InterpreterBuilder
     original_cast = builder.cast_impl
@@ -143,6 +144,20 @@ def gpu_arithmetic(device, monkeypatch):
         running[0] = kernel.__name__
         tuning.launch(kernel, grid, *args, **constexprs)
 
+    class Recorded:
+        """A kernel launched as kernel[grid](...) (moe_dispatch's), named while it runs."""
+
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def run(*args, **constexprs):
+                running[0] = self.name
+                return self.kernel[grid](*args, **constexprs)
+            return run
+
+    for name in ROUTE_KERNELS:
+        monkeypatch.setattr(moe_dispatch, name, Recorded(name, getattr(moe_dispatch, name)))
     monkeypatch.setattr(builder, "cast_impl", cast_impl)
     monkeypatch.setattr(builder, "create_dot", create_dot)
     monkeypatch.setattr(gdn_triton, "launch", recording_launch)
@@ -242,3 +257,29 @@ def test_logit_probe_bf16(device, gpu_arithmetic):
     triton_error, eager_error = judged_errors(probe, [q.to(device), k.to(device)])
     assert_within_gpu_check_bound("logit_probe", triton_error, eager_error)
     assert_ran_bf16_dots(gpu_arithmetic, PROBE_KERNELS)
+
+
+def test_moe_route_bf16(device, gpu_arithmetic):
+    """hymo-750m's router: 16 experts, top-1 softmax (and a top-2 sigmoid), d_model 896 over 14 steps of the
+    kernel's d-block; N = 70 (a ragged row block). The logits get their own upstream (the aux loss's path), so the
+    backward kernel adds it. Each token's logits are a permutation of 16 values 0.33 apart (x solved for them), so
+    no top-k choice is a near tie that bf16 rounding could flip (a flip is another expert, not a kernel error)."""
+    from hymo_core.kernels.moe_dispatch import moe_route
+
+    generator = torch.Generator().manual_seed(4)
+    N, D, E = 70, 896, 16
+    gate = torch.randn(E, D, generator=generator) / D ** 0.5
+    logits = torch.linspace(-2.5, 2.5, E)[torch.stack([torch.randperm(E, generator=generator) for _ in range(N)])]
+    x = logits @ torch.linalg.solve(gate @ gate.T, gate)
+    bias = torch.linspace(-0.002, 0.002, E)
+    for k, sigmoid in ((1, False), (2, True)):
+        def route(x, gate, bias, backend):
+            return moe_route(x, gate, bias, k, sigmoid, sigmoid and k > 1, 1.0, x.dtype, backend=backend)
+
+        with torch.no_grad():  # the bf16 routing chooses what the fp32 one does (so the weights are comparable)
+            chosen = [route(*(t.to(device, dtype) for t in (x, gate, bias)), backend="reference")[1]
+                      for dtype in (torch.float32, torch.bfloat16)]
+        assert torch.equal(*chosen)
+        triton_error, eager_error = judged_errors(route, [t.to(device) for t in (x, gate, bias)])
+        assert_within_gpu_check_bound(f"moe_route k={k}", triton_error, eager_error)
+    assert_ran_bf16_dots(gpu_arithmetic, ROUTE_KERNELS)

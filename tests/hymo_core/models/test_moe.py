@@ -25,7 +25,8 @@ def per_token_reference(moe: MoE, x_BTD: torch.Tensor) -> torch.Tensor:
         scores = torch.sigmoid(moe.gate.weight @ x_D) if moe.config.score_function == "sigmoid" else \
             torch.softmax(moe.gate.weight @ x_D, dim=0)
         chosen = torch.topk(scores + moe.expert_bias_E, moe.config.n_activated_experts).indices
-        weights = scores[chosen] / (scores[chosen].sum() if moe.config.score_function == "sigmoid" else 1.0)
+        normalise = moe.config.score_function == "sigmoid" and moe.config.n_activated_experts > 1
+        weights = scores[chosen] / (scores[chosen].sum() if normalise else 1.0)
         y = torch.zeros(D)
         for e, w in zip(chosen.tolist(), weights):
             ex = moe.experts
@@ -40,6 +41,43 @@ def test_grouped_experts_equal_the_per_token_reference(score_function):
     moe.expert_bias_E.copy_(torch.linspace(-0.2, 0.2, 8))
     x = torch.randn(2, 5, D)
     torch.testing.assert_close(moe(x), per_token_reference(moe, x), rtol=1e-5, atol=1e-6)
+
+
+def aten_routing(moe: MoE, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen experts (N, k), the sequence aux loss) by aten ops: the router as an nn.Linear, topk, scatter."""
+    B, T, _ = x_BTD.shape
+    E, K = moe.config.n_routed_experts, moe.config.n_activated_experts
+    logits = F.linear(x_BTD.reshape(-1, D), moe.gate.weight)
+    scores = torch.sigmoid(logits) if moe.config.score_function == "sigmoid" else torch.softmax(logits, dim=-1)
+    chosen = torch.topk(scores.detach() + moe.expert_bias_E, K).indices
+    f_BE = torch.zeros(B * T, E).scatter_(1, chosen, 1.0).view(B, T, E).sum(1) * E / (K * T)
+    p_BE = (scores / scores.sum(-1, keepdim=True)).view(B, T, E).mean(1)
+    return chosen, moe.config.aux_loss_weight * (f_BE * p_BE).sum(1).mean()
+
+
+@pytest.mark.parametrize("score_function,E,k", [("sigmoid", 8, 2), ("softmax", 16, 1)])
+@pytest.mark.parametrize("layout", ["grouped", "looped", "padded"])
+def test_fused_dispatch_equals_the_per_token_reference_in_every_gradient(score_function, E, k, layout):
+    """Route (with the router's matmul), plan, permute, experts, combine (hymo_core/kernels/moe_dispatch.py) against
+    the loop above and aten's router, through autograd: the input's, the router's (through the combine weights and
+    the aux loss's logits), every expert weight's and the shared expert's gradients; the balancing counters the
+    plan kernel adds to equal aten's count of the chosen experts."""
+    moe = make_moe(score_function=score_function, n_routed_experts=E, n_activated_experts=k, aux_loss_weight=0.1).train()
+    moe.expert_bias_E.copy_(torch.linspace(-0.2, 0.2, E))
+    moe.experts.layout = layout
+    x, upstream = torch.randn(3, 7, D), torch.randn(3, 7, D)
+    results = []
+    for run in (lambda x_: (moe(x_), moe.aux_loss), lambda x_: (per_token_reference(moe, x_), aten_routing(moe, x_)[1])):
+        moe.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_()
+        out, aux_loss = run(leaf)
+        ((out * upstream).sum() + aux_loss).backward()
+        results.append([out.detach(), aux_loss.detach(), leaf.grad] + [p.grad for p in moe.parameters()])
+    assert all(g is not None and g.abs().sum() > 0 for g in results[0][2:])
+    for ours, reference in zip(*results):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+    chosen, _ = aten_routing(moe, x)
+    assert torch.equal(moe.tokens_per_expert_E, torch.bincount(chosen.reshape(-1), minlength=E).double())
 
 
 def test_bias_changes_selection_but_never_the_combine_weights():

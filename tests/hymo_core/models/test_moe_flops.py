@@ -16,7 +16,8 @@ import torch
 import torch.multiprocessing as mp
 from torch.utils.flop_counter import FlopCounterMode
 
-from hymo_core.models.layers.moe import MoE, MoEConfig, SortedAssignments
+from hymo_core.kernels.moe_dispatch import moe_permute
+from hymo_core.models.layers.moe import MoE, MoEConfig
 
 D, F = 16, 32
 ROUTINGS = [(16, 1), (8, 2)]  # (E, k)
@@ -35,14 +36,15 @@ def counted_expert_work(moe: MoE, x_BTD: torch.Tensor) -> tuple[int, torch.Tenso
     E, K = moe.config.n_routed_experts, moe.config.n_activated_experts
     x_ND = x_BTD.reshape(-1, D)
     routing = moe.route(x_ND)
-    assignments, order_A = SortedAssignments.of(routing.experts_NK.reshape(-1), E, moe.capacity(x_ND.shape[0]))
-    rows_AD = x_ND[order_A // K].detach().requires_grad_()
+    layout = moe.experts.resolved_layout(x_ND)
+    plan = moe.plan(routing, layout)
+    rows_PD = moe_permute(x_ND, plan.source_P, plan.position_A, K, x_ND.dtype).detach().requires_grad_()
     with FlopCounterMode(display=False) as counter:
-        y_AD = moe.experts(rows_AD, assignments)
-        y_AD.backward(torch.ones_like(y_AD))
+        y_PD = moe.experts(rows_PD, plan, layout)
+        y_PD.backward(torch.ones_like(y_PD))
     with torch.no_grad():
         output = moe(x_BTD)
-    return counter.get_total_flops(), assignments.kept_E, output
+    return counter.get_total_flops(), plan.kept_E, output
 
 
 def real_work(assignments: int) -> int:
