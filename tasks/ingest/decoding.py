@@ -44,6 +44,7 @@ META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([a-zA-Z0-9_.:-]+
 NON_ASCII_RUN = re.compile(r"[^\x00-\x7f]+")
 PRINTABLE_ASCII = "".join(map(chr, range(32, 127))) + "\t\n\r"
 CONTROL_TEXT = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b\x0e-\x1f\x7f]")
+CONTROL_CHAR = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")  # the characters CONTROL_TEXT's every match starts with
 SURROGATE = re.compile("[\udc80-\udcff]")
 NON_ASCII = re.compile("[^\x00-\x7f]")
 
@@ -166,5 +167,7 @@ def guessed_spans(text: str, encoding: str) -> list[tuple[int, int, str]]:
 def strip_controls(text: str) -> tuple[str, int]:
     """`text` without NUL, other C0 controls, DEL and terminal escape sequences (tab, newlines, form feed stay);
     and how many characters went."""
+    if not CONTROL_CHAR.search(text):  # every match starts with one (ESC is a C0 control): a scan 3x cheaper than sub
+        return text, 0
     cleaned = CONTROL_TEXT.sub("", text)
     return cleaned, len(text) - len(cleaned)

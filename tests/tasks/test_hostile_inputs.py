@@ -12,7 +12,7 @@ from conftest import PROSE, page, write_spec
 
 from manifests.schema import docs_table
 from manifests.sources import load_spec_file
-from tasks.ingest.decoding import decode_payload, strip_controls
+from tasks.ingest.decoding import CONTROL_TEXT, decode_payload, strip_controls
 from tasks.ingest.extract import ExtractConfig, extract_shard
 from tasks.ingest.extract_page import visible_text
 from tasks.ingest.ingest import IngestConfig, run_ingest
@@ -71,6 +71,9 @@ def test_binary_by_magic_or_control_share_but_not_for_a_few_controls() -> None:
     assert decode_payload(text_with_nul).problem is None
     cleaned, removed = strip_controls("a\x00b\x1b[31mred\x1b[0m\tc\r\n\x07d")
     assert (cleaned, removed) == ("abred\tc\r\nd", 11)
+    for code in range(0x80):  # each control alone, past the pre-scan that lets clean text skip the regex
+        text = f"ab{chr(code)}cd"
+        assert strip_controls(text) == (CONTROL_TEXT.sub("", text), len(text) - len(CONTROL_TEXT.sub("", text))), code
 
 
 def test_ingest_audits_the_encoding_choice_and_strips_controls_as_a_modification(tmp_path: Path) -> None:
