@@ -36,7 +36,7 @@ def kernel_shapes(preset: str, config: ModelConfig) -> ModelKernelShapes:
     else:
         gdn = None
     return ModelKernelShapes(preset, tuple(sorted(norms)), config.rope_dim, config.n_heads, config.ffn_dim,
-                             config.vocab_size, tuple(sorted(probes)), gdn)
+                             config.vocab_size, tuple(sorted(probes)), gdn, config.gdn_conv_size)
 
 
 def preset_kernel_shapes() -> list[ModelKernelShapes]:
