@@ -322,10 +322,11 @@ def gdn_launches(preset: str, K: int, V: int, H: int, capability: int) -> list[L
     return out
 
 
-def short_conv_launches(preset: str, K: int, V: int, H: int, W: int, capability: int) -> list[Launch]:
-    """GDN's fused short convolution (kernels/causal_conv1d.py), forward and backward, reading the projection's
-    (B, T, 2HK + 2HV + 2H) output in place; fp32 master weights (autocast leaves the op's weights alone). The
-    forward also at T = 1 with a cache's tail (decoding)."""
+def gdn_input_launches(preset: str, K: int, V: int, H: int, W: int, capability: int) -> list[Launch]:
+    """GDN's fused short convolution (kernels/causal_conv1d.py) and gates (kernels/gdn_gates.py), forward and
+    backward, reading the projection's (B, T, 2HK + 2HV + 2H) output in place; fp32 master weights (autocast
+    leaves the ops' parameters alone). The conv's forward also at T = 1 with a cache's tail (decoding)."""
+    from hymo_core.kernels import gdn_gates
     from hymo_core.kernels.causal_conv1d import BACKWARD_TILE, FORWARD_TILE, backward_grid, block_t, channel_blocks
 
     HK, HV = H * K, H * V
@@ -352,6 +353,19 @@ def short_conv_launches(preset: str, K: int, V: int, H: int, W: int, capability:
                           stride_xb=WAVE_T * row, stride_xt=row, stride_tb=0, stride_tc=0, stride_tw=0, eps=1e-12),
                      dict(W=W, W_POW2=triton.next_power_of_2(W), K=K, BLOCK_T=bt, BLOCK_C=block_c, HAS_TAIL=False),
                      programs * WAVE_BATCH * blocks, ELEMENTWISE, capability)
+    gates_module = "hymo_core.kernels.gdn_gates."
+    tokens, block_h = WAVE_BATCH * WAVE_T, triton.next_power_of_2(H)
+    gates = dict(a_ptr=bf16, b_ptr=bf16, A_log_ptr=fp32, dt_bias_ptr=fp32)
+    blocks_n = math.ceil(tokens / gdn_gates.BLOCK_N)
+    out += _launches(gates_module + "_gdn_gates_forward_kernel", preset, f"H={H}",
+                     dict(**gates, g_ptr=fp32, beta_ptr=fp32, N=tokens, H=H, stride_a=row, stride_b=row),
+                     dict(BLOCK_N=gdn_gates.BLOCK_N, BLOCK_H=block_h), blocks_n, ELEMENTWISE, capability)
+    programs = min(blocks_n, 4 * TARGETS["sm_90"].sms)  # backend.program_count on an H100
+    out += _launches(gates_module + "_gdn_gates_backward_kernel", preset, f"H={H}",
+                     dict(**gates, dg_ptr=fp32, dbeta_ptr=fp32, da_ptr=bf16, db_ptr=bf16, dA_partial_ptr=fp32,
+                          ddt_partial_ptr=fp32, N=tokens, H=H, stride_a=row, stride_b=row,
+                          blocks_per_program=math.ceil(blocks_n / programs)),
+                     dict(BLOCK_N=gdn_gates.BLOCK_N, BLOCK_H=block_h), programs, ELEMENTWISE, capability)
     return out
 
 
@@ -362,7 +376,7 @@ def model_launches(models: list[ModelKernelShapes], capability: int) -> list[Lau
         launches = row_kernel_launches(model, capability)
         if model.gdn:
             launches += gdn_launches(model.preset, *model.gdn, capability)
-            launches += short_conv_launches(model.preset, *model.gdn, model.gdn_conv_size, capability)
+            launches += gdn_input_launches(model.preset, *model.gdn, model.gdn_conv_size, capability)
         for launch in launches:
             key = (launch.kernel, launch.args, launch.constexprs, launch.num_warps, launch.num_stages)
             if key not in seen:

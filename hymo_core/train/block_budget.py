@@ -28,13 +28,13 @@ from hymo_core.train.launch_count import LaunchCounter
 BUDGET_PRESET, BUDGET_BATCH, BUDGET_SEQ = "hymo-750m", 2, 4096
 # bench/block_budget.py prints the counts these were set from (docs/benchmarks.md, "Block budget").
 BUDGET: dict[str, tuple[int, int]] = {
-    "gdn": (42, 1_600_000_000),  # conv + SiLU + q/k L2 norm fused (kernels/causal_conv1d.py): was 70 / 4.25 GB
+    "gdn": (18, 1_600_000_000),  # conv + norms and the gates one op each way (issue 54: was 70 / 4.25 GB)
     "mla": (34, 980_000_000),
     "ffn": (9, 790_000_000),
     "moe": (88, 3_480_000_000),
     "mtp": (208, 24_950_000_000),  # each depth's head fused into its loss (kernels/linear_cross_entropy.py)
-    "rest": (358, 20_750_000_000),  # the main head's fused loss computes its gradient in the forward
-    "model": (2_766, 138_500_000_000),
+    "rest": (293, 20_750_000_000),  # the main head's fused loss computes its gradient in the forward
+    "model": (2_095, 138_200_000_000),
 }
 
 

@@ -1,7 +1,7 @@
 """Gated DeltaNet mixer (kind "G"; Yang, Kautz & Hatamizadeh 2024), named as in flash-linear-attention.
 
-    q, k, v = silu(short_conv(x W_q/k/v));  q, k L2-normalised per head
-    log a_t = -exp(A_log) * softplus(x W_a + dt_bias)       (per head, a_t in (0, 1))
+    q, k, v = silu(short_conv(x W_q/k/v));  q, k L2-normalised per head   (one op: kernels/causal_conv1d.py)
+    log a_t = -exp(A_log) * softplus(x W_a + dt_bias)       (per head, a_t in (0, 1); kernels/gdn_gates.py)
     b_t     = sigmoid(x W_b)
     o       = gated_delta_rule(q, k, v, log a, b)           (hymo_core/kernels/gdn.py)
     y       = W_o (RMSNorm(o) * silu(x W_g))                 (gated RMSNorm, per head)
@@ -25,6 +25,7 @@ from hymo_core import kernels
 from hymo_core.models.configs import ModelConfig
 from hymo_core.kernels.causal_conv1d import causal_conv1d_qkv
 from hymo_core.kernels.gdn import gated_delta_rule
+from hymo_core.kernels.gdn_gates import gdn_gates
 from hymo_core.models.layers.context import MixerContext
 from hymo_core.models.layers.norm import RMSNorm
 
@@ -102,8 +103,7 @@ class GatedDeltaNet(nn.Module):
         qkv_BTC, gate_BTX, a_BTH, b_BTH = F.linear(x_BTD, w_in).split((2 * H * K + H * V, H * V, H, H), dim=-1)
         q_BTX, k_BTX, v_BTX = self.short_conv(qkv_BTC, ctx.cache)
         q_BTHK, k_BTHK, v_BTHV = q_BTX.view(B, T, H, K), k_BTX.view(B, T, H, K), v_BTX.view(B, T, H, V)
-        g_BTH = -self.A_log.float().exp() * F.softplus(a_BTH.float() + self.dt_bias.float())
-        beta_BTH = torch.sigmoid(b_BTH.float())
+        g_BTH, beta_BTH = gdn_gates(a_BTH, b_BTH, self.A_log, self.dt_bias, backend=self.kernel_backend)
         initial = ctx.cache.state_BHKV if ctx.cache is not None else None
         # One new token (decoding): the recurrent step itself, not a chunked pass padded to a whole chunk.
         backend = "recurrent" if ctx.cache is not None and T == 1 else self.kernel_backend

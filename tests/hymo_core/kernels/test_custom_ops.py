@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from hymo_core import kernels
 from hymo_core.kernels.causal_conv1d import causal_conv1d_qkv_op
 from hymo_core.kernels.gdn import gated_delta_rule_op
+from hymo_core.kernels.gdn_gates import gdn_gates_op  # noqa: F401 (registers hymo::gdn_gates)
 from hymo_core.kernels.grouped_mm import grouped_mm_op  # noqa: F401 (registers hymo::grouped_mm)
 from hymo_core.kernels.logit_probe import causal_max_logits_op
 from hymo_core.models.layers.block import Block
@@ -43,6 +44,7 @@ def op_cases():
         "gated_delta_rule": (gated_delta_rule_op._opoverload, gdn),
         "causal_conv1d_qkv": (causal_conv1d_qkv_op._opoverload, (r(2, 7, 40), r(8, 1, 4), r(8, 1, 4), r(24, 1, 4), None, 4,
                                                                  "reference")),
+        "gdn_gates": (torch.ops.hymo.gdn_gates.default, (r(2, 9, 3), r(2, 9, 3), r(3), r(3), "reference")),
         "causal_conv1d_qkv_tail": (causal_conv1d_qkv_op._opoverload,
                                    (r(2, 1, 40), r(8, 1, 4), r(8, 1, 4), r(24, 1, 4), torch.randn(2, 40, 3, generator=g), 4,
                                     "reference")),

@@ -2,7 +2,8 @@
 
 No GPU is needed: Triton compiles to a cubin with the ptxas it ships and cuobjdump reads the
 cubin's registers and stack (hymo_core/kernels/aot.py). Compiled: GDN forward and backward
-(eight kernels), GDN's fused short convolution forward (training and decoding) and backward, RMSNorm forward and backward, RoPE, SwiGLU forward and backward, cross-entropy
+(eight kernels), GDN's fused short convolution forward (training and decoding) and backward and its
+gates forward and backward, RMSNorm forward and backward, RoPE, SwiGLU forward and backward, cross-entropy
 + z-loss forward and backward and the logit probe, at the shapes of the dense sample, hymo-tiny,
 hymo-750m and Lab 4's head sizes, under every config autotune may pick at that shape. Each must
 keep shared memory within the target's per-block limit (227 KB / 163 KB), registers <= 255, and
@@ -30,7 +31,9 @@ KERNELS = {
     "dv_local_kernel", "state_backward_kernel", "dqkwg_kernel", "wy_backward_kernel",  # GDN backward
     "_rms_norm_forward_kernel", "_rms_norm_backward_kernel", "_rope_kernel", "_swiglu_forward_kernel",
     "_swiglu_backward_kernel", "_cross_entropy_forward_kernel", "_cross_entropy_backward_kernel",
-    "_causal_max_logit_kernel", "_causal_conv1d_forward_kernel", "_causal_conv1d_backward_kernel",  # GDN short conv
+    "_causal_max_logit_kernel",
+    "_causal_conv1d_forward_kernel", "_causal_conv1d_backward_kernel", "_gdn_gates_forward_kernel",  # GDN's inputs
+    "_gdn_gates_backward_kernel",
 }
 
 
