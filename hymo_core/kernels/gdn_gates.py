@@ -5,11 +5,12 @@
 
 a and b (B, T, H) are the last columns of GDN's fused input projection, read in place through their
 row stride; A_log and dt_bias are the (H,) parameters. Both results are fp32, as the GDN op takes them.
-Eager PyTorch ran this as ten small kernels forward (four casts to fp32, exp, neg, add, softplus, mul,
-sigmoid) and thirteen backward; at hymo-750m's 24 GDN layers that is ~550 launches a step, each for
-at most 0.5 MB of data. The Triton forward is one launch; the backward recomputes softplus and both sigmoids
-from a and b (nothing saved but the inputs), writes da and db, and sums the gradients of A_log and
-dt_bias over the tokens per program in fp32, each reduced by one sum at the end (no atomics, deterministic).
+In eager PyTorch the GDN block ran this as 9 more launches forward (casts to fp32, exp, neg, add,
+softplus, mul, sigmoid) and 11 more backward a layer (bench/block_budget.py), ~480 launches a step at
+hymo-750m's 24 GDN layers, each for at most 0.5 MB of data. The Triton forward is one launch; the
+backward recomputes softplus and both sigmoids from a and b (nothing saved but the inputs), writes da
+and db, and sums the gradients of A_log and dt_bias over the tokens per program in fp32, each reduced
+by one sum at the end (no atomics, deterministic).
 Registered as `hymo::gdn_gates` (+ `_backward`). softplus is F.softplus's (linear above 20).
 """
 
