@@ -45,6 +45,10 @@ def op_cases():
         "causal_conv1d_qkv": (causal_conv1d_qkv_op._opoverload, (r(2, 7, 40), r(8, 1, 4), r(8, 1, 4), r(24, 1, 4), None, 4,
                                                                  "reference")),
         "gdn_gates": (torch.ops.hymo.gdn_gates.default, (r(2, 9, 3), r(2, 9, 3), r(3), r(3), "reference")),
+        # bf16 projections (autocast's) with fp32 parameters: the gates come out fp32, the fake must say so
+        "gdn_gates_bf16": (torch.ops.hymo.gdn_gates.default,
+                           (r(2, 9, 3).to(torch.bfloat16).detach().requires_grad_(),
+                            r(2, 9, 3).to(torch.bfloat16).detach().requires_grad_(), r(3), r(3), "reference")),
         "causal_conv1d_qkv_tail": (causal_conv1d_qkv_op._opoverload,
                                    (r(2, 1, 40), r(8, 1, 4), r(8, 1, 4), r(24, 1, 4), torch.randn(2, 40, 3, generator=g), 4,
                                     "reference")),
