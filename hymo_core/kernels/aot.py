@@ -211,6 +211,7 @@ class ModelKernelShapes:
     probe_dims: tuple[int, ...]  # q.k widths of the attention kinds QK-Clip probes
     gdn: tuple[int, int, int] | None  # (key head dim, value head dim, heads) of its GDN layers
     moe: tuple[int, int, int, bool] | None = None  # (routed experts, active per token, d_model, sigmoid) of its MoE
+    gdn_conv_size: int = 4  # taps of the GDN layers' short convolution
 
 
 def row_kernel_launches(model: ModelKernelShapes, capability: int) -> list[Launch]:
@@ -360,6 +361,53 @@ def moe_launches(preset: str, E: int, k: int, D: int, sigmoid: bool, capability:
     return out
 
 
+def gdn_input_launches(preset: str, K: int, V: int, H: int, W: int, capability: int) -> list[Launch]:
+    """GDN's fused short convolution (kernels/causal_conv1d.py) and gates (kernels/gdn_gates.py), forward and
+    backward, reading the projection's (B, T, 2HK + 2HV + 2H) output in place; fp32 master weights (autocast
+    leaves the ops' parameters alone). The conv's forward also at T = 1 with a cache's tail (decoding)."""
+    from hymo_core.kernels import gdn_gates
+    from hymo_core.kernels.causal_conv1d import BACKWARD_TILE, FORWARD_TILE, backward_grid, block_t, channel_blocks
+
+    HK, HV = H * K, H * V
+    C, row = 2 * HK + HV, 2 * HK + 2 * HV + 2 * H
+    block_c, blocks = channel_blocks(K, 2 * HK, HV)
+    bf16, fp32 = "*bf16", "*fp32"
+    shape = f"K={K} V={V} W={W}"
+    module = "hymo_core.kernels.causal_conv1d."
+    out = []
+    for T, tail in ((WAVE_T, False), (1, True)):
+        bt = block_t(FORWARD_TILE, block_c)
+        out += _launches(module + "_causal_conv1d_forward_kernel", preset, shape + (" decode" if tail else ""),
+                         dict(x_ptr=bf16, tail_ptr=bf16, wq_ptr=fp32, wk_ptr=fp32, wv_ptr=fp32, q_ptr=bf16, k_ptr=bf16,
+                              v_ptr=bf16, T=T, HK=HK, HV=HV, stride_xb=T * row, stride_xt=row,
+                              stride_tb=C * (W - 1) if tail else 0, stride_tc=W - 1 if tail else 0,
+                              stride_tw=1 if tail else 0, eps=1e-12),
+                         dict(W=W, K=K, BLOCK_T=bt, BLOCK_C=block_c, HAS_TAIL=tail),
+                         math.ceil(T / bt) * WAVE_BATCH * blocks, ELEMENTWISE, capability)
+    bt = block_t(BACKWARD_TILE, block_c)
+    tiles, programs = backward_grid(WAVE_BATCH, WAVE_T, bt)
+    out += _launches(module + "_causal_conv1d_backward_kernel", preset, shape,
+                     dict(x_ptr=bf16, tail_ptr=bf16, wq_ptr=fp32, wk_ptr=fp32, wv_ptr=fp32, dq_ptr=bf16, dk_ptr=bf16,
+                          dv_ptr=bf16, dx_ptr=bf16, dw_partial_ptr=fp32, T=WAVE_T, HK=HK, HV=HV, C=C, TILES=tiles,
+                          stride_xb=WAVE_T * row, stride_xt=row, stride_tb=0, stride_tc=0, stride_tw=0, eps=1e-12),
+                     dict(W=W, W_POW2=triton.next_power_of_2(W), K=K, BLOCK_T=bt, BLOCK_C=block_c, HAS_TAIL=False),
+                     programs * WAVE_BATCH * blocks, ELEMENTWISE, capability)
+    gates_module = "hymo_core.kernels.gdn_gates."
+    tokens, block_h = WAVE_BATCH * WAVE_T, triton.next_power_of_2(H)
+    gates = dict(a_ptr=bf16, b_ptr=bf16, A_log_ptr=fp32, dt_bias_ptr=fp32)
+    blocks_n = math.ceil(tokens / gdn_gates.BLOCK_N)
+    out += _launches(gates_module + "_gdn_gates_forward_kernel", preset, f"H={H}",
+                     dict(**gates, g_ptr=fp32, beta_ptr=fp32, N=tokens, H=H, stride_a=row, stride_b=row),
+                     dict(BLOCK_N=gdn_gates.BLOCK_N, BLOCK_H=block_h), blocks_n, ELEMENTWISE, capability)
+    programs = min(blocks_n, 4 * TARGETS["sm_90"].sms)  # backend.program_count on an H100
+    out += _launches(gates_module + "_gdn_gates_backward_kernel", preset, f"H={H}",
+                     dict(**gates, dg_ptr=fp32, dbeta_ptr=fp32, da_ptr=bf16, db_ptr=bf16, dA_partial_ptr=fp32,
+                          ddt_partial_ptr=fp32, N=tokens, H=H, stride_a=row, stride_b=row,
+                          blocks_per_program=math.ceil(blocks_n / programs)),
+                     dict(BLOCK_N=gdn_gates.BLOCK_N, BLOCK_H=block_h), programs, ELEMENTWISE, capability)
+    return out
+
+
 def model_launches(models: list[ModelKernelShapes], capability: int) -> list[Launch]:
     """Every kernel at every model's widths and every config autotune may pick there on `capability`."""
     out, seen = [], set()
@@ -367,6 +415,7 @@ def model_launches(models: list[ModelKernelShapes], capability: int) -> list[Lau
         launches = row_kernel_launches(model, capability)
         if model.gdn:
             launches += gdn_launches(model.preset, *model.gdn, capability)
+            launches += gdn_input_launches(model.preset, *model.gdn, model.gdn_conv_size, capability)
         if model.moe:
             launches += moe_launches(model.preset, *model.moe, capability)
         for launch in launches:

@@ -88,6 +88,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, g, beta, initial_state, scale, backend = inputs
     ctx.save_for_backward(q, k, v, g, beta, initial_state, output[2], output[3])
     ctx.scale, ctx.backend, ctx.has_h0 = scale, backend, initial_state is not None
+    ctx.set_materialize_grads(False)  # an unused final state (training) is dht None, not a zero-filled (B, H, K, V)
 
 
 def _backward(ctx, do, dht, _dG, _dTinv):

@@ -137,10 +137,13 @@ def _setup_rms_norm(ctx, inputs, output):
     x, weight, eps, backend = inputs
     ctx.save_for_backward(x, weight, output[1])
     ctx.eps, ctx.backend = eps, backend
+    ctx.set_materialize_grads(False)  # rstd is never differentiated: no zero-filled gradient for it
 
 
 def _rms_norm_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros_like(x)
     dx, dweight = rms_norm_backward_op(dy, x, weight, rstd, ctx.eps, ctx.backend)
     return dx, dweight, None, None
 

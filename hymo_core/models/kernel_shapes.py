@@ -38,7 +38,7 @@ def kernel_shapes(preset: str, config: ModelConfig) -> ModelKernelShapes:
     moe = ((config.moe_n_routed_experts, config.moe_n_activated_experts, config.d_model,
             config.moe_score_function == "sigmoid") if config.moe_on else None)
     return ModelKernelShapes(preset, tuple(sorted(norms)), config.rope_dim, config.n_heads, config.ffn_dim,
-                             config.vocab_size, tuple(sorted(probes)), gdn, moe)
+                             config.vocab_size, tuple(sorted(probes)), gdn, moe, config.gdn_conv_size)
 
 
 def preset_kernel_shapes() -> list[ModelKernelShapes]:

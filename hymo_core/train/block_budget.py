@@ -28,14 +28,14 @@ from hymo_core.train.launch_count import LaunchCounter
 BUDGET_PRESET, BUDGET_BATCH, BUDGET_SEQ = "hymo-750m", 2, 4096
 # bench/block_budget.py prints the counts these were set from (docs/benchmarks.md, "Block budget").
 BUDGET: dict[str, tuple[int, int]] = {
-    "gdn": (70, 4_250_000_000),
-    "mla": (34, 980_000_000),
+    "gdn": (18, 1_600_000_000),  # conv + norms and the gates one op each way (issue 54: was 70 / 4.25 GB)
+    "mla": (32, 980_000_000),  # RMSNorm's unused rstd gets no zero-filled gradient (kernels/norm.py)
     "ffn": (9, 790_000_000),
     "moe": (30, 2_474_000_000),  # routing (the router's matmul inside) and dispatch in four fused ops
     # (kernels/moe_dispatch.py): was 88 / 3.47 GB in aten ops, 32 / 2.474 GB with the router a separate GEMM
-    "mtp": (208, 24_950_000_000),  # each depth's head fused into its loss (kernels/linear_cross_entropy.py)
-    "rest": (358, 20_750_000_000),  # the main head's fused loss computes its gradient in the forward
-    "model": (2_974, 194_000_000_000),
+    "mtp": (194, 24_950_000_000),  # each depth's head fused into its loss (kernels/linear_cross_entropy.py)
+    "rest": (293, 20_750_000_000),  # the main head's fused loss computes its gradient in the forward
+    "model": (1_631, 130_250_000_000),  # GDN inputs and MoE dispatch fused (issue 54): 3,438 on ce7dd1a
 }
 
 

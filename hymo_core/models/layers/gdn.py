@@ -1,7 +1,7 @@
 """Gated DeltaNet mixer (kind "G"; Yang, Kautz & Hatamizadeh 2024), named as in flash-linear-attention.
 
-    q, k, v = silu(short_conv(x W_q/k/v));  q, k L2-normalised per head
-    log a_t = -exp(A_log) * softplus(x W_a + dt_bias)       (per head, a_t in (0, 1))
+    q, k, v = silu(short_conv(x W_q/k/v));  q, k L2-normalised per head   (one op: kernels/causal_conv1d.py)
+    log a_t = -exp(A_log) * softplus(x W_a + dt_bias)       (per head, a_t in (0, 1); kernels/gdn_gates.py)
     b_t     = sigmoid(x W_b)
     o       = gated_delta_rule(q, k, v, log a, b)           (hymo_core/kernels/gdn.py)
     y       = W_o (RMSNorm(o) * silu(x W_g))                 (gated RMSNorm, per head)
@@ -23,7 +23,9 @@ import torch.nn.functional as F
 
 from hymo_core import kernels
 from hymo_core.models.configs import ModelConfig
+from hymo_core.kernels.causal_conv1d import causal_conv1d_qkv
 from hymo_core.kernels.gdn import gated_delta_rule
+from hymo_core.kernels.gdn_gates import gdn_gates
 from hymo_core.models.layers.context import MixerContext
 from hymo_core.models.layers.norm import RMSNorm
 
@@ -80,15 +82,18 @@ class GatedDeltaNet(nn.Module):
                         torch.zeros(batch_size, self.n_heads, self.head_k_dim, self.head_v_dim, device=device,
                                     dtype=torch.float32))
 
-    def short_conv(self, qkv_BTC: torch.Tensor, cache: GDNCache | None) -> torch.Tensor:
-        """Causal depthwise conv of q|k|v in one call, continuing the cache's tail; then SiLU."""
-        x_BCT = qkv_BTC.transpose(1, 2)
-        tail_BCW = cache.conv_tail_BCW if cache is not None else x_BCT.new_zeros(*x_BCT.shape[:2], self.conv_size - 1)
-        x_BCT = torch.cat((tail_BCW.to(x_BCT.dtype), x_BCT), dim=2)
-        if cache is not None:
+    def short_conv(self, qkv_BTC: torch.Tensor, cache: GDNCache | None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v): causal depthwise conv of q|k|v continuing the cache's tail, SiLU, q and k L2-normalised per
+        head in fp32; one op (kernels/causal_conv1d.py) that reads the projection's output in place."""
+        q_BTX, k_BTX, v_BTX = causal_conv1d_qkv(qkv_BTC, self.q_conv1d.weight, self.k_conv1d.weight,
+                                                self.v_conv1d.weight, self.head_k_dim,
+                                                cache.conv_tail_BCW if cache is not None else None,
+                                                backend=self.kernel_backend)
+        if cache is not None:  # the last conv_size - 1 inputs, the tail included while T is shorter than that
+            x_BCT = torch.cat((cache.conv_tail_BCW.to(qkv_BTC.dtype), qkv_BTC.transpose(1, 2)), dim=2)
             cache.conv_tail_BCW = x_BCT[:, :, x_BCT.shape[2] - (self.conv_size - 1):].detach()
-        w_C1W = torch.cat((self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight))
-        return F.silu(F.conv1d(x_BCT, w_C1W, groups=w_C1W.shape[0])).transpose(1, 2)
+        return q_BTX, k_BTX, v_BTX
 
     def forward(self, x_BTD: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
         B, T, _ = x_BTD.shape
@@ -96,13 +101,9 @@ class GatedDeltaNet(nn.Module):
         w_in = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj.weight,
                           self.a_proj.weight, self.b_proj.weight))
         qkv_BTC, gate_BTX, a_BTH, b_BTH = F.linear(x_BTD, w_in).split((2 * H * K + H * V, H * V, H, H), dim=-1)
-        qk_BTX, v_BTX = self.short_conv(qkv_BTC, ctx.cache).split((2 * H * K, H * V), dim=-1)
-        # q and k side by side: one fp32 L2 normalisation over 2 H heads (half the launches of two), then split
-        qk_BTGK = F.normalize(qk_BTX.reshape(B, T, 2 * H, K).float(), dim=-1).to(v_BTX.dtype)
-        q_BTHK, k_BTHK = qk_BTGK.split((H, H), dim=2)
-        v_BTHV = v_BTX.reshape(B, T, H, V)
-        g_BTH = -self.A_log.float().exp() * F.softplus(a_BTH.float() + self.dt_bias.float())
-        beta_BTH = torch.sigmoid(b_BTH.float())
+        q_BTX, k_BTX, v_BTX = self.short_conv(qkv_BTC, ctx.cache)
+        q_BTHK, k_BTHK, v_BTHV = q_BTX.view(B, T, H, K), k_BTX.view(B, T, H, K), v_BTX.view(B, T, H, V)
+        g_BTH, beta_BTH = gdn_gates(a_BTH, b_BTH, self.A_log, self.dt_bias, backend=self.kernel_backend)
         initial = ctx.cache.state_BHKV if ctx.cache is not None else None
         # One new token (decoding): the recurrent step itself, not a chunked pass padded to a whole chunk.
         backend = "recurrent" if ctx.cache is not None and T == 1 else self.kernel_backend

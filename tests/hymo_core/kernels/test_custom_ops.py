@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from hymo_core import kernels
+from hymo_core.kernels.causal_conv1d import causal_conv1d_qkv_op
 from hymo_core.kernels.gdn import gated_delta_rule_op
+from hymo_core.kernels.gdn_gates import gdn_gates_op  # noqa: F401 (registers hymo::gdn_gates)
 from hymo_core.kernels.grouped_mm import grouped_mm_op  # noqa: F401 (registers hymo::grouped_mm)
 from hymo_core.kernels.logit_probe import causal_max_logits_op
 from hymo_core.kernels.moe_dispatch import plan_reference, plan_rows
@@ -47,6 +49,16 @@ def op_cases():
         "cross_entropy_rows": (torch.ops.hymo.cross_entropy_rows.default,
                                (r(6, 11), torch.tensor([0, 3, -100, 10, 2, 5]), -100, 16, "reference")),
         "gated_delta_rule": (gated_delta_rule_op._opoverload, gdn),
+        "causal_conv1d_qkv": (causal_conv1d_qkv_op._opoverload, (r(2, 7, 40), r(8, 1, 4), r(8, 1, 4), r(24, 1, 4), None, 4,
+                                                                 "reference")),
+        "gdn_gates": (torch.ops.hymo.gdn_gates.default, (r(2, 9, 3), r(2, 9, 3), r(3), r(3), "reference")),
+        # bf16 projections (autocast's) with fp32 parameters: the gates come out fp32, the fake must say so
+        "gdn_gates_bf16": (torch.ops.hymo.gdn_gates.default,
+                           (r(2, 9, 3).to(torch.bfloat16).detach().requires_grad_(),
+                            r(2, 9, 3).to(torch.bfloat16).detach().requires_grad_(), r(3), r(3), "reference")),
+        "causal_conv1d_qkv_tail": (causal_conv1d_qkv_op._opoverload,
+                                   (r(2, 1, 40), r(8, 1, 4), r(8, 1, 4), r(24, 1, 4), torch.randn(2, 40, 3, generator=g), 4,
+                                    "reference")),
         "grouped_mm": (torch.ops.hymo.grouped_mm.default, (r(32, 16), r(3, 16, 8), torch.tensor([16, 16, 32], dtype=torch.int32))),
         "causal_max_logits": (causal_max_logits_op._opoverload,
                               (torch.randn(1, 4, 9, 8, generator=g), torch.randn(1, 2, 9, 8, generator=g), 1 << 20,

@@ -2,8 +2,10 @@
 
 No GPU is needed: Triton compiles to a cubin with the ptxas it ships and cuobjdump reads the
 cubin's registers and stack (hymo_core/kernels/aot.py). Compiled: GDN forward and backward
-(eight kernels), RMSNorm forward and backward, RoPE, SwiGLU forward and backward, cross-entropy
-+ z-loss forward and backward, the logit probe and the MoE routing / dispatch kernels, at the shapes of the dense sample, hymo-tiny,
+(eight kernels), GDN's fused short convolution forward (training and decoding) and backward and its
+gates forward and backward, RMSNorm forward and backward, RoPE, SwiGLU forward and backward, cross-entropy
++ z-loss forward and backward, the logit probe and the MoE routing / dispatch kernels, at the shapes of the dense
+sample, hymo-tiny,
 hymo-750m and Lab 4's head sizes, under every config autotune may pick at that shape. Each must
 keep shared memory within the target's per-block limit (227 KB / 163 KB), registers <= 255, and
 spill no more than its budget (aot.GDN_SPILL_BUDGET; 0 for the elementwise and row kernels).
@@ -33,6 +35,8 @@ KERNELS = {
     "_causal_max_logit_kernel",
     "_route_forward_kernel", "_route_backward_kernel", "_plan_kernel", "_permute_kernel",  # MoE dispatch
     "_permute_backward_kernel", "_combine_kernel", "_combine_backward_kernel",
+    "_causal_conv1d_forward_kernel", "_causal_conv1d_backward_kernel", "_gdn_gates_forward_kernel",  # GDN's inputs
+    "_gdn_gates_backward_kernel",
 }
 
 

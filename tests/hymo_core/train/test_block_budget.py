@@ -27,6 +27,9 @@ def test_unit_within_its_budget(units, name):
 
 
 def test_units_add_up_to_the_model(units):
-    """The rest is what no unit holds (embedding, norms, residuals, main head): small against the model."""
+    """The rest is what no unit holds (embedding, norms, residuals, main head): small against the model.
+
+    (A quarter, not an eighth: as the units shrink, GDN's fused short conv first, the fixed rest's share grows.)"""
     model, rest = units["model"], units["rest"]
-    assert 0 < rest.launches < model.launches / 8
+    assert 0 < rest.forward and 0 < rest.backward and 0 < rest.bytes_moved
+    assert rest.launches < model.launches / 4
