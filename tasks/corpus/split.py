@@ -326,5 +326,15 @@ def split_side_of_shard(shard_path: Path | str, which: str, columns: list[str] |
     """One split shard's documents of one side ("train" or "validation"), in row order."""
     wanted = list(dict.fromkeys([*(columns or DOC_SCHEMA.names), "meta"]))
     table = pq.read_table(shard_path, columns=wanted)
-    mask = [is_validation(m) == (which == VALIDATION) for m in table.column("meta").to_pylist()]
-    return table.filter(pa.array(mask, type=pa.bool_()))
+    validation = validation_mask(table.column("meta"))
+    return table.filter(pa.array(validation if which == VALIDATION else ~validation, type=pa.bool_()))
+
+
+def validation_mask(meta: pa.ChunkedArray) -> np.ndarray:
+    """is_validation of every row, parsing only the meta texts that can hold a "split" key: JSON spells one either
+    literally or with a \\u escape, so a text with neither is a training row (no json.loads per document)."""
+    maybe = pc.or_(pc.match_substring(meta, '"split"'), pc.match_substring(meta, "\\u"))
+    rows = np.flatnonzero(maybe.fill_null(False).to_numpy(zero_copy_only=False))
+    mask = np.zeros(len(meta), dtype=bool)
+    mask[rows] = [is_validation(m) for m in meta.take(pa.array(rows, pa.int64())).to_pylist()]
+    return mask

@@ -1,9 +1,11 @@
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.corpus.split import SPLIT_DOCS_SCHEMA, SplitConfig, choose_validation, families_of, iter_split_docs
+from tasks.corpus.split import (SPLIT_DOCS_SCHEMA, SplitConfig, choose_validation, families_of, is_validation, iter_split_docs,
+                                validation_mask)
 from tasks.runner.stage_runner import read_stage_audit, read_stage_docs
 
 
@@ -121,3 +123,11 @@ def test_split_plans_from_columns_its_shard_tasks_return_without_reading_text_he
     on_workers = plan_split(read_manifest(upstream.directory), config, tmp_path / "workers", workers=2)
     assert on_workers.validation_documents == here.validation_documents > 0
     assert {s: f[1] for s, f in on_workers.validation.files.items()} == {s: f[1] for s, f in here.validation.files.items()}
+
+
+def test_the_validation_mask_parses_only_meta_that_can_name_a_split_and_answers_as_json_does():
+    metas = ['{"profile": "web"}', '{"split": "validation"}', '{"note": "split here", "split": "validation"}',
+             '{"spl\\u0069t": "validation"}', '{"title": "caf\\u00e9"}', '{"split": "train"}', '{"x": "\\"split\\""}', "{}"]
+    expected = np.array([is_validation(m) for m in metas])
+    assert expected.tolist() == [False, True, True, True, False, False, False, False]
+    assert np.array_equal(validation_mask(pa.chunked_array([metas[:3], metas[3:]])), expected)
