@@ -139,15 +139,20 @@ def kernel_plan(name: str) -> Callable[[], dict]:
     return plan
 
 
-def gdn_plan() -> dict:
-    """hymo-750m's GDN call: the planner's forward sequence FLOPs (already 2 per multiply-add) x 3 for fwd + bwd."""
-    s = GDN_SHAPE
+def gdn_plan(batch: int | None = None) -> dict:
+    """hymo-750m's GDN call: the planner's forward sequence FLOPs (already 2 per multiply-add) x 3 for fwd + bwd.
+    `batch`: another B than GDN_SHAPE's (the preset trains at 2); the plan then names how many programs the
+    sequential state pass gets at each value block it may autotune to (one per batch x head x V / BV)."""
+    s = GDN_SHAPE if batch is None else {**GDN_SHAPE, "B": batch}
     shape = model_shape(PRESETS["hymo-750m"])
     preset = (shape.gdn_heads, shape.gdn_key_head_dim, shape.gdn_value_head_dim)
     if preset != (s["H"], s["K"], s["V"]):
         raise ValueError(f"GDN_SHAPE {s} is not hymo-750m's GDN (heads, K, V) = {preset}")
     tokens = s["B"] * s["T"]
-    return {"shape": dict(s), "tokens_per_call": tokens,
+    from hymo_core.kernels.gdn_triton_state import STATE_CONFIGS
+
+    programs = {f"BV={bv}": s["B"] * s["H"] * s["V"] // bv for bv in sorted({c.kwargs["BV"] for c in STATE_CONFIGS})}
+    return {"shape": dict(s), "tokens_per_call": tokens, "state_pass_programs": programs,
             "flops": 3 * mixer_sequence_flops(shape, "G", s["T"]) * tokens}
 
 
@@ -239,6 +244,8 @@ def rows() -> list[Row]:
             Row("kernel logit_probe", "kernels", 0.1, "Triton probe on bf16 vs PyTorch probe in fp32, next to PyTorch on bf16",
                 kernel_plan("logit_probe"), measure_probe),
             Row("gdn ours", "gdn", 0.6, "our GDN fwd+bwd at hymo-750m's shapes: ms and TFLOP/s", gdn_plan, measure_gdn_ours),
+            Row("gdn ours B=2", "gdn", 0.4, "the same at the preset's batch of 2 (the state pass's programs per BV in the plan)",
+                lambda: gdn_plan(batch=2), measure_gdn_ours),
             Row("gdn fla", "gdn", 1.0, "fla chunk_gated_delta_rule fwd+bwd, same inputs (timing only); fla / ours",
                 fla_plan, measure_gdn_fla),
             Row("sync step", "sync", 0.4, "one training step under set_sync_debug_mode('error'): pass, or the op that synced",

@@ -134,6 +134,16 @@ def test_gdn_flops_are_the_planners_forward_term_times_three_not_doubled():
     assert plan["flops"] == 3 * forward * s["B"] * s["T"]
 
 
+def test_gdn_is_also_timed_at_the_presets_batch_of_two_with_its_state_pass_programs():
+    """Issue 54: the H200 row timed B = 4, the preset trains at B = 2, where the state pass gets half the programs."""
+    row = next(r for r in gpu_check.rows() if r.name == "gdn ours B=2")
+    plan = row.plan()
+    assert plan["shape"]["B"] == 2 and plan["tokens_per_call"] == 2 * gpu_check.GDN_SHAPE["T"]
+    assert plan["flops"] * 2 == gpu_check.gdn_plan()["flops"]
+    s = plan["shape"]
+    assert plan["state_pass_programs"]["BV=16"] == 2 * s["H"] * s["V"] // 16 == 224
+
+
 def test_fla_hopper_guard_is_bypassed_only_inside_the_timing_row(monkeypatch):
     chunk_o = pytest.importorskip("fla.ops.common.chunk_o")
     import torch
