@@ -37,6 +37,17 @@ def test_batch_ngram_hashes_match_per_document_hashes_and_skip_short_documents()
     assert hashes[:3].tolist() == first.tolist() and hashes[3] == hashes[0]  # same 5-gram, same hash
 
 
+def test_batch_ngram_hashes_keep_exactly_each_documents_own_windows_at_any_lengths():
+    rng = np.random.default_rng(11)
+    cache = TokenHashCache()
+    for n in (1, 2, 5, 13):
+        docs = [[f"w{t}" for t in rng.integers(0, 30, size=int(length))] for length in rng.integers(0, 3 * n, size=40)]
+        hashes, offsets = batch_ngram_hashes(docs, n, cache)
+        for i, doc in enumerate(docs):
+            alone = ngram_hashes(np.array([cache[t] for t in doc], dtype=np.uint64), n)
+            assert hashes[offsets[i]: offsets[i + 1]].tolist() == alone.tolist(), (n, i, len(doc))
+
+
 def test_jaccard_of_sets_is_exact():
     a, b = sorted_set(np.array([5, 1, 3, 3], dtype=np.uint64)), sorted_set(np.array([3, 9, 1], dtype=np.uint64))
     assert a.tolist() == [1, 3, 5] and jaccard_of_sets(a, b) == pytest.approx(2 / 4)
