@@ -5,6 +5,8 @@ Every part is bounded whatever the run's size (docs/corpus.md, "The data report 
 * a rule's distribution is its stage's stats sample (tasks.runner.rule_stats): at most VALUES_PER_RULE values
   a rule, per source when there are few sources (the largest MAX_SOURCES - 1, the others pooled);
 * texts are read only for the examples, the clusters' members and the searchable documents (ids chosen first);
+  a stage's rule examples are chosen among its sampled documents in at most EXAMPLE_SHARDS shards (those holding
+  the most sampled rows), so their text reads do not grow with the number of shards;
 * the search covers every document when the run has at most SEARCH_DOCS, else at most SEARCH_DOCS documents of
   at most SEARCH_SHARDS shards (those holding the most documents the page shows): their files are the only ones
   it reads, so its reads stay flat however many shards the run has; the page says which, and prints the
@@ -37,6 +39,7 @@ EXAMPLES_PER_SIDE = 3  # documents shown on each side of a threshold
 POOL_PER_RULE = 24  # documents a rule's "what if" can name when its threshold moves (spread over the values)
 SEARCH_DOCS = 3000  # documents the search box finds; all of them when the run has no more
 SEARCH_SHARDS = 8  # shards whose files the search reads when the run has more than SEARCH_DOCS documents
+EXAMPLE_SHARDS = 8  # a stage's example documents come from at most this many of its shards (their text is read)
 MAX_CLUSTERS = 40  # near-duplicate clusters shown
 CLUSTER_ROWS = 2000  # near-duplicate audit rows read to find them (the first audit files)
 MEMBERS_PER_CLUSTER = 12
@@ -234,14 +237,16 @@ def rule_distributions(run: Path, stages: list) -> tuple[list[dict[str, Any]], d
         quality = stage_dir.stage == "quality"
         config = quality_config_of(manifest) if quality else QualityConfig()  # QualityConfig: the spans' word lists
         by_rule: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for row in sample.to_pylist():
+        rows = sample.to_pylist()
+        for row in rows:
             by_rule[row["rule"]].append(row)
+        readable = example_shards_of(rows)
         stage_rules = []
         for rule_name in sorted(by_rule, key=lambda r: (-manifest.counts.get("removed", {}).get(r, 0), r)):
             rows = by_rule[rule_name]
             paths = threshold_paths(rule_name, config, stage_dir.stage) if quality else field_paths(rule_name, manifest.config or {}, stage_dir.stage)
             entry = rule_entry(stage_dir.stage, rule_name, rows, reached, paths, config.default_profile if quality else "",
-                               manifest.counts.get("removed", {}).get(rule_name, 0))
+                               manifest.counts.get("removed", {}).get(rule_name, 0), readable)
             stage_rules.append(entry)
         shard_of = {e["id"]: e.pop("shard") for entry in stage_rules for e in entry["examples"]}
         texts = _texts_before(run, stage_dir.position, shard_of, hinted_only=True) if shard_of else {}  # as they entered the stage
@@ -253,8 +258,20 @@ def rule_distributions(run: Path, stages: list) -> tuple[list[dict[str, Any]], d
     return rules, example_shards
 
 
+def example_shards_of(rows: list[dict[str, Any]]) -> set[str] | None:
+    """The EXAMPLE_SHARDS shards holding the most of a stage's sampled rows (ties by name), or None (every shard) when
+    the sample spans no more: a uniform sample spreads over every shard, and each shard an example sits in is a read."""
+    per_shard: dict[str, int] = defaultdict(int)
+    for row in rows:
+        per_shard[row.get("shard")] += 1
+    if len(per_shard) <= EXAMPLE_SHARDS:
+        return None
+    return set(sorted(per_shard, key=lambda shard: (-per_shard[shard], str(shard)))[:EXAMPLE_SHARDS])
+
+
 def rule_entry(stage: str, rule: str, rows: list[dict[str, Any]], reached: dict[tuple[str, str], int],
-               paths: dict[str, dict[str, Any]], default_profile: str, removed: int) -> dict[str, Any]:
+               paths: dict[str, dict[str, Any]], default_profile: str, removed: int,
+               readable: set[str] | None = None) -> dict[str, Any]:
     keys = sorted({p["key"] for p in paths.values() if p["key"] is not None})
     sources = sorted({r["source"] for r in rows}, key=lambda s: (-reached.get((rule, s), 0), s))
     shown, pooled = sources[:MAX_SOURCES - 1], sources[MAX_SOURCES - 1:]
@@ -287,7 +304,7 @@ def rule_entry(stage: str, rule: str, rows: list[dict[str, Any]], reached: dict[
     return {"stage": stage, "rule": rule, "reached": sum(reached.get((rule, s), 0) for s in sources), "removed": removed,
             "fires_when": fires, "threshold": main, "controls": controls, "entries": entries,
             "sampled": len(sampled) < sum(reached.get((rule, s), 0) for s in sources),
-            "examples": pick_examples(sampled, main),
+            "examples": pick_examples(sampled if readable is None else [r for r in sampled if r.get("shard") in readable], main),
             "report_only_profiles": sorted(p for p, v in paths.items() if v["report_only"])}
 
 

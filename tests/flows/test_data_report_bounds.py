@@ -116,3 +116,15 @@ def test_per_source_counts_come_from_corpus_json_without_reading_the_documents(t
     monkeypatch.setattr(data_report, "source_counts", None)
     assert data_report.per_source(tiny_run, stages, corpus_current=True) == read
     assert data_report.gather(tiny_run)["by_source"] == read
+
+
+def test_a_stages_examples_sit_in_at_most_example_shards_shards_however_many_it_has(tmp_path: Path) -> None:
+    """Each shard an example sits in is a read of its text: a uniform stats sample over 32 shards would name ~all of
+    them, so the examples are chosen in the EXAMPLE_SHARDS shards that hold the most sampled rows."""
+    run = tmp_path / "run"
+    publish_docs(run / "01_ingest", {f"d{i}": "text" for i in range(64)}, shards=32)
+    quality_stage(run / "01_ingest", run / "04_quality", sources=3, per_source=3200, shards=32)
+    rules, example_shards = data_report.rule_distributions(run, data_report.document_stages(run))
+    (rule,) = rules
+    assert len(rule["examples"]) >= 2 * data_report.EXAMPLES_PER_SIDE
+    assert 0 < len(set(example_shards.values())) <= data_report.EXAMPLE_SHARDS < 32
