@@ -114,6 +114,29 @@ def test_mojibake_fast_test_answers_as_ftfy_on_characters_its_regex_names() -> N
     assert not any(needs_ftfy(t) for t in ["He said “fine” — and left.", "© 2024 Café » Menü", "├── src │", "naïve résumé"])
 
 
+def test_mojibake_windows_reach_back_to_where_a_match_can_start() -> None:
+    """A badness match may start up to the longest branch's width before the character the scan finds: lines drawn
+    from every character any branch's classes name (not only the trigger set) put those early starts in play, so a
+    window that starts too late misses matches ftfy's regex finds."""
+    import random
+    import re._parser as parser
+
+    from ftfy.badness import BADNESS_RE, is_bad
+
+    from tasks.ingest.mojibake import _class_chars, needs_ftfy
+
+    tree = parser.parse(BADNESS_RE.pattern, BADNESS_RE.flags)
+    alphabet = sorted({chr(c) for branch in tree[0][1][1] for item in branch for c in (_class_chars(item) or ()) if c < 0x3000})
+    rng = random.Random(5)
+    lines = ["".join(rng.choice(alphabet) for _ in range(rng.randint(2, 10))) for _ in range(30000)]
+    bad = 0
+    for line in lines:
+        expected = is_bad(line) or any(0x80 <= ord(c) < 0xA0 or 0xD800 <= ord(c) < 0xE000 for c in line)
+        assert needs_ftfy(line) == expected, repr(line)
+        bad += expected
+    assert 0 < bad < len(lines)
+
+
 def test_mojibake_is_repaired_and_logged_without_touching_quotes() -> None:
     broken = "The meeting â€” as planned â€” started at noon. He said “fine” and left."
     assert repair_mojibake(broken) == "The meeting — as planned — started at noon. He said “fine” and left."
