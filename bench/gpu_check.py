@@ -534,7 +534,8 @@ def profile_rows() -> list[Row]:
     """bench/gpu_profile.py's variants, each a row (eager about half a minute, compiled a minute more)."""
     import bench.gpu_profile as gpu_profile
 
-    return [Row(v.row, "profile", 1.2 if v.compile else 0.6,
+    minutes = {("dense", False): 0.6, ("dense", True): 1.2, ("hybrid", False): 0.8, ("hybrid", True): 1.8}  # as the mfu rows
+    return [Row(v.row, "profile", minutes[("hybrid" if v.model.startswith("hymo") else "dense", v.compile)],
                 "two profiled updates of the trainer's step: top kernels, kernels/update, GPU idle, phases",
                 lambda v=v: gpu_profile.plan(v), lambda plan, ctx, v=v: gpu_profile.measure(v, _distributed))
             for v in gpu_profile.PROFILE_VARIANTS]

@@ -91,6 +91,9 @@ PROFILE_VARIANTS: tuple[ProfileVariant, ...] = (
     ProfileVariant("dense-125m", fsdp=False, compile=False, sdpa="cudnn", batch=8, seq_len=2048, accumulation=8),
     ProfileVariant("dense-125m", fsdp=False, compile=False, sdpa="efficient", batch=8, seq_len=2048, accumulation=8),
     ProfileVariant("dense-125m", fsdp=False, compile=False, sdpa="flash", batch=8, seq_len=2048, accumulation=1),
+    # hymo-750m at its training batch of 2 x 4096 (the GDN state pass's programs at B = 2: gpu_check's "gdn ours B=2")
+    ProfileVariant("hymo-750m", fsdp=False, compile=False, sdpa="flash", batch=2, seq_len=4096, accumulation=8),
+    ProfileVariant("hymo-750m", fsdp=False, compile=True, sdpa="flash", batch=2, seq_len=4096, accumulation=8),
 )
 
 

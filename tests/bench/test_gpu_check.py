@@ -40,6 +40,8 @@ def test_dry_run_plans_every_row_without_touching_cuda(tmp_path):
     assert {v["sdpa"] for v in variants} == {"flash", "cudnn", "efficient"}
     assert {(v["fsdp"], v["compile"]) for v in variants} >= {(False, False), (True, False), (False, True)}
     assert {v["accumulation"] for v in variants} == {1, 8}
+    hybrid = [r["variant"] for r in profile["rows"] if r["model"] == "hymo-750m"]  # issue 54: the hybrid profiled too
+    assert {(v["batch"], v["seq_len"], v["compile"]) for v in hybrid} == {(2, 4096, False), (2, 4096, True)}
     assert profile["rows"][0]["launch_budget"]["optimizer"] < 200  # the meta count of the same step, planned on the CPU
     gdn = rows["gdn ours"]
     assert gdn["tokens_per_call"] == 4 * 4096 and gdn["shape"]["V"] == 256
