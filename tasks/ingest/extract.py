@@ -24,6 +24,7 @@ from manifests.audit_edits import changed_spans, edits_detail
 from manifests.schema import docs_table
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.ingest.extract_page import extract_page, repair_mojibake
+from tasks.ingest.mojibake import trigger_class_re2
 from tasks.runner.stage_runner import ShardOutcome, StageDef, dask_client, default_workers, job_progress, run_stage
 from tasks.ingest.watchdog import ERROR, OK, TIMEOUT, SupervisedPool
 
@@ -74,9 +75,43 @@ def extraction_pool(config: ExtractConfig, workers: int) -> SupervisedPool:
     return SupervisedPool(extract_page, config.timeout_s, warmup=page_job(WARMUP_PAGE, "https://example.org/warm-up", config), workers=workers)
 
 
+def mojibake_row(doc_id: str, text: str, repaired: str) -> dict[str, Any]:
+    changed = sum(a != b for a, b in zip(text, repaired)) + abs(len(repaired) - len(text))
+    return {"id": doc_id, "action": "modified", "rule": "mojibake_repaired", "value": changed,
+            "detail": {**first_difference(text, repaired), **edits_detail(changed_spans(text, repaired, "mojibake"))}}
+
+
+def repair_text_shard(docs: pa.Table, config: ExtractConfig) -> ShardOutcome:
+    """A shard without an HTML page: its only work is the encoding repair, done on the column.
+
+    Only texts holding a character some mojibake pattern needs (one vectorised regex over the column) reach
+    ftfy's line test; the others, and every other column, pass through as they were read: no row is rebuilt."""
+    if not config.repair_encoding or not len(docs):
+        return ShardOutcome(docs, [])
+    import numpy as np
+
+    text = docs.column("text")
+    suspects = np.flatnonzero(pc.match_substring_regex(text, trigger_class_re2()).to_numpy(zero_copy_only=False))
+    ids = pc.take(docs.column("id"), suspects).to_pylist()
+    audit, repairs = [], {}
+    for index, doc_id, before in zip(suspects.tolist(), ids, pc.take(text, suspects).to_pylist()):
+        repaired = repair_mojibake(before)
+        if repaired != before:
+            audit.append(mojibake_row(doc_id, before, repaired))
+            repairs[index] = repaired
+    if repairs:
+        texts = text.to_pylist()
+        for index, repaired in repairs.items():
+            texts[index] = repaired
+        docs = docs.set_column(docs.schema.get_field_index("text"), docs.schema.field("text"), pa.array(texts, docs.schema.field("text").type))
+    return ShardOutcome(docs, audit)
+
+
 def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, pool: SupervisedPool | None = None,
                   children: int | None = None) -> ShardOutcome:
     """One shard; its pages go to `pool` (the stage's children), or to `children` started for this shard alone."""
+    if not pc.any(pc.match_substring(docs.column("meta"), HTML_META)).as_py():
+        return repair_text_shard(docs, config)
     rows = docs.to_pylist()
     audit: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
@@ -125,9 +160,7 @@ def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, po
         for row in kept:
             repaired = repaired_in_child.get(row["id"]) or repair_mojibake(row["text"])
             if repaired != row["text"]:
-                changed = sum(a != b for a, b in zip(row["text"], repaired)) + abs(len(repaired) - len(row["text"]))
-                audit.append({"id": row["id"], "action": "modified", "rule": "mojibake_repaired", "value": changed,
-                              "detail": {**first_difference(row["text"], repaired), **edits_detail(changed_spans(row["text"], repaired, "mojibake"))}})
+                audit.append(mojibake_row(row["id"], row["text"], repaired))
                 row["text"] = repaired
     order = {row["id"]: i for i, row in enumerate(rows)}
     kept.sort(key=lambda r: order[r["id"]])

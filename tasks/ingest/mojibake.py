@@ -55,8 +55,8 @@ def _class_chars(item) -> set[int] | None:
 
 
 @lru_cache(maxsize=1)
-def badness_triggers() -> tuple[re.Pattern, int]:
-    """(a class matching a character every badness branch needs, the longest branch in characters).
+def badness_triggers() -> tuple[re.Pattern, int, frozenset[int]]:
+    """(a class matching a character every badness branch needs, the longest branch in characters, the class's code points).
 
     Per branch, the smallest all-non-ASCII character class among its items; a branch without one would
     make the fast test unsound, so it fails here rather than answering wrongly."""
@@ -79,12 +79,19 @@ def badness_triggers() -> tuple[re.Pattern, int]:
             raise RuntimeError(f"a badness branch has no bounded width: {branch}")
         longest = max(longest, high)
     plain = "".join(re.escape(chr(c)) for c in sorted(needed) if c not in SURROGATES)
-    return re.compile(f"[{plain}\ud800-\udfff]"), longest
+    return re.compile(f"[{plain}\ud800-\udfff]"), longest, frozenset(needed)
+
+
+@lru_cache(maxsize=1)
+def trigger_class_re2() -> str:
+    """The trigger class as an RE2 pattern, for Arrow's vectorised regex: a text it does not match has no line
+    ftfy could change. Surrogates are left out: an Arrow string is valid UTF-8 and cannot hold one."""
+    return "[" + "".join(f"\\x{{{c:x}}}" for c in sorted(badness_triggers()[2]) if c not in SURROGATES) + "]"
 
 
 def needs_ftfy(line: str) -> bool:
     """Whether ftfy could change this line (a C1 control, a surrogate, or a badness match); False: it would not."""
-    triggers, longest = badness_triggers()
+    triggers, longest, _ = badness_triggers()
     found = triggers.search(line)
     if found is None:
         return False

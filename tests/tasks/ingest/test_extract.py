@@ -97,7 +97,7 @@ def test_mojibake_fast_test_answers_as_ftfy_on_characters_its_regex_names() -> N
 
     from tasks.ingest.mojibake import badness_triggers, mojibake_config, needs_ftfy
 
-    triggers, _ = badness_triggers()
+    triggers, _, _ = badness_triggers()
     named = [chr(c) for c in range(0x80, 0x3000) if triggers.match(chr(c))]
     others = list("abc XYZ.,?!-1 é ü ñ ß ç") + ["\t", "°", "²", "œ", "Ø", "В", "Γ", "€", "™"]
     rng = random.Random(11)
@@ -217,3 +217,31 @@ def test_mojibake_repair_records_the_repaired_spans_of_its_input() -> None:
     docs = docs_table([{"id": "m", "text": broken, "source": "t", "url": "u", "meta": {"content_type": "text"}}])
     (row,) = extract_shard(docs, ExtractConfig(), None).audit
     assert [(broken[start:end], label) for start, end, label in row["detail"]["edits"]] == [("â€”", "mojibake"), ("â€”", "mojibake")]
+
+
+def test_a_text_shard_is_repaired_on_its_column_as_the_row_path_repairs_it(monkeypatch) -> None:
+    """Issue 57: a shard without a page keeps its table and sends to ftfy's line test only the texts holding a character
+    some mojibake pattern needs; its documents and audit rows equal the row-by-row path's (forced here by one page)."""
+    import pyarrow.compute as pc
+
+    import tasks.ingest.extract as extract
+
+    texts = {"a": "The meeting \u00e2\u0080\u0094 as planned.\nSecond line.", "b": "plain words", "c": "caf\u00c3\u00a9 au lait",
+             "d": "caf\u00e9 au lait, na\u00efve", "e": "\u6570\u636e\u6e05\u6d17", "f": "Ã\u0080 la carte"}
+    rows = [{"id": k, "text": v, "source": "t", "url": f"u/{k}", "meta": {"content_type": "text", "n": i}} for i, (k, v) in enumerate(texts.items())]
+    reached: list[str] = []
+    real = extract.repair_mojibake
+    monkeypatch.setattr(extract, "repair_mojibake", lambda text: reached.append(text) or real(text))
+    column = extract_shard(docs_table(rows), ExtractConfig(), None)
+    suspects = sorted(reached)
+    assert "plain words" not in suspects and texts["e"] not in suspects  # ASCII, and CJK: no mojibake trigger
+    assert texts["a"] in suspects and texts["c"] in suspects
+
+    page_row = {"id": "p", "text": page("Mill", "The river ran quietly past the old mill where the miller worked every day."),
+                "source": "t", "url": "u/p", "meta": {"content_type": "html"}}
+    by_rows = extract_shard(docs_table(rows + [page_row]), ExtractConfig(), None, children=1)
+    kept = by_rows.kept.filter(pc.not_equal(by_rows.kept.column("id"), "p"))
+    assert column.kept.equals(kept)
+    assert column.audit == [r for r in by_rows.audit if r["id"] != "p"]
+    ids = [r["id"] for r in column.audit]
+    assert ids == sorted(ids) and {"a", "c"} <= set(ids) and not {"b", "e"} & set(ids)
