@@ -65,7 +65,10 @@ STAGE = "ingest"
 VERSION = "1"
 FILE_PARTS_DIR = "_files"  # under the work directory: each source file's documents and audit rows
 JSONL_SPLIT_BYTES = 64 << 20  # an uncompressed JSONL file larger than this is read as byte ranges of this size, in parallel
-FILE_BATCH_ROWS = 256  # rows per row group of those files: a shard task reads only the groups it needs
+FILE_BATCH_ROWS = 256  # rows per record batch of those files: a shard task reads only the batches it needs
+# Those files are Arrow IPC with LZ4 buffers, not Parquet: each record is written there once and read back once by its
+# shard task, so Parquet's encoding and compression (paid again for the published shard) would be spent twice.
+PARTS_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 class BadInputFiles(InputFileError):
@@ -615,12 +618,12 @@ class FileRecords:
 
 def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: IngestConfig, parts_dir: str,
                 byte_range: tuple[int, int, int] | None = None, digest: bool = False) -> FileRecords:
-    """Task: one source file's (or byte range's) documents and audit rows, streamed into two Parquet files of FILE_BATCH_ROWS-row groups.
+    """Task: one source file's (or byte range's) documents and audit rows, streamed into two Arrow files of FILE_BATCH_ROWS-row batches.
 
     `digest`: a remote file whose sha256 is not known yet; it is hashed from the stream read here."""
     if digest:
         path = path.digesting()
-    docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.parquet", Path(parts_dir) / f"{index:06d}.audit.parquet"
+    docs_path, audit_path = Path(parts_dir) / f"{index:06d}.docs.arrow", Path(parts_dir) / f"{index:06d}.audit.arrow"
     records_path = Path(parts_dir) / f"{index:06d}.records.npy"
     docs_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_docs, tmp_audit = docs_path.with_suffix(".tmp"), audit_path.with_suffix(".tmp")
@@ -642,12 +645,21 @@ def ingest_file(index: int, spec: SourceSpec, path: Path | RemoteFile, config: I
 def write_bad_parts(spec: SourceSpec, path: Path | RemoteFile, byte_range: tuple[int, int, int] | None, reason: str,
                     tmp_docs: Path, tmp_audit: Path) -> list[tuple[int, int, int]]:
     """A left-out file's parts: no document, one `ingest_bad_file` row (none for a split file's later ranges)."""
-    pq.write_table(DOC_SCHEMA.empty_table(), tmp_docs)
+    write_part(DOC_SCHEMA.empty_table(), tmp_docs)
     if not reason:
-        pq.write_table(AUDIT_SCHEMA.empty_table(), tmp_audit)
+        write_part(AUDIT_SCHEMA.empty_table(), tmp_audit)
         return []
-    pq.write_table(audit_table([bad_file_row(spec, path, byte_range, reason)]), tmp_audit)
+    write_part(audit_table([bad_file_row(spec, path, byte_range, reason)]), tmp_audit)
     return [(0, 0, 1)]
+
+
+def part_writer(path: Path, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
+    return pa.ipc.new_file(str(path), schema, options=PARTS_WRITE_OPTIONS)
+
+
+def write_part(table: pa.Table, path: Path) -> None:
+    with part_writer(path, table.schema) as writer:
+        writer.write_table(table, max_chunksize=FILE_BATCH_ROWS)
 
 
 def publish_parts(records: list[tuple[int, int, int]], tmp_docs: Path, docs_path: Path, tmp_audit: Path, audit_path: Path, records_path: Path):
@@ -714,7 +726,7 @@ def write_file_parts(spec: SourceSpec, path: Path | RemoteFile, config: IngestCo
     records: list[tuple[int, int, int]] = []  # this task's own accounting, one file's worth; written to records_path
     docs, audit = [], []
     malformed, first_malformed = 0, ""
-    with pq.ParquetWriter(tmp_docs, DOC_SCHEMA) as doc_writer, pq.ParquetWriter(tmp_audit, AUDIT_SCHEMA) as audit_writer:
+    with part_writer(tmp_docs, DOC_SCHEMA) as doc_writer, part_writer(tmp_audit, AUDIT_SCHEMA) as audit_writer:
         for raw in iter_source(spec, [path], config) if byte_range is None else read_jsonl(spec, path, byte_range):
             doc, rows = to_document(spec, raw)
             if raw.problem == "malformed_record":
@@ -791,12 +803,12 @@ def shard_pieces(files: list[tuple[int, str]], config: IngestConfig) -> list[lis
 
 
 def read_rows(path: str, start: int, stop: int, schema: pa.Schema) -> pa.Table:
-    """Rows [start, stop) of an intermediate file, reading only the row groups that hold them."""
+    """Rows [start, stop) of an intermediate file, reading only the record batches that hold them."""
     if stop <= start:
         return schema.empty_table()
-    parquet = pq.ParquetFile(path)
-    groups = list(range(start // FILE_BATCH_ROWS, (stop - 1) // FILE_BATCH_ROWS + 1))
-    table = parquet.read_row_groups(groups, use_threads=False)
+    reader = pa.ipc.open_file(pa.memory_map(path))
+    groups = range(start // FILE_BATCH_ROWS, min((stop - 1) // FILE_BATCH_ROWS + 1, reader.num_record_batches))
+    table = pa.Table.from_batches([reader.get_batch(group) for group in groups], schema=schema)
     rows = table.slice(start - groups[0] * FILE_BATCH_ROWS, stop - start)
     if rows.num_rows != stop - start:
         raise InputFileError(f"{path}: intermediate file has {table.num_rows} rows where {stop - start} were expected; nothing was published")
