@@ -5,6 +5,7 @@ The `hymo-pipeline/full` form's defaults are `hymo run`'s with the same argument
 by field, and an absolute run directory (`--run-root`, default $HYMO_HOME/runs, then `sample`), so
 a run started from the UI lands where `hymo run` wrote and finds every stage Cached.
 Ctrl-C stops serving first, then the server it started: no run is left claimed by a dead runner.
+SIGUSR1 prints every thread's stack to stderr (serving goes on).
 """
 from __future__ import annotations
 
@@ -56,10 +57,21 @@ def build_deployments(run_root: str | Path, config_path: str | None = None, over
     ]
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 PID` prints every thread's stack to stderr and serving goes on: what a long-lived `hymo serve`
+    that does not stop on Ctrl-C is waiting for, without a debugger on the host."""
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def serve(api_url: str | None, home: Path | None, port: int, run_root: str | Path, limit: int | None, config_path: str | None = None,
           overrides: list[str] | None = None) -> int:
     from prefect import serve as prefect_serve
 
+    dump_stacks_on_sigusr1()
     run_root = Path(run_root).resolve()
     with prefect_api(api_url, home=home, port=port) as (api, ui):
         print(f"Prefect API: {api}\nPrefect UI:  {ui}\nDeployments: {', '.join(DEPLOYMENTS)}\nRuns:        {run_root}\nCtrl-C to stop.",

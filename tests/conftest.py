@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -294,12 +295,26 @@ def hymo_serve(args: list[str], cwd: Path, env: dict[str, str], log_path: Path):
                         time.sleep(1)
             yield process
         finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_hymo_serve(process, log_path)
+
+
+SERVE_STOP_S = 20  # Ctrl-C to exit: a few seconds when healthy (runner, then the server it started)
+
+
+def stop_hymo_serve(process: subprocess.Popen, log_path: Path) -> None:
+    """Ctrl-C; a serve still up SERVE_STOP_S later prints its threads' stacks into its log (SIGUSR1) and is killed,
+    with a warning naming the log: the suite goes on, and whoever reads the warnings sees where it waited."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=SERVE_STOP_S)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    process.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    process.kill()
+    process.wait()
+    warnings.warn(f"hymo serve did not exit within {SERVE_STOP_S} s of Ctrl-C; its threads' stacks are at the end of {log_path}")
 
 
 @pytest.fixture(scope="session")
