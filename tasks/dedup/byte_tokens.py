@@ -17,6 +17,7 @@ checks them against `tokens` + xxhash.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -91,15 +92,15 @@ def code_points(data: np.ndarray, leads: np.ndarray) -> np.ndarray:
     return np.where(first < 0xE0, two, np.where(first < 0xF0, three, four))
 
 
-def needs_python(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per document: True where some non-ASCII character breaks the byte rule (it goes through `tokens`)."""
+def needs_python(data: np.ndarray, offsets: np.ndarray, rule_holds: Callable[[int], bool] = byte_rule_holds) -> np.ndarray:
+    """Per document: True where some non-ASCII character breaks the byte rule (`rule_holds` says which do not)."""
     leads = np.flatnonzero(data >= 0xC0)
     flagged = np.zeros(len(offsets) - 1, bool)
     if not len(leads):
         return flagged
     points = code_points(data, leads)
     distinct = np.unique(points)
-    bad = distinct[[not byte_rule_holds(int(point)) for point in distinct.tolist()]]
+    bad = distinct[[not rule_holds(int(point)) for point in distinct.tolist()]]
     if len(bad):
         flagged[np.unique(np.searchsorted(offsets, leads[np.isin(points, bad)], side="right") - 1)] = True
     return flagged

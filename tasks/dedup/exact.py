@@ -11,7 +11,8 @@ cluster); tasks exchange checked spill files in the stage's work directory
 (shared storage for a multi-machine run), each with its slice index beside it
 (tasks/dedup/slice_index.py), so the planning process passes only shard
 numbers, range counts and per-task totals between them:
-1. map, one task per shard: (digest, row, key length) of every document,
+1. map, one task per shard: (digest, row, key length) of every document
+   (keys made from the text column's bytes, tasks/dedup/byte_keys.py),
    28 bytes each, written partitioned by digest range
    (tasks/dedup/near_dup_files.write_partitioned);
 2. reduce, one task per digest range: its slice of every shard's file, sorted,
@@ -55,6 +56,7 @@ import pyarrow.parquet as pq
 
 from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
+from tasks.dedup.byte_keys import batch_key_digests
 from tasks.dedup.near_dup_files import Slice, key_partition, write_partitioned
 from tasks.dedup.removal_map import (REMOVALS_DIR, REMOVALS_SCHEMA, RemovalContext, ShardFiles, apply_removals, shard_removals,
                                      removal_table, tables_by_shard)
@@ -85,7 +87,7 @@ def exact_key_text(text: str, config: DedupExactConfig) -> str:
     return normalise(text) if config.normalise_case_and_space else text
 
 
-def text_digest(key_utf8: bytes) -> bytes:
+def text_digest(key_utf8: bytes | memoryview) -> bytes:
     return hashlib.sha1(key_utf8).digest()
 
 
@@ -116,10 +118,9 @@ def digest_shard(shard_path: str, shard: int, config: DedupExactConfig, spill_di
     """Task (map): SHA-1 of every document's key text of shard number `shard`, spilled by digest range; returns its documents."""
     digests, key_bytes = bytearray(), []
     for batch in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["text"], use_threads=False):
-        for text in batch.column("text").to_pylist():
-            key = exact_key_text(text, config).encode("utf-8")
-            digests += text_digest(key)
-            key_bytes.append(len(key))
+        batch_digests, batch_key_bytes = batch_key_digests(batch.column("text"), config.normalise_case_and_space, text_digest)
+        digests += b"".join(batch_digests)
+        key_bytes += batch_key_bytes
     records = np.empty(len(key_bytes), DIGEST_RECORD)
     records["digest"] = np.frombuffer(bytes(digests), dtype=DIGEST_DTYPE)
     records["row"] = np.arange(len(key_bytes))
