@@ -82,3 +82,22 @@ def batch_key_digests(texts: pa.Array, normalised: bool = True, digest: Callable
         key_utf8 = normalise(texts[doc].as_py()).encode("utf-8")
         digests[doc], lengths[doc] = digest(key_utf8), len(key_utf8)
     return digests, lengths
+
+
+def batch_key_texts(texts: pa.Array, normalised: bool = True) -> pa.Array:
+    """Each document's key as an Arrow string array: `normalise(text)`, or the text itself when not `normalised`."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    if not normalised:
+        return texts
+    data, offsets = utf8_buffers(texts)
+    skip = needs_python(data, offsets, key_rule_holds)
+    key, key_offsets = byte_rule_keys(data, offsets, skip)
+    keys = pa.LargeStringArray.from_buffers(len(texts), pa.py_buffer(key_offsets.astype(np.int64)), pa.py_buffer(key)).cast(pa.string())
+    if not skip.any():
+        return keys
+    pieces, done = [], 0
+    for doc in np.flatnonzero(skip).tolist():
+        pieces += [keys.slice(done, doc - done), pa.array([normalise(texts[doc].as_py())], pa.string())]
+        done = doc + 1
+    return pa.concat_arrays([*pieces, keys.slice(done)])

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.dedup import byte_keys
-from tasks.dedup.byte_keys import batch_key_digests, byte_rule_keys, key_rule_holds
+from tasks.dedup.byte_keys import batch_key_digests, batch_key_texts, byte_rule_keys, key_rule_holds
 from tasks.dedup.byte_tokens import needs_python, utf8_buffers
 from tasks.dedup.shingles import normalise
 
@@ -64,3 +64,10 @@ def test_only_documents_with_a_non_ascii_capital_or_space_go_through_normalise(m
     assert sorted(set(called)) == sorted(texts[2:5]) and len(called) == 3 * 20
     assert digests[:6] == [hashlib.sha1(normalise(text).encode("utf-8")).digest() for text in texts]
     assert np.array_equal(needs_python(*utf8_buffers(pa.array(texts)), key_rule_holds), [False, False, True, True, True, False])
+
+
+@pytest.mark.parametrize("normalised", [True, False])
+def test_key_texts_are_normalise_in_order_with_the_python_documents_in_place(normalised):
+    texts = EDGES + ["Ünïcödé first"] + EDGES[::-1] + ["last\u00a0one"]
+    keys = batch_key_texts(pa.chunked_array([pa.array(texts[:10]), pa.array(texts[10:])]), normalised)
+    assert keys.type == pa.string() and keys.to_pylist() == [normalise(text) if normalised else text for text in texts]
