@@ -46,7 +46,8 @@ from manifests.stage_manifest import StageManifest
 from tasks.dedup import index_cache
 from tasks.dedup.minhash import read_checked_array, write_checked_array
 from tasks.dedup.removal_map import Removal, RemovalContext, apply_removals, iter_upstream_shards, write_removals
-from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
+from tasks.dedup.byte_tokens import batch_token_hashes
+from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, ngram_hashes_by_document, tokens
 from tasks.runner.stage_runner import StageDef, counted, map_shards, report_progress, run_stage
 
 STAGE = "decontam"
@@ -170,16 +171,20 @@ def match_shard(shard_path: str, shard: str, config: DecontamConfig, index_file:
     cache = TokenHashCache()
     # A batch of rows at a time: a shard's token lists as Python strings are ~20x its text (2.9 GB for a 128 MB shard).
     for batch in pq.ParquetFile(shard_path).iter_batches(batch_size=MATCH_BATCH_ROWS, columns=["id", "text"]):
-        doc_ids = batch.column("id").to_pylist()
-        doc_tokens = [tokens(text, fold_numbers=False) for text in batch.column("text").to_pylist()]
-        hashes, offsets = batch_ngram_hashes(doc_tokens, config.ngram_size, cache)
+        texts = batch.column("text")
+        # Token hashes from the column's bytes (tasks/dedup/byte_tokens.py); token strings only for the documents with a hit.
+        hashes, offsets = ngram_hashes_by_document(*batch_token_hashes(texts, False, cache), config.ngram_size)
         if not (len(index) and len(hashes)):
             continue
+        doc_ids = batch.column("id")
+        doc_tokens: dict[int, list[str]] = {}
         for window in index_hits(hashes, index, bit_filter).tolist():
             doc = int(np.searchsorted(offsets, window, side="right")) - 1
             start = window - int(offsets[doc])
-            found = matches.setdefault(doc_ids[doc], {})
+            found = matches.setdefault(doc_ids[doc].as_py(), {})
             if int(hashes[window]) not in found:
+                if doc not in doc_tokens:
+                    doc_tokens[doc] = tokens(texts[doc].as_py(), fold_numbers=False)
                 found[int(hashes[window])] = " ".join(doc_tokens[doc][start: start + config.ngram_size])
     if not matches:
         return {"shard": shard, "spill": None, "hashes": np.zeros(0, np.uint64), "docs": np.zeros(0, np.int64), "documents": 0}

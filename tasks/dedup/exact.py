@@ -11,7 +11,8 @@ cluster); tasks exchange checked spill files in the stage's work directory
 (shared storage for a multi-machine run), each with its slice index beside it
 (tasks/dedup/slice_index.py), so the planning process passes only shard
 numbers, range counts and per-task totals between them:
-1. map, one task per shard: (digest, row, key length) of every document,
+1. map, one task per shard: (digest, row, key length) of every document
+   (keys made from the text column's bytes, tasks/dedup/byte_keys.py),
    28 bytes each, written partitioned by digest range
    (tasks/dedup/near_dup_files.write_partitioned);
 2. reduce, one task per digest range: its slice of every shard's file, sorted,
@@ -55,11 +56,11 @@ import pyarrow.parquet as pq
 
 from manifests.schema import dumps_json
 from manifests.stage_manifest import StageManifest
+from tasks.dedup.byte_keys import batch_key_digests, batch_key_texts
 from tasks.dedup.near_dup_files import Slice, key_partition, write_partitioned
 from tasks.dedup.removal_map import (REMOVALS_DIR, REMOVALS_SCHEMA, RemovalContext, ShardFiles, apply_removals, shard_removals,
                                      removal_table, tables_by_shard)
 from tasks.dedup.slice_index import indexed_slice, numbered_file, partition_slices, write_slice_index
-from tasks.dedup.shingles import normalise
 from tasks.dedup.spill_reader import SpillFiles
 from tasks.dedup.table_slices import read_table_slices, write_table_slices
 from tasks.runner.stage_runner import StageDef, map_shards, partition_count, run_stage
@@ -81,11 +82,7 @@ class DedupExactConfig:
     normalise_case_and_space: bool = True  # seed: lower-case + collapse whitespace before hashing
 
 
-def exact_key_text(text: str, config: DedupExactConfig) -> str:
-    return normalise(text) if config.normalise_case_and_space else text
-
-
-def text_digest(key_utf8: bytes) -> bytes:
+def text_digest(key_utf8: bytes | memoryview) -> bytes:
     return hashlib.sha1(key_utf8).digest()
 
 
@@ -116,10 +113,9 @@ def digest_shard(shard_path: str, shard: int, config: DedupExactConfig, spill_di
     """Task (map): SHA-1 of every document's key text of shard number `shard`, spilled by digest range; returns its documents."""
     digests, key_bytes = bytearray(), []
     for batch in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["text"], use_threads=False):
-        for text in batch.column("text").to_pylist():
-            key = exact_key_text(text, config).encode("utf-8")
-            digests += text_digest(key)
-            key_bytes.append(len(key))
+        batch_digests, batch_key_bytes = batch_key_digests(batch.column("text"), config.normalise_case_and_space, text_digest)
+        digests += b"".join(batch_digests)
+        key_bytes += batch_key_bytes
     records = np.empty(len(key_bytes), DIGEST_RECORD)
     records["digest"] = np.frombuffer(bytes(digests), dtype=DIGEST_DTYPE)
     records["row"] = np.arange(len(key_bytes))
@@ -174,19 +170,20 @@ def key_text_shard(shard_path: str, shard_name: str, shard: int, digest_ranges: 
         spill.close()
     colliding = colliding[np.argsort(colliding["row"], kind="stable")]
     rows = colliding["row"].astype(np.int64)
-    picked_ids, picked_texts, batch_start = [], [], 0
+    picked_ids, picked_texts, batch_start = [pa.array([], pa.string())], [pa.array([], pa.string())], 0
     if len(rows):
         for records in pq.ParquetFile(shard_path, pre_buffer=False).iter_batches(READ_BATCH_ROWS, columns=["id", "text"], use_threads=False):
             first, last = np.searchsorted(rows, [batch_start, batch_start + records.num_rows])
             picked = records.take(rows[first:last] - batch_start)
-            picked_ids.extend(picked.column("id").to_pylist())
-            picked_texts.extend(exact_key_text(text, config) for text in picked.column("text").to_pylist())
+            picked_ids.append(picked.column("id"))
+            picked_texts.append(batch_key_texts(picked.column("text"), config.normalise_case_and_space))
             batch_start += records.num_rows
     groups = pa.FixedSizeBinaryArray.from_buffers(KEY_TEXTS.field("group").type, len(rows),
                                                   [None, pa.py_buffer(np.ascontiguousarray(colliding["digest"]).tobytes())])
     text_range = digest_range(colliding["digest"], text_ranges)
     order = np.argsort(text_range, kind="stable")
-    table = pa.table([groups, picked_ids, picked_texts, [shard_name] * len(rows), np.full(len(rows), shard, np.uint32)],
+    table = pa.table([groups, pa.chunked_array(picked_ids), pa.chunked_array(picked_texts), [shard_name] * len(rows),
+                      np.full(len(rows), shard, np.uint32)],
                      schema=KEY_TEXTS).take(order)
     bounds = np.searchsorted(text_range[order], np.arange(text_ranges + 1)).tolist()
     path = numbered_file(Path(spill_dir) / "texts", shard)

@@ -113,7 +113,8 @@ from tasks.dedup.minhash import HashFamily, band_keys, signatures, write_checked
 from tasks.dedup.near_dup_files import RECORD, CorpusFiles, key_partition, shard_file, write_partitioned
 from tasks.dedup.near_dup_links import link_clusters, verify_rank_partition
 from tasks.dedup.removal_map import RemovalContext, apply_removals, map_upstream_shards
-from tasks.dedup.shingles import TokenHashCache, batch_ngram_hashes, tokens
+from tasks.dedup.byte_tokens import batch_token_hashes
+from tasks.dedup.shingles import TokenHashCache, ngram_hashes_by_document
 from tasks.dedup.signature_filter import fingerprints, minimum_agreement
 from tasks.dedup.slice_index import write_slice_index
 from tasks.runner.stage_runner import StageDef, map_shards, partition_count, run_stage
@@ -170,8 +171,7 @@ def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill
     print_parts, row_parts = [np.zeros((0, config.num_hashes), np.uint8)], [np.zeros(0, np.uint64)]
     rows_before = 0
     for batch in parquet.iter_batches(SIGNATURE_BATCH_ROWS, columns=["text"], use_threads=False):
-        texts = batch.column("text").to_pylist()
-        hashes, offsets = batch_ngram_hashes((tokens(text, config.fold_numbers) for text in texts), config.shingle_size, cache)
+        hashes, offsets = ngram_hashes_by_document(*batch_token_hashes(batch.column("text"), config.fold_numbers, cache), config.shingle_size)
         has_shingles = np.diff(offsets) > 0  # empty sets never enter buckets
         signature_rows = signatures(hashes, offsets, family)[has_shingles]
         key_parts.append(band_keys(signature_rows, config.bands, config.rows))
@@ -179,7 +179,7 @@ def signature_shard(shard_path: str, shard: str, config: DedupFuzzyConfig, spill
         row_parts.append((np.flatnonzero(has_shingles) + rows_before).astype(np.uint64))
         offset_parts.append(offsets[1:] + offset_parts[-1][-1])
         hash_parts.append(hashes)
-        rows_before += len(texts)
+        rows_before += batch.num_rows
     keys_BN, rows = np.concatenate(key_parts, axis=1), np.concatenate(row_parts)
     records = np.empty(keys_BN.size, RECORD)
     records["key"] = keys_BN.ravel()

@@ -11,7 +11,8 @@ seen whole by one task, and what a bucket yields depends only on its members:
   signature fingerprints agree enough (tasks/dedup/signature_filter.py) — candidates,
   verified later, once per pair, by the task that owns the pair's smaller rank
   (tasks/dedup/near_dup_links.py): a true near-copy collides in several bands and
-  would otherwise be verified in each;
+  would otherwise be verified in each; the two-member buckets (most of them) are
+  filtered together, one fingerprint read for all (`BucketLinker.link_pairs`);
 * a bucket of STAR_FROM members or more (after folding) is first linked as a
   star: members in rank order, each compared with the bucket's leaders so far
   (fingerprints first, then the exact Jaccard of those that agree), joined by a
@@ -72,18 +73,16 @@ def fallback_pairs(members: list[int]) -> Iterator[tuple[int, int]]:
             yield previous, member
 
 
-def buckets(records: np.ndarray) -> Iterator[np.ndarray]:
-    """Members (ranks ascending) of every bucket of two or more, in (band, key) order; `records`: RANKED_RECORD."""
+def bucket_bounds(records: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ranks sorted by (band, key, rank), each bucket's start in them, its size); `records`: RANKED_RECORD."""
     bands = records["band_rank"] >> np.uint64(RANK_BITS)
     ranks = (records["band_rank"] & np.uint64((1 << RANK_BITS) - 1)).astype(np.int64)
     order = np.lexsort((ranks, records["key"], bands))
     keys, bands, ranks = records["key"][order], bands[order], ranks[order]
     if len(keys) < 2:
-        return
+        return ranks, np.zeros(0, np.int64), np.zeros(0, np.int64)
     starts = np.flatnonzero(np.concatenate(([True], (keys[1:] != keys[:-1]) | (bands[1:] != bands[:-1]))))
-    sizes = np.diff(np.append(starts, len(keys)))
-    for start, size in zip(starts[sizes > 1].tolist(), sizes[sizes > 1].tolist()):
-        yield ranks[start: start + size]
+    return ranks, starts, np.diff(np.append(starts, len(keys)))
 
 
 class BucketLinker:
@@ -126,6 +125,18 @@ class BucketLinker:
         firsts, seconds = agreeing
         counts["below_signature_agreement"] += pair_count - len(firsts)
         self.add_candidates(members[firsts], members[seconds])
+
+    def link_pairs(self, firsts: np.ndarray, seconds: np.ndarray) -> None:
+        """Every bucket of exactly two members at once (most buckets): what `link_bucket` does for each, vectorised."""
+        if not len(firsts):
+            return
+        counts = self.counts
+        counts["buckets"] += len(firsts)
+        counts["largest_bucket"] = max(counts["largest_bucket"], 2)
+        counts["candidate_pairs"] += len(firsts)
+        agree = np.count_nonzero(self.prints_NK[firsts] == self.prints_NK[seconds], axis=1) >= self.minimum
+        counts["below_signature_agreement"] += len(firsts) - int(agree.sum())
+        self.add_candidates(firsts[agree], seconds[agree])
 
     def fold_identical(self, members: np.ndarray) -> np.ndarray:
         """Join members whose shingle set equals an earlier member's and keep only the first of each such group.
@@ -257,8 +268,11 @@ def link_key_partition(corpus: CorpusRef, config: Any, partition: int, partition
     try:
         records = [indexed_slice(spill, shard_file(files.directory, shard, "ranked_bands"), partition) for shard in files.shard_names]
         linker = BucketLinker(config, files, spill)
-        for members in buckets(read_slices(spill, records, RANKED_RECORD)):
-            linker.link_bucket(members)
+        ranks, starts, sizes = bucket_bounds(read_slices(spill, records, RANKED_RECORD))
+        pairs = starts[sizes == 2]
+        linker.link_pairs(ranks[pairs], ranks[pairs + 1])
+        for start, size in zip(starts[sizes > 2].tolist(), sizes[sizes > 2].tolist()):
+            linker.link_bucket(ranks[start: start + size])
         candidates, edges = linker.candidate_pairs(), linker.verified_edges()
         for kind, written in (("candidates", candidates), ("edges", edges)):
             path = partition_file(out_dir, kind, partition)

@@ -113,11 +113,15 @@ def batch_ngram_hashes(docs_tokens: Iterable[list[str]], n: int, cache: TokenHas
     for doc_tokens in docs_tokens:
         all_hashes.extend(map(lookup, doc_tokens))
         lengths.append(len(doc_tokens))
-    token_hashes = np.array(all_hashes, dtype=np.uint64)
+    return ngram_hashes_by_document(np.array(all_hashes, dtype=np.uint64), np.asarray(lengths, dtype=np.int64), n)
+
+
+def ngram_hashes_by_document(token_hashes: np.ndarray, lengths: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`batch_ngram_hashes` from the documents' token hashes, concatenated, and their token counts."""
     token_starts = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=token_starts[1:])
     windows = ngram_hashes(token_hashes, n)
-    counts = np.maximum(np.asarray(lengths, dtype=np.int64) - n + 1, 0)
+    counts = np.maximum(lengths.astype(np.int64) - n + 1, 0)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     if not len(windows):

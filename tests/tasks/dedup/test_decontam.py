@@ -165,8 +165,8 @@ def test_a_match_task_tokenises_a_batch_of_rows_at_a_time_with_the_same_result(t
     source = upstream(texts, shards=1, name="one-shard")
     whole = run_decontam(config, source, tmp_path / "whole", workers=1)
     seen: list[int] = []
-    real = decontam.batch_ngram_hashes
-    monkeypatch.setattr(decontam, "batch_ngram_hashes", lambda docs, *a: seen.append(len(docs)) or real(docs, *a))
+    real = decontam.batch_token_hashes
+    monkeypatch.setattr(decontam, "batch_token_hashes", lambda texts, *a: seen.append(len(texts)) or real(texts, *a))
     monkeypatch.setattr(decontam, "MATCH_BATCH_ROWS", 8)
     batched = run_decontam(config, source, tmp_path / "batched", workers=1)
     assert max(seen) == 8 and sum(seen) == len(texts)
@@ -235,3 +235,17 @@ def test_the_bit_filter_passes_every_indexed_hash_and_the_hits_are_the_binary_se
     expected = np.flatnonzero(np.isin(queries, index))
     assert len(expected) >= 5_000 and np.array_equal(decontam.index_hits(queries, index, bit_filter), expected)
     assert sum(searched) < len(expected) + len(queries) // 20  # only the filter's few false positives join the hits
+
+
+def test_a_match_task_makes_token_strings_only_for_documents_with_a_benchmark_n_gram(tmp_path, upstream, monkeypatch):
+    """Token hashes come from the text column's bytes; `tokens` runs only where a hit needs its n-gram's text (counted)."""
+    bench = write_benchmark(tmp_path / "bench.jsonl.gz", [("q1", QUESTION)])
+    texts = {f"doc-{i:02d}": f"note {i} about the garden and the river." for i in range(40)}
+    texts |= {"leak-a": f"puzzle of the day: {QUESTION}", "zz-leak": f"homework {QUESTION} due monday"}
+    tokenised = []
+    real = decontam.tokens
+    monkeypatch.setattr(decontam, "tokens", lambda text, **kw: tokenised.append(text) or real(text, **kw))
+    run_decontam(DecontamConfig(benchmarks=(bench,)), upstream(texts, shards=2), tmp_path / "out", workers=1)
+    assert set(removed(tmp_path / "out")) == {"leak-a", "zz-leak"}
+    # the benchmark item when its index is built (not when a cached index is read), then the two documents with hits
+    assert sorted(text for text in tokenised if text != QUESTION) == sorted([texts["leak-a"], texts["zz-leak"]])

@@ -7,9 +7,11 @@ import json
 import random
 import string
 
+import numpy as np
 import pyarrow.parquet as pq
 
 import tasks.dedup.lsh_buckets as lsh_buckets
+import tasks.dedup.near_dup_files as near_dup_files
 from tasks.dedup.fuzzy import DedupFuzzyConfig, run_dedup_fuzzy
 from tasks.runner.stage_runner import read_stage_audit
 
@@ -102,3 +104,32 @@ def test_a_bucket_whose_agreeing_pairs_pass_the_cap_takes_the_audited_fallback(u
     found, reference = clusters(capped.directory), clusters(uncapped.directory)
     assert found.items() <= reference.items() and len(found) >= 0.95 * len(reference), (len(found), len(reference))
     assert len(set(found.values())) == 3
+
+
+def test_two_member_buckets_are_linked_at_once_with_the_counts_and_clusters_of_one_at_a_time(upstream, tmp_path, monkeypatch) -> None:
+    """Most buckets hold two documents; a key partition reads all their fingerprints in one pass (two reads), not one
+    read per bucket, and decides what `link_bucket` decides for each of them."""
+    rng = random.Random(13)
+    texts = {}
+    for pair in range(40):
+        words = story(150, rng)
+        texts[f"p{pair:03d}-a"] = " ".join(words)
+        texts[f"p{pair:03d}-b"] = " ".join(("river" if rng.random() < 0.02 else word) for word in words)
+    texts.update({f"single-{single:03d}": " ".join(story(150, rng)) for single in range(40)})
+    corpus = upstream(texts, shards=3)
+    reads = []
+    real_read = near_dup_files.RankedArrays.__getitem__
+    monkeypatch.setattr(near_dup_files.RankedArrays, "__getitem__",
+                        lambda self, ranks: (self.part == "prints.npy" and reads.append(len(ranks))) or real_read(self, ranks))
+    at_once = run_dedup_fuzzy(DedupFuzzyConfig(), corpus, tmp_path / "at_once", workers=1)
+    found = at_once.extra["context"]
+    assert found["largest_bucket"] == 2 and found["buckets"] > 100 and found["removed"] >= 20, found
+    assert len(reads) == 2 * found["partitions"]
+    monkeypatch.setattr(lsh_buckets.BucketLinker, "link_pairs", lambda self, firsts, seconds: [
+        self.link_bucket(np.array([a, b])) for a, b in zip(firsts.tolist(), seconds.tolist())])
+    one_at_a_time = run_dedup_fuzzy(DedupFuzzyConfig(), corpus, tmp_path / "one_at_a_time", workers=1)
+    timings = ("signature_seconds", "candidate_and_cluster_seconds")
+    assert {k: v for k, v in found.items() if k not in timings} == {k: v for k, v in one_at_a_time.extra["context"].items() if k not in timings}
+    assert len(reads) == 2 * found["partitions"] + found["buckets"]  # the one-at-a-time run: a read per bucket
+    assert clusters(at_once.directory) == clusters(one_at_a_time.directory)
+    assert read_stage_audit(at_once.directory).equals(read_stage_audit(one_at_a_time.directory))

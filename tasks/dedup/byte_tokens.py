@@ -1,0 +1,180 @@
+"""`shingles.tokens` and the token hashes of a batch of documents, computed on the UTF-8 bytes of an Arrow column.
+
+Most web text reaches `tokens` with no letter or digit outside ASCII (plain
+English, or English whose only non-ASCII characters are curly quotes, dashes
+and other punctuation). For such a document `tokens` is a byte-level rule:
+its tokens are the maximal runs of ASCII letters and digits, lower-cased,
+every other byte (non-ASCII characters included) a separator; with
+`fold_numbers`, a number (digits joined by single `.` or `,`) becomes "0".
+This module applies that rule to a whole batch with numpy, and hashes every
+token with xxh64 the same way (`xxh64_of_tokens`), so no Python string is
+made per token. Documents outside the rule (`needs_python`: a non-ASCII
+letter, digit or upper-case character, or a character of a space-less
+script) go through `tokens` and the token hash cache as before. Both ways
+give the same token hashes in the same order; tests/tasks/dedup/test_byte_tokens.py
+checks them against `tokens` + xxhash.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from tasks.dedup.shingles import SPACELESS, TokenHashCache, tokens
+
+P1, P2, P3 = np.uint64(0x9E3779B185EBCA87), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9)
+P4, P5 = np.uint64(0x85EBCA77C2B2AE63), np.uint64(0x27D4EB2F165667C5)
+SHORT_TOKEN = 32  # xxh64 hashes shorter inputs without its four-lane stripe loop; longer (rare) tokens are hashed by xxhash
+ZERO, DOT, COMMA = ord("0"), ord("."), ord(",")
+
+
+def _rotl(values: np.ndarray, bits: int) -> np.ndarray:
+    return (values << np.uint64(bits)) | (values >> np.uint64(64 - bits))
+
+
+def xxh64_of_tokens(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """xxh64 (seed 0) of every token `data[starts[i]:starts[i] + lengths[i]]`, as uint64: `xxhash.xxh64_intdigest`'s values.
+
+    Tokens shorter than SHORT_TOKEN bytes take xxh64's short-input path, vectorised over all of them (one step
+    per 8-byte lane, 4-byte word and trailing byte); the few longer ones are hashed one by one."""
+    padded = np.zeros(len(data) + 8, np.uint8)
+    padded[: len(data)] = data
+    words64 = np.ndarray((len(data) + 1,), "<u8", padded, 0, (1,))  # an unaligned little-endian word at every byte
+    words32 = np.ndarray((len(data) + 5,), "<u4", padded, 0, (1,))
+    starts, lengths = starts.astype(np.int64), lengths.astype(np.int64)
+    with np.errstate(over="ignore"):
+        hashes = P5 + lengths.astype(np.uint64)
+        for lane in range(SHORT_TOKEN // 8 - 1):
+            rows = np.flatnonzero(lengths >= 8 * (lane + 1))
+            if not len(rows):
+                break
+            k1 = _rotl(words64[starts[rows] + 8 * lane] * P2, 31) * P1
+            hashes[rows] = _rotl(hashes[rows] ^ k1, 27) * P1 + P4
+        done = lengths & ~7
+        rows = np.flatnonzero(lengths & 4)
+        hashes[rows] = _rotl(hashes[rows] ^ (words32[starts[rows] + done[rows]].astype(np.uint64) * P1), 23) * P2 + P3
+        done = done + (lengths & 4)
+        for _ in range(3):
+            rows = np.flatnonzero(done < lengths)
+            if not len(rows):
+                break
+            hashes[rows] = _rotl(hashes[rows] ^ (padded[starts[rows] + done[rows]].astype(np.uint64) * P5), 11) * P1
+            done[rows] += 1
+        hashes ^= hashes >> np.uint64(33)
+        hashes *= P2
+        hashes ^= hashes >> np.uint64(29)
+        hashes *= P3
+        hashes ^= hashes >> np.uint64(32)
+    for row in np.flatnonzero(lengths >= SHORT_TOKEN).tolist():
+        hashes[row] = xxhash.xxh64_intdigest(data[starts[row]: starts[row] + lengths[row]].tobytes())
+    return hashes
+
+
+@lru_cache(maxsize=1 << 16)
+def byte_rule_holds(code_point: int) -> bool:
+    """Whether `tokens` treats this non-ASCII character as the byte rule does: a separator that lower() keeps."""
+    char = chr(code_point)
+    return not char.isalnum() and char.lower() == char and not SPACELESS.match(char)
+
+
+def code_points(data: np.ndarray, leads: np.ndarray) -> np.ndarray:
+    """The code point of the UTF-8 sequence starting at each lead byte position (valid UTF-8, as Arrow strings are)."""
+    padded = np.zeros(len(data) + 3, np.int64)
+    padded[: len(data)] = data
+    first = padded[leads]
+    cont = [padded[leads + k] & 0x3F for k in (1, 2, 3)]
+    two = ((first & 0x1F) << 6) | cont[0]
+    three = ((first & 0x0F) << 12) | (cont[0] << 6) | cont[1]
+    four = ((first & 0x07) << 18) | (cont[0] << 12) | (cont[1] << 6) | cont[2]
+    return np.where(first < 0xE0, two, np.where(first < 0xF0, three, four))
+
+
+def needs_python(data: np.ndarray, offsets: np.ndarray, rule_holds: Callable[[int], bool] = byte_rule_holds) -> np.ndarray:
+    """Per document: True where some non-ASCII character breaks the byte rule (`rule_holds` says which do not)."""
+    leads = np.flatnonzero(data >= 0xC0)
+    flagged = np.zeros(len(offsets) - 1, bool)
+    if not len(leads):
+        return flagged
+    points = code_points(data, leads)
+    distinct = np.unique(points)
+    bad = distinct[[not rule_holds(int(point)) for point in distinct.tolist()]]
+    if len(bad):
+        flagged[np.unique(np.searchsorted(offsets, leads[np.isin(points, bad)], side="right") - 1)] = True
+    return flagged
+
+
+def utf8_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, offsets from 0) of a string array, without copying its text."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    offset_type = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+    _, offsets_buffer, data_buffer = texts.buffers()
+    offsets = np.frombuffer(offsets_buffer, offset_type)[texts.offset: texts.offset + len(texts) + 1].astype(np.int64)
+    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    return data[offsets[0]: offsets[-1]], offsets - offsets[0]
+
+
+def byte_rule_tokens(data: np.ndarray, offsets: np.ndarray, skip: np.ndarray, fold_numbers: bool
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens of every document not in `skip` by the byte rule: (token bytes, token starts, token lengths, tokens per document).
+
+    The masks are computed over the whole batch as if it were one text, then corrected at the few bytes
+    where a document begins or ends (nothing joins across documents)."""
+    firsts = offsets[:-1][np.diff(offsets) > 0]  # first byte of each non-empty document
+    digit = (data - np.uint8(ZERO)) < 10  # uint8 arithmetic wraps: one compare per class
+    token_byte = ((data | np.uint8(0x20)) - np.uint8(ord("a"))) < 26
+    token_byte |= digit
+    for doc in np.flatnonzero(skip).tolist():
+        token_byte[offsets[doc]: offsets[doc + 1]] = False
+    if fold_numbers:
+        numeric = digit
+        joiner = (data == DOT) | (data == COMMA)
+        # A joiner at a document's edge may see the neighbour's digit and needs no fix: at the last byte it is
+        # dropped like every byte after a digit; at the first it begins the number it folds into "0" anyway.
+        joined = joiner[1:-1] & numeric[:-2] & numeric[2:]
+        joined &= token_byte[:-2] & token_byte[2:]  # not inside a document left to `tokens`
+        numeric[1:-1] |= joined
+        token_byte[1:-1] |= joined
+        keep = token_byte.copy()  # a number's bytes after its first are dropped, its first becomes "0"
+        keep[1:] &= ~(numeric[1:] & numeric[:-1])
+        keep[firsts] = token_byte[firsts]
+        out = data[keep] | np.uint8(0x20)  # lower case; a digit byte already has that bit
+        out[out <= ord("9")] = ZERO
+    else:
+        keep = token_byte
+        out = data[keep] | np.uint8(0x20)
+    starts_here = token_byte.copy()
+    starts_here[1:] &= ~token_byte[:-1]
+    starts_here[firsts] = token_byte[firsts]
+    token_starts = np.flatnonzero(starts_here[keep])
+    token_lengths = np.diff(np.append(token_starts, len(out)))
+    per_doc = np.diff(np.searchsorted(np.flatnonzero(starts_here), offsets))
+    return out, token_starts, token_lengths, per_doc
+
+
+def batch_token_hashes(texts: pa.Array, fold_numbers: bool, cache: TokenHashCache) -> tuple[np.ndarray, np.ndarray]:
+    """(token hashes of every document concatenated in order, tokens per document): `cache[t] for t in tokens(text)` of each."""
+    data, offsets = utf8_buffers(texts)
+    skip = needs_python(data, offsets)
+    out, starts, lengths, per_doc = byte_rule_tokens(data, offsets, skip, fold_numbers)
+    hashes = xxh64_of_tokens(out, starts, lengths)
+    if not skip.any():
+        return hashes, per_doc
+    python_docs = np.flatnonzero(skip)
+    lookup = cache.__getitem__
+    python_hashes = []
+    for doc in python_docs.tolist():
+        doc_tokens = tokens(texts[doc].as_py(), fold_numbers)
+        per_doc[doc] = len(doc_tokens)
+        python_hashes.append(np.fromiter(map(lookup, doc_tokens), np.uint64, len(doc_tokens)))
+    ends = np.cumsum(per_doc)
+    merged = np.empty(int(ends[-1]) if len(ends) else 0, np.uint64)
+    from_python = np.zeros(len(merged), bool)
+    for doc, values in zip(python_docs.tolist(), python_hashes):
+        from_python[ends[doc] - len(values): ends[doc]] = True
+        merged[ends[doc] - len(values): ends[doc]] = values
+    merged[~from_python] = hashes
+    return merged, per_doc
