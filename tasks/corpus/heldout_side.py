@@ -28,7 +28,7 @@ from manifests.digest import sha256_file
 from manifests.stage_manifest import read_manifest
 from tasks.corpus.mixture import encode_shard_side
 from tasks.corpus.token_join import join_token_files
-from tasks.corpus.split import VALIDATION, split_side_of_shard
+from tasks.corpus.split import VALIDATION
 from tasks.dedup.minhash import check_intermediate
 from tasks.runner.stage_runner import map_shards
 
@@ -41,9 +41,8 @@ def encode_heldout_shard(shard_path: str, shard: str, tokenizer_path: str, token
     returns paths, digests, totals and per-source sums (no per-document value)."""
     encoded = encode_shard_side(shard_path, shard, VALIDATION, tokenizer_path, tokenizer_sha256, str(Path(spill_dir) / f"{shard}.tokens"))
     counts = encoded["counts"]
-    langs = split_side_of_shard(shard_path, VALIDATION, ["id", "lang"])  # the same rows, in the same order
     ids = counts.column("id")
-    piece = pa.table([ids, source_column(ids), pc.fill_null(langs.column("lang"), ""), counts.column("tokens")],
+    piece = pa.table([ids, source_column(ids), pc.fill_null(encoded["langs"], ""), counts.column("tokens")],
                      schema=VALIDATION_DOCUMENTS_SCHEMA)
     piece_path = Path(spill_dir) / f"{shard}.documents.parquet"
     atomic_write_parquet(piece_path, piece)
