@@ -124,11 +124,15 @@ def ids_with_eos(ids: list[list[int]], eos_id: int, dtype: np.dtype) -> tuple[np
     return flat, lengths
 
 
-def encode_to_file(tokenizer, tables: Iterable[pa.Table], eos_id: int, dtype: np.dtype, path) -> Iterator[tuple[pa.Table, np.ndarray]]:
-    """Tokenise documents in order, each one's ids then EOS appended to the flat file at `path`;
-    yields (batch, each document's length in the file) as the batches are written."""
+def encode_to_file(tokenizer, tables: Iterable[pa.Table], eos_id: int, dtype: np.dtype, path, digest=None) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    """Tokenise documents in order, each one's ids then EOS appended to the flat file at `path` (and to `digest`, a
+    hashlib object, if given: the file's digest without reading it back); yields (batch, each document's length in the
+    file) as the batches are written."""
     with open(path, "wb") as handle:
         for batch, ids in encoded_batches(tokenizer, tables):
             flat, lengths = ids_with_eos(ids, eos_id, dtype)
-            handle.write(flat.tobytes())
+            data = flat.tobytes()
+            handle.write(data)
+            if digest is not None:
+                digest.update(data)
             yield batch, lengths

@@ -24,6 +24,7 @@ per-group aggregates and block records, never a document.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -129,13 +130,14 @@ def encode_shard_side(shard_path: str, shard: str, side: str, tokenizer_path: st
     tables = [COUNT_SCHEMA.empty_table()]
     langs = []
     partial = f"{out_path}.partial"
-    for batch, lengths in encode_to_file(tokenizer, docs, eos_id, dtype, partial):
+    digest = hashlib.sha256()
+    for batch, lengths in encode_to_file(tokenizer, docs, eos_id, dtype, partial, digest):
         langs.extend(batch.column("lang").chunks)
         lang = pc.fill_null(batch.column("lang"), UNKNOWN_LANG)
         lang = pc.if_else(pc.equal(lang, ""), UNKNOWN_LANG, lang)
         tables.append(pa.table([batch.column("id"), batch.column("source"), lang, pa.array(lengths, pa.int64())], schema=COUNT_SCHEMA))
     os.replace(partial, out_path)  # a rerun after a dead worker writes the same bytes again
-    return {"shard": shard, "path": out_path, "sha256": sha256_file(Path(out_path)), "counts": pa.concat_tables(tables).combine_chunks(),
+    return {"shard": shard, "path": out_path, "sha256": digest.hexdigest(), "counts": pa.concat_tables(tables).combine_chunks(),
             "langs": pa.chunked_array(langs, pa.string())}
 
 
