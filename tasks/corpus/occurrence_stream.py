@@ -15,7 +15,7 @@ How it runs, so that no process holds a per-document array:
 3. the planning process only adds up block tokens (a few dozen bytes a block)
    and hands each shard task the blocks its token range overlaps;
 4. one task per output shard reads those blocks, finds its rows, and writes
-   its .bin (read piece by piece from the token file) and .idx.parquet.
+   its .bin (its pieces sliced out of the memory-mapped token file) and .idx.parquet.
 
 Memory bound: the planning process holds O(parts × ranges + blocks) small
 records (about 60 bytes per block of BLOCK_ROWS occurrences, so ~3 MB at a
