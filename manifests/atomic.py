@@ -62,7 +62,10 @@ def parquet_bytes(table: pa.Table) -> bytes:
 
 
 def atomic_write_parquet(path: Path, table: pa.Table, sync: bool = True) -> None:
-    atomic_write_bytes(path, parquet_bytes(table), sync)
+    if sync:
+        atomic_write_bytes(path, parquet_bytes(table))
+    else:
+        atomic_write_bytes(path, parquet_bytes(table), sync=False)
 
 
 def atomic_write_parquet_stream(path: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> int:
