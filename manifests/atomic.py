@@ -26,15 +26,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
+def atomic_write_bytes(path: Path, payload: bytes, sync: bool = True) -> None:
+    """`sync=False` for a stage's intermediate file, removed before the stage publishes: still never seen half-written,
+    but not forced to disk (a crash reruns the whole stage, so two fsyncs, ~10 ms, would buy nothing)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if sync:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp_name, path)
     except OSError as exc:
         Path(tmp_name).unlink(missing_ok=True)
@@ -44,7 +47,8 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -57,8 +61,11 @@ def parquet_bytes(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def atomic_write_parquet(path: Path, table: pa.Table) -> None:
-    atomic_write_bytes(path, parquet_bytes(table))
+def atomic_write_parquet(path: Path, table: pa.Table, sync: bool = True) -> None:
+    if sync:
+        atomic_write_bytes(path, parquet_bytes(table))
+    else:
+        atomic_write_bytes(path, parquet_bytes(table), sync=False)
 
 
 def atomic_write_parquet_stream(path: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> int:

@@ -28,7 +28,7 @@ from manifests.digest import sha256_file
 from manifests.stage_manifest import read_manifest
 from tasks.corpus.mixture import encode_shard_side
 from tasks.corpus.token_join import join_token_files
-from tasks.corpus.split import VALIDATION, split_side_of_shard
+from tasks.corpus.split import VALIDATION
 from tasks.dedup.minhash import check_intermediate
 from tasks.runner.stage_runner import map_shards
 
@@ -41,12 +41,11 @@ def encode_heldout_shard(shard_path: str, shard: str, tokenizer_path: str, token
     returns paths, digests, totals and per-source sums (no per-document value)."""
     encoded = encode_shard_side(shard_path, shard, VALIDATION, tokenizer_path, tokenizer_sha256, str(Path(spill_dir) / f"{shard}.tokens"))
     counts = encoded["counts"]
-    langs = split_side_of_shard(shard_path, VALIDATION, ["id", "lang"])  # the same rows, in the same order
     ids = counts.column("id")
-    piece = pa.table([ids, source_column(ids), pc.fill_null(langs.column("lang"), ""), counts.column("tokens")],
+    piece = pa.table([ids, source_column(ids), pc.fill_null(encoded["langs"], ""), counts.column("tokens")],
                      schema=VALIDATION_DOCUMENTS_SCHEMA)
     piece_path = Path(spill_dir) / f"{shard}.documents.parquet"
-    atomic_write_parquet(piece_path, piece)
+    atomic_write_parquet(piece_path, piece, sync=False)  # intermediate: HeldOutSide.close removes it before the stage publishes
     by_source = piece.group_by("source").aggregate([("tokens", "count"), ("tokens", "sum")]).to_pylist()
     return {"shard": shard, "path": encoded["path"], "sha256": encoded["sha256"], "documents": piece.num_rows,
             "tokens": int(pc.sum(counts.column("tokens")).as_py() or 0), "piece": str(piece_path), "piece_sha256": sha256_file(piece_path),
@@ -63,7 +62,7 @@ def write_heldout_plan_part(piece_path: str, piece_sha256: str, first_offset: in
     lengths = piece.column("tokens").to_numpy()
     offsets = first_offset + np.cumsum(lengths) - lengths
     atomic_write_parquet(Path(out_path), pa.table([piece.column("doc_id"), pa.array(offsets, pa.int64()), pa.array(lengths, pa.int64()),
-                                                   pa.array(np.ones(len(lengths), np.int64))], schema=PLAN_SCHEMA))
+                                                   pa.array(np.ones(len(lengths), np.int64))], schema=PLAN_SCHEMA), sync=False)  # intermediate
     return out_path
 
 
@@ -91,7 +90,7 @@ class HeldOutSide:
                 for f in data]
         self.shards = sorted(map_shards(encode_heldout_shard, jobs, workers, f"tokenising: {VALIDATION}", [f.rows or 0 for f in data]),
                              key=lambda result: result["shard"])
-        join_token_files(self.shards, self.tokens_path, workers, digest=False)  # a cache the shards stage cuts, not published
+        join_token_files(self.shards, self.tokens_path, workers, digest=False, sync=False)  # a cache the shards stage cuts, not published
         firsts = np.cumsum([0, *(shard["tokens"] for shard in self.shards)]).tolist()
         plan_jobs = [(shard["piece"], shard["piece_sha256"], int(first), str(self.spill_dir / f"{shard['shard']}.plan.parquet"))
                      for shard, first in zip(self.shards, firsts)]

@@ -24,11 +24,13 @@ per-group aggregates and block records, never a document.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -108,23 +110,35 @@ def group_targets(unique: dict[tuple[str, str], int], weights: dict[str, float],
 
 
 
+@lru_cache(maxsize=2)
+def tokenizer_layout(tokenizer_path: str, tokenizer_sha256: str) -> tuple[Any, int, np.dtype]:
+    """The checked tokenizer, its EOS id and the token dtype, once per worker process and tokenizer (its vocabulary, a
+    dictionary of every id, is built once, not once per shard task)."""
+    tokenizer = checked_tokenizer(tokenizer_path, tokenizer_sha256)
+    return tokenizer, tokenizer.token_to_id(EOS_TOKEN), token_dtype(vocab_size_of(tokenizer))
+
+
 def encode_shard_side(shard_path: str, shard: str, side: str, tokenizer_path: str, tokenizer_sha256: str, out_path: str) -> dict[str, Any]:
     """Task: one split shard's documents of one side ("train" or "validation") tokenised, ids + EOS each, into
-    `out_path`; their counts.
+    `out_path`; their counts, and their `lang` column as it was read (for a caller in the same task).
 
     Runs on a worker: the tokenizer arrives as a file path and its sha256 and is
     checked before use. `tokens` counts EOS too (what a document occupies in the stream).
     """
-    tokenizer = checked_tokenizer(tokenizer_path, tokenizer_sha256)
+    tokenizer, eos_id, dtype = tokenizer_layout(tokenizer_path, tokenizer_sha256)
     docs = [split_side_of_shard(shard_path, side, ["id", "source", "lang", "text"])]
     tables = [COUNT_SCHEMA.empty_table()]
+    langs = []
     partial = f"{out_path}.partial"
-    for batch, lengths in encode_to_file(tokenizer, docs, tokenizer.token_to_id(EOS_TOKEN), token_dtype(vocab_size_of(tokenizer)), partial):
+    digest = hashlib.sha256()
+    for batch, lengths in encode_to_file(tokenizer, docs, eos_id, dtype, partial, digest):
+        langs.extend(batch.column("lang").chunks)
         lang = pc.fill_null(batch.column("lang"), UNKNOWN_LANG)
         lang = pc.if_else(pc.equal(lang, ""), UNKNOWN_LANG, lang)
         tables.append(pa.table([batch.column("id"), batch.column("source"), lang, pa.array(lengths, pa.int64())], schema=COUNT_SCHEMA))
     os.replace(partial, out_path)  # a rerun after a dead worker writes the same bytes again
-    return {"shard": shard, "path": out_path, "sha256": sha256_file(Path(out_path)), "counts": pa.concat_tables(tables).combine_chunks()}
+    return {"shard": shard, "path": out_path, "sha256": digest.hexdigest(), "counts": pa.concat_tables(tables).combine_chunks(),
+            "langs": pa.chunked_array(langs, pa.string())}
 
 
 def encode_and_rank_shard(shard_path: str, shard: str, shard_index: int, tokenizer_path: str, tokenizer_sha256: str, out_path: str,

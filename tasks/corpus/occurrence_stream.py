@@ -15,7 +15,7 @@ How it runs, so that no process holds a per-document array:
 3. the planning process only adds up block tokens (a few dozen bytes a block)
    and hands each shard task the blocks its token range overlaps;
 4. one task per output shard reads those blocks, finds its rows, and writes
-   its .bin (read piece by piece from the token file) and .idx.parquet.
+   its .bin (its pieces sliced out of the memory-mapped token file) and .idx.parquet.
 
 Memory bound: the planning process holds O(parts × ranges + blocks) small
 records (about 60 bytes per block of BLOCK_ROWS occurrences, so ~3 MB at a
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,41 +138,55 @@ def cut_shards(blocks: list[Block], tokens_per_shard: int, prefix: str) -> list[
     return layouts
 
 
+def shard_pieces(rows: pa.Table, first_begin: int, low: int, high: int) -> tuple[pa.Table, np.ndarray]:
+    """The index rows of the stream's tokens [low, high) over `rows` (occurrences in stream order, the first beginning at
+    stream position `first_begin`), and each piece's start in the token file.
+
+    Only the first piece can start inside its document and only the last can stop short of its end: every
+    occurrence between them lies whole inside the range, so no per-piece loop is needed."""
+    lengths = rows.column("length").to_numpy()
+    ends = first_begin + np.cumsum(lengths)
+    begins = ends - lengths
+    first, last = int(np.searchsorted(ends, low, side="right")), int(np.searchsorted(begins, high, side="left"))
+    done = np.zeros(last - first, dtype=np.int64)
+    if last > first:
+        done[0] = low - int(begins[first])
+    offsets = np.maximum(begins[first:last] - low, 0)
+    pieces = np.minimum(lengths[first:last] - done, (high - low) - offsets)
+    starts = rows.column("start").to_numpy()[first:last] + done
+    index = pa.table([rows.column("id").slice(first, last - first), pa.array(offsets, pa.int64()), pa.array(pieces, pa.int64()),
+                      pa.array(done, pa.int64()), rows.column("repeat").slice(first, last - first)], schema=INDEX_SCHEMA)
+    return index.combine_chunks(), starts
+
+
 def write_shard(layout: ShardLayout, tokens_path: str, dtype_name: str, out_dir: str) -> dict[str, Any]:
-    """Task: one shard's .bin (its tokens, read piece by piece with pread) and .idx.parquet (one row per piece)."""
+    """Task: one shard's .bin (its pieces copied out of the memory-mapped token file) and .idx.parquet (one row per piece)."""
     dtype = np.dtype(dtype_name)
     spill = SpillFiles()
     try:
         rows = read_table_slices(spill, [block.slice for block, _ in layout.blocks], OCCURRENCE_SCHEMA)
     finally:
         spill.close()
-    lengths = rows.column("length").to_numpy()
-    ends = (layout.blocks[0][1] if layout.blocks else 0) + np.cumsum(lengths)
-    begins = ends - lengths
-    first, last = int(np.searchsorted(ends, layout.low, side="right")), int(np.searchsorted(begins, layout.high, side="left"))
-    buffer = np.empty(layout.tokens, dtype=dtype)
-    index: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
-    fill = 0
-    handle = os.open(tokens_path, os.O_RDONLY)
-    try:
-        columns = (rows.column(name).slice(first, last - first).to_pylist() for name in ("id", "start", "length", "repeat"))
-        for position, (doc_id, start, length, k) in enumerate(zip(*columns)):
-            done = layout.low - int(begins[first]) if position == 0 else 0
-            piece = min(length - done, layout.tokens - fill)
-            buffer[fill:fill + piece] = np.frombuffer(os.pread(handle, piece * dtype.itemsize, (start + done) * dtype.itemsize), dtype=dtype)
-            for column, value in zip(INDEX_SCHEMA.names, (doc_id, fill, piece, done, k)):
-                index[column].append(value)
-            fill += piece
-    finally:
-        os.close(handle)
+    index, starts = shard_pieces(rows, layout.blocks[0][1] if layout.blocks else 0, layout.low, layout.high)
+    offsets, pieces = index.column("offset").to_numpy(), index.column("length").to_numpy()
+    fill = int(pieces.sum())
     if fill != layout.tokens:
         raise ValueError(f"{tokens_path}: shard {layout.name} got {fill} tokens where {layout.tokens} were planned; nothing was published")
+    buffer = np.empty(layout.tokens, dtype=dtype)
+    if fill:
+        tokens = np.memmap(tokens_path, dtype=dtype, mode="r").view(np.ndarray)  # plain slices: a memmap slice costs ~5 us
+        if int((starts + pieces).max()) > len(tokens):
+            raise ValueError(f"{tokens_path}: {len(tokens)} tokens, shard {layout.name} reads up to {int((starts + pieces).max())}; "
+                             "nothing was published")
+        for at, start, piece in zip(offsets.tolist(), starts.tolist(), pieces.tolist()):
+            buffer[at:at + piece] = tokens[start:start + piece]
+        del tokens
     bin_path, idx_path = Path(out_dir) / f"{layout.name}.bin", Path(out_dir) / f"{layout.name}.idx.parquet"
     data = buffer.tobytes()
     atomic_write_bytes(bin_path, data)
-    atomic_write_parquet(idx_path, pa.table(index, schema=INDEX_SCHEMA))
+    atomic_write_parquet(idx_path, index)
     # hashed here, once, from the bytes just written: the stage's manifest takes these digests as they are
-    return {"name": layout.name, "tokens": fill, "documents": len(index["doc_id"]), "sha256": hashlib.sha256(data).hexdigest(),
+    return {"name": layout.name, "tokens": fill, "documents": index.num_rows, "sha256": hashlib.sha256(data).hexdigest(),
             "index_sha256": sha256_file(idx_path)}
 
 

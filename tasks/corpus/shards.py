@@ -5,7 +5,7 @@ stream (windows may later cross an EOS, as in Lab 2), stored as flat arrays of
 token ids, uint16 when every id fits in 65,536, else uint32 (little-endian
 here, whatever the machine). Each unique document is tokenised once: the
 training side by the mixture stage, which had to count its tokens anyway
-(its train_tokens.bin, read here piece by piece), the validation side here,
+(its train_tokens.bin, mapped here and sliced piece by piece), the validation side here,
 by the same per-shard runner tasks (tasks/corpus/heldout_side.py). Mixture repeats are copies, placed in
 epoch-major seeded order so a repeat never sits beside its original. A shard
 holds at most `tokens_per_shard` tokens; a document crossing a boundary gets

@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests.run_dir import find_stage
-from manifests.schema import DOC_SCHEMA, docs_table
+from manifests.schema import DOC_SCHEMA, dumps_json
 from manifests.stage_manifest import StageManifest
 from tasks.corpus.split_rule import SplitConfig, seeded_rank, taken_before_stop
 from tasks.corpus.split_tasks import (VALIDATION_SCHEMA, choose_in_range, doc_sizes, exact_relations, family_members, fuzzy_relations,
@@ -284,19 +284,27 @@ def split_shard(docs: pa.Table, config: SplitConfig, part: ShardSlice) -> ShardO
     chosen = pc.is_valid(row_of_doc)
     if not pc.any(chosen).as_py():
         return ShardOutcome(docs, [])
-    details = {row["id"]: row for row in validation.take(pc.filter(row_of_doc, chosen)).to_pylist()}
-    rows = docs.to_pylist()
+    held = validation.take(pc.filter(row_of_doc, chosen)).to_pylist()  # in document order
+    positions = np.flatnonzero(chosen.to_numpy(zero_copy_only=False)).tolist()
+    # Only the held-out documents' meta changes: the other columns, texts included, stay Arrow (no Python row per document).
+    meta = docs.column("meta").to_pylist()
     audit = []
-    for row in rows:
-        held = details.get(row["id"])
-        if held is None:
-            continue
-        meta = json.loads(row["meta"])
-        meta["split"] = VALIDATION
-        row["meta"] = meta
-        detail = {"family_id": held["family_id"], "family_size": held["family_size"], "seed": config.seed}
-        audit.append({"id": row["id"], "action": "routed", "rule": HELD_OUT_RULE, "value": held["family_size"], "threshold": None, "detail": detail})
-    return ShardOutcome(docs_table(rows), audit)
+    for position, row in zip(positions, held):
+        routed = json.loads(meta[position])
+        routed["split"] = VALIDATION
+        meta[position] = dumps_json(routed)
+        detail = {"family_id": row["family_id"], "family_size": row["family_size"], "seed": config.seed}
+        audit.append({"id": row["id"], "action": "routed", "rule": HELD_OUT_RULE, "value": row["family_size"], "threshold": None, "detail": detail})
+    return ShardOutcome(routed_docs(docs, meta), audit)
+
+
+def routed_docs(docs: pa.Table, meta: list[str]) -> pa.Table:
+    """`docs` with its meta column replaced, as docs_table lays a document table out (DOC_SCHEMA, empty url/text for null)."""
+    columns = {name: docs.column(name) for name in DOC_SCHEMA.names}
+    columns["meta"] = pa.array(meta, pa.string())
+    for name in ("url", "text"):
+        columns[name] = pc.fill_null(columns[name], "")
+    return pa.table([columns[name] for name in DOC_SCHEMA.names], schema=DOC_SCHEMA).combine_chunks()
 
 
 def is_validation(meta_json: str) -> bool:

@@ -28,8 +28,9 @@ from tasks.runner.stage_runner import map_shards
 COPY_BYTES = 8 << 20  # memory per copy, whatever the corpus
 
 
-def place_token_file(part_path: str, sha256: str, joined_path: str, offset: int) -> int:
-    """Task: copy one shard's token file into the joined file at `offset`, checked against its task's sha256; bytes copied."""
+def place_token_file(part_path: str, sha256: str, joined_path: str, offset: int, sync: bool = True) -> int:
+    """Task: copy one shard's token file into the joined file at `offset`, checked against its task's sha256; bytes copied
+    (forced to disk unless `sync` is False: a joined file that is an intermediate of its stage)."""
     digest, written = hashlib.sha256(), 0
     out = os.open(joined_path, os.O_WRONLY)
     try:
@@ -38,7 +39,8 @@ def place_token_file(part_path: str, sha256: str, joined_path: str, offset: int)
                 digest.update(chunk)
                 os.pwrite(out, chunk, offset + written)
                 written += len(chunk)
-        os.fsync(out)
+        if sync:
+            os.fsync(out)
     finally:
         os.close(out)
     if digest.hexdigest() != sha256:
@@ -51,15 +53,15 @@ def hash_joined_file(path: str) -> str:
     return sha256_file(Path(path))
 
 
-def join_token_files(shards: list[dict[str, Any]], joined_path: Path, workers: int, digest: bool = True) -> str | None:
+def join_token_files(shards: list[dict[str, Any]], joined_path: Path, workers: int, digest: bool = True, sync: bool = True) -> str | None:
     """The shards' token files (each {"path", "sha256"}), in the order given, as one file at `joined_path`; its sha256
-    (None with `digest=False`, for a joined file no manifest lists)."""
+    (None with `digest=False`, for a joined file no manifest lists; `sync=False` for one its stage removes before publishing)."""
     sizes = [Path(shard["path"]).stat().st_size for shard in shards]
     offsets = [0, *accumulate(sizes)][:-1]
     partial = Path(joined_path).with_name(f".{Path(joined_path).name}.partial")
     with open(partial, "wb") as handle:
         handle.truncate(sum(sizes))
-    jobs = [(shard["path"], shard["sha256"], str(partial), offset) for shard, offset in zip(shards, offsets)]
+    jobs = [(shard["path"], shard["sha256"], str(partial), offset, sync) for shard, offset in zip(shards, offsets)]
     try:
         copied = sum(map_shards(place_token_file, jobs, workers, "joining token files", sizes))
         if copied != sum(sizes):

@@ -62,3 +62,45 @@ def test_the_host_exchanges_no_per_document_value(tmp_path, upstream, tiny_run):
     small = bytes_per_shard(tmp_path, upstream, tiny_run, 200, 4, "small")
     large = bytes_per_shard(tmp_path, upstream, tiny_run, 1600, 4, "large")
     assert large <= 1.1 * small, (small, large)
+
+
+def test_each_split_shard_is_read_once_and_the_vocabulary_built_once(tmp_path, upstream, tiny_run, monkeypatch):
+    """One Parquet read per split shard (the documents and their languages together) and one vocabulary dictionary per
+    worker and tokenizer, whatever the shard count (each shard was read a second time for its languages, and each shard
+    task built the tokenizer's whole id dictionary again)."""
+    import pyarrow.parquet as pq
+
+    import tasks.corpus.mixture as mixture
+    import tasks.corpus.split as split_module
+
+    split = split_of(tmp_path, upstream, 300, 4, "reads")
+    reads, vocabularies = [], []
+    real_read, real_vocab_size = pq.read_table, mixture.vocab_size_of
+    # pyarrow's own read_table: every Parquet read of this process is counted, the split shards' are kept below
+    monkeypatch.setattr(split_module.pq, "read_table", lambda path, *a, **k: reads.append(path) or real_read(path, *a, **k))
+    monkeypatch.setattr(mixture, "vocab_size_of", lambda tokenizer: vocabularies.append(1) or real_vocab_size(tokenizer))
+    mixture.tokenizer_layout.cache_clear()
+    (tmp_path / "work").mkdir()
+    side = HeldOutSide(split, tiny_run / "05_tokenizer" / TOKENIZER_FILE, tmp_path / "work", workers=1)
+    side.close()
+    shard_reads = [str(path) for path in reads if str(path).startswith(str(split / "data"))]
+    assert len(shard_reads) == len(set(shard_reads)) == 4 and len(vocabularies) == 1
+
+
+def test_the_side_forces_none_of_its_intermediate_files_to_disk(tmp_path, upstream, tiny_run, monkeypatch):
+    """Pieces, plan parts and the joined token cache are removed before the stage publishes: atomic, but no fsync (two a
+    file, ~10 ms each here); validation_documents.parquet, which the stage publishes, is still forced to disk."""
+    import os
+
+    split = split_of(tmp_path, upstream, 200, 3, "sync")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    (tmp_path / "work").mkdir()
+    side = HeldOutSide(split, tiny_run / "05_tokenizer" / TOKENIZER_FILE, tmp_path / "work", workers=1)
+    try:
+        assert side.documents > 0 and synced == []
+        side.write_documents(tmp_path / "work" / "documents.parquet")
+        assert synced
+    finally:
+        side.close()

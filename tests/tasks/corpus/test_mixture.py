@@ -167,3 +167,23 @@ def test_the_planning_process_holds_no_per_document_data(tmp_path):
     host_peak(2_000)  # imports and the worker pool, once
     small, large = host_peak(4_000), host_peak(32_000)
     assert (large - small) / 28_000 < 16, (small, large)
+
+
+def test_a_tokenising_task_digests_its_token_file_as_it_writes_it(tiny_run, tmp_path, monkeypatch):
+    """The sha256 the joining task checks the file against is that of the bytes on disk, taken from the bytes as they were
+    written: the file is not read back to hash it."""
+    import hashlib
+
+    import tasks.corpus.mixture as mixture
+    from manifests.digest import sha256_file
+    from manifests.stage_manifest import read_manifest
+
+    split = read_manifest(tiny_run / "04_split")
+    shard = split.files("data")[0]
+    tokenizer = tiny_run / "05_tokenizer" / "tokenizer.json"
+    hashed = []
+    monkeypatch.setattr(mixture, "sha256_file", lambda path: hashed.append(str(path)) or sha256_file(path))
+    out = tmp_path / "part.tokens"
+    result = mixture.encode_shard_side(str(split.path_of(shard)), "part-00000", "train", str(tokenizer), sha256_file(tokenizer), str(out))
+    assert result["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest() and out.stat().st_size > 1000
+    assert str(out) not in hashed

@@ -212,3 +212,18 @@ def test_the_planning_process_holds_no_per_document_data(tmp_path):
     host_peak_bytes(tmp_path / "warm", 2_000)  # imports and the worker pool, once
     small, large = host_peak_bytes(tmp_path / "small", 4_000), host_peak_bytes(tmp_path / "large", 32_000)
     assert (large - small) / 28_000 < 16, (small, large)
+
+
+def test_a_token_file_shorter_than_its_plan_fails_naming_the_file_and_publishes_no_shard(tmp_path, monkeypatch):
+    """The shard task copies pieces out of the mapped token file: a file cut short (a truncated copy) is refused, not padded."""
+    real_write_plan = write_plan
+
+    def truncated(path, docs, repeats, parts=1):
+        paths, tokens = real_write_plan(path, docs, repeats, parts)
+        np.fromfile(tokens, dtype="<u2")[:-3].tofile(tokens)
+        return paths, tokens
+
+    monkeypatch.setitem(globals(), "write_plan", truncated)
+    with pytest.raises(ValueError, match=r"tokens\.bin: 13 tokens, shard train-00000 reads up to 16"):
+        explicit_stream(tmp_path, [("a", 5), ("b", 7), ("c", 4)], [(0, 0), (1, 0), (2, 0)], 100)
+    assert not list((tmp_path / "out").iterdir())

@@ -131,3 +131,34 @@ def test_the_validation_mask_parses_only_meta_that_can_name_a_split_and_answers_
     expected = np.array([is_validation(m) for m in metas])
     assert expected.tolist() == [False, True, True, True, False, False, False, False]
     assert np.array_equal(validation_mask(pa.chunked_array([metas[:3], metas[3:]])), expected)
+
+
+def test_routing_a_shard_rewrites_only_the_held_out_meta_and_copies_no_text_into_python(monkeypatch):
+    """Two of 200 documents of 20 KB each routed: the shard comes back as the one-table layout (DOC_SCHEMA, same values)
+    with those two metas changed, and the Python heap never holds the texts (the row-by-row rebuild held all 4 MB)."""
+    import tracemalloc
+
+    import tasks.corpus.split as split_module
+    from manifests.schema import DOC_SCHEMA, docs_table
+    from tasks.corpus.split import HELD_OUT_RULE, split_shard
+    from tasks.corpus.split_tasks import VALIDATION_SCHEMA
+
+    rows = [{"id": f"d{i:03d}", "text": f"{i} " + "x" * 20_000, "source": "s", "url": None if i == 7 else f"u{i}", "lang": "en" if i % 3 else None,
+             "lang_score": 0.5, "meta": json.dumps({"b": i, "a": "é"})} for i in range(200)]
+    docs = docs_table(rows)
+    held = pa.table({"id": ["d150", "d007"], "family_id": ["d007", "d007"], "family_size": [2, 2]}, schema=VALIDATION_SCHEMA)
+    monkeypatch.setattr(split_module, "shard_rows", lambda part, schema: held)
+    tracemalloc.start()
+    try:
+        outcome = split_shard(docs, SplitConfig(seed=3), None)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    for row in rows:
+        if row["id"] in ("d007", "d150"):
+            row["meta"] = {**json.loads(row["meta"]), "split": "validation"}
+    assert outcome.kept.schema == DOC_SCHEMA and outcome.kept.equals(docs_table(rows))
+    assert [(a["id"], a["rule"], a["value"], a["detail"]) for a in outcome.audit] == [
+        ("d007", HELD_OUT_RULE, 2, {"family_id": "d007", "family_size": 2, "seed": 3}),
+        ("d150", HELD_OUT_RULE, 2, {"family_id": "d007", "family_size": 2, "seed": 3})]
+    assert peak < 1_000_000, peak
