@@ -25,4 +25,4 @@ def fineweb_duplicate_line_chars(view: TextView, config: QualityConfig) -> Verdi
 
 
 def fineweb_too_many_newlines_per_word(view: TextView, config: QualityConfig) -> Verdict:
-    return verdict_above("fineweb_too_many_newlines_per_word", view.text.count("\n") / max(1, len(view.words)), config.max_newlines_per_word)
+    return verdict_above("fineweb_too_many_newlines_per_word", view.text.count("\n") / max(1, view.n_words), config.max_newlines_per_word)

@@ -27,12 +27,12 @@ def gopher_mean_word_length_too_long(view: TextView, config: QualityConfig) -> V
 
 
 def gopher_too_many_hash_symbols(view: TextView, config: QualityConfig) -> Verdict:
-    return verdict_above("gopher_too_many_hash_symbols", view.text.count("#") / max(1, len(view.words)), config.max_hash_per_word)
+    return verdict_above("gopher_too_many_hash_symbols", view.text.count("#") / max(1, view.n_words), config.max_hash_per_word)
 
 
 def gopher_too_many_ellipses(view: TextView, config: QualityConfig) -> Verdict:
     ellipses = view.text.count("...") + view.text.count("…")
-    return verdict_above("gopher_too_many_ellipses", ellipses / max(1, len(view.words)), config.max_ellipsis_per_word)
+    return verdict_above("gopher_too_many_ellipses", ellipses / max(1, view.n_words), config.max_ellipsis_per_word)
 
 
 def gopher_too_many_bullet_lines(view: TextView, config: QualityConfig) -> Verdict:
@@ -52,13 +52,13 @@ KEEP_ASCII_LETTERS_AND_SPACE = {code: None for code in range(128) if not (chr(co
 def words_without_letter(view: TextView) -> int:
     """Whitespace words with no letter (NON_ALPHABETIC_WORD's matches); for ASCII text by one translate and split."""
     if view.text.isascii():
-        return len(view.words) - len(view.text.translate(KEEP_ASCII_LETTERS_AND_SPACE).split())
+        return view.n_words - len(view.text.translate(KEEP_ASCII_LETTERS_AND_SPACE).split())
     return len(NON_ALPHABETIC_WORD.findall(view.text))
 
 
 def gopher_too_few_alphabetic_words(view: TextView, config: QualityConfig) -> Verdict:
     without_letter = words_without_letter(view)
-    fraction = 1.0 - without_letter / len(view.words) if view.words else 0.0
+    fraction = 1.0 - without_letter / view.n_words if view.n_words else 0.0
     return verdict_below("gopher_too_few_alphabetic_words", fraction, config.min_alphabetic_word_fraction)
 
 

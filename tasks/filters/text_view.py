@@ -1,12 +1,14 @@
 """One document as the quality rules see it: words, lines, paragraphs and n-gram repetition, each computed
-once on first use (`TextView`), with the hashing that makes n-gram counts vectorised."""
+once on first use (`TextView`); word counts and word n-grams come from the batch's `WordNgrams`, character n-grams are hashed here."""
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
+
+from tasks.filters.lazy_stats import NgramRepetition, cached_property
+from tasks.filters.word_ngrams import DocRepeats, WordNgrams
 
 
 
@@ -32,23 +34,6 @@ IDENTIFIER_JOIN = re.compile("|".join([
 ]))
 
 
-class cached_property:  # noqa: N801 (used as functools.cached_property is)
-    """functools.cached_property without its per-first-access lock (Python 3.11 takes an RLock each time): a
-    document's view lives in one thread, and the quality stage makes ~7 first accesses a document."""
-
-    def __init__(self, compute):
-        self.compute, self.name, self.__doc__ = compute, compute.__name__, compute.__doc__
-
-    def __set_name__(self, owner, name: str) -> None:
-        self.name = name
-
-    def __get__(self, instance, owner=None):
-        if instance is None:
-            return self
-        value = instance.__dict__[self.name] = self.compute(instance)  # later reads find it in __dict__ first
-        return value
-
-
 HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 MIX_MULTIPLIER = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constant
 
@@ -59,14 +44,6 @@ def duplicate_counts(items: list[str]) -> tuple[int, int]:
     duplicates = len(items) - len(counts)
     duplicate_chars = sum(len(item) * (n - 1) for item, n in counts.items() if n > 1)
     return duplicates, duplicate_chars
-
-
-@dataclass
-class NgramRepetition:
-    """For one n: coverage of the most frequent n-gram and of all repeated occurrences, in token characters."""
-
-    top_fraction: float
-    duplicate_fraction: float
 
 
 def window_hashes(token_ids: np.ndarray, previous: np.ndarray | None, n: int) -> np.ndarray:
@@ -139,37 +116,36 @@ class RepeatedWindows:
 
 
 class TextView:
-    """Statistics of one document, computed once on first use and shared by all rules."""
+    """Statistics of one document, computed once on first use and shared by all rules. Given the `WordNgrams` of
+    the batch it belongs to (and its index there), its word counts and word n-grams are read from the batch."""
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, text: str, batch: WordNgrams | None = None, index: int = 0):
+        self.text, self.batch, self.index = text, batch, index
 
     @cached_property
     def words(self) -> list[str]:
         return self.text.split()
 
+    @cached_property
+    def n_words(self) -> int:
+        """Whitespace words."""
+        return self.batch.word_count(self.index) if self.batch is not None else len(self.words)
+
     def word_count(self, split: str) -> int:
         """Words for the word-count rules: whitespace tokens, plus one per identifier join when split == "identifiers"."""
         if split == "whitespace":
-            return len(self.words)
+            return self.n_words
         if "_identifier_words" not in self.__dict__:
-            self.__dict__["_identifier_words"] = len(self.words) + len(IDENTIFIER_JOIN.findall(self.text))
+            self.__dict__["_identifier_words"] = self.n_words + len(IDENTIFIER_JOIN.findall(self.text))
         return self.__dict__["_identifier_words"]
 
     @cached_property
     def mean_word_length(self) -> float:
-        """Mean characters per whitespace word (0 without words): the integer total over the count, which is
-        numpy's mean of `word_lengths` exactly (an int64 sum below 2**53 is exact in float64) without its ~5 us."""
-        return sum(map(len, self.words)) / len(self.words) if self.words else 0.0
-
-    @cached_property
-    def word_lengths(self) -> np.ndarray:
-        return np.fromiter(map(len, self.words), dtype=np.int64, count=len(self.words))
-
-    @cached_property
-    def word_ids(self) -> np.ndarray:
-        # Python's str hash: equal words, equal ids within this process; nothing outlives the document.
-        return np.fromiter(map(hash, self.words), dtype=np.int64, count=len(self.words)).view(np.uint64)
+        """Mean characters per whitespace word (0 without words): the integer total over the count."""
+        if not self.n_words:
+            return 0.0
+        chars = self.batch.word_chars(self.index) if self.batch is not None else sum(map(len, self.words))
+        return chars / self.n_words
 
     @cached_property
     def lines(self) -> list[str]:
@@ -226,8 +202,14 @@ class TextView:
                  if isinstance(m, int) and m < n and (isinstance(result, NgramRepetition) or "duplicate_fraction" in result.__dict__)]
         return min(known, default=None)
 
-    def word_ngrams(self, n: int) -> NgramRepetition:
-        return self._ngrams("_word_ngrams", self.word_ids, self.word_lengths, n, len(self.text), 1)
+    def word_ngrams(self, n: int) -> NgramRepetition | DocRepeats:
+        """Word n-gram repetition, measured for the whole batch at once (a batch of this one text when it has none)."""
+        cache = self.__dict__.setdefault("_word_ngrams", {})
+        if n not in cache:
+            if self.batch is None:
+                self.batch, self.index = WordNgrams([self.text]), 0
+            cache[n] = self.batch.repetition(self.index, n)
+        return cache[n]
 
     def char_ngrams(self, n: int) -> NgramRepetition:
         return self._ngrams("_char_ngrams", self.char_ids, np.ones(len(self.char_ids), dtype=np.int64), n, len(self.dense_text), 0)
