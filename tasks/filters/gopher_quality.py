@@ -50,7 +50,10 @@ KEEP_ASCII_LETTERS_AND_SPACE = {code: None for code in range(128) if not (chr(co
 
 
 def words_without_letter(view: TextView) -> int:
-    """Whitespace words with no letter (NON_ALPHABETIC_WORD's matches); for ASCII text by one translate and split."""
+    """Whitespace words with no letter (NON_ALPHABETIC_WORD's matches): the batch's count when the view has one;
+    else for ASCII text by one translate and split."""
+    if view.batch is not None:
+        return int(view.batch.without_letter[view.index])
     if view.text.isascii():
         return view.n_words - len(view.text.translate(KEEP_ASCII_LETTERS_AND_SPACE).split())
     return len(NON_ALPHABETIC_WORD.findall(view.text))

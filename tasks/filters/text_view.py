@@ -8,12 +8,11 @@ from collections import Counter
 import numpy as np
 
 from tasks.filters.lazy_stats import NgramRepetition, cached_property
-from tasks.filters.word_ngrams import DocRepeats, WordNgrams
+from tasks.filters.word_ngrams import LETTER, DocRepeats, WordNgrams
 
 
 
 NON_ALPHABETIC_WORD = re.compile(r"(?<!\S)(?:[\d_]|[^\w\s])+(?!\S)")  # a token with no letter at all
-LETTER = re.compile(r"[^\W\d_]")
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
 SPACELESS_SCRIPT = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\U00020000-\U0002fa1f]")
 PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")

@@ -4,9 +4,9 @@ batch's text column (Arrow), then for each n one sort over the batch's candidate
 A shard's documents average ~200 words, so per-document numpy work was mostly call overhead (~25 calls per n).
 Here the arrays hold the batch's words end to end; a document is a range of them and no window crosses one.
 
-Windows are grouped exactly: words by their string (Arrow's dictionary encoding), a longer window by the ids of its
-two overlapping shorter windows. Only a window whose two (n-1)-windows both repeat can repeat, so each n sorts
-just those candidates (from ~60 % of the words at n = 2 to ~1 % at n = 10). Each document gets the numbers
+Windows are grouped exactly: two words by their strings (Arrow's dictionary encoding), a longer window by the ids
+of its two overlapping shorter windows. Only a window whose two (n-1)-windows both repeat can repeat, so each
+n > 2 sorts just those candidates (~15 % of the words at n = 3, ~2 % at n = 10). Each document gets the numbers
 Gopher's definition gives: the top n-gram (ties: the earliest), and the characters of the tokens under an
 occurrence after the first.
 """
@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.filters.lazy_stats import NgramRepetition, cached_property
+
+LETTER = re.compile(r"[^\W\d_]")  # a letter in any script (tasks.filters.text_view and the rules use it too)
 
 
 def sorted_groups(keys: np.ndarray, positions: np.ndarray, key_bits: int, position_bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,11 +61,11 @@ class WordNgrams:
         words, parents = pc.list_flatten(pieces), pc.list_parent_indices(pieces)
         lengths = pc.utf8_length(words)
         nonempty = pc.greater(lengths, 0)
-        words = words.filter(nonempty)
+        self.words = words.filter(nonempty)
         self.docs = len(texts)
         self.lengths = lengths.filter(nonempty).to_numpy().astype(np.int64)
         self.doc_of = parents.filter(nonempty).to_numpy().astype(np.int64)
-        self.word_ids = pc.dictionary_encode(words).indices.to_numpy().astype(np.int64)
+        self.word_ids = pc.dictionary_encode(self.words).indices.to_numpy().astype(np.int64)
         self.vocabulary = int(self.word_ids.max(initial=-1)) + 1
         self.word_counts = np.bincount(self.doc_of, minlength=self.docs)
         self.starts = np.concatenate(([0], np.cumsum(self.word_counts)))
@@ -72,6 +76,22 @@ class WordNgrams:
 
     def word_count(self, doc: int) -> int:
         return int(self.word_counts[doc])
+
+    @cached_property
+    def without_letter(self) -> np.ndarray:
+        """Per document, the words with no letter (`LETTER`, Gopher's alphabetic-word rule): an ASCII word has one
+        iff one of its bytes is A-Z or a-z (counted over the words' UTF-8 bytes at once); the few others by regex."""
+        offsets, data = self.words.buffers()[1:3]
+        offsets = np.frombuffer(offsets, dtype=np.int64 if pa.types.is_large_string(self.words.type) else np.int32)
+        offsets = offsets[self.words.offset: self.words.offset + len(self.words) + 1].astype(np.int64)
+        data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+        folded = data | np.uint8(0x20)
+        letters = np.concatenate(([0], np.cumsum((folded >= ord("a")) & (folded <= ord("z")))))
+        high = np.concatenate(([0], np.cumsum(data >= 0x80)))
+        has_letter = letters[offsets[1:]] > letters[offsets[:-1]]
+        non_ascii = np.flatnonzero(high[offsets[1:]] > high[offsets[:-1]])
+        has_letter[non_ascii] = [LETTER.search(word) is not None for word in self.words.take(pa.array(non_ascii)).to_pylist()]
+        return np.bincount(self.doc_of[~has_letter], minlength=self.docs)
 
     def word_chars(self, doc: int) -> int:
         return int(self.length_prefix[self.starts[doc + 1]] - self.length_prefix[self.starts[doc]])
@@ -84,19 +104,20 @@ class WordNgrams:
 
     def level(self, n: int) -> Level:
         if n not in self.levels:
-            if n == 1:
-                positions = np.arange(len(self.lengths), dtype=np.int64)
-                self.levels[n] = self.grouped(self.word_ids, positions, max(1, int(self.vocabulary - 1).bit_length()), 1)
-            else:
-                self.levels[n] = self.longer(self.level(n - 1), n)
+            self.levels[n] = self.pairs() if n == 2 else self.longer(self.level(n - 1), n)
         return self.levels[n]
+
+    def pairs(self) -> Level:
+        """Two-word windows grouped by their two words' ids (the batch's dictionary: split by document below)."""
+        at = np.flatnonzero(self.doc_of[1:] == self.doc_of[:-1])
+        vocabulary = np.int64(max(1, self.vocabulary))
+        keys = self.word_ids[at] * vocabulary + self.word_ids[at + 1]
+        return self.grouped(keys, at, max(1, int(int(vocabulary) ** 2 - 1).bit_length()), 2)
 
     def longer(self, shorter: Level, n: int) -> Level:
         """The n-word windows whose two (n-1)-word windows (at p and p + 1) both repeat, grouped by that pair."""
         at, group = shorter.positions, shorter.group
-        adjacent = at[1:] == at[:-1] + 1
-        if n == 2:  # two repeated words side by side may sit in two documents
-            adjacent &= self.doc_of[at[1:]] == self.doc_of[at[:-1]]
+        adjacent = at[1:] == at[:-1] + 1  # both windows repeat in their document, and they overlap: the same one
         groups = np.int64(shorter.groups)
         keys = group[:-1][adjacent] * groups + group[1:][adjacent]
         return self.grouped(keys, at[:-1][adjacent], max(1, int(shorter.groups * shorter.groups - 1).bit_length()), n)
@@ -106,34 +127,38 @@ class WordNgrams:
         order, sorted_keys = sorted_groups(keys, positions, key_bits, self.position_bits)
         new_group = np.ones(len(order), dtype=bool)
         new_group[1:] = sorted_keys[1:] != sorted_keys[:-1]
-        if n == 1:  # word ids are the batch's; a window's group (from word groups) is its document's already
+        if n == 2:  # word ids are the batch's; a longer window's group (from pair groups) is its document's already
             new_group[1:] |= self.doc_of[order[1:]] != self.doc_of[order[:-1]]
         starts = np.flatnonzero(new_group)
         sizes = np.diff(np.append(starts, len(order)))
         repeated_group = sizes >= 2
         member = np.repeat(repeated_group, sizes)
-        positions, group = self.by_position(order[member], np.repeat(np.arange(int(repeated_group.sum())), sizes[repeated_group]))
-        level = Level(positions, group, int(repeated_group.sum()), np.zeros(self.docs, dtype=bool),
-                      np.zeros(self.docs, dtype=np.int64), np.zeros(self.docs, dtype=np.int64))
-        if n > 1 and level.groups:
-            self.measure(level, order[starts[repeated_group]], sizes[repeated_group], np.sort(order[member & ~new_group]), n)
+        groups = int(repeated_group.sum())
+        positions, group = self.by_position(order[member], np.repeat(np.arange(groups), sizes[repeated_group]), groups)
+        level = Level(positions, group, groups, np.zeros(self.docs, dtype=bool), np.zeros(self.docs, dtype=np.int64),
+                      np.zeros(self.docs, dtype=np.int64))
+        if groups:
+            first_positions = order[starts[repeated_group]]
+            self.measure(level, first_positions, sizes[repeated_group], positions[first_positions[group] != positions], n)
         return level
 
-    def by_position(self, positions: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The windows in position order (a scatter over the batch's words when they are many, else a sort)."""
-        if len(positions) * 8 > len(self.lengths):
-            present = np.zeros(len(self.lengths), dtype=bool)
+    def by_position(self, positions: np.ndarray, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+        """The windows in position order: a scatter over the batch's words when they are many, else one packed sort."""
+        tokens = len(self.lengths)
+        if len(positions) * 8 > tokens:
+            present = np.zeros(tokens, dtype=bool)
             present[positions] = True
-            of = np.empty(len(self.lengths), dtype=np.int64)
+            of = np.empty(tokens, dtype=np.int64)
             of[positions] = group
             at = np.flatnonzero(present)
             return at, of[at]
-        order = np.argsort(positions, kind="stable")
-        return positions[order], group[order]
+        # positions are unique, so (position, group) pairs sorted by position: the group rides in the low bits
+        group_in_order, ascending = sorted_groups(positions, group, self.position_bits, max(1, int(groups - 1).bit_length()))
+        return ascending.astype(np.int64), group_in_order
 
     def measure(self, level: Level, first_positions: np.ndarray, counts: np.ndarray, repeat_starts: np.ndarray, n: int) -> None:
         """Per document: the top n-gram (most occurrences, ties to the earliest first occurrence) and the characters
-        of the words under an occurrence after its group's first (each word once)."""
+        of the words under an occurrence after its group's first (each word once; `repeat_starts` ascending)."""
         group_docs = self.doc_of[first_positions]
         level.has_repeats[group_docs] = True
         best = np.lexsort((first_positions, -counts, group_docs))

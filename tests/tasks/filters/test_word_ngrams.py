@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tasks.filters.text_view import TextView
+from tasks.filters.text_view import NON_ALPHABETIC_WORD, TextView
 from tasks.filters.word_ngrams import WordNgrams, sorted_groups
 
 
@@ -52,6 +52,15 @@ def test_batch_gives_each_document_its_own_numbers():
             assert (result.top_fraction, result.duplicate_fraction) == expected, (i, n, text)
     assert [batch.word_count(i) for i in range(len(texts))] == [len(t.split()) for t in texts]
     assert [batch.word_chars(i) for i in range(len(texts))] == [sum(map(len, t.split())) for t in texts]
+
+
+def test_words_without_letter_match_the_regex_definition():
+    """The batch's byte count (ASCII words) and regex (the rest) give NON_ALPHABETIC_WORD's count, on a slice too."""
+    rng = random.Random(11)
+    tokens = ["abc", "12", "--", "x1", "_", "é", "12€", "²", "—", "日本", "٣", "Ⅻ", "a_b", "...", "“”", "ok."]
+    texts = ["pad"] + ["  ".join(rng.choice(tokens) for _ in range(rng.randint(0, 40))) for _ in range(200)] + ["", " \u3000 "]
+    batch = WordNgrams(pa.array(texts).slice(1))
+    assert batch.without_letter.tolist() == [len(NON_ALPHABETIC_WORD.findall(text)) for text in texts[1:]]
 
 
 def test_no_window_crosses_documents():
