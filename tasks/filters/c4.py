@@ -2,6 +2,7 @@
 policy lines, short and unpunctuated lines, the sentence count."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -32,14 +33,14 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
     removed_at: list[tuple[int, str]] = []
     citation_spans: list[tuple[int, int, int]] = []
     kept: list[str] = []
-    sentences = citations = 0
+    citations = 0
 
     def drop(number: int, reason: str) -> None:
         removed[reason] += 1
         removed_at.append((number, reason))
 
     def stop(page_rule: str) -> C4Cleaning:
-        return C4Cleaning(page_rule, kept, sentences, dict(removed), citations, removed_at, citation_spans)
+        return C4Cleaning(page_rule, kept, sentence_count(kept), dict(removed), citations, removed_at, citation_spans)
 
     # Page-level scans first: a line's lower-case (after its citation cut) is a piece of the page's with the same
     # cuts (marks never span lines; str.lower maps each character alone, and final sigma's context ends at the
@@ -70,7 +71,7 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
         if drop_unpunctuated and (not line.endswith(end_marks) or line.endswith("...")):
             drop(number, "no_terminal_punct")
             continue
-        if len(line.split()) < min_words:  # the words after the citation cut; split only for lines that got here
+        if len(line.split(None, min_words - 1)) < min_words:  # words after the citation cut, counted up to min_words
             drop(number, "too_few_words")
             continue
         lower = line.lower() if needs_lower else ""
@@ -85,9 +86,20 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
             drop(number, "policy")
             continue
         citation_spans += cut  # a citation on a removed line is part of that line's removal
-        sentences += max(1, len(SENTENCE_END.findall(line)))
         kept.append(line)
-    return C4Cleaning(None, kept, sentences, dict(removed), citations, removed_at, citation_spans)
+    return C4Cleaning(None, kept, sentence_count(kept), dict(removed), citations, removed_at, citation_spans)
+
+
+# A line that holds a sentence end: from its start (MULTILINE) to its first SENTENCE_END match.
+LINE_WITH_SENTENCE_END = re.compile(r"^[^\n]*?" + SENTENCE_END.pattern, re.MULTILINE)
+
+
+def sentence_count(lines: list[str]) -> int:
+    """C4's sentences: each line's SENTENCE_END matches, at least one a line. Two scans of the lines joined by
+    newlines instead of a regex call per line: the matches, plus one for each line with none (a line holds no line
+    break, and a newline satisfies the look-ahead as the line's end did, so no match changes)."""
+    joined = "\n".join(lines)
+    return len(SENTENCE_END.findall(joined)) + len(lines) - len(LINE_WITH_SENTENCE_END.findall(joined))
 
 
 def _c4(view: TextView, config: QualityConfig) -> C4Cleaning:
