@@ -90,8 +90,8 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
     return C4Cleaning(None, kept, sentence_count(kept), dict(removed), citations, removed_at, citation_spans)
 
 
-# A line that holds a sentence end: from its start (MULTILINE) to its first SENTENCE_END match.
-LINE_WITH_SENTENCE_END = re.compile(r"^[^\n]*?" + SENTENCE_END.pattern, re.MULTILINE)
+# A line's first SENTENCE_END match and the rest of its line: one match for each line that holds a sentence end.
+LINE_WITH_SENTENCE_END = re.compile(SENTENCE_END.pattern + r"[^\n]*")
 
 
 def sentence_count(lines: list[str]) -> int:

@@ -85,11 +85,12 @@ class WordNgrams:
         offsets = np.frombuffer(offsets, dtype=np.int64 if pa.types.is_large_string(self.words.type) else np.int32)
         offsets = offsets[self.words.offset: self.words.offset + len(self.words) + 1].astype(np.int64)
         data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
-        folded = data | np.uint8(0x20)
-        letters = np.concatenate(([0], np.cumsum((folded >= ord("a")) & (folded <= ord("z")))))
-        high = np.concatenate(([0], np.cumsum(data >= 0x80)))
-        has_letter = letters[offsets[1:]] > letters[offsets[:-1]]
-        non_ascii = np.flatnonzero(high[offsets[1:]] > high[offsets[:-1]])
+        if not len(self.words):
+            return np.zeros(self.docs, dtype=np.int64)
+        folded = data[offsets[0]: offsets[-1]] | np.uint8(0x20)
+        starts = offsets[:-1] - offsets[0]  # every word has a byte, so each reduceat range is its word
+        has_letter = np.logical_or.reduceat((folded >= ord("a")) & (folded <= ord("z")), starts)
+        non_ascii = np.flatnonzero(np.logical_or.reduceat(data[offsets[0]: offsets[-1]] >= 0x80, starts))
         has_letter[non_ascii] = [LETTER.search(word) is not None for word in self.words.take(pa.array(non_ascii)).to_pylist()]
         return np.bincount(self.doc_of[~has_letter], minlength=self.docs)
 
