@@ -123,9 +123,11 @@ class WordNgrams:
         keys = group[:-1][adjacent] * groups + group[1:][adjacent]
         return self.grouped(keys, at[:-1][adjacent], max(1, int(shorter.groups * shorter.groups - 1).bit_length()), n)
 
-    def grouped(self, keys: np.ndarray, positions: np.ndarray, key_bits: int, n: int) -> Level:
-        """Group windows by (key, document); keep the repeated ones in position order and measure each document."""
-        order, sorted_keys = sorted_groups(keys, positions, key_bits, self.position_bits)
+    def grouped(self, keys: np.ndarray, candidates: np.ndarray, key_bits: int, n: int) -> Level:
+        """Group the windows starting at `candidates` (ascending) by (key, document); keep the repeated ones, still in
+        position order, and measure each document. The sort carries each window's index, which is its position order."""
+        index, sorted_keys = sorted_groups(keys, np.arange(len(candidates)), key_bits, max(1, int(len(candidates) - 1).bit_length()))
+        order = candidates[index]
         new_group = np.ones(len(order), dtype=bool)
         new_group[1:] = sorted_keys[1:] != sorted_keys[:-1]
         if n == 2:  # word ids are the batch's; a longer window's group (from pair groups) is its document's already
@@ -134,8 +136,12 @@ class WordNgrams:
         sizes = np.diff(np.append(starts, len(order)))
         repeated_group = sizes >= 2
         member = np.repeat(repeated_group, sizes)
-        groups = int(repeated_group.sum())
-        positions, group = self.by_position(order[member], np.repeat(np.arange(groups), sizes[repeated_group]), groups)
+        groups = int(np.count_nonzero(repeated_group))
+        repeats = np.zeros(len(candidates), dtype=bool)
+        repeats[index[member]] = True
+        group_of = np.zeros(len(candidates), dtype=np.int64)
+        group_of[index[member]] = np.repeat(np.arange(groups), sizes[repeated_group])
+        positions, group = candidates[repeats], group_of[repeats]
         level = Level(positions, group, groups, np.zeros(self.docs, dtype=bool), np.zeros(self.docs, dtype=np.int64),
                       np.zeros(self.docs, dtype=np.int64))
         if groups:
@@ -143,31 +149,19 @@ class WordNgrams:
             self.measure(level, first_positions, sizes[repeated_group], positions[first_positions[group] != positions], n)
         return level
 
-    def by_position(self, positions: np.ndarray, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
-        """The windows in position order: a scatter over the batch's words when they are many, else one packed sort."""
-        tokens = len(self.lengths)
-        if len(positions) * 8 > tokens:
-            present = np.zeros(tokens, dtype=bool)
-            present[positions] = True
-            of = np.empty(tokens, dtype=np.int64)
-            of[positions] = group
-            at = np.flatnonzero(present)
-            return at, of[at]
-        # positions are unique, so (position, group) pairs sorted by position: the group rides in the low bits
-        group_in_order, ascending = sorted_groups(positions, group, self.position_bits, max(1, int(groups - 1).bit_length()))
-        return ascending.astype(np.int64), group_in_order
-
     def measure(self, level: Level, first_positions: np.ndarray, counts: np.ndarray, repeat_starts: np.ndarray, n: int) -> None:
         """Per document: the top n-gram (most occurrences, ties to the earliest first occurrence) and the characters
         of the words under an occurrence after its group's first (each word once; `repeat_starts` ascending)."""
         group_docs = self.doc_of[first_positions]
         level.has_repeats[group_docs] = True
-        best = np.lexsort((first_positions, -counts, group_docs))
-        first_of_doc = np.ones(len(best), dtype=bool)
-        first_of_doc[1:] = group_docs[best[1:]] != group_docs[best[:-1]]
-        winners = best[first_of_doc]
-        at = first_positions[winners]
-        level.top_chars[group_docs[winners]] = (self.length_prefix[at + n] - self.length_prefix[at] + (n - 1)) * counts[winners]
+        most = np.zeros(self.docs, dtype=np.int64)
+        np.maximum.at(most, group_docs, counts)
+        top = counts == most[group_docs]
+        earliest = np.full(self.docs, len(self.lengths), dtype=np.int64)
+        np.minimum.at(earliest, group_docs[top], first_positions[top])
+        docs = np.flatnonzero(level.has_repeats)
+        at = earliest[docs]
+        level.top_chars[docs] = (self.length_prefix[at + n] - self.length_prefix[at] + (n - 1)) * most[docs]
         # Windows of one length, in start order: each covers from where the one before it stopped (or its start).
         covered_from = np.maximum(repeat_starts, np.concatenate(([0], repeat_starts[:-1] + n)))
         chars = self.length_prefix[repeat_starts + n] - self.length_prefix[covered_from]
