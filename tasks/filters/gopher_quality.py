@@ -3,6 +3,7 @@ alphabetic words and stop words."""
 from __future__ import annotations
 
 import re
+from itertools import repeat
 
 
 from tasks.filters.quality_config import compiled_pattern
@@ -36,12 +37,12 @@ def gopher_too_many_ellipses(view: TextView, config: QualityConfig) -> Verdict:
 
 
 def gopher_too_many_bullet_lines(view: TextView, config: QualityConfig) -> Verdict:
-    bullets = sum(line.startswith(config.bullet_prefixes) for line in view.lines)
+    bullets = sum(map(str.startswith, view.lines, repeat(config.bullet_prefixes)))  # map: no generator frame a line
     return verdict_above("gopher_too_many_bullet_lines", bullets / max(1, len(view.lines)), config.max_bullet_line_fraction)
 
 
 def gopher_too_many_ellipsis_lines(view: TextView, config: QualityConfig) -> Verdict:
-    endings = sum(line.endswith(("...", "…")) for line in view.lines)
+    endings = sum(map(str.endswith, view.lines, repeat(("...", "…"))))
     return verdict_above("gopher_too_many_ellipsis_lines", endings / max(1, len(view.lines)), config.max_ellipsis_line_fraction)
 
 

@@ -149,7 +149,7 @@ class TextView:
     @cached_property
     def lines(self) -> list[str]:
         """Non-empty lines, stripped (blank lines carry no content and would all be 'duplicates')."""
-        return [line for line in (raw.strip() for raw in self.text.splitlines()) if line]
+        return list(filter(None, map(str.strip, self.text.splitlines())))
 
     def content_lines(self, min_words: int) -> list[str]:
         """The non-empty lines of at least `min_words` whitespace words (all of them when min_words <= 1)."""
@@ -162,7 +162,7 @@ class TextView:
 
     @cached_property
     def paragraphs(self) -> list[str]:
-        return [p for p in (raw.strip() for raw in PARAGRAPH_BREAK.split(self.text.strip())) if p]
+        return list(filter(None, map(str.strip, PARAGRAPH_BREAK.split(self.text.strip()))))
 
     @cached_property
     def dense_text(self) -> str:
@@ -197,9 +197,13 @@ class TextView:
         (n-1)-gram prefix and of its (n-1)-gram suffix, which together cover the same tokens. So a document already
         under a threshold at n-1 is under it at n, and that rule need not be measured (Gopher's limits fall with n).
         """
-        known = [result.duplicate_fraction for m, result in self.__dict__.get(kind, {}).items()
-                 if isinstance(m, int) and m < n and (isinstance(result, NgramRepetition) or "duplicate_fraction" in result.__dict__)]
-        return min(known, default=None)
+        bound = None
+        for m, result in self.__dict__.get(kind, {}).items():
+            # a measured coverage sits in the result's __dict__: a NgramRepetition's field, or a cached property once asked
+            known = result.__dict__.get("duplicate_fraction") if type(m) is int and m < n else None
+            if known is not None and (bound is None or known < bound):
+                bound = known
+        return bound
 
     def word_ngrams(self, n: int) -> NgramRepetition | DocRepeats:
         """Word n-gram repetition, measured for the whole batch at once (a batch of this one text when it has none)."""
