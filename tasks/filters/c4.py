@@ -27,8 +27,10 @@ class C4Cleaning:
     citation_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
 
-def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, check_lorem: bool = True) -> C4Cleaning:
-    """Line by line, in the TFDS order: long word, citations, end mark, word count, lorem/javascript/brace/policy."""
+def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, check_lorem: bool = True,
+                   lines: tuple[list[str], list[str]] | None = None) -> C4Cleaning:
+    """Line by line, in the TFDS order: long word, citations, end mark, word count, lorem/javascript/brace/policy.
+    `lines`: the text's (splitlines, each stripped) when a view has them already."""
     removed: Counter[str] = Counter()
     removed_at: list[tuple[int, str]] = []
     citation_spans: list[tuple[int, int, int]] = []
@@ -54,8 +56,8 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
     needs_lower = check_lorem or has_javascript or bool(policy)
     longest_word, min_words = config.c4_max_word_length, config.c4_min_words_per_line
     end_marks, drop_unpunctuated = config.c4_end_marks, config.c4_drop_unpunctuated_lines
-    for number, raw in enumerate(text.splitlines()):
-        line = raw.strip()
+    raw_lines, stripped = lines if lines is not None else (text.splitlines(), None)
+    for number, line in enumerate(stripped if stripped is not None else map(str.strip, raw_lines)):
         if not line:
             continue  # blank lines are layout, not content; TFDS drops them as 'no end mark'
         if len(line) > longest_word and max(map(len, line.split())) > longest_word:  # a shorter line has no longer word
@@ -63,6 +65,7 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
             continue
         cut: list[tuple[int, int, int]] = []
         if "[" in line:  # every citation mark starts with one: the regex runs only where it can match
+            raw = raw_lines[number]
             indent = len(raw) - len(raw.lstrip())
             cut = [(number, indent + m.start(), indent + m.end()) for m in CITATION.finditer(line)]
             if cut:
@@ -108,7 +111,8 @@ def _c4(view: TextView, config: QualityConfig) -> C4Cleaning:
     if key not in view.__dict__:
         # A skipped page rule must not stop the line pass early, or the kept text would be cut short.
         view.__dict__[key] = c4_clean_lines(view.text, config, check_braces=not rule_skipped("c4_curly_bracket", config.skip_rules),
-                                            check_lorem=not rule_skipped("c4_lorem_ipsum", config.skip_rules))
+                                            check_lorem=not rule_skipped("c4_lorem_ipsum", config.skip_rules),
+                                            lines=(view.raw_lines, view.stripped_lines))
     return view.__dict__[key]
 
 

@@ -2,6 +2,7 @@
 alphabetic words and stop words."""
 from __future__ import annotations
 
+import functools
 import re
 from itertools import repeat
 
@@ -70,14 +71,23 @@ def stop_word_pattern(stop_words: tuple[str, ...]) -> re.Pattern[str]:
     return compiled_pattern(r"(?<![^\W\d_])(?:" + "|".join(map(re.escape, stop_words)) + r")(?![^\W\d_])")
 
 
+@functools.lru_cache(maxsize=64)
+def findable_stop_words(stop_words: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The distinct stop words when all are made of letters (str.find can look them up), else None; once per list."""
+    if "" in stop_words or not all(LETTER.fullmatch(ch) for word in stop_words for ch in word):
+        return None
+    return tuple(dict.fromkeys(stop_words))
+
+
 def distinct_stop_words(lower: str, stop_words: tuple[str, ...]) -> int:
     """How many of `stop_words` occur in `lower` as a whole word between non-letters: each looked up with str.find
     (C speed, and the first bounded hit ends the search), ten times faster than one alternation regex over the text.
     Words that are not all letters go through the regex, whose matches can then overlap differently."""
-    if not all(LETTER.fullmatch(ch) for word in stop_words for ch in word) or "" in stop_words:
+    words = findable_stop_words(tuple(stop_words))
+    if words is None:
         return len(set(stop_word_pattern(stop_words).findall(lower)))
     found, size = 0, len(lower)
-    for word in dict.fromkeys(stop_words):
+    for word in words:
         at = lower.find(word)
         while at != -1:
             end = at + len(word)

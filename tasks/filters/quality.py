@@ -199,7 +199,8 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
         if profile not in by_profile:
             raise ValueError(f"quality: document {doc_id} ({source}) has profile {profile!r}; configured profiles: {sorted(by_profile)}")
         effective = by_profile[profile]
-        decision = evaluate(text, lang, effective, TextView(text, batch, i))
+        view = TextView(text, batch, i)
+        decision = evaluate(text, lang, effective, view)
         keep_mask.append(decision.keep)
         verdicts += decision.measured
         reached_counts.append(len(decision.measured))
@@ -220,7 +221,7 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
         if cleaning is not None and (cleaning.removed_lines or cleaning.citations_removed):
             new_text = "\n".join(cleaning.kept_lines)
             if new_text != text:
-                lines_before = sum(1 for line in text.splitlines() if line.strip())
+                lines_before = len(view.lines)
                 audit.append({"id": doc_id, "action": "modified", "rule": "c4_lines_removed", "value": sum(cleaning.removed_lines.values()), "threshold": None,
                               "detail": {**detail, "removed_by_reason": cleaning.removed_lines, "citations_removed": cleaning.citations_removed,
                                          "lines_before": lines_before, "lines_after": len(cleaning.kept_lines), "chars_before": len(text), "chars_after": len(new_text),

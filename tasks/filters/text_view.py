@@ -147,9 +147,19 @@ class TextView:
         return chars / self.n_words
 
     @cached_property
+    def raw_lines(self) -> list[str]:
+        """str.splitlines(): C4's line pass numbers these (its audit evidence locates lines by them)."""
+        return self.text.splitlines()
+
+    @cached_property
+    def stripped_lines(self) -> list[str]:
+        """Every line stripped, blank ones kept as "" (C4's pass and `lines` share this one pass)."""
+        return list(map(str.strip, self.raw_lines))
+
+    @cached_property
     def lines(self) -> list[str]:
         """Non-empty lines, stripped (blank lines carry no content and would all be 'duplicates')."""
-        return list(filter(None, map(str.strip, self.text.splitlines())))
+        return list(filter(None, self.stripped_lines))
 
     def content_lines(self, min_words: int) -> list[str]:
         """The non-empty lines of at least `min_words` whitespace words (all of them when min_words <= 1)."""
