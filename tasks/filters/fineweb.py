@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import repeat
 
 from tasks.filters.quality_config import QualityConfig, Verdict, verdict_above, verdict_below
-from tasks.filters.text_view import TextView, duplicate_counts
+from tasks.filters.text_view import TextView
 
 
 def fineweb_too_few_terminal_punct_lines(view: TextView, config: QualityConfig) -> Verdict:
@@ -19,7 +19,7 @@ def fineweb_too_many_short_lines(view: TextView, config: QualityConfig) -> Verdi
 
 
 def fineweb_duplicate_line_chars(view: TextView, config: QualityConfig) -> Verdict:
-    _, chars = duplicate_counts(view.lines)
+    _, chars = view.line_duplicates(1)
     text_chars = len(view.text) - view.text.count("\n")
     return verdict_above("fineweb_duplicate_line_chars", chars / max(1, text_chars), config.max_fineweb_duplicate_line_char_fraction)
 

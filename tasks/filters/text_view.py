@@ -170,6 +170,18 @@ class TextView:
             cache[min_words] = [line for line in self.lines if len(line.split()) >= min_words]
         return cache[min_words]
 
+    def line_duplicates(self, min_words: int) -> tuple[int, int]:
+        """duplicate_counts of content_lines(min_words), counted once for the Gopher and FineWeb rules that read it."""
+        cache = self.__dict__.setdefault("_line_duplicates", {})
+        key = max(min_words, 1)  # content_lines is every line at 1 and below
+        if key not in cache:
+            cache[key] = duplicate_counts(self.content_lines(min_words))
+        return cache[key]
+
+    @cached_property
+    def paragraph_duplicates(self) -> tuple[int, int]:
+        return duplicate_counts(self.paragraphs)
+
     @cached_property
     def paragraphs(self) -> list[str]:
         return list(filter(None, map(str.strip, PARAGRAPH_BREAK.split(self.text.strip()))))
