@@ -88,3 +88,17 @@ def test_arrow_whitespace_is_str_split_whitespace(start):
     points = [c for c in range(start, min(start + 0x40000, sys.maxunicode + 1)) if not 0xD800 <= c <= 0xDFFF]
     pieces = pc.list_value_length(pc.utf8_split_whitespace(pa.array(["a" + chr(c) + "b" for c in points]))).to_numpy()
     assert [hex(c) for c, k in zip(points, pieces) if (k == 2) != chr(c).isspace()] == []
+
+
+def test_a_view_of_the_batch_measures_what_a_view_alone_measures():
+    """Every rule's statistic, all rules run: the shard's batch path and a lone document's path agree."""
+    from tasks.filters.quality import evaluate
+    from tasks.filters.quality_config import QualityConfig
+
+    rng = random.Random(13)
+    texts = [random_doc(rng) for _ in range(120)]
+    texts += ["\n".join(f"The {i} cat and the dog sat... with {i % 3} hats. # tag" for i in range(k)) for k in (3, 30, 80)]
+    config = QualityConfig(all_rules=True)
+    batch = WordNgrams(texts)
+    for i, text in enumerate(texts):
+        assert evaluate(text, "en", config, TextView(text, batch, i)).measured == evaluate(text, "en", config).measured, text
