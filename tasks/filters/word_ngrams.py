@@ -6,9 +6,10 @@ Here the arrays hold the batch's words end to end; a document is a range of them
 
 Windows are grouped exactly: two words by their strings (Arrow's dictionary encoding), a longer window by the ids
 of its two overlapping shorter windows. Only a window whose two (n-1)-windows both repeat can repeat, so each
-n > 2 sorts just those candidates (~15 % of the words at n = 3, ~2 % at n = 10). Each document gets the numbers
-Gopher's definition gives: the top n-gram (ties: the earliest), and the characters of the tokens under an
-occurrence after the first.
+n > 2 sorts just those candidates (on the 50k bench corpus: 24 % of the words start a repeated pair, 8 % a
+repeated 9-gram). Each document gets the numbers Gopher's definition gives: the top n-gram (ties: the earliest),
+and the characters of the tokens under an occurrence after the first. The same words give each document's count
+of words without a letter (Gopher's alphabetic-word rule) in one pass over their bytes.
 """
 from __future__ import annotations
 
