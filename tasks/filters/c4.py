@@ -28,9 +28,9 @@ class C4Cleaning:
 
 
 def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, check_lorem: bool = True,
-                   lines: tuple[list[str], list[str]] | None = None) -> C4Cleaning:
+                   lines: tuple[list[str], list[str]] | None = None, lower_text: str | None = None) -> C4Cleaning:
     """Line by line, in the TFDS order: long word, citations, end mark, word count, lorem/javascript/brace/policy.
-    `lines`: the text's (splitlines, each stripped) when a view has them already."""
+    `lines`: the text's (splitlines, each stripped) and `lower_text` its lower case, when a view has them already."""
     removed: Counter[str] = Counter()
     removed_at: list[tuple[int, str]] = []
     citation_spans: list[tuple[int, int, int]] = []
@@ -48,7 +48,10 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
     # cuts (marks never span lines; str.lower maps each character alone, and final sigma's context ends at the
     # line's stripped edges either way), so a phrase absent from the page is absent from every line, and most
     # pages skip the per-line lower() and phrase tests.
-    lower_page = (CITATION.sub("", text) if "[" in text else text).lower()
+    if "[" in text:
+        lower_page = CITATION.sub("", text).lower()
+    else:
+        lower_page = lower_text if lower_text is not None else text.lower()
     check_lorem = check_lorem and "lorem ipsum" in lower_page
     check_braces = check_braces and "{" in text
     has_javascript = "javascript" in lower_page
@@ -112,7 +115,7 @@ def _c4(view: TextView, config: QualityConfig) -> C4Cleaning:
         # A skipped page rule must not stop the line pass early, or the kept text would be cut short.
         view.__dict__[key] = c4_clean_lines(view.text, config, check_braces=not rule_skipped("c4_curly_bracket", config.skip_rules),
                                             check_lorem=not rule_skipped("c4_lorem_ipsum", config.skip_rules),
-                                            lines=(view.raw_lines, view.stripped_lines))
+                                            lines=(view.raw_lines, view.stripped_lines), lower_text=view.lower)
     return view.__dict__[key]
 
 

@@ -100,4 +100,4 @@ def distinct_stop_words(lower: str, stop_words: tuple[str, ...]) -> int:
 
 def gopher_too_few_stop_words(view: TextView, config: QualityConfig) -> Verdict:
     """Distinct stop words present, case-folded, letters-only word boundaries (seed 001 Lab 1)."""
-    return verdict_below("gopher_too_few_stop_words", distinct_stop_words(view.text.lower(), config.stop_words), config.min_stop_words)
+    return verdict_below("gopher_too_few_stop_words", distinct_stop_words(view.lower, config.stop_words), config.min_stop_words)

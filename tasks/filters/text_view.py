@@ -147,6 +147,11 @@ class TextView:
         return chars / self.n_words
 
     @cached_property
+    def lower(self) -> str:
+        """The text lower-cased (the stop-word rule and C4's page-level phrase scans read it)."""
+        return self.text.lower()
+
+    @cached_property
     def raw_lines(self) -> list[str]:
         """str.splitlines(): C4's line pass numbers these (its audit evidence locates lines by them)."""
         return self.text.splitlines()
