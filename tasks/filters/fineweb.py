@@ -20,9 +20,9 @@ def fineweb_too_many_short_lines(view: TextView, config: QualityConfig) -> Verdi
 
 def fineweb_duplicate_line_chars(view: TextView, config: QualityConfig) -> Verdict:
     _, chars = view.line_duplicates(1)
-    text_chars = len(view.text) - view.text.count("\n")
+    text_chars = len(view.text) - view.newlines
     return verdict_above("fineweb_duplicate_line_chars", chars / max(1, text_chars), config.max_fineweb_duplicate_line_char_fraction)
 
 
 def fineweb_too_many_newlines_per_word(view: TextView, config: QualityConfig) -> Verdict:
-    return verdict_above("fineweb_too_many_newlines_per_word", view.text.count("\n") / max(1, view.n_words), config.max_newlines_per_word)
+    return verdict_above("fineweb_too_many_newlines_per_word", view.newlines / max(1, view.n_words), config.max_newlines_per_word)

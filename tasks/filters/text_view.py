@@ -147,6 +147,11 @@ class TextView:
         return chars / self.n_words
 
     @cached_property
+    def newlines(self) -> int:
+        """'\\n' characters (FineWeb's two newline rules)."""
+        return self.text.count("\n")
+
+    @cached_property
     def lower(self) -> str:
         """The text lower-cased (the stop-word rule and C4's page-level phrase scans read it)."""
         return self.text.lower()
