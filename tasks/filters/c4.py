@@ -2,6 +2,7 @@
 policy lines, short and unpunctuated lines, the sentence count."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -26,26 +27,31 @@ class C4Cleaning:
     citation_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
 
-def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, check_lorem: bool = True) -> C4Cleaning:
-    """Line by line, in the TFDS order: long word, citations, end mark, word count, lorem/javascript/brace/policy."""
+def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, check_lorem: bool = True,
+                   lines: tuple[list[str], list[str]] | None = None, lower_text: str | None = None) -> C4Cleaning:
+    """Line by line, in the TFDS order: long word, citations, end mark, word count, lorem/javascript/brace/policy.
+    `lines`: the text's (splitlines, each stripped) and `lower_text` its lower case, when a view has them already."""
     removed: Counter[str] = Counter()
     removed_at: list[tuple[int, str]] = []
     citation_spans: list[tuple[int, int, int]] = []
     kept: list[str] = []
-    sentences = citations = 0
+    citations = 0
 
     def drop(number: int, reason: str) -> None:
         removed[reason] += 1
         removed_at.append((number, reason))
 
     def stop(page_rule: str) -> C4Cleaning:
-        return C4Cleaning(page_rule, kept, sentences, dict(removed), citations, removed_at, citation_spans)
+        return C4Cleaning(page_rule, kept, sentence_count(kept), dict(removed), citations, removed_at, citation_spans)
 
     # Page-level scans first: a line's lower-case (after its citation cut) is a piece of the page's with the same
     # cuts (marks never span lines; str.lower maps each character alone, and final sigma's context ends at the
     # line's stripped edges either way), so a phrase absent from the page is absent from every line, and most
     # pages skip the per-line lower() and phrase tests.
-    lower_page = (CITATION.sub("", text) if "[" in text else text).lower()
+    if "[" in text:
+        lower_page = CITATION.sub("", text).lower()
+    else:
+        lower_page = lower_text if lower_text is not None else text.lower()
     check_lorem = check_lorem and "lorem ipsum" in lower_page
     check_braces = check_braces and "{" in text
     has_javascript = "javascript" in lower_page
@@ -53,8 +59,8 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
     needs_lower = check_lorem or has_javascript or bool(policy)
     longest_word, min_words = config.c4_max_word_length, config.c4_min_words_per_line
     end_marks, drop_unpunctuated = config.c4_end_marks, config.c4_drop_unpunctuated_lines
-    for number, raw in enumerate(text.splitlines()):
-        line = raw.strip()
+    raw_lines, stripped = lines if lines is not None else (text.splitlines(), None)
+    for number, line in enumerate(stripped if stripped is not None else map(str.strip, raw_lines)):
         if not line:
             continue  # blank lines are layout, not content; TFDS drops them as 'no end mark'
         if len(line) > longest_word and max(map(len, line.split())) > longest_word:  # a shorter line has no longer word
@@ -62,6 +68,7 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
             continue
         cut: list[tuple[int, int, int]] = []
         if "[" in line:  # every citation mark starts with one: the regex runs only where it can match
+            raw = raw_lines[number]
             indent = len(raw) - len(raw.lstrip())
             cut = [(number, indent + m.start(), indent + m.end()) for m in CITATION.finditer(line)]
             if cut:
@@ -70,7 +77,7 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
         if drop_unpunctuated and (not line.endswith(end_marks) or line.endswith("...")):
             drop(number, "no_terminal_punct")
             continue
-        if len(line.split()) < min_words:  # the words after the citation cut; split only for lines that got here
+        if len(line.split(None, min_words - 1)) < min_words:  # words after the citation cut, counted up to min_words
             drop(number, "too_few_words")
             continue
         lower = line.lower() if needs_lower else ""
@@ -85,9 +92,20 @@ def c4_clean_lines(text: str, config: QualityConfig, check_braces: bool = True, 
             drop(number, "policy")
             continue
         citation_spans += cut  # a citation on a removed line is part of that line's removal
-        sentences += max(1, len(SENTENCE_END.findall(line)))
         kept.append(line)
-    return C4Cleaning(None, kept, sentences, dict(removed), citations, removed_at, citation_spans)
+    return C4Cleaning(None, kept, sentence_count(kept), dict(removed), citations, removed_at, citation_spans)
+
+
+# A line's first SENTENCE_END match and the rest of its line: one match for each line that holds a sentence end.
+LINE_WITH_SENTENCE_END = re.compile(SENTENCE_END.pattern + r"[^\n]*")
+
+
+def sentence_count(lines: list[str]) -> int:
+    """C4's sentences: each line's SENTENCE_END matches, at least one a line. Two scans of the lines joined by
+    newlines instead of a regex call per line: the matches, plus one for each line with none (a line holds no line
+    break, and a newline satisfies the look-ahead as the line's end did, so no match changes)."""
+    joined = "\n".join(lines)
+    return len(SENTENCE_END.findall(joined)) + len(lines) - len(LINE_WITH_SENTENCE_END.findall(joined))
 
 
 def _c4(view: TextView, config: QualityConfig) -> C4Cleaning:
@@ -96,7 +114,8 @@ def _c4(view: TextView, config: QualityConfig) -> C4Cleaning:
     if key not in view.__dict__:
         # A skipped page rule must not stop the line pass early, or the kept text would be cut short.
         view.__dict__[key] = c4_clean_lines(view.text, config, check_braces=not rule_skipped("c4_curly_bracket", config.skip_rules),
-                                            check_lorem=not rule_skipped("c4_lorem_ipsum", config.skip_rules))
+                                            check_lorem=not rule_skipped("c4_lorem_ipsum", config.skip_rules),
+                                            lines=(view.raw_lines, view.stripped_lines), lower_text=view.lower)
     return view.__dict__[key]
 
 

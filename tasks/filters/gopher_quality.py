@@ -2,7 +2,9 @@
 alphabetic words and stop words."""
 from __future__ import annotations
 
+import functools
 import re
+from itertools import repeat
 
 
 from tasks.filters.quality_config import compiled_pattern
@@ -27,21 +29,21 @@ def gopher_mean_word_length_too_long(view: TextView, config: QualityConfig) -> V
 
 
 def gopher_too_many_hash_symbols(view: TextView, config: QualityConfig) -> Verdict:
-    return verdict_above("gopher_too_many_hash_symbols", view.text.count("#") / max(1, len(view.words)), config.max_hash_per_word)
+    return verdict_above("gopher_too_many_hash_symbols", view.text.count("#") / max(1, view.n_words), config.max_hash_per_word)
 
 
 def gopher_too_many_ellipses(view: TextView, config: QualityConfig) -> Verdict:
     ellipses = view.text.count("...") + view.text.count("…")
-    return verdict_above("gopher_too_many_ellipses", ellipses / max(1, len(view.words)), config.max_ellipsis_per_word)
+    return verdict_above("gopher_too_many_ellipses", ellipses / max(1, view.n_words), config.max_ellipsis_per_word)
 
 
 def gopher_too_many_bullet_lines(view: TextView, config: QualityConfig) -> Verdict:
-    bullets = sum(line.startswith(config.bullet_prefixes) for line in view.lines)
+    bullets = sum(map(str.startswith, view.lines, repeat(config.bullet_prefixes)))  # map: no generator frame a line
     return verdict_above("gopher_too_many_bullet_lines", bullets / max(1, len(view.lines)), config.max_bullet_line_fraction)
 
 
 def gopher_too_many_ellipsis_lines(view: TextView, config: QualityConfig) -> Verdict:
-    endings = sum(line.endswith(("...", "…")) for line in view.lines)
+    endings = sum(map(str.endswith, view.lines, repeat(("...", "…"))))
     return verdict_above("gopher_too_many_ellipsis_lines", endings / max(1, len(view.lines)), config.max_ellipsis_line_fraction)
 
 
@@ -50,15 +52,18 @@ KEEP_ASCII_LETTERS_AND_SPACE = {code: None for code in range(128) if not (chr(co
 
 
 def words_without_letter(view: TextView) -> int:
-    """Whitespace words with no letter (NON_ALPHABETIC_WORD's matches); for ASCII text by one translate and split."""
+    """Whitespace words with no letter (NON_ALPHABETIC_WORD's matches): the batch's count when the view has one;
+    else for ASCII text by one translate and split."""
+    if view.batch is not None:
+        return int(view.batch.without_letter[view.index])
     if view.text.isascii():
-        return len(view.words) - len(view.text.translate(KEEP_ASCII_LETTERS_AND_SPACE).split())
+        return view.n_words - len(view.text.translate(KEEP_ASCII_LETTERS_AND_SPACE).split())
     return len(NON_ALPHABETIC_WORD.findall(view.text))
 
 
 def gopher_too_few_alphabetic_words(view: TextView, config: QualityConfig) -> Verdict:
     without_letter = words_without_letter(view)
-    fraction = 1.0 - without_letter / len(view.words) if view.words else 0.0
+    fraction = 1.0 - without_letter / view.n_words if view.n_words else 0.0
     return verdict_below("gopher_too_few_alphabetic_words", fraction, config.min_alphabetic_word_fraction)
 
 
@@ -66,14 +71,23 @@ def stop_word_pattern(stop_words: tuple[str, ...]) -> re.Pattern[str]:
     return compiled_pattern(r"(?<![^\W\d_])(?:" + "|".join(map(re.escape, stop_words)) + r")(?![^\W\d_])")
 
 
+@functools.lru_cache(maxsize=64)
+def findable_stop_words(stop_words: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The distinct stop words when all are made of letters (str.find can look them up), else None; once per list."""
+    if "" in stop_words or not all(LETTER.fullmatch(ch) for word in stop_words for ch in word):
+        return None
+    return tuple(dict.fromkeys(stop_words))
+
+
 def distinct_stop_words(lower: str, stop_words: tuple[str, ...]) -> int:
     """How many of `stop_words` occur in `lower` as a whole word between non-letters: each looked up with str.find
     (C speed, and the first bounded hit ends the search), ten times faster than one alternation regex over the text.
     Words that are not all letters go through the regex, whose matches can then overlap differently."""
-    if not all(LETTER.fullmatch(ch) for word in stop_words for ch in word) or "" in stop_words:
+    words = findable_stop_words(tuple(stop_words))
+    if words is None:
         return len(set(stop_word_pattern(stop_words).findall(lower)))
     found, size = 0, len(lower)
-    for word in dict.fromkeys(stop_words):
+    for word in words:
         at = lower.find(word)
         while at != -1:
             end = at + len(word)
@@ -86,4 +100,4 @@ def distinct_stop_words(lower: str, stop_words: tuple[str, ...]) -> int:
 
 def gopher_too_few_stop_words(view: TextView, config: QualityConfig) -> Verdict:
     """Distinct stop words present, case-folded, letters-only word boundaries (seed 001 Lab 1)."""
-    return verdict_below("gopher_too_few_stop_words", distinct_stop_words(view.text.lower(), config.stop_words), config.min_stop_words)
+    return verdict_below("gopher_too_few_stop_words", distinct_stop_words(view.lower, config.stop_words), config.min_stop_words)

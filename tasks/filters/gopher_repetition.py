@@ -6,27 +6,27 @@ from typing import Callable
 
 
 from tasks.filters.quality_config import QualityConfig, Verdict, verdict_above
-from tasks.filters.text_view import TextView, duplicate_counts
+from tasks.filters.text_view import TextView
 
 
 def gopher_duplicate_lines(view: TextView, config: QualityConfig) -> Verdict:
-    lines = view.content_lines(config.duplicate_line_min_words)
-    duplicates, _ = duplicate_counts(lines)
-    return verdict_above("gopher_duplicate_lines", duplicates / max(1, len(lines)), config.max_duplicate_line_fraction)
+    duplicates, _ = view.line_duplicates(config.duplicate_line_min_words)
+    return verdict_above("gopher_duplicate_lines", duplicates / max(1, len(view.content_lines(config.duplicate_line_min_words))),
+                         config.max_duplicate_line_fraction)
 
 
 def gopher_duplicate_paragraphs(view: TextView, config: QualityConfig) -> Verdict:
-    duplicates, _ = duplicate_counts(view.paragraphs)
+    duplicates, _ = view.paragraph_duplicates
     return verdict_above("gopher_duplicate_paragraphs", duplicates / max(1, len(view.paragraphs)), config.max_duplicate_paragraph_fraction)
 
 
 def gopher_duplicate_line_chars(view: TextView, config: QualityConfig) -> Verdict:
-    _, chars = duplicate_counts(view.content_lines(config.duplicate_line_min_words))
+    _, chars = view.line_duplicates(config.duplicate_line_min_words)
     return verdict_above("gopher_duplicate_line_chars", chars / max(1, len(view.text)), config.max_duplicate_line_char_fraction)
 
 
 def gopher_duplicate_paragraph_chars(view: TextView, config: QualityConfig) -> Verdict:
-    _, chars = duplicate_counts(view.paragraphs)
+    _, chars = view.paragraph_duplicates
     return verdict_above("gopher_duplicate_paragraph_chars", chars / max(1, len(view.text)), config.max_duplicate_paragraph_char_fraction)
 
 

@@ -35,6 +35,7 @@ from tasks.filters.gopher_repetition import gopher_duplicate_line_chars, gopher_
 from tasks.filters.profiles import C4_LINE_FILTER
 from tasks.filters.quality_config import QualityConfig, Verdict
 from tasks.filters.text_view import LETTER, SCRIPT_SAMPLE_CHARS, SPACELESS_SCRIPT, TextView
+from tasks.filters.word_ngrams import WordNgrams
 from tasks.runner.rule_stats import measured_rows
 from tasks.runner.stage_runner import ShardOutcome, StageDef, run_stage
 
@@ -131,9 +132,10 @@ def rule_plan(config: QualityConfig, lang: str | None, spaceless: bool) -> RuleP
     return cached[1][key]
 
 
-def evaluate(text: str, lang: str | None, config: QualityConfig) -> QualityDecision:
-    """Run the rule set for this language (first failure only, or all rules when config.all_rules)."""
-    view = TextView(text)
+def evaluate(text: str, lang: str | None, config: QualityConfig, view: TextView | None = None) -> QualityDecision:
+    """Run the rule set for this language (first failure only, or all rules when config.all_rules); `view` is the
+    text's view when its batch made one (its word n-grams then come from the batch)."""
+    view = view if view is not None else TextView(text)
     empty = quality_empty_text(view, config)
     if not empty.keep:
         return QualityDecision(False, [empty], "none", [], None, measured=[empty])
@@ -189,6 +191,7 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
     audit: list[dict[str, Any]] = []
     verdicts: list[Verdict] = []  # every rule each document reached, in document order (tasks.runner.rule_stats)
     reached_counts, profiles = [], []
+    batch = WordNgrams(docs.column("text"))  # every document's words split once, each n's windows sorted once
     columns = zip(docs.column("id").to_pylist(), docs.column("source").to_pylist(), docs.column("lang").to_pylist(), texts, metas)
     for i, (doc_id, source, lang, text, meta_json) in enumerate(columns):
         meta = json.loads(meta_json)
@@ -196,7 +199,8 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
         if profile not in by_profile:
             raise ValueError(f"quality: document {doc_id} ({source}) has profile {profile!r}; configured profiles: {sorted(by_profile)}")
         effective = by_profile[profile]
-        decision = evaluate(text, lang, effective)
+        view = TextView(text, batch, i)
+        decision = evaluate(text, lang, effective, view)
         keep_mask.append(decision.keep)
         verdicts += decision.measured
         reached_counts.append(len(decision.measured))
@@ -217,7 +221,7 @@ def quality_shard(docs: pa.Table, config: QualityConfig, context: Any = None) ->
         if cleaning is not None and (cleaning.removed_lines or cleaning.citations_removed):
             new_text = "\n".join(cleaning.kept_lines)
             if new_text != text:
-                lines_before = sum(1 for line in text.splitlines() if line.strip())
+                lines_before = len(view.lines)
                 audit.append({"id": doc_id, "action": "modified", "rule": "c4_lines_removed", "value": sum(cleaning.removed_lines.values()), "threshold": None,
                               "detail": {**detail, "removed_by_reason": cleaning.removed_lines, "citations_removed": cleaning.citations_removed,
                                          "lines_before": lines_before, "lines_after": len(cleaning.kept_lines), "chars_before": len(text), "chars_after": len(new_text),

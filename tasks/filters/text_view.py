@@ -1,17 +1,18 @@
 """One document as the quality rules see it: words, lines, paragraphs and n-gram repetition, each computed
-once on first use (`TextView`), with the hashing that makes n-gram counts vectorised."""
+once on first use (`TextView`); word counts and word n-grams come from the batch's `WordNgrams`, character n-grams are hashed here."""
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
+
+from tasks.filters.lazy_stats import NgramRepetition, cached_property
+from tasks.filters.word_ngrams import LETTER, DocRepeats, WordNgrams
 
 
 
 NON_ALPHABETIC_WORD = re.compile(r"(?<!\S)(?:[\d_]|[^\w\s])+(?!\S)")  # a token with no letter at all
-LETTER = re.compile(r"[^\W\d_]")
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
 SPACELESS_SCRIPT = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\U00020000-\U0002fa1f]")
 PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
@@ -32,23 +33,6 @@ IDENTIFIER_JOIN = re.compile("|".join([
 ]))
 
 
-class cached_property:  # noqa: N801 (used as functools.cached_property is)
-    """functools.cached_property without its per-first-access lock (Python 3.11 takes an RLock each time): a
-    document's view lives in one thread, and the quality stage makes ~7 first accesses a document."""
-
-    def __init__(self, compute):
-        self.compute, self.name, self.__doc__ = compute, compute.__name__, compute.__doc__
-
-    def __set_name__(self, owner, name: str) -> None:
-        self.name = name
-
-    def __get__(self, instance, owner=None):
-        if instance is None:
-            return self
-        value = instance.__dict__[self.name] = self.compute(instance)  # later reads find it in __dict__ first
-        return value
-
-
 HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 MIX_MULTIPLIER = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constant
 
@@ -59,14 +43,6 @@ def duplicate_counts(items: list[str]) -> tuple[int, int]:
     duplicates = len(items) - len(counts)
     duplicate_chars = sum(len(item) * (n - 1) for item, n in counts.items() if n > 1)
     return duplicates, duplicate_chars
-
-
-@dataclass
-class NgramRepetition:
-    """For one n: coverage of the most frequent n-gram and of all repeated occurrences, in token characters."""
-
-    top_fraction: float
-    duplicate_fraction: float
 
 
 def window_hashes(token_ids: np.ndarray, previous: np.ndarray | None, n: int) -> np.ndarray:
@@ -139,42 +115,61 @@ class RepeatedWindows:
 
 
 class TextView:
-    """Statistics of one document, computed once on first use and shared by all rules."""
+    """Statistics of one document, computed once on first use and shared by all rules. Given the `WordNgrams` of
+    the batch it belongs to (and its index there), its word counts and word n-grams are read from the batch."""
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, text: str, batch: WordNgrams | None = None, index: int = 0):
+        self.text, self.batch, self.index = text, batch, index
 
     @cached_property
     def words(self) -> list[str]:
         return self.text.split()
 
+    @cached_property
+    def n_words(self) -> int:
+        """Whitespace words."""
+        return self.batch.word_count(self.index) if self.batch is not None else len(self.words)
+
     def word_count(self, split: str) -> int:
         """Words for the word-count rules: whitespace tokens, plus one per identifier join when split == "identifiers"."""
         if split == "whitespace":
-            return len(self.words)
+            return self.n_words
         if "_identifier_words" not in self.__dict__:
-            self.__dict__["_identifier_words"] = len(self.words) + len(IDENTIFIER_JOIN.findall(self.text))
+            self.__dict__["_identifier_words"] = self.n_words + len(IDENTIFIER_JOIN.findall(self.text))
         return self.__dict__["_identifier_words"]
 
     @cached_property
     def mean_word_length(self) -> float:
-        """Mean characters per whitespace word (0 without words): the integer total over the count, which is
-        numpy's mean of `word_lengths` exactly (an int64 sum below 2**53 is exact in float64) without its ~5 us."""
-        return sum(map(len, self.words)) / len(self.words) if self.words else 0.0
+        """Mean characters per whitespace word (0 without words): the integer total over the count."""
+        if not self.n_words:
+            return 0.0
+        chars = self.batch.word_chars(self.index) if self.batch is not None else sum(map(len, self.words))
+        return chars / self.n_words
 
     @cached_property
-    def word_lengths(self) -> np.ndarray:
-        return np.fromiter(map(len, self.words), dtype=np.int64, count=len(self.words))
+    def newlines(self) -> int:
+        """'\\n' characters (FineWeb's two newline rules)."""
+        return self.text.count("\n")
 
     @cached_property
-    def word_ids(self) -> np.ndarray:
-        # Python's str hash: equal words, equal ids within this process; nothing outlives the document.
-        return np.fromiter(map(hash, self.words), dtype=np.int64, count=len(self.words)).view(np.uint64)
+    def lower(self) -> str:
+        """The text lower-cased (the stop-word rule and C4's page-level phrase scans read it)."""
+        return self.text.lower()
+
+    @cached_property
+    def raw_lines(self) -> list[str]:
+        """str.splitlines(): C4's line pass numbers these (its audit evidence locates lines by them)."""
+        return self.text.splitlines()
+
+    @cached_property
+    def stripped_lines(self) -> list[str]:
+        """Every line stripped, blank ones kept as "" (C4's pass and `lines` share this one pass)."""
+        return list(map(str.strip, self.raw_lines))
 
     @cached_property
     def lines(self) -> list[str]:
         """Non-empty lines, stripped (blank lines carry no content and would all be 'duplicates')."""
-        return [line for line in (raw.strip() for raw in self.text.splitlines()) if line]
+        return list(filter(None, self.stripped_lines))
 
     def content_lines(self, min_words: int) -> list[str]:
         """The non-empty lines of at least `min_words` whitespace words (all of them when min_words <= 1)."""
@@ -185,9 +180,21 @@ class TextView:
             cache[min_words] = [line for line in self.lines if len(line.split()) >= min_words]
         return cache[min_words]
 
+    def line_duplicates(self, min_words: int) -> tuple[int, int]:
+        """duplicate_counts of content_lines(min_words), counted once for the Gopher and FineWeb rules that read it."""
+        cache = self.__dict__.setdefault("_line_duplicates", {})
+        key = max(min_words, 1)  # content_lines is every line at 1 and below
+        if key not in cache:
+            cache[key] = duplicate_counts(self.content_lines(min_words))
+        return cache[key]
+
+    @cached_property
+    def paragraph_duplicates(self) -> tuple[int, int]:
+        return duplicate_counts(self.paragraphs)
+
     @cached_property
     def paragraphs(self) -> list[str]:
-        return [p for p in (raw.strip() for raw in PARAGRAPH_BREAK.split(self.text.strip())) if p]
+        return list(filter(None, map(str.strip, PARAGRAPH_BREAK.split(self.text.strip()))))
 
     @cached_property
     def dense_text(self) -> str:
@@ -222,12 +229,22 @@ class TextView:
         (n-1)-gram prefix and of its (n-1)-gram suffix, which together cover the same tokens. So a document already
         under a threshold at n-1 is under it at n, and that rule need not be measured (Gopher's limits fall with n).
         """
-        known = [result.duplicate_fraction for m, result in self.__dict__.get(kind, {}).items()
-                 if isinstance(m, int) and m < n and (isinstance(result, NgramRepetition) or "duplicate_fraction" in result.__dict__)]
-        return min(known, default=None)
+        bound = None
+        for m, result in self.__dict__.get(kind, {}).items():
+            # a measured coverage sits in the result's __dict__: a NgramRepetition's field, or a cached property once asked
+            known = result.__dict__.get("duplicate_fraction") if type(m) is int and m < n else None
+            if known is not None and (bound is None or known < bound):
+                bound = known
+        return bound
 
-    def word_ngrams(self, n: int) -> NgramRepetition:
-        return self._ngrams("_word_ngrams", self.word_ids, self.word_lengths, n, len(self.text), 1)
+    def word_ngrams(self, n: int) -> NgramRepetition | DocRepeats:
+        """Word n-gram repetition, measured for the whole batch at once (a batch of this one text when it has none)."""
+        cache = self.__dict__.setdefault("_word_ngrams", {})
+        if n not in cache:
+            if self.batch is None:
+                self.batch, self.index = WordNgrams([self.text]), 0
+            cache[n] = self.batch.repetition(self.index, n)
+        return cache[n]
 
     def char_ngrams(self, n: int) -> NgramRepetition:
         return self._ngrams("_char_ngrams", self.char_ids, np.ones(len(self.char_ids), dtype=np.int64), n, len(self.dense_text), 0)

@@ -206,6 +206,17 @@ def test_c4_too_few_sentences_after_line_removal():
     check(c4.c4_too_few_sentences, "\n".join([sentence(0), sentence(1), sentence(2, n_words=5)]), True, 3)
 
 
+def test_c4_sentence_count_on_joined_lines_is_the_per_line_count():
+    """Each line's SENTENCE_END matches, at least one a line: the two scans over the joined lines give exactly that."""
+    import random
+    from tasks.filters.text_view import SENTENCE_END
+    rng = random.Random(5)
+    pieces = ["word", " ", ".", "!", "?", "...", '"', "'", ")", "]", "(", "a.b", "\t", "\u3000", "x"]
+    for _ in range(500):
+        lines = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))).strip() or "w" for _ in range(rng.randint(0, 6))]
+        assert c4.sentence_count(lines) == sum(max(1, len(SENTENCE_END.findall(line))) for line in lines), lines
+
+
 def test_c4_lorem_ipsum_and_brace_apply_to_surviving_lines_only():
     body = [sentence(i) for i in range(3)]
     check(c4.c4_lorem_ipsum, "\n".join(body + ["Lorem ipsum dolor sit amet consectetur."]), False, 1.0)
