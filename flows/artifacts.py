@@ -212,17 +212,18 @@ def publish_run_summary(run: Path, extra_images: list[Path] | None = None, drawn
     return png
 
 
-def publish_data_report(run: Path) -> Path | None:
-    """The run's data report page (`hymo report RUN`), rewritten when a flow ends and linked from its artifacts;
-    None for a run with no document stage."""
+def publish_data_report(run: Path, after: frozenset[str] = frozenset()) -> Path | None:
+    """The run's data report page (`hymo report RUN`), rewritten when a flow ends with what the run holds changed
+    (flows.data_report_page.refresh_data_report; `after`: the stages the flow builds it beside, which cannot change it)
+    and linked from its artifacts; None for a run with no document stage."""
     from prefect.artifacts import LinkArtifact
 
     from flows.data_report import is_data_run
-    from flows.data_report_page import write_data_report
+    from flows.data_report_page import refresh_data_report
 
     if not is_data_run(Path(run)):
         return None
-    page = write_data_report(run)
+    page, _ = refresh_data_report(run, after)
     LinkArtifact(link=page.resolve().as_uri(), link_text=f"{Path(run).name}/{page.name}", key="hymo-data-report",
                  description="the data report: funnel, each rule's distribution with its threshold and a what-if, near-duplicate "
                              "clusters, search by id or URL (one offline HTML page; `hymo report RUN` rewrites it)").create()

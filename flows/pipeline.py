@@ -279,7 +279,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                     artifacts.submit(draw_funnel, run)  # the funnel is final: draw it while the tokenizer trains, the model too
                     funnel_drawn = True
                 if not report_started and all(e.name in AFTER_DATA_REPORT for e in entries[position:]):
-                    artifacts.submit(publish_data_report, run)
+                    artifacts.submit(publish_data_report, run, AFTER_DATA_REPORT)
                     report_started = True
                 out = stage_path(run, entry.name, config)
                 options: dict[str, Any] = {"result_storage": record_dir(run, entry.name, config), "retries": config.task_retries,
@@ -300,7 +300,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": manifest.counts,
                                               "state": state.name})  # "Cached": Prefect found the stage's contract key
             if not report_started:
-                artifacts.submit(publish_data_report, run)
+                artifacts.submit(publish_data_report, run, AFTER_DATA_REPORT)
     finally:
         SHARD_RUNNER.reset(shard_runner)
         PARALLELISM.reset(parallelism)
