@@ -40,3 +40,25 @@ def test_the_page_is_rebuilt_only_when_what_it_shows_changed(tmp_path: Path, tin
 
     (run / REPORT_FILE).unlink()
     assert publish_data_report(run) == page and page.exists() and len(gathered) == 4
+
+
+def test_the_funnel_picture_is_drawn_once_for_the_runs_funnel(tmp_path: Path, tiny_run: Path, monkeypatch) -> None:
+    from flows import artifacts
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    drawn = []
+    real = artifacts.funnel_png
+    monkeypatch.setattr(artifacts, "funnel_png", lambda where, path: drawn.append(path) or real(where, path))
+    picture = artifacts.draw_funnel(run)
+    first = picture.read_bytes()
+    assert artifacts.draw_funnel(run) == picture and len(drawn) == 1 and picture.read_bytes() == first  # kept
+
+    manifest_path = next(run.glob("*_split")) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest["counts"]["routed"] = {"held_out": manifest["counts"]["routed"].get("held_out", 0) + 1}  # another funnel row
+    manifest_path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    artifacts.draw_funnel(run)
+    picture.unlink()
+    artifacts.draw_funnel(run)
+    assert len(drawn) == 3 and picture.exists()
