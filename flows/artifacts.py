@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import inspect
 import io
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -184,8 +185,26 @@ def file_link(run: Path, path: Path) -> str:
     return f"[{Path(path).resolve().relative_to(Path(run).resolve()).as_posix()}]({Path(path).resolve().as_uri()})"
 
 
+FUNNEL_KEY = ".funnel.key"  # beside RUN/funnel.png: the funnel rows it was drawn from
+
+
 def draw_funnel(run: Path) -> Path | None:
-    return funnel_png(run, Path(run) / FUNNEL_PICTURE)
+    """RUN/funnel.png, drawn once for the run's funnel: a flow whose stages were all "Cached" keeps the picture
+    (and does not import matplotlib); a changed row, or another drawing code, draws it again."""
+    from manifests.digest import canonical_json, sha256_bytes
+
+    path, key_file = Path(run) / FUNNEL_PICTURE, Path(run) / FUNNEL_KEY
+    key = sha256_bytes(canonical_json({"rows": [r for r in funnel(run) if r["documents"]],
+                                       "code": sha256_bytes(inspect.getsource(funnel_png).encode("utf-8"))}).encode("utf-8"))
+    try:
+        if path.exists() and key_file.read_text(encoding="utf-8") == key:
+            return path
+    except OSError:
+        pass
+    drawn = funnel_png(run, path)
+    if drawn is not None:
+        atomic_write_bytes(key_file, key.encode("utf-8"))  # after the picture: a crash between draws it again
+    return drawn
 
 
 def publish_run_summary(run: Path, extra_images: list[Path] | None = None, drawn: bool = False) -> Path | None:
@@ -212,17 +231,18 @@ def publish_run_summary(run: Path, extra_images: list[Path] | None = None, drawn
     return png
 
 
-def publish_data_report(run: Path) -> Path | None:
-    """The run's data report page (`hymo report RUN`), rewritten when a flow ends and linked from its artifacts;
-    None for a run with no document stage."""
+def publish_data_report(run: Path, after: frozenset[str] = frozenset()) -> Path | None:
+    """The run's data report page (`hymo report RUN`), rewritten when a flow ends with what the run holds changed
+    (flows.data_report_page.refresh_data_report; `after`: the stages the flow builds it beside, which cannot change it)
+    and linked from its artifacts; None for a run with no document stage."""
     from prefect.artifacts import LinkArtifact
 
     from flows.data_report import is_data_run
-    from flows.data_report_page import write_data_report
+    from flows.data_report_page import refresh_data_report
 
     if not is_data_run(Path(run)):
         return None
-    page = write_data_report(run)
+    page, _ = refresh_data_report(run, after)
     LinkArtifact(link=page.resolve().as_uri(), link_text=f"{Path(run).name}/{page.name}", key="hymo-data-report",
                  description="the data report: funnel, each rule's distribution with its threshold and a what-if, near-duplicate "
                              "clusters, search by id or URL (one offline HTML page; `hymo report RUN` rewrites it)").create()

@@ -278,3 +278,37 @@ def write_data_report(run: str | Path, out: str | Path | None = None) -> Path:
     target = Path(out) if out else Path(run) / REPORT_FILE
     atomic_write_bytes(target, render(gather(Path(run))).encode("utf-8"))
     return target
+
+
+PAGE_KEY_FILE = ".report.key"  # beside RUN/report.html: the page_key it was built for
+
+
+def page_key(run: str | Path, after: frozenset[str] = frozenset()) -> str:
+    """What RUN/report.html is a function of: the run's path, every completed stage's manifest (outputs, counts,
+    wall times) but those of the stages in `after` (which the flow builds the page beside, as they cannot change
+    it), which stages are stale, and HyMo's code. Reading it costs the manifests, not the text."""
+    from manifests.digest import canonical_json, sha256_bytes
+    from manifests.run_dir import completed_stages
+    from manifests.staleness import stale_stages
+    from tasks.runner.code_version import code_digest
+
+    run = Path(run).resolve()
+    stages = [[stage_dir.path.name, manifest.to_json()] for stage_dir, manifest in completed_stages(run) if stage_dir.stage not in after]
+    return sha256_bytes(canonical_json({"run": str(run), "code": code_digest(), "stages": stages,
+                                        "stale": [entry.line() for entry in stale_stages(run)]}).encode("utf-8"))
+
+
+def refresh_data_report(run: str | Path, after: frozenset[str] = frozenset()) -> tuple[Path, bool]:
+    """(RUN/report.html, whether it was rebuilt): built once for what the run holds. A flow whose stages were all
+    "Cached" (a no-op rerun) leaves the page as it is, instead of reading the run's text again; any stage that
+    published since (but those in `after`, see page_key), a stale stage, or other code rebuilds it."""
+    target = Path(run) / REPORT_FILE
+    key = page_key(run, after)
+    try:
+        if target.exists() and (Path(run) / PAGE_KEY_FILE).read_text(encoding="utf-8") == key:
+            return target, False
+    except OSError:
+        pass
+    write_data_report(run)
+    atomic_write_bytes(Path(run) / PAGE_KEY_FILE, key.encode("utf-8"))  # after the page: a crash between leaves a rebuild
+    return target, True

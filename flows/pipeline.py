@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from contextvars import ContextVar
 from enum import Enum
@@ -27,7 +28,7 @@ from prefect.futures import as_completed
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
 from tasks.runner.shared_paths import check_shared_paths
-from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, on_dask_cluster, plan_stage, publish_plan, start_worker
+from tasks.runner.stage_runner import PROGRESS_SINK, cluster_workers, default_workers, lend_pool, on_dask_cluster, plan_stage, publish_plan, start_worker
 from tasks.runner.worker_threads import PARALLELISM, parallelism_record, worker_choice, worker_environment
 
 from flows.artifacts import BackgroundPublisher, draw_funnel, made_line, publish_data_report, publish_run_summary, publish_stage_artifacts
@@ -223,6 +224,14 @@ def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out
     return publish_plan(planned, results)
 
 
+def lend_runner_pool(task_runner: Any, workers: int):
+    """The process runner's pool also runs the stages' own maps (ingest's reads, the global passes' per-shard work):
+    one set of warm workers per run instead of a second pool that starts and imports again; nothing where the
+    runner holds no process pool."""
+    executor = getattr(task_runner, "_executor", None)
+    return lend_pool(workers, executor) if isinstance(executor, ProcessPoolExecutor) else nullcontext()
+
+
 def export_api_url() -> None:
     """Worker processes (process pool, Dask) must report to the same Prefect API as this flow."""
     from prefect.settings import get_current_settings
@@ -242,17 +251,19 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     entries = stages_between(start, until, config)
     task_runner = make_task_runner(runner, workers, dask_address) if needs_task_runner(entries, runner) else None
     environ_before = dict(os.environ)  # a local Dask cluster's nannies write their workers' variables here
+    pool_lent = nullcontext()
     if task_runner is not None:
         start_task_runner(task_runner, runner, workers, dask_address)
         if runner == Runner.process:  # the workers start (and import) while the stages before the first batch run
             warm_process_pool(task_runner, workers, stage_modules(entries, config))
+            pool_lent = lend_runner_pool(task_runner, workers)
     shard_runner = SHARD_RUNNER.set((task_runner, workers))
     parallelism = PARALLELISM.set(None)
     try:
         # On Dask, the global passes' per-shard work runs on the cluster too, and batches follow its worker count.
         on_dask = runner == Runner.dask and task_runner is not None
         cluster = on_dask_cluster(task_runner.client) if on_dask else nullcontext()
-        with cluster, BackgroundPublisher() as artifacts:
+        with cluster, pool_lent, BackgroundPublisher() as artifacts:
             if on_dask:
                 require_api_for_workers(dask_address, None)  # the flow's API, now in the environment
                 check_shared_paths(task_runner.client, run, worker_paths(config))
@@ -268,7 +279,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                     artifacts.submit(draw_funnel, run)  # the funnel is final: draw it while the tokenizer trains, the model too
                     funnel_drawn = True
                 if not report_started and all(e.name in AFTER_DATA_REPORT for e in entries[position:]):
-                    artifacts.submit(publish_data_report, run)
+                    artifacts.submit(publish_data_report, run, AFTER_DATA_REPORT)
                     report_started = True
                 out = stage_path(run, entry.name, config)
                 options: dict[str, Any] = {"result_storage": record_dir(run, entry.name, config), "retries": config.task_retries,
@@ -289,7 +300,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 summary["stages"].append({"stage": entry.name, "dir": str(out), "digest": manifest.digest, "counts": manifest.counts,
                                               "state": state.name})  # "Cached": Prefect found the stage's contract key
             if not report_started:
-                artifacts.submit(publish_data_report, run)
+                artifacts.submit(publish_data_report, run, AFTER_DATA_REPORT)
     finally:
         SHARD_RUNNER.reset(shard_runner)
         PARALLELISM.reset(parallelism)

@@ -18,10 +18,14 @@ def sha256_bytes(payload: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
+    """One buffer of CHUNK bytes a call, filled again and again: what a file's digest holds does not grow with the file
+    (ingest hashes its sources in threads of the flow host)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while read := handle.readinto(buffer):
+            digest.update(view[:read])
     return digest.hexdigest()
 
 

@@ -42,6 +42,7 @@ import os
 import shutil
 import tempfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -58,8 +59,8 @@ from manifests.stage_manifest import StageManifest, StageNotComplete, read_manif
 from tasks.ingest.decoding import BINARY_CONTROL_SHARE, CONTROL_TEXT, SNIFF_BYTES, binary_reason, decode_payload, guessed_spans, strip_controls
 from tasks.ingest.source_fs import InputFileError, RemoteFile, is_url, list_remote, open_content, open_stream, remote_digest
 from tasks.ingest.source_walk import reached_through_link, walk_matching
-from tasks.runner.stage_runner import (StageWriter, default_workers, key_needs_reading, map_shards, published_under, shard_name, stage_cache_key,
-                                       write_shard_files)
+from tasks.runner.stage_runner import (StageWriter, dask_client, default_workers, key_needs_reading, map_shards, progress_bar, published_under,
+                                       shard_name, stage_cache_key, write_shard_files)
 
 STAGE = "ingest"
 VERSION = "1"
@@ -535,6 +536,12 @@ def skipped_link_row(spec: SourceSpec, path: Path, reason: str, target: str) -> 
             "detail": {"file": relative_file(spec, path), "uri": uri, "reason": reason, "target": target}}
 
 
+# (local path, its stat) -> sha256, for this process: the flow's cache-key probe hashes the sources, and the
+# ingest task run that follows reuses those digests instead of reading every source file a second time. An
+# unchanged stat is what the recorded inputs of a published ingest are trusted on too.
+HASHED: dict[tuple[str, str], str] = {}
+
+
 def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | None = None,
                   workers: int = 1) -> tuple[list[dict[str, str]], dict[str, Any], dict[str, int]]:
     """(sha256 of every source file, their stats, remote files hashed later: url -> listing index).
@@ -544,7 +551,7 @@ def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | N
     unread. Other local files are hashed by runner tasks; other remote files are left to the task that
     ingests them, which hashes the same stream (one read per run)."""
     known = recorded_inputs(published) if published is not None else {}
-    listing, stats, jobs, deferred = [], {}, [], {}
+    listing, stats, jobs, deferred, memo_keys = [], {}, [], {}, {}
     for spec, files in plan:
         for path in files:
             entry = {"source": spec.name, "file": relative_uri(spec, path)}
@@ -554,18 +561,38 @@ def input_listing(plan: list[tuple[SourceSpec, list[Path]]], published: Path | N
             recorded_stat, recorded_sha = known.get(name, (None, None))
             if stats[name] is not None and recorded_stat == stats[name]:
                 entry["sha256"] = recorded_sha
+            elif not remote and (hashed := HASHED.get(memo := (str(path), json.dumps(stats[name])))) is not None:
+                entry["sha256"] = hashed
             elif remote and spec.kind != "hf_disk":  # a dataset directory is read by `datasets` itself: hashed apart
                 deferred[path.url] = len(listing)
             else:
+                if not remote:
+                    memo_keys[len(listing)] = memo
                 jobs.append((len(listing), spec, path))
             listing.append(entry)
-    for index, digest in map_shards(indexed_digest, jobs, workers, "ingest digests", [1] * len(jobs)):
+    for index, digest in source_digests(jobs, workers):
         listing[index]["sha256"] = digest
+        if (memo := memo_keys.get(index)) is not None:
+            HASHED[memo] = digest
     return listing, stats, deferred
 
 
 def indexed_digest(index: int, spec: SourceSpec, path: Path | RemoteFile) -> tuple[int, str]:
     return index, input_digest(spec, path)
+
+
+def source_digests(jobs: list[tuple[int, SourceSpec, Path | RemoteFile]], workers: int) -> Iterator[tuple[int, str]]:
+    """(listing index, sha256) of every job, as they finish. On this host, in `workers` threads: hashlib hashes
+    without the GIL, so threads read as fast as pool workers would, and the stage's cache key (which the flow
+    computes before the stage's task run starts) no longer waits for worker processes to start and import. On a
+    Dask cluster its workers read the files, as every other map of the stage."""
+    if dask_client() is not None:
+        yield from map_shards(indexed_digest, jobs, workers, "ingest digests", [1] * len(jobs))
+        return
+    with progress_bar("ingest digests", len(jobs)) as advance, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for future in as_completed([pool.submit(indexed_digest, *job) for job in jobs]):
+            advance(1)
+            yield future.result()
 
 
 def recorded_inputs(stage_dir: Path) -> dict[str, tuple[Any, str]]:

@@ -15,6 +15,9 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
+import os
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +44,11 @@ def module_source(name: str) -> str | None:
 
 def imported_modules(name: str, tree: ast.AST) -> set[str]:
     """Project modules `tree` imports anywhere (top level or inside functions)."""
+    return {m for m in imported_names(name, tree) if module_path(m) is not None and m not in PLUMBING}
+
+
+def imported_names(name: str, tree: ast.AST) -> set[str]:
+    """Every module name `tree` imports anywhere, project module or not (which ones exist is asked each run)."""
     found: set[str] = set()
     package = name.rsplit(".", 1)[0] if "." in name else name
     for node in ast.walk(tree):
@@ -53,14 +61,58 @@ def imported_modules(name: str, tree: ast.AST) -> set[str]:
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)  # `from hymo_core import model`
-    return {m for m in found if module_path(m) is not None and m not in PLUMBING}
+    return found
 
 
 @functools.cache
 def parsed_module(name: str) -> tuple[frozenset[str], str]:
-    """(project modules it imports, sha256 of its syntax tree): each module parsed once per process."""
-    tree = ast.parse(module_source(name) or "")
-    return frozenset(imported_modules(name, tree)), hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+    """(project modules it imports, sha256 of its syntax tree): each module parsed once per process, and once per
+    source text and Python version across processes (TREES): parsing every stage's modules cost a run ~1 s of
+    CPU before its stages' task runs, the same trees every run."""
+    source = module_source(name) or ""
+    key = f"{sys.version_info[0]}.{sys.version_info[1]}:{name}:{hashlib.sha256(source.encode()).hexdigest()}"
+    trees = known_trees()
+    if key not in trees:
+        tree = ast.parse(source)
+        trees[key] = [sorted(imported_names(name, tree)), hashlib.sha256(ast.dump(tree).encode()).hexdigest()]
+        NEW_TREES.add(key)
+    names, digest = trees[key]
+    return frozenset(m for m in names if module_path(m) is not None and m not in PLUMBING), digest
+
+
+def trees_file() -> Path:
+    """$XDG_CACHE_HOME/hymo/rule-trees.json (~/.cache when unset): (Python version, module, source sha256) ->
+    (the names it imports, its syntax tree's sha256). Only a cache: unreadable or absent, trees are parsed again."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hymo" / "rule-trees.json"
+
+
+TREES: dict[str, list] = {}
+NEW_TREES: set[str] = set()
+
+
+def known_trees() -> dict[str, list]:
+    if not TREES and not NEW_TREES:
+        try:
+            TREES.update(json.loads(trees_file().read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            pass
+    return TREES
+
+
+def save_trees() -> None:
+    """Write the trees parsed by this process, with those of the current sources only (old ones are dropped)."""
+    if not NEW_TREES:
+        return
+    from manifests.atomic import atomic_write_text
+
+    fresh = {key.rsplit(":", 1)[0] for key in NEW_TREES}  # "3.11:tasks.filters.c4": parsed now from its current source
+    current = {key: value for key, value in TREES.items() if key in NEW_TREES or key.rsplit(":", 1)[0] not in fresh}
+    try:
+        trees_file().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(trees_file(), json.dumps(current, sort_keys=True))
+    except OSError:
+        return
+    NEW_TREES.clear()
 
 
 def stage_module(stage: str) -> str | None:
@@ -98,4 +150,5 @@ def rule_digest(stage: str) -> str:
     digest = hashlib.sha256()
     for name in modules:
         digest.update(f"{name}\0{parsed_module(name)[1]}\0".encode())
+    save_trees()
     return digest.hexdigest()

@@ -186,7 +186,7 @@ def test_two_runs_started_at_once_on_one_directory(tmp_path: Path, prefect_harne
     assert results[winner]["prefect"] and not results[loser]["prefect"]  # refused before Prefect was imported
     refusal = outputs[loser][1].strip().splitlines()
     assert len(refusal) == 1 and refusal[0].startswith("hymo: ") and f"in use by pid {runs[winner].pid} " in refusal[0]
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "01_ingest", "config.json", "funnel.png", "report.html"]  # one run's, no work dir
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".funnel.key", ".lock", ".report.key", "01_ingest", "config.json", "funnel.png", "report.html"]  # one run's, no work dir
     assert read_manifest(tmp_path / "run" / "01_ingest").counts["kept"] == 5
 
 

@@ -72,3 +72,32 @@ def test_changed_rule_recomputes_its_stage_and_what_follows(upstream, tmp_path: 
     run_pii(PiiConfig(), ingest, tmp_path / "pii", workers=1)
     run_split(SplitConfig(validation_fraction=0.25), tmp_path / "pii", tmp_path / "split", workers=1)
     assert stamp(tmp_path / "pii")[0] != pii_0[0] and stamp(tmp_path / "split")[0] != split_1[0]
+
+
+def test_a_later_process_takes_the_trees_from_the_cache_and_gets_the_same_digest(tmp_path: Path, monkeypatch, edited_sources) -> None:
+    """Issue 57: parsing every stage's modules cost a run ~1 s before its stages' task runs. A new process (its
+    in-memory caches empty) reads the trees of unchanged sources from $XDG_CACHE_HOME/hymo/rule-trees.json; an
+    edited source is parsed again and changes the digest as before."""
+    import ast
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    parsed: list[int] = []
+    real_parse = ast.parse
+    monkeypatch.setattr(rules.ast, "parse", lambda source, *a, **k: parsed.append(1) or real_parse(source, *a, **k))
+
+    def new_process() -> None:
+        rules.parsed_module.cache_clear()
+        rules.rule_digest.cache_clear()
+        rules.TREES.clear()
+        rules.NEW_TREES.clear()
+
+    new_process()
+    first = rules.rule_digest("quality")
+    assert parsed and (tmp_path / "hymo" / "rule-trees.json").exists()
+    parsed.clear()
+    new_process()
+    assert rules.rule_digest("quality") == first and not parsed  # no module parsed again
+
+    edited_sources("tasks.filters.c4", "\nEDITED = 1\n")
+    new_process()
+    assert rules.rule_digest("quality") != first and len(parsed) == 1  # only the edited module
