@@ -72,11 +72,13 @@ def previous_hymo_walls(title: str) -> tuple[str, dict[str, str]]:
     end = text.find("\n## ", start + 1)
     section = text[start: end if end != -1 else len(text)]
     stamp = re.search(r"Measured (\S+) on commit (\w+),.*?load average ([\d.]+)", section)
-    walls = {}
+    walls, column = {}, 1
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) >= 2 and cells[0] not in ("stage", "tool") and not cells[0].startswith("---"):
-            walls.setdefault(cells[0], cells[1])
+        if line.startswith("| ") and cells[0] == "stage":  # that table has a previous column of its own: its run's is "HyMo wall s"
+            column = cells.index("HyMo wall s") if "HyMo wall s" in cells else 1
+        elif line.startswith("| ") and len(cells) > column and cells[0] != "tool" and not cells[0].startswith("---"):
+            walls.setdefault(cells[0], cells[column])
     return (f"{stamp.group(2)}, {stamp.group(1)}, load {stamp.group(3)}" if stamp else "the previous run"), walls
 
 
