@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from contextvars import ContextVar
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.context import TaskRunContext
@@ -183,42 +183,6 @@ def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
     return ProcessPoolTaskRunner(max_workers=workers, initializer=start_worker, initargs=(os.getpid(), env))
 
 
-# A process runner `hymo run` entered before its flow run began (process_runner_started_early), for the flow to take.
-EARLY_RUNNERS: list[tuple[int, Any]] = []
-
-
-@contextmanager
-def process_runner_started_early(config: PipelineConfig, until: str | None) -> Iterator[None]:
-    """The process runner's workers spawned and warming while Prefect creates the flow run (0.5-1 s of the flow host
-    waiting on the API, a core left free), instead of from the flow's first stage, whose maps then waited for their
-    imports. The flow's run_stages takes this runner when its worker count agrees; one it did not take (the flow
-    failed first, or needed none) is shut down here."""
-    workers = config.workers or default_workers()
-    entries = stages_between(None, until, config)
-    if not needs_task_runner(entries, Runner.process):
-        yield
-        return
-    task_runner = make_task_runner(Runner.process, workers, None)
-    task_runner.__enter__()
-    warm_process_pool(task_runner, workers, stage_modules(entries, config))
-    EARLY_RUNNERS.append((workers, task_runner))
-    try:
-        yield
-    finally:
-        if (workers, task_runner) in EARLY_RUNNERS:
-            EARLY_RUNNERS.remove((workers, task_runner))
-            task_runner.__exit__(None, None, None)
-
-
-def take_early_runner(workers: int) -> Any | None:
-    """The runner process_runner_started_early entered for `workers` workers, now the caller's to exit; None if none."""
-    for position, (count, task_runner) in enumerate(EARLY_RUNNERS):
-        if count == workers:
-            del EARLY_RUNNERS[position]
-            return task_runner
-    return None
-
-
 def start_task_runner(task_runner, runner: Runner, workers: int, dask_address: str | None) -> None:
     """Enter the runner; a local Dask cluster's nannies spawn their workers with the policy's threads. A nanny also
     writes those pre-spawn variables into this process's os.environ, where the training stage on this host would
@@ -285,16 +249,13 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
     funnel_drawn = False
     entries = stages_between(start, until, config)
-    early = take_early_runner(workers) if runner == Runner.process else None
-    task_runner = early or (make_task_runner(runner, workers, dask_address) if needs_task_runner(entries, runner) else None)
+    task_runner = make_task_runner(runner, workers, dask_address) if needs_task_runner(entries, runner) else None
     environ_before = dict(os.environ)  # a local Dask cluster's nannies write their workers' variables here
     pool_lent = nullcontext()
     if task_runner is not None:
-        if early is None:
-            start_task_runner(task_runner, runner, workers, dask_address)
+        start_task_runner(task_runner, runner, workers, dask_address)
         if runner == Runner.process:  # the workers start (and import) while the stages before the first batch run
-            if early is None:
-                warm_process_pool(task_runner, workers, stage_modules(entries, config))
+            warm_process_pool(task_runner, workers, stage_modules(entries, config))
             pool_lent = lend_runner_pool(task_runner, workers)
     shard_runner = SHARD_RUNNER.set((task_runner, workers))
     parallelism = PARALLELISM.set(None)

@@ -11,11 +11,9 @@ DEFAULT_RUN = "$HYMO_HOME/runs/sample"  # HYMO_HOME: the current directory when 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from contextlib import nullcontext
-
     from flows.cluster import require_api_for_workers
     from flows.config import default_run, load_config
-    from flows.pipeline import Runner, hymo_pipeline, process_runner_started_early
+    from flows.pipeline import Runner, hymo_pipeline
     from flows.server import prefect_api
 
     require_api_for_workers(args.dask_address if args.runner == "dask" else None, args.api_url)  # before a server is started
@@ -23,7 +21,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.workers:
         config = config.model_copy(update={"workers": args.workers})
     out = Path(args.out).resolve() if args.out else default_run()
-    with prefect_api(args.api_url), (process_runner_started_early(config, args.until) if args.runner == "process" else nullcontext()):
+    with prefect_api(args.api_url):
         hymo_pipeline(config=config, out=str(out), until=args.until, runner=Runner(args.runner), dask_address=args.dask_address,
                       change_stages=args.change_stages)
     print_funnel(out)
