@@ -75,6 +75,11 @@ def extraction_pool(config: ExtractConfig, workers: int) -> SupervisedPool:
     return SupervisedPool(extract_page, config.timeout_s, warmup=page_job(WARMUP_PAGE, "https://example.org/warm-up", config), workers=workers)
 
 
+def holds_html_meta(meta: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether some document of this meta column may be an HTML page (never a false "no": a page's meta holds HTML_META)."""
+    return len(meta) > 0 and bool(pc.any(pc.match_substring(meta, HTML_META)).as_py())
+
+
 def mojibake_row(doc_id: str, text: str, repaired: str) -> dict[str, Any]:
     changed = sum(a != b for a, b in zip(text, repaired)) + abs(len(repaired) - len(text))
     return {"id": doc_id, "action": "modified", "rule": "mojibake_repaired", "value": changed,
@@ -99,18 +104,19 @@ def repair_text_shard(docs: pa.Table, config: ExtractConfig) -> ShardOutcome:
         if repaired != before:
             audit.append(mojibake_row(doc_id, before, repaired))
             repairs[index] = repaired
-    if repairs:
-        texts = text.to_pylist()
-        for index, repaired in repairs.items():
-            texts[index] = repaired
-        docs = docs.set_column(docs.schema.get_field_index("text"), docs.schema.field("text"), pa.array(texts, docs.schema.field("text").type))
+    if repairs:  # only the repaired texts are swapped in: the shard's other texts never become Python strings
+        mask = np.zeros(len(docs), dtype=bool)
+        mask[list(repairs)] = True
+        field = docs.schema.field("text")
+        swapped = pc.replace_with_mask(text.combine_chunks(), pa.array(mask), pa.array(list(repairs.values()), field.type))
+        docs = docs.set_column(docs.schema.get_field_index("text"), field, swapped)
     return ShardOutcome(docs, audit)
 
 
 def extract_shard(docs: pa.Table, config: ExtractConfig, context: Any = None, pool: SupervisedPool | None = None,
                   children: int | None = None) -> ShardOutcome:
     """One shard; its pages go to `pool` (the stage's children), or to `children` started for this shard alone."""
-    if not pc.any(pc.match_substring(docs.column("meta"), HTML_META)).as_py():
+    if not holds_html_meta(docs.column("meta")):
         return repair_text_shard(docs, config)
     rows = docs.to_pylist()
     audit: list[dict[str, Any]] = []
@@ -175,7 +181,7 @@ def any_html(input_dir: Path) -> bool:
     manifest = read_manifest(Path(input_dir), verify=False)
     for data in manifest.files("data"):
         meta = pq.read_table(manifest.path_of(data), columns=["meta"]).column("meta")
-        if len(meta) and pc.any(pc.match_substring(meta, HTML_META)).as_py():
+        if holds_html_meta(meta):
             return True
     return False
 
