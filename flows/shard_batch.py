@@ -14,5 +14,7 @@ from tasks.runner.stage_runner import run_shard_jobs
 
 
 @task(task_run_name="{name}-shards-{first}", cache_policy=NO_CACHE)
-def shard_batch(name: str, first: str, jobs: list[tuple]) -> list:
-    return run_shard_jobs(jobs)
+def shard_batch(name: str, first: str, jobs: list[tuple], pool_workers: int = 1) -> list:
+    """`pool_workers`: the worker count of a process pool lent to this process (tasks/runner/stage_runner.lend_pool),
+    on which the jobs then run; where none is lent, they run here."""
+    return run_shard_jobs(jobs, pool_workers)

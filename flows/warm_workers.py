@@ -1,10 +1,10 @@
 """Start the process runner's workers while the flow host still works on the stages before the first shard batch.
 
-A spawned worker pays its interpreter start and the imports of Prefect's task engine and of the stage modules
+A spawned worker pays its interpreter start and the imports of the stage plumbing and of the stage modules
 (pyarrow, numpy, fastText, ...) before it runs anything: seconds, paid by the first document stage (langid)
 in full while ingest and extraction leave a core free. Submitting one warm-up call per worker as soon as the
 task runner is entered spreads that cost over those stages instead. The call goes to the runner's own process
-pool, so the workers it starts are the ones that run the shard batches.
+pool, so the workers it starts are the ones that run the shard jobs.
 """
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Iterable
 
-# What every shard batch needs before its own stage module: the task engine and the stage plumbing.
-ENGINE_MODULES = ("prefect.task_engine", "prefect.client.orchestration", "flows.shard_batch")
+# What every shard job needs before its own stage module: the stage plumbing. Not Prefect's task engine: a shard batch
+# is a task run in a thread of the flow, which sends the batch's shards to these workers as plain calls.
+ENGINE_MODULES = ("tasks.runner.stage_runner",)
 
 
 def import_modules(modules: tuple[str, ...]) -> int:
-    """Runs in a fresh worker: import what its first shard batch would (the pid tells which worker ran it)."""
+    """Runs in a fresh worker: import what its first shard job would (the pid tells which worker ran it)."""
     for name in modules:
         importlib.import_module(name)
     return os.getpid()

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, is_dataclass
 from multiprocessing import get_context
@@ -472,12 +472,18 @@ def map_shards_uncounted(fn: Callable[..., ShardResult], jobs: list[tuple], work
                 advance(futures[future])
                 yield result
         except BaseException:
-            for future in futures:
-                future.cancel()
-            if isinstance(sys.exc_info()[1], BrokenProcessPool):
-                _POOLS.pop(workers, None)
-                _LENT.pop(workers, None)  # a broken lent pool: the next map starts a pool of its own
+            abandon_pool_calls(futures, workers)
             raise
+
+
+def abandon_pool_calls(futures: Iterable[Future], workers: int) -> None:
+    """On a failed call: cancel the calls not started; a broken pool is forgotten, lent or not, so the next map
+    starts a pool of its own (call from the `except` block: it looks at the exception being handled)."""
+    for future in futures:
+        future.cancel()
+    if isinstance(sys.exc_info()[1], BrokenProcessPool):
+        _POOLS.pop(workers, None)
+        _LENT.pop(workers, None)
 
 
 def map_on_dask(client: Any, fn: Callable[..., Any], jobs: list[tuple], label: str, sizes: list[int]) -> Iterable[Any]:
@@ -667,9 +673,18 @@ def context_for_shard(context: Any, shard: str) -> Any:
     return context.for_shard(shard) if hasattr(context, "for_shard") else context
 
 
-def run_shard_jobs(jobs: list[tuple]) -> list[ShardResult]:
-    """A batch of shard jobs, one after another, in this process (the unit a task runner maps)."""
-    return [_run_one_shard(*job) for job in jobs]
+def run_shard_jobs(jobs: list[tuple], pool_workers: int = 1) -> list[ShardResult]:
+    """A batch of shard jobs (the unit a task runner maps), results in job order: as calls on the process pool lent
+    for `pool_workers` workers when there is one (a flow's thread-run batch), else one after another in this process."""
+    pool = _LENT.get(pool_workers) if pool_workers > 1 else None
+    if pool is None:
+        return [_run_one_shard(*job) for job in jobs]
+    futures = [pool.submit(_run_one_shard, *job) for job in jobs]
+    try:
+        return [future.result() for future in futures]
+    except BaseException:
+        abandon_pool_calls(futures, pool_workers)
+        raise
 
 
 def publish_plan(plan: StagePlan, results: Iterable[ShardResult]) -> StageManifest:

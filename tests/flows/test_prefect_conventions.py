@@ -12,7 +12,8 @@ import pytest
 from flows.config import load_config
 from flows.pipeline import hymo_pipeline
 from flows.stage_flow import hymo_stage
-from flows.stages import pipeline_stages, stage_path
+from flows.stages import pipeline_stages, previous_stage_path, stage_path
+from manifests.stage_manifest import read_manifest
 from prefect_runs import task_runs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -48,12 +49,36 @@ def names(tiny_config: Path) -> list[str]:
     return [entry.name for entry in pipeline_stages(load_config(str(tiny_config)))]
 
 
+# What the first run sent to the process runner's pool: Prefect task runs, and shard jobs as plain calls.
+FIRST_RUN_SUBMITS: dict[str, int] = {}
+
+
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory, tiny_config: Path, monkeypatch_module) -> tuple[Path, object]:
+    from concurrent.futures import ProcessPoolExecutor
+
+    from prefect.task_runners import ProcessPoolTaskRunner
+
+    from tasks.runner.stage_runner import _run_one_shard
+
+    calls = {"task runs": 0, "shard jobs": 0}
+    submit_task_run, submit_call = ProcessPoolTaskRunner.submit, ProcessPoolExecutor.submit
+
+    def count_task_run(self, *args, **kwargs):
+        calls["task runs"] += 1
+        return submit_task_run(self, *args, **kwargs)
+
+    def count_call(self, fn, *args, **kwargs):
+        calls["shard jobs"] += fn is _run_one_shard
+        return submit_call(self, fn, *args, **kwargs)
+
+    monkeypatch_module.setattr(ProcessPoolTaskRunner, "submit", count_task_run)
+    monkeypatch_module.setattr(ProcessPoolExecutor, "submit", count_call)
     monkeypatch_module.setenv("HYMO_PROGRESS_AFTER_S", "0")  # every stage shows progress, however short
     run = tmp_path_factory.mktemp("conventions") / "run"
     state = hymo_pipeline(config=load_config(str(tiny_config)), out=str(run), return_state=True)
     assert state.is_completed()
+    FIRST_RUN_SUBMITS.update(calls)
     return run, state.state_details.flow_run_id
 
 
@@ -76,6 +101,19 @@ def test_stages_form_a_chain_with_shard_batches_nested_under_their_stage(first_r
     for batch in batches:
         parents = {i.id for i in batch.task_inputs.get("__parents__", [])}
         assert parents == {stages[batch.name.split("-shards-")[0]].id}, batch.name
+
+
+def test_shard_batches_are_task_runs_of_the_flow_whose_shards_run_as_calls_on_the_worker_pool(first_run, tiny_config: Path,
+                                                                                             names: list[str]) -> None:
+    """A batch submitted to the process pool as a Prefect task run carries the whole run context there (serialized
+    here, validated again in the worker, a client of its own): 0.1-0.3 s of every document stage on a small corpus."""
+    run, _ = first_run
+    config = load_config(str(tiny_config))
+    doc_stages = [entry.name for entry in pipeline_stages(config) if entry.doc_stage is not None]
+    shards = {name: len(read_manifest(previous_stage_path(run, name, config), verify=False).files("data")) for name in doc_stages + ["extract"]}
+    assert len(doc_stages) >= 7 and min(shards.values()) >= 2
+    # Every document stage's input shards, and extract's (it maps its shards on the same pool from its own run).
+    assert FIRST_RUN_SUBMITS == {"task runs": 0, "shard jobs": sum(shards.values())}
 
 
 def test_second_run_is_cached_by_prefect_and_runs_no_shard_batch(first_run, tiny_config: Path, names: list[str]) -> None:
