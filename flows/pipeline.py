@@ -90,8 +90,9 @@ def forget_stage(run: Path, stage: str, config: PipelineConfig | None = None) ->
     (stage_path(run, stage, config) / "manifest.json").unlink(missing_ok=True)
 
 
-# (task runner, workers) the document stages map their shard batches over; set by the flow for its stages.
-SHARD_RUNNER: ContextVar[tuple[Any, int] | None] = ContextVar("hymo_shard_runner", default=None)
+# (task runner, workers, pool workers) the document stages map their shard batches over; set by the flow for its
+# stages. Pool workers above 1: a batch sends its shard jobs to this process's worker pool of that many workers.
+SHARD_RUNNER: ContextVar[tuple[Any, int, int] | None] = ContextVar("hymo_shard_runner", default=None)
 
 
 @task(task_run_name="{name}", cache_policy=STAGE_CONTRACT, result_serializer="json")
@@ -203,7 +204,7 @@ def restore_environ(environ: dict[str, str]) -> None:
         os.environ.update(environ)
 
 
-def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out: Path, task_runner, workers: int,
+def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out: Path, task_runner, workers: int, pool_workers: int,
                   progress: StageProgress) -> StageManifest:
     """Global pass here, then the shard batches as task runs nested under this stage's run, then publish."""
     stage, stage_config = entry.doc_stage(config)
@@ -213,7 +214,7 @@ def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out
     get_run_logger().info("%s: %d shards to process", entry.name, len(planned.jobs))
     groups = batches(planned.jobs, planned.sizes, batch_count(sum(planned.sizes), workers))
     try:
-        futures = [task_runner.submit(shard_batch, {"name": entry.name, "first": group[0][4], "jobs": group, "pool_workers": workers})
+        futures = [task_runner.submit(shard_batch, {"name": entry.name, "first": group[0][4], "jobs": group, "pool_workers": pool_workers})
                    for group in groups]
         results = []
         for done, future in enumerate(as_completed(futures), start=1):
@@ -225,18 +226,19 @@ def run_doc_stage(entry: StageEntry, config: PipelineConfig, previous: Path, out
     return publish_plan(planned, results)
 
 
-def batch_task_runner(task_runner: Any, runner: Runner, workers: int) -> Any:
-    """Where a document stage's shard batches become task runs. On the process runner: threads of this flow, each
-    batch's shard jobs sent to the runner's (lent) process pool as plain calls. A batch submitted to the process pool
+def batch_task_runner(task_runner: Any, runner: Runner, workers: int) -> tuple[Any, int]:
+    """Where a document stage's shard batches become task runs, and the worker count of the pool their shard jobs go
+    to (1: they run where the batch runs). On the process runner: threads of this flow, each batch's shard jobs sent
+    to this process's worker pool (the runner's, lent; a fresh one after a worker died) as plain calls. A batch submitted to the process pool
     as a Prefect task run carries the whole run context (every Prefect setting: ~20 ms to serialize here, ~30 ms to
     validate again there, plus a client of its own), 0.1-0.3 s of every stage on a small corpus; a thread's task run
     shares this process's context. The batches stay task runs nested under their stage, and their shards run in the
     same warm workers. Elsewhere: the runner itself (Dask's workers need the context; threads have it)."""
     if runner != Runner.process or task_runner is None:
-        return task_runner
+        return task_runner, 1
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    return ThreadPoolTaskRunner(max_workers=workers).__enter__()
+    return ThreadPoolTaskRunner(max_workers=workers).__enter__(), workers
 
 
 def lend_runner_pool(task_runner: Any, workers: int):
@@ -272,8 +274,8 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
         if runner == Runner.process:  # the workers start (and import) while the stages before the first batch run
             warm_process_pool(task_runner, workers, stage_modules(entries, config))
             pool_lent = lend_runner_pool(task_runner, workers)
-    batch_runner = batch_task_runner(task_runner, runner, workers)
-    shard_runner = SHARD_RUNNER.set((batch_runner, workers))
+    batch_runner, pool_workers = batch_task_runner(task_runner, runner, workers)
+    shard_runner = SHARD_RUNNER.set((batch_runner, workers, pool_workers))
     parallelism = PARALLELISM.set(None)
     try:
         # On Dask, the global passes' per-shard work runs on the cluster too, and batches follow its worker count.
@@ -284,7 +286,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 require_api_for_workers(dask_address, None)  # the flow's API, now in the environment
                 check_shared_paths(task_runner.client, run, worker_paths(config))
                 workers = cluster_workers(task_runner.client)
-                SHARD_RUNNER.set((task_runner, workers))  # the finally's reset still restores the value before run_stages
+                SHARD_RUNNER.set((task_runner, workers, 1))  # the finally's reset still restores the value before run_stages
             remote = on_dask and bool(dask_address)
             PARALLELISM.set(parallelism_record(runner.value, workers, None if remote else worker_choice(workers, environ_before)))
             previous_state = None

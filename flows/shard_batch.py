@@ -15,6 +15,6 @@ from tasks.runner.stage_runner import run_shard_jobs
 
 @task(task_run_name="{name}-shards-{first}", cache_policy=NO_CACHE)
 def shard_batch(name: str, first: str, jobs: list[tuple], pool_workers: int = 1) -> list:
-    """`pool_workers`: the worker count of a process pool lent to this process (tasks/runner/stage_runner.lend_pool),
-    on which the jobs then run; where none is lent, they run here."""
+    """`pool_workers` above 1: the jobs run on this process's worker pool of that many workers (the flow's, on the
+    process runner); 1: they run here, one after another (a Dask worker, the thread runner)."""
     return run_shard_jobs(jobs, pool_workers)

@@ -464,9 +464,10 @@ def map_shards_uncounted(fn: Callable[..., ShardResult], jobs: list[tuple], work
                 advance(size)
                 yield result
             return
-        pool = worker_pool(workers)
-        futures = {pool.submit(fn, *job): size for job, size in zip(jobs, sizes)}
-        try:
+        pool, futures = worker_pool(workers), {}
+        try:  # a pool that broke while idle refuses the first submit: it is forgotten all the same
+            for job, size in zip(jobs, sizes):
+                futures[pool.submit(fn, *job)] = size
             for future in as_completed(futures):
                 result = future.result()
                 advance(futures[future])
@@ -674,13 +675,15 @@ def context_for_shard(context: Any, shard: str) -> Any:
 
 
 def run_shard_jobs(jobs: list[tuple], pool_workers: int = 1) -> list[ShardResult]:
-    """A batch of shard jobs (the unit a task runner maps), results in job order: as calls on the process pool lent
-    for `pool_workers` workers when there is one (a flow's thread-run batch), else one after another in this process."""
-    pool = _LENT.get(pool_workers) if pool_workers > 1 else None
-    if pool is None:
+    """A batch of shard jobs (the unit a task runner maps), results in job order: with `pool_workers` above 1 as calls
+    on this process's pool of that many workers (the lent one, or a fresh one once a worker died: worker_pool), else
+    one after another in this process."""
+    if pool_workers <= 1:
         return [_run_one_shard(*job) for job in jobs]
-    futures = [pool.submit(_run_one_shard, *job) for job in jobs]
+    pool, futures = worker_pool(pool_workers), []
     try:
+        for job in jobs:
+            futures.append(pool.submit(_run_one_shard, *job))
         return [future.result() for future in futures]
     except BaseException:
         abandon_pool_calls(futures, pool_workers)

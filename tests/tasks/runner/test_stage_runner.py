@@ -172,3 +172,65 @@ def test_host_traffic_counts_jobs_and_results_of_every_map():
 
 def _double(value: int) -> int:
     return 2 * value
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def lent_pool_with_a_dead_worker():
+    """A 2-worker pool of the flow's kind, both workers started, one of them SIGKILLed while idle."""
+    import signal
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from tasks.runner.worker_threads import worker_choice, worker_environment
+
+    pool = ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn"), initializer=stage_runner.start_worker,
+                               initargs=(os.getpid(), worker_environment(worker_choice(2))))
+    for future in [pool.submit(_pid) for _ in range(2)]:
+        future.result(timeout=120)
+    os.kill(next(iter(pool._processes)), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not pool._broken and time.monotonic() < deadline:  # the pool's manager thread sees the death, while idle
+        time.sleep(0.05)
+    assert pool._broken
+    return pool
+
+
+@pytest.mark.parametrize("path", ["shard batch", "map"])
+def test_after_a_worker_died_the_retry_runs_in_a_fresh_pool_of_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """A worker that dies breaks its pool, lent or not, whether it was busy or idle: the call that meets the broken pool
+    fails with BrokenProcessPool (Prefect retries the stage on it), and the retry's shard jobs and maps go to a fresh
+    pool of worker processes, not to the broken one, nor one after another in the flow's process."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from tasks.runner.stage_runner import _run_one_shard, lend_pool, map_shards, plan_stage, run_shard_jobs, shutdown_worker_pools
+
+    upstream = make_input_stage(tmp_path / "01_ingest")
+    plan = plan_stage(DROP, DropOddConfig(), upstream, tmp_path / "02_drop", workers=2)
+    calls: list[object] = []
+    submit = ProcessPoolExecutor.submit
+
+    def counted_submit(self, fn, *args, **kwargs):
+        calls.append((self, fn))
+        return submit(self, fn, *args, **kwargs)
+
+    run = {"shard batch": lambda: [r.shard for r in run_shard_jobs(plan.jobs, 2)],
+           "map": lambda: sorted(map_shards(_double, [(1,), (2,), (3,)], 2, "double", [1, 1, 1]))}[path]
+    expected = {"shard batch": [job[4] for job in plan.jobs], "map": [2, 4, 6]}[path]
+    broken = lent_pool_with_a_dead_worker()
+    try:
+        with lend_pool(2, broken):
+            with pytest.raises(BrokenProcessPool):
+                run()
+            monkeypatch.setattr(ProcessPoolExecutor, "submit", counted_submit)
+            assert run() == expected
+        fresh = {pool for pool, _ in calls}
+        assert len(fresh) == 1 and broken not in fresh and len(calls) == len(expected)
+        assert {fn for _, fn in calls} == {_run_one_shard if path == "shard batch" else _double}
+    finally:
+        broken.shutdown(cancel_futures=True)
+        shutdown_worker_pools()
