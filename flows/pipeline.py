@@ -40,7 +40,7 @@ from flows.run_report import StageProgress
 from flows.shard_batch import shard_batch
 from flows.stage_cache import STAGE_CONTRACT, drop_failure_record, record_dir
 from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_entry, stage_path, stages_between
-from flows.warm_workers import stage_modules, warm_process_pool
+from flows.warm_workers import frozen_heap, stage_modules, warm_process_pool
 
 DOCS_PER_BATCH = 20_000  # a task run costs ~0.1-0.2 s of API round trips; a batch should be worth far more
 MAX_BATCHES_PER_WORKER = 4
@@ -164,9 +164,10 @@ def needs_task_runner(entries: list[StageEntry], runner: Runner) -> bool:
     return any(e.doc_stage for e in entries)
 
 
-def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
+def make_task_runner(runner: Runner, workers: int, dask_address: str | None, modules: tuple[str, ...] = ()):
     """The runner the shard batches go to; a local pool's or cluster's workers start with their share of the cores
-    (tasks/runner/worker_threads.py). A remote Dask cluster's workers keep what their own nannies set."""
+    (tasks/runner/worker_threads.py). A remote Dask cluster's workers keep what their own nannies set. A process
+    pool's workers import `modules` (the stages') as they start, and freeze that heap (stage_runner.start_worker)."""
     if runner == Runner.dask:
         from prefect_dask import DaskTaskRunner
 
@@ -181,7 +182,7 @@ def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
 
     # Its workers start early (warm_process_pool) and must not outlive a SIGKILLed flow process.
     env = worker_environment(worker_choice(workers))
-    return ProcessPoolTaskRunner(max_workers=workers, initializer=start_worker, initargs=(os.getpid(), env))
+    return ProcessPoolTaskRunner(max_workers=workers, initializer=start_worker, initargs=(os.getpid(), env, modules))
 
 
 def start_task_runner(task_runner, runner: Runner, workers: int, dask_address: str | None) -> None:
@@ -266,13 +267,14 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
     funnel_drawn = False
     entries = stages_between(start, until, config)
-    task_runner = make_task_runner(runner, workers, dask_address) if needs_task_runner(entries, runner) else None
+    modules = stage_modules(entries, config) if runner == Runner.process else ()
+    task_runner = make_task_runner(runner, workers, dask_address, modules) if needs_task_runner(entries, runner) else None
     environ_before = dict(os.environ)  # a local Dask cluster's nannies write their workers' variables here
     pool_lent = nullcontext()
     if task_runner is not None:
         start_task_runner(task_runner, runner, workers, dask_address)
         if runner == Runner.process:  # the workers start (and import) while the stages before the first batch run
-            warm_process_pool(task_runner, workers, stage_modules(entries, config))
+            warm_process_pool(task_runner, workers, modules)
             pool_lent = lend_runner_pool(task_runner, workers)
     batch_runner, pool_workers = batch_task_runner(task_runner, runner, workers)
     shard_runner = SHARD_RUNNER.set((batch_runner, workers, pool_workers))
@@ -281,7 +283,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
         # On Dask, the global passes' per-shard work runs on the cluster too, and batches follow its worker count.
         on_dask = runner == Runner.dask and task_runner is not None
         cluster = on_dask_cluster(task_runner.client) if on_dask else nullcontext()
-        with cluster, pool_lent, BackgroundPublisher() as artifacts:
+        with frozen_heap(), cluster, pool_lent, BackgroundPublisher() as artifacts:
             if on_dask:
                 require_api_for_workers(dask_address, None)  # the flow's API, now in the environment
                 check_shared_paths(task_runner.client, run, worker_paths(config))

@@ -1,6 +1,10 @@
 """The process runner's workers are started, with the stage modules imported, before the first shard batch."""
 from __future__ import annotations
 
+import gc
+import sys
+import time
+
 from flows.config import load_config
 from flows.stages import pipeline_stages
 from flows.warm_workers import ENGINE_MODULES, stage_modules, warm_process_pool
@@ -10,6 +14,7 @@ def test_the_document_stages_shard_modules_are_what_a_warm_worker_imports():
     config = load_config()
     modules = stage_modules(pipeline_stages(config), config)
     assert {"tasks.filters.langid", "tasks.filters.quality", "tasks.dedup.removal_map", "tasks.corpus.split"} <= set(modules)
+    assert {"tasks.dedup.exact", "tasks.dedup.fuzzy", "tasks.dedup.decontam"} <= set(modules)  # their global passes' rounds
     assert not any(name.startswith(("hymo_core", "tasks.pretrain")) for name in modules)  # no training core (torch) in a worker
 
 
@@ -29,3 +34,22 @@ def test_a_runner_without_a_process_pool_is_left_alone():
 
     with ThreadPoolTaskRunner(max_workers=2) as runner:
         assert warm_process_pool(runner, 2, ()) == []
+
+
+def heap_of_this_worker(hold_s: float) -> tuple[int, int, int, bool]:
+    """In a pool worker, after holding it `hold_s` (so that two calls take two workers): pid, objects frozen, objects
+    a full collection walks, and whether langid's module is imported."""
+    time.sleep(hold_s)
+    return __import__("os").getpid(), gc.get_freeze_count(), len(gc.get_objects()), "tasks.filters.langid" in sys.modules
+
+
+def test_every_worker_of_the_flows_pool_imports_the_stage_modules_and_freezes_them_as_it_starts():
+    """Both warm-up calls went to the first worker to boot in every try; the other met the stage imports in its first
+    job, and its collector walked them (~0.1 s a full pass, every ~0.7 s of quality)."""
+    from flows.pipeline import Runner, make_task_runner
+
+    with make_task_runner(Runner.process, 2, None, ("tasks.filters.langid",)) as runner:
+        heaps = [future.result(timeout=120) for future in [runner._executor.submit(heap_of_this_worker, 1.0) for _ in range(2)]]
+    assert len({pid for pid, *_ in heaps}) == 2
+    for _, frozen, walked, langid in heaps:
+        assert langid and frozen > 20_000 and walked < frozen / 4, heaps
