@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from tasks.dedup.shingles import SPACELESS, TokenHashCache, tokens
@@ -71,6 +72,22 @@ def xxh64_of_tokens(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -
     for row in np.flatnonzero(lengths >= SHORT_TOKEN).tolist():
         hashes[row] = xxhash.xxh64_intdigest(data[starts[row]: starts[row] + lengths[row]].tobytes())
     return hashes
+
+
+def xxh64_of_packed_tokens(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """`xxh64_of_tokens` of tokens stored back to back (token i is `data[starts[i]:starts[i + 1]]`, the last one up to
+    the end), each distinct token hashed once: text repeats its words (a 2,737-document shard holds 580k tokens and
+    ~20k distinct ones). The tokens are an Arrow binary array over `data` as it is, made distinct by Arrow's hash
+    table (`dictionary_encode`), whose dictionary is hashed and then taken back by index."""
+    offsets = np.empty(len(starts) + 1, np.int64)
+    offsets[:-1], offsets[-1] = starts, len(data)
+    tokens = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    encoded = pc.dictionary_encode(tokens)
+    distinct = encoded.dictionary
+    _, distinct_offsets, distinct_data = distinct.buffers()
+    bounds = np.frombuffer(distinct_offsets, np.int64, count=len(distinct) + 1, offset=8 * distinct.offset)
+    distinct_bytes = np.frombuffer(distinct_data, np.uint8) if distinct_data is not None else np.zeros(0, np.uint8)
+    return xxh64_of_tokens(distinct_bytes, bounds[:-1], np.diff(bounds))[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 @lru_cache(maxsize=1 << 16)
@@ -141,15 +158,15 @@ def byte_rule_tokens(data: np.ndarray, offsets: np.ndarray, skip: np.ndarray, fo
         keep = token_byte.copy()  # a number's bytes after its first are dropped, its first becomes "0"
         keep[1:] &= ~(numeric[1:] & numeric[:-1])
         keep[firsts] = token_byte[firsts]
-        out = data[keep] | np.uint8(0x20)  # lower case; a digit byte already has that bit
+        out = np.compress(keep, data) | np.uint8(0x20)  # lower case; a digit byte already has that bit
         out[out <= ord("9")] = ZERO
     else:
         keep = token_byte
-        out = data[keep] | np.uint8(0x20)
+        out = np.compress(keep, data) | np.uint8(0x20)
     starts_here = token_byte.copy()
     starts_here[1:] &= ~token_byte[:-1]
     starts_here[firsts] = token_byte[firsts]
-    token_starts = np.flatnonzero(starts_here[keep])
+    token_starts = np.flatnonzero(np.compress(keep, starts_here))  # np.compress: ~2.5x a boolean index's speed here
     token_lengths = np.diff(np.append(token_starts, len(out)))
     per_doc = np.diff(np.searchsorted(np.flatnonzero(starts_here), offsets))
     return out, token_starts, token_lengths, per_doc
@@ -159,8 +176,8 @@ def batch_token_hashes(texts: pa.Array, fold_numbers: bool, cache: TokenHashCach
     """(token hashes of every document concatenated in order, tokens per document): `cache[t] for t in tokens(text)` of each."""
     data, offsets = utf8_buffers(texts)
     skip = needs_python(data, offsets)
-    out, starts, lengths, per_doc = byte_rule_tokens(data, offsets, skip, fold_numbers)
-    hashes = xxh64_of_tokens(out, starts, lengths)
+    out, starts, _, per_doc = byte_rule_tokens(data, offsets, skip, fold_numbers)
+    hashes = xxh64_of_packed_tokens(out, starts)
     if not skip.any():
         return hashes, per_doc
     python_docs = np.flatnonzero(skip)

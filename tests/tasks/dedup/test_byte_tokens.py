@@ -9,7 +9,7 @@ import pytest
 import xxhash
 
 from tasks.dedup import byte_tokens
-from tasks.dedup.byte_tokens import batch_token_hashes, needs_python, utf8_buffers, xxh64_of_tokens
+from tasks.dedup.byte_tokens import batch_token_hashes, needs_python, utf8_buffers, xxh64_of_packed_tokens, xxh64_of_tokens
 from tasks.dedup.shingles import TokenHashCache, tokens
 
 EDGES = [
@@ -68,6 +68,16 @@ def test_xxh64_of_tokens_is_xxhash_at_every_length():
     lengths = np.arange(len(starts)) % 70
     hashes = xxh64_of_tokens(data, starts, lengths)
     assert hashes.tolist() == [xxhash.xxh64_intdigest(data[s: s + n].tobytes()) for s, n in zip(starts, lengths)]
+
+
+def test_packed_tokens_hashed_once_per_distinct_token_are_xxhash_of_each():
+    rng = np.random.default_rng(7)
+    vocabulary = [bytes(rng.integers(0, 256, length, dtype=np.uint8)) for length in range(41)] + [b"the", b"cat", b"", b"\x00\x00"]
+    tokens = [vocabulary[i] for i in rng.integers(0, len(vocabulary), 3000)]  # every word many times, every length 0..40
+    data = np.frombuffer(b"".join(tokens), np.uint8)
+    starts = np.cumsum([0] + [len(token) for token in tokens[:-1]])
+    assert xxh64_of_packed_tokens(data, starts).tolist() == [xxhash.xxh64_intdigest(token) for token in tokens]
+    assert xxh64_of_packed_tokens(np.zeros(0, np.uint8), np.zeros(0, np.int64)).tolist() == []
 
 
 def test_only_documents_with_a_non_ascii_letter_or_digit_go_through_python_tokens(monkeypatch):
