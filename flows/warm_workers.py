@@ -8,7 +8,10 @@ pool, so the workers it starts are the ones that run the shard jobs.
 
 The calls start the processes; the flow's runner has each worker import the stage modules in its initializer
 (tasks.runner.stage_runner.start_worker), because the calls need not land on different workers: the first
-worker to boot took both in every try on this machine, and the other met its imports, unfrozen, in its first job.
+worker to boot took both in every try on this machine, and the other met the imports in its first job.
+
+The flow host's own heap (its imports, Prefect's client and settings) is left out of the cyclic collector's
+passes for the run (`frozen_heap`).
 """
 from __future__ import annotations
 
@@ -26,10 +29,9 @@ ENGINE_MODULES = ("tasks.runner.stage_runner",)
 
 def import_modules(modules: tuple[str, ...]) -> int:
     """Runs in a fresh worker: import what its first shard job would (already done where the pool's initializer was
-    given the modules) and freeze it with the start-up heap; the pid tells which worker ran it."""
+    given the modules); the pid tells which worker ran it."""
     for name in modules:
         importlib.import_module(name)
-    gc.freeze()
     return os.getpid()
 
 
