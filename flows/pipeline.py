@@ -164,10 +164,9 @@ def needs_task_runner(entries: list[StageEntry], runner: Runner) -> bool:
     return any(e.doc_stage for e in entries)
 
 
-def make_task_runner(runner: Runner, workers: int, dask_address: str | None, modules: tuple[str, ...] = ()):
+def make_task_runner(runner: Runner, workers: int, dask_address: str | None):
     """The runner the shard batches go to; a local pool's or cluster's workers start with their share of the cores
-    (tasks/runner/worker_threads.py). A remote Dask cluster's workers keep what their own nannies set. A process
-    pool's workers import `modules` (the stages') as they start, and freeze that heap (stage_runner.start_worker)."""
+    (tasks/runner/worker_threads.py). A remote Dask cluster's workers keep what their own nannies set."""
     if runner == Runner.dask:
         from prefect_dask import DaskTaskRunner
 
@@ -182,7 +181,7 @@ def make_task_runner(runner: Runner, workers: int, dask_address: str | None, mod
 
     # Its workers start early (warm_process_pool) and must not outlive a SIGKILLed flow process.
     env = worker_environment(worker_choice(workers))
-    return ProcessPoolTaskRunner(max_workers=workers, initializer=start_worker, initargs=(os.getpid(), env, modules))
+    return ProcessPoolTaskRunner(max_workers=workers, initializer=start_worker, initargs=(os.getpid(), env))
 
 
 def start_task_runner(task_runner, runner: Runner, workers: int, dask_address: str | None) -> None:
@@ -267,14 +266,13 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
     summary: dict[str, Any] = {"run": str(run.resolve()), "stages": []}
     funnel_drawn = False
     entries = stages_between(start, until, config)
-    modules = stage_modules(entries, config) if runner == Runner.process else ()
-    task_runner = make_task_runner(runner, workers, dask_address, modules) if needs_task_runner(entries, runner) else None
+    task_runner = make_task_runner(runner, workers, dask_address) if needs_task_runner(entries, runner) else None
     environ_before = dict(os.environ)  # a local Dask cluster's nannies write their workers' variables here
     pool_lent = nullcontext()
     if task_runner is not None:
         start_task_runner(task_runner, runner, workers, dask_address)
         if runner == Runner.process:  # the workers start (and import) while the stages before the first batch run
-            warm_process_pool(task_runner, workers, modules)
+            warm_process_pool(task_runner, workers, stage_modules(entries, config))
             pool_lent = lend_runner_pool(task_runner, workers)
     batch_runner, pool_workers = batch_task_runner(task_runner, runner, workers)
     shard_runner = SHARD_RUNNER.set((batch_runner, workers, pool_workers))

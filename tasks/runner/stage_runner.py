@@ -14,7 +14,6 @@ Stages contain only their logic (`process_shard`, optionally a global
 from __future__ import annotations
 
 import atexit
-import importlib
 import inspect
 import json
 import os
@@ -370,23 +369,12 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     return _POOLS[workers]
 
 
-def start_worker(parent_pid: int, env: dict[str, str], modules: tuple[str, ...] = ()) -> None:
-    """A pool worker's initializer: its share of the cores (worker_threads), an exit when its parent is gone, an
-    exit without the interpreter's teardown when its pool shuts it down, and `modules` imported (the stages'
-    modules: in every worker of the pool, not only whichever took a warm-up call). A module that fails to import
-    here is left to the job that needs it, which fails with that module's own error rather than a broken pool.
-
-    The start-up heap is not frozen out of the collector (`gc.freeze`): that saved the full passes over it (~0.1 s
-    each, every ~0.7 s of quality), but every call then took ~13 ms longer to come back, about 0.4 s over the ~70
-    small calls of dedup's global passes."""
+def start_worker(parent_pid: int, env: dict[str, str]) -> None:
+    """A pool worker's initializer: its share of the cores (worker_threads), an exit when its parent is gone, and
+    an exit without the interpreter's teardown when its pool shuts it down."""
     apply_worker_environment(env)
     exit_with_parent(parent_pid)
     atexit.register(exit_without_teardown)
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 (the job that imports it raises the error, naming its stage)
-            pass
 
 
 def exit_without_teardown() -> None:

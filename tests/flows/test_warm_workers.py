@@ -1,9 +1,6 @@
 """The process runner's workers are started, with the stage modules imported, before the first shard batch."""
 from __future__ import annotations
 
-import sys
-import time
-
 from flows.config import load_config
 from flows.stages import pipeline_stages
 from flows.warm_workers import ENGINE_MODULES, stage_modules, warm_process_pool
@@ -33,24 +30,3 @@ def test_a_runner_without_a_process_pool_is_left_alone():
 
     with ThreadPoolTaskRunner(max_workers=2) as runner:
         assert warm_process_pool(runner, 2, ()) == []
-
-
-PROBE_MODULE = "json.tool"  # imported by nothing a worker or this module loads: there, only the initializer's doing
-
-
-def modules_of_this_worker(hold_s: float) -> tuple[int, bool]:
-    """In a pool worker, after holding it `hold_s` (so that two calls take two workers): pid, and whether PROBE_MODULE
-    was imported before any job asked for it."""
-    imported = PROBE_MODULE in sys.modules
-    time.sleep(hold_s)
-    return __import__("os").getpid(), imported
-
-
-def test_every_worker_of_the_flows_pool_imports_the_stage_modules_as_it_starts():
-    """Both warm-up calls went to the first worker to boot in every try; the other met the stage imports (seconds:
-    fastText, the rules) in its first job."""
-    from flows.pipeline import Runner, make_task_runner
-
-    with make_task_runner(Runner.process, 2, None, (PROBE_MODULE,)) as runner:
-        workers = [future.result(timeout=120) for future in [runner._executor.submit(modules_of_this_worker, 1.0) for _ in range(2)]]
-    assert len({pid for pid, _ in workers}) == 2 and all(imported for _, imported in workers), workers
