@@ -12,14 +12,15 @@ their stage, named `STAGE-shards-FIRSTSHARD`.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from prefect import flow, get_run_logger, task
 from prefect.context import TaskRunContext
@@ -40,7 +41,7 @@ from flows.run_report import StageProgress
 from flows.shard_batch import shard_batch
 from flows.stage_cache import STAGE_CONTRACT, drop_failure_record, record_dir
 from flows.stages import STAGE_BY_NAME, StageEntry, previous_stage_path, stage_entry, stage_path, stages_between
-from flows.warm_workers import frozen_heap, stage_modules, warm_process_pool
+from flows.warm_workers import stage_modules, warm_process_pool
 
 DOCS_PER_BATCH = 20_000  # a task run costs ~0.1-0.2 s of API round trips; a batch should be worth far more
 MAX_BATCHES_PER_WORKER = 4
@@ -247,6 +248,20 @@ def lend_runner_pool(task_runner: Any, workers: int):
     runner holds no process pool."""
     executor = getattr(task_runner, "_executor", None)
     return lend_pool(workers, executor) if isinstance(executor, ProcessPoolExecutor) else nullcontext()
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Within this block the objects that exist on entry are left out of the cyclic collector's passes, and given back
+    on exit: the flow host's imports, Prefect's client and settings, and the run's context are walked by no full
+    collection while its stages run (one such pass cost the flow host ~0.1 s, on the critical path between a global
+    pass's rounds). Objects made inside the block are collected as usual; an object frozen here that becomes cyclic
+    garbage waits for the exit, so the block spans one flow run, never a process's whole life."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def export_api_url() -> None:

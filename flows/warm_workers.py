@@ -11,18 +11,13 @@ fraction of a second, and the first worker to boot took both calls in every try 
 meeting the stage imports in its first job. Importing them in every worker's initializer instead kept both
 workers from ingest's and extraction's jobs meanwhile: in the one 50k bench run with it, ingest + extract took
 4.2 s against 3.4 s, langid 4.3 s against 4.0 s.
-
-The flow host's own heap (its imports, Prefect's client and settings) is left out of the cyclic collector's
-passes for the run (`frozen_heap`).
 """
 from __future__ import annotations
 
-import gc
 import importlib
 import os
-from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 # What every shard job needs before its own stage module: the stage plumbing. Not Prefect's task engine: a shard batch
 # is a task run in a thread of the flow, which sends the batch's shards to these workers as plain calls.
@@ -34,20 +29,6 @@ def import_modules(modules: tuple[str, ...]) -> int:
     for name in modules:
         importlib.import_module(name)
     return os.getpid()
-
-
-@contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Within this block the objects that exist on entry are left out of the cyclic collector's passes, and given back
-    on exit: the flow host's imports, Prefect's client and settings, and the run's context are walked by no full
-    collection while its stages run (one such pass cost the flow host ~0.1 s, on the critical path between a global
-    pass's rounds). Objects made inside the block are collected as usual; an object frozen here that becomes cyclic
-    garbage waits for the exit, so the block spans one flow run, never a process's whole life."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def stage_modules(entries: Iterable[Any], config: Any) -> tuple[str, ...]:

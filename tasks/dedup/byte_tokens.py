@@ -135,8 +135,8 @@ def utf8_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def byte_rule_tokens(data: np.ndarray, offsets: np.ndarray, skip: np.ndarray, fold_numbers: bool
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Tokens of every document not in `skip` by the byte rule: (token bytes, token starts, token lengths, tokens per document).
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens of every document not in `skip` by the byte rule: (token bytes back to back, token starts, tokens per document).
 
     The masks are computed over the whole batch as if it were one text, then corrected at the few bytes
     where a document begins or ends (nothing joins across documents)."""
@@ -167,16 +167,15 @@ def byte_rule_tokens(data: np.ndarray, offsets: np.ndarray, skip: np.ndarray, fo
     starts_here[1:] &= ~token_byte[:-1]
     starts_here[firsts] = token_byte[firsts]
     token_starts = np.flatnonzero(np.compress(keep, starts_here))  # np.compress: ~2.5x a boolean index's speed here
-    token_lengths = np.diff(np.append(token_starts, len(out)))
     per_doc = np.diff(np.searchsorted(np.flatnonzero(starts_here), offsets))
-    return out, token_starts, token_lengths, per_doc
+    return out, token_starts, per_doc
 
 
 def batch_token_hashes(texts: pa.Array, fold_numbers: bool, cache: TokenHashCache) -> tuple[np.ndarray, np.ndarray]:
     """(token hashes of every document concatenated in order, tokens per document): `cache[t] for t in tokens(text)` of each."""
     data, offsets = utf8_buffers(texts)
     skip = needs_python(data, offsets)
-    out, starts, _, per_doc = byte_rule_tokens(data, offsets, skip, fold_numbers)
+    out, starts, per_doc = byte_rule_tokens(data, offsets, skip, fold_numbers)
     hashes = xxh64_of_packed_tokens(out, starts)
     if not skip.any():
         return hashes, per_doc

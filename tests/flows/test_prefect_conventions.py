@@ -124,7 +124,7 @@ def test_shard_batches_are_task_runs_of_the_flow_whose_shards_run_as_calls_on_th
 
 def test_the_flow_host_leaves_the_heap_it_started_with_out_of_full_collections_while_its_stages_run(first_run) -> None:
     """A full pass of the cyclic collector over the flow host's imports and Prefect's objects cost ~0.1 s, once between
-    two rounds of dedup_fuzzy's global pass; frozen for the run (flows.warm_workers.frozen_heap), given back after."""
+    two rounds of dedup_fuzzy's global pass; frozen for the run (flows.pipeline.frozen_heap), given back after."""
     *during, after = FROZEN_AT_SUBMIT
     assert len(during) >= 10 and min(during) > 50_000  # this process's modules, pytest's and Prefect's, at every shard job sent
     assert after == 0
