@@ -80,6 +80,17 @@ def test_packed_tokens_hashed_once_per_distinct_token_are_xxhash_of_each():
     assert xxh64_of_packed_tokens(np.zeros(0, np.uint8), np.zeros(0, np.int64)).tolist() == []
 
 
+def test_a_batch_hashes_each_distinct_token_once(monkeypatch):
+    """A shard's 580k tokens hold ~20k distinct ones: xxh64 runs on those, not on every occurrence."""
+    hashed = []
+    real = byte_tokens.xxh64_of_tokens
+    monkeypatch.setattr(byte_tokens, "xxh64_of_tokens", lambda data, starts, lengths: hashed.append(len(starts)) or real(data, starts, lengths))
+    texts = pa.array(["the cat sat on the mat " * 50, "The cat, the mat and 12 dogs.", "a mat"])
+    hashes, per_doc = batch_token_hashes(texts, True, TokenHashCache())
+    assert hashed == [len({"the", "cat", "sat", "on", "mat", "and", "0", "dogs", "a"})] and per_doc.tolist() == [300, 7, 2]
+    assert hashes.tolist() == [xxhash.xxh64_intdigest(t.encode()) for text in texts.to_pylist() for t in tokens(text)]
+
+
 def test_only_documents_with_a_non_ascii_letter_or_digit_go_through_python_tokens(monkeypatch):
     texts = ["plain ascii 1.5", "curly “quotes” – dash", "naïve", "Kelvin \u212a", "digit \u0663", "baht \u0e3f", "ok…"]
     data, offsets = utf8_buffers(pa.array(texts))
