@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from enum import Enum
@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from prefect import flow, get_run_logger, task
 from prefect.context import TaskRunContext
-from prefect.futures import as_completed
+from prefect.futures import PrefectConcurrentFuture, as_completed
 
 from manifests.run_lock import run_lock
 from manifests.stage_manifest import StageManifest, read_manifest
@@ -199,6 +199,16 @@ def start_task_runner(task_runner, runner: Runner, workers: int, dask_address: s
         task_runner.__enter__()
 
 
+def finished_upstream(state: Any) -> PrefectConcurrentFuture:
+    """The finished previous stage as a `wait_for` entry: a done future, which Prefect records by its task-run id alone.
+    Given the State itself, Prefect also walks its data and looks up every object's id() in the flow's result links,
+    which keep the ids of freed results of built-in types (PrefectHQ/prefect#20558): a recycled address once put an
+    earlier task run into a stage's wait_for."""
+    done: Future = Future()
+    done.set_result(state)
+    return PrefectConcurrentFuture(state.state_details.task_run_id, done)
+
+
 def restore_environ(environ: dict[str, str]) -> None:
     if os.environ != environ:
         os.environ.clear()
@@ -306,6 +316,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
             PARALLELISM.set(parallelism_record(runner.value, workers, None if remote else worker_choice(workers, environ_before)))
             previous_state = None
             report_started = False
+            run_arg = str(run)  # made before any task ran: Prefect links parameters by id(), and no freed result held this one's address
             for position, entry in enumerate(entries):
                 restore_environ(environ_before)  # what a restarted Dask worker's nanny wrote is not the trainer's choice
                 if not funnel_drawn and all(e.name in ARTIFACT_STAGES for e in entries[position:]):
@@ -320,7 +331,7 @@ def run_stages(config: PipelineConfig, run: Path, start: str | None, until: str 
                 if entry.name == refresh:
                     options["refresh_cache"] = True
                 state = stage_task.with_options(**options)(
-                    entry.name, config, str(run), wait_for=[previous_state] if previous_state else None, return_state=True)
+                    entry.name, config, run_arg, wait_for=[finished_upstream(previous_state)] if previous_state else None, return_state=True)
                 try:
                     state.result()  # a failed stage fails the flow here
                 except BaseException:
