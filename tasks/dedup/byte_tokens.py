@@ -1,17 +1,17 @@
 """`shingles.tokens` and the token hashes of a batch of documents, computed on the UTF-8 bytes of an Arrow column.
 
-Most web text reaches `tokens` with no letter or digit outside ASCII (plain
-English, or English whose only non-ASCII characters are curly quotes, dashes
-and other punctuation). For such a document `tokens` is a byte-level rule:
-its tokens are the maximal runs of ASCII letters and digits, lower-cased,
-every other byte (non-ASCII characters included) a separator; with
-`fold_numbers`, a number (digits joined by single `.` or `,`) becomes "0".
-This module applies that rule to a whole batch with numpy, and hashes every
-token with xxh64 the same way (`xxh64_of_tokens`), so no Python string is
-made per token. Documents outside the rule (`needs_python`: a non-ASCII
-letter, digit or upper-case character, or a character of a space-less
-script) go through `tokens` and the token hash cache as before. Both ways
-give the same token hashes in the same order; tests/tasks/dedup/test_byte_tokens.py
+For most web text `tokens` is a byte-level rule: its tokens are the maximal
+runs of letters and digits, lower-cased, every other character a separator;
+with `fold_numbers`, a number (ASCII digits joined by single `.` or `,`)
+becomes "0". This module applies that rule to a whole batch with numpy, and
+hashes every token with xxh64 the same way (`xxh64_of_tokens`), so no Python
+string is made per token. A non-ASCII character is a separator (curly quotes,
+dashes), a letter whose lower case is one character of the same UTF-8 length
+(é, É, ß, Ж: its lowered bytes are copied in), or outside the rule
+(`token_class`: a space-less script, a decimal digit, a lower case of another
+length or that depends on context). Documents with a character outside the
+rule go through `tokens` and the token hash cache as before. Both ways give
+the same token hashes in the same order; tests/tasks/dedup/test_byte_tokens.py
 checks them against `tokens` + xxhash.
 """
 from __future__ import annotations
@@ -97,6 +97,25 @@ def byte_rule_holds(code_point: int) -> bool:
     return not char.isalnum() and char.lower() == char and not SPACELESS.match(char)
 
 
+SEPARATOR, LETTER, OUTSIDE = 0, 1, 2
+FINAL_SIGMA = 0x3A3  # Σ: str.lower() writes ς at the end of a word, σ elsewhere (Unicode's Final_Sigma context)
+
+
+@lru_cache(maxsize=1 << 16)
+def token_class(code_point: int) -> tuple[int, bytes]:
+    """How `tokens` treats this non-ASCII character, with the UTF-8 bytes of its lower case where it is a LETTER:
+    one character, of the same UTF-8 length, whatever its neighbours, a letter or digit that is no decimal digit
+    (which NUMBER would fold) and of no space-less script."""
+    if byte_rule_holds(code_point):
+        return SEPARATOR, b""
+    char = chr(code_point)
+    lowered = char.lower()
+    if (code_point == FINAL_SIGMA or len(lowered) != 1 or not lowered.isalnum() or lowered.isdecimal()
+            or SPACELESS.match(lowered) or len(lowered.encode()) != len(char.encode())):
+        return OUTSIDE, b""
+    return LETTER, lowered.encode()
+
+
 def code_points(data: np.ndarray, leads: np.ndarray) -> np.ndarray:
     """The code point of the UTF-8 sequence starting at each lead byte position (valid UTF-8, as Arrow strings are)."""
     padded = np.zeros(len(data) + 3, np.int64)
@@ -123,6 +142,29 @@ def needs_python(data: np.ndarray, offsets: np.ndarray, rule_holds: Callable[[in
     return flagged
 
 
+def non_ascii_classes(data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(per document: True where some character is OUTSIDE the byte rule; the positions of every byte of the LETTER
+    characters of the other documents; the lower-cased byte for each of those positions)."""
+    flagged = np.zeros(len(offsets) - 1, bool)
+    leads = np.flatnonzero(data >= 0xC0)
+    if not len(leads):
+        return flagged, np.zeros(0, np.int64), np.zeros(0, np.uint8)
+    distinct, inverse = np.unique(code_points(data, leads), return_inverse=True)
+    classes = [token_class(point) for point in distinct.tolist()]
+    kinds = np.array([kind for kind, _ in classes], np.int8)[inverse]
+    documents = np.searchsorted(offsets, leads, side="right") - 1
+    flagged[documents[kinds == OUTSIDE]] = True
+    letters = np.flatnonzero((kinds == LETTER) & ~flagged[documents])
+    lowered = np.zeros((len(distinct), 4), np.uint8)
+    for row, (kind, encoded) in enumerate(classes):
+        lowered[row, : len(encoded)] = np.frombuffer(encoded, np.uint8)
+    widths = np.array([len(encoded) for _, encoded in classes], np.int64)[inverse[letters]]
+    rows, starts = inverse[letters], leads[letters]
+    positions = np.concatenate([starts[widths > k] + k for k in range(4)])
+    values = np.concatenate([lowered[rows[widths > k], k] for k in range(4)])
+    return flagged, positions, values
+
+
 def utf8_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(bytes, offsets from 0) of a string array, without copying its text."""
     if isinstance(texts, pa.ChunkedArray):
@@ -134,16 +176,22 @@ def utf8_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return data[offsets[0]: offsets[-1]], offsets - offsets[0]
 
 
-def byte_rule_tokens(data: np.ndarray, offsets: np.ndarray, skip: np.ndarray, fold_numbers: bool
+def byte_rule_tokens(data: np.ndarray, offsets: np.ndarray, skip: np.ndarray, fold_numbers: bool,
+                     letter_bytes: np.ndarray | None = None, lowered_bytes: np.ndarray | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Tokens of every document not in `skip` by the byte rule: (token bytes back to back, token starts, tokens per document).
+    `letter_bytes` are the positions of the bytes of non-ASCII letters, `lowered_bytes` what they lower-case to.
 
     The masks are computed over the whole batch as if it were one text, then corrected at the few bytes
     where a document begins or ends (nothing joins across documents)."""
     firsts = offsets[:-1][np.diff(offsets) > 0]  # first byte of each non-empty document
     digit = (data - np.uint8(ZERO)) < 10  # uint8 arithmetic wraps: one compare per class
-    token_byte = ((data | np.uint8(0x20)) - np.uint8(ord("a"))) < 26
+    lowered = data | np.uint8(0x20)  # an ASCII letter's lower case; a digit already has that bit
+    token_byte = (lowered - np.uint8(ord("a"))) < 26
     token_byte |= digit
+    if letter_bytes is not None and len(letter_bytes):
+        token_byte[letter_bytes] = True
+        lowered[letter_bytes] = lowered_bytes
     for doc in np.flatnonzero(skip).tolist():
         token_byte[offsets[doc]: offsets[doc + 1]] = False
     if fold_numbers:
@@ -158,11 +206,11 @@ def byte_rule_tokens(data: np.ndarray, offsets: np.ndarray, skip: np.ndarray, fo
         keep = token_byte.copy()  # a number's bytes after its first are dropped, its first becomes "0"
         keep[1:] &= ~(numeric[1:] & numeric[:-1])
         keep[firsts] = token_byte[firsts]
-        out = np.compress(keep, data) | np.uint8(0x20)  # lower case; a digit byte already has that bit
+        out = np.compress(keep, lowered)
         out[out <= ord("9")] = ZERO
     else:
         keep = token_byte
-        out = np.compress(keep, data) | np.uint8(0x20)
+        out = np.compress(keep, lowered)
     starts_here = token_byte.copy()
     starts_here[1:] &= ~token_byte[:-1]
     starts_here[firsts] = token_byte[firsts]
@@ -174,8 +222,8 @@ def byte_rule_tokens(data: np.ndarray, offsets: np.ndarray, skip: np.ndarray, fo
 def batch_token_hashes(texts: pa.Array, fold_numbers: bool, cache: TokenHashCache) -> tuple[np.ndarray, np.ndarray]:
     """(token hashes of every document concatenated in order, tokens per document): `cache[t] for t in tokens(text)` of each."""
     data, offsets = utf8_buffers(texts)
-    skip = needs_python(data, offsets)
-    out, starts, per_doc = byte_rule_tokens(data, offsets, skip, fold_numbers)
+    skip, letter_bytes, lowered_bytes = non_ascii_classes(data, offsets)
+    out, starts, per_doc = byte_rule_tokens(data, offsets, skip, fold_numbers, letter_bytes, lowered_bytes)
     hashes = xxh64_of_packed_tokens(out, starts)
     if not skip.any():
         return hashes, per_doc
