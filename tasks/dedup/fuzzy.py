@@ -122,7 +122,8 @@ from tasks.runner.stage_runner import StageDef, map_shards, partition_count, run
 STAGE = "dedup_fuzzy"
 VERSION = "3"  # 3: outcome defined order-free (all verified pairs; best edge = highest Jaccard, then smallest id); partitioned tasks
 SPILL_DIR = "_spill"
-SIGNATURE_BATCH_ROWS = 2048  # documents hashed at once in a worker: bounds its scratch memory whatever the shard size
+SIGNATURE_BATCH_ROWS = 1024  # documents hashed at once in a worker: bounds its scratch memory whatever the shard size (and keeps
+# two workers' byte masks in cache: 1024 rows took ~100 ms a shard against ~113 at 2048, both workers running)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 from tasks.dedup.shingles import COMBINE, mix64
 
 SIGNATURE_SENTINEL = np.uint32(0xFFFFFFFF)  # signature of an empty shingle set; never bucketed
-BLOCK_SHINGLES = 1 << 14  # shingles per vectorised block: block × k × 8 bytes of scratch (~15 MB at k=112: the three passes stay in cache)
+BLOCK_SHINGLES = 1 << 13  # shingles per vectorised block: block × k × 8 bytes of scratch (~7 MB at k=112: two workers' three passes stay in a 32 MB L3)
 
 
 class ChecksumMismatch(RuntimeError):
