@@ -256,6 +256,12 @@ def run_datatrove(args, root: Path, shards: Path, tokenizer: Path) -> dict:
     return {"side": side, "stages": stages, "worker": worker}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run whose process wall is the median (the lower middle of an even count): a whole run, so its stage rows,
+    decisions and totals stay one run's."""
+    return sorted(runs, key=lambda run: run["side"]["wall_s"])[(len(runs) - 1) // 2]
+
+
 def grouped(stages: dict[str, dict], names: list[str]) -> dict | None:
     rows = [stages[n] for n in names if n in stages]
     if not rows:
@@ -343,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--hymo-only", action="store_true", help="only HyMo's side and its stage table (to profile it; writes nothing)")
     parser.add_argument("--misses", action="store_true", help="after a run: HyMo's missed dedup groups, judged on the text dedup saw")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the three sides this many times, in turn; each side's row is its median run by process wall "
+                             "(this machine's speed drifts by a quarter over minutes, and one side runs minutes after the other)")
     args = parser.parse_args(argv)
     args.datatrove_python = args.datatrove_python or args.bench_dir / "venv" / "bin" / "python"
     sys.path.insert(0, str(args.bench_dir))
@@ -361,19 +370,26 @@ def main(argv: list[str] | None = None) -> int:
     root.mkdir(parents=True)
     load_start = os.getloadavg()[0]
 
-    hymo = run_hymo(args, root, shards)
-    print(f"HyMo: {hymo['side']['wall_s']:.1f} s wall, {hymo['side']['cpu_s']:.1f} CPU s", flush=True)
-    if args.hymo_only:
-        for name, stage in hymo["stages"].items():
-            print(f"{name:12s} starts at {stage['start'] - hymo['side']['started']:6.1f} s: {stage['wall_s']:6.1f} s wall, {stage['cpu_s']:6.1f} CPU s")
-        last = max(stage["start"] + stage["wall_s"] for stage in hymo["stages"].values()) - hymo["side"]["started"]
-        print(f"process: {hymo['side']['wall_s']:.1f} s wall, {hymo['side']['cpu_s']:.1f} CPU s; after the last stage {hymo['side']['wall_s'] - last:.1f} s")
-        return 0
-    tokenizer = hymo["stage_path"]("tokenizer") / "tokenizer.json"
-    given = run_hymo(args, root, shards, tokenizer)  # like for like: datatrove is handed this tokenizer, so HyMo is too
-    print(f"HyMo, tokenizer given: {given['side']['wall_s']:.1f} s wall, {given['side']['cpu_s']:.1f} CPU s", flush=True)
-    datatrove = run_datatrove(args, root, shards, tokenizer)
-    print(f"datatrove: {datatrove['side']['wall_s']:.1f} s wall, {datatrove['side']['cpu_s']:.1f} CPU s", flush=True)
+    runs: dict[str, list[dict]] = {"hymo": [], "given": [], "datatrove": []}
+    for round_number in range(1, args.rounds + 1):
+        where = root if round_number == 1 else root / f"round-{round_number}"  # round 1 where --misses reads
+        where.mkdir(parents=True, exist_ok=True)
+        hymo = run_hymo(args, where, shards)
+        print(f"round {round_number}: HyMo: {hymo['side']['wall_s']:.1f} s wall, {hymo['side']['cpu_s']:.1f} CPU s", flush=True)
+        if args.hymo_only:
+            for name, stage in hymo["stages"].items():
+                print(f"{name:12s} starts at {stage['start'] - hymo['side']['started']:6.1f} s: {stage['wall_s']:6.1f} s wall, {stage['cpu_s']:6.1f} CPU s")
+            last = max(stage["start"] + stage["wall_s"] for stage in hymo["stages"].values()) - hymo["side"]["started"]
+            print(f"process: {hymo['side']['wall_s']:.1f} s wall, {hymo['side']['cpu_s']:.1f} CPU s; after the last stage {hymo['side']['wall_s'] - last:.1f} s")
+            return 0
+        tokenizer = hymo["stage_path"]("tokenizer") / "tokenizer.json"
+        given = run_hymo(args, where, shards, tokenizer)  # like for like: datatrove is handed this tokenizer, so HyMo is too
+        print(f"round {round_number}: HyMo, tokenizer given: {given['side']['wall_s']:.1f} s wall, {given['side']['cpu_s']:.1f} CPU s", flush=True)
+        datatrove = run_datatrove(args, where, shards, tokenizer)
+        print(f"round {round_number}: datatrove: {datatrove['side']['wall_s']:.1f} s wall, {datatrove['side']['cpu_s']:.1f} CPU s", flush=True)
+        for side, run in (("hymo", hymo), ("given", given), ("datatrove", datatrove)):
+            runs[side].append(run)
+    hymo, given, datatrove = (median_run(runs[side]) for side in ("hymo", "given", "datatrove"))
 
     every = set(labels)
     reached, hymo_removed_dedup = hymo_decisions(hymo)
@@ -453,14 +469,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{datatrove['side']['reaped_cpu_s']:.1f} s, sampled {datatrove['side']['sampled_cpu_s']:.1f} s (the larger counts). "
         f"datatrove {datatrove['worker']['version']} wrote {datatrove['worker']['tokens']:,} tokens.",
     ])
-    note = (f"`python bench/data_half.py --scale {args.scale}` on the anchor harness's {args.scale}.jsonl ({len(labels):,} labelled documents, "
+    rounds = "" if args.rounds == 1 else (
+        f" {args.rounds} rounds, each side in turn; each side's row is its median run by process wall (HyMo: "
+        + ", ".join(f"{r['side']['wall_s']:.1f}" for r in runs["hymo"]) + " s; HyMo, tokenizer given: "
+        + ", ".join(f"{r['side']['wall_s']:.1f}" for r in runs["given"]) + " s; datatrove: "
+        + ", ".join(f"{r['side']['wall_s']:.1f}" for r in runs["datatrove"]) + " s).")
+    note = (f"`python bench/data_half.py --scale {args.scale}{' --rounds ' + str(args.rounds) if args.rounds > 1 else ''}` on the anchor harness's {args.scale}.jsonl ({len(labels):,} labelled documents, "
             f"8 JSONL shards read by both; HyMo's ingest cuts 8 shards too, docs_per_shard = {-(-args.documents // DATATROVE_FILES)}), {args.workers} workers each, HyMo's source with the `{args.profile}` profile, one side after "
             f"the other (HyMo, HyMo again with the tokenizer given, datatrove); 1-min load {load_start:.1f} at start. HyMo: "
             "`python -m flows run --until shards` (process runner); its second run adopts the first run's tokenizer.json "
             "(`tokenizer.from_file`) instead of training one, as datatrove is given it; the stage rows are the first run's. "
             "datatrove: langid (the same lid.176.ftz) -> Gopher repetition -> Gopher quality -> C4 (filter_no_terminal_punct=False) -> "
             "FineWeb -> MinHash 4 stages -> PII -> DocumentTokenizer with HyMo's tokenizer.json from this run. Stage windows: HyMo's "
-            "Prefect task runs, datatrove's executor runs; CPU of the process tree in each window (100 ms samples).")
+            "Prefect task runs, datatrove's executor runs; CPU of the process tree in each window (100 ms samples)." + rounds)
     print(note + "\n\n" + body)
     (root / "result.json").write_text(json.dumps({"hymo": {k: hymo[k] for k in ("side", "stages")},
                                                   "hymo_tokenizer_given": {k: given[k] for k in ("side", "stages")}, "datatrove": {k: datatrove[k] for k in ("side", "stages")},
