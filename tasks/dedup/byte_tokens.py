@@ -128,12 +128,22 @@ def code_points(data: np.ndarray, leads: np.ndarray) -> np.ndarray:
     return np.where(first < 0xE0, two, np.where(first < 0xF0, three, four))
 
 
+def non_ascii_characters(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the lead byte position of every non-ASCII character, the distinct code points, each character's index into them)."""
+    leads = np.flatnonzero(data >= 0xC0)
+    if not len(leads):
+        return leads, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    distinct, inverse = np.unique(code_points(data, leads), return_inverse=True)
+    return leads, distinct, inverse
+
+
 def needs_python(data: np.ndarray, offsets: np.ndarray, rule_holds: Callable[[int], bool] = byte_rule_holds) -> np.ndarray:
     """Per document: True where some non-ASCII character breaks the byte rule (`rule_holds` says which do not)."""
-    leads = np.flatnonzero(data >= 0xC0)
+    leads, distinct, inverse = non_ascii_characters(data)
     flagged = np.zeros(len(offsets) - 1, bool)
-    if not len(leads):
-        return flagged
+    breaks = np.array([not rule_holds(point) for point in distinct.tolist()], bool)[inverse]
+    flagged[np.searchsorted(offsets, leads[breaks], side="right") - 1] = True
+    return flagged
     points = code_points(data, leads)
     distinct = np.unique(points)
     bad = distinct[[not rule_holds(int(point)) for point in distinct.tolist()]]
@@ -146,10 +156,9 @@ def non_ascii_classes(data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
     """(per document: True where some character is OUTSIDE the byte rule; the positions of every byte of the LETTER
     characters of the other documents; the lower-cased byte for each of those positions)."""
     flagged = np.zeros(len(offsets) - 1, bool)
-    leads = np.flatnonzero(data >= 0xC0)
+    leads, distinct, inverse = non_ascii_characters(data)
     if not len(leads):
         return flagged, np.zeros(0, np.int64), np.zeros(0, np.uint8)
-    distinct, inverse = np.unique(code_points(data, leads), return_inverse=True)
     classes = [token_class(point) for point in distinct.tolist()]
     kinds = np.array([kind for kind, _ in classes], np.int8)[inverse]
     documents = np.searchsorted(offsets, leads, side="right") - 1
